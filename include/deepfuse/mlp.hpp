@@ -1,0 +1,87 @@
+// The SwiGLU MLP of Llama/Qwen2/Mistral:  y = down( silu(x·Wg^T) * (x·Wu^T) ) [+ residual]
+//
+//   x [tokens, H] bf16, Wg and Wu [I, H], Wd [H, I] (Hugging Face gate_proj/up_proj/down_proj
+//   layout), y [tokens, H] bf16, fp32 accumulation. H and I must be multiples of 64.
+//
+// Variants behind one entry point (MlpLayer::run):
+//   naive    what eager PyTorch does: gate GEMM, up GEMM, SiLU, multiply, down GEMM (cuBLASLt
+//            plus simple elementwise kernels): 5 launches, 6 with the residual.
+//   unfused  what SGLang and vLLM do: one merged gate_up GEMM, one silu_and_mul kernel, one down
+//            GEMM whose epilogue adds the residual: 3 launches.
+//   fused    DeepFusion: ONE launch; silu(g)*u lives in shared memory and never reaches HBM.
+//            See docs/kernels/swiglu_fused.md for the design and measured versions.
+// The CPU reference lives in deepfuse/reference.hpp (reference::swiglu_mlp).
+//
+// Weight layouts on the device, made by MlpLayer::load_weights from Hugging Face tensors:
+//   naive    gate [I,H], up [I,H], down [H,I] as given.
+//   unfused  gate_up [2I,H] (gate rows then up rows), down [H,I].
+//   fused    "fragment-packed": every 16x16 bf16 tile stored as the 32 lanes x 16 bytes that an
+//            mma.m16n8k16 A operand wants, so one coalesced 16-byte load per lane fetches a tile.
+//            gate_up: for each 16-row I tile, for each 16-wide H step: gate tile, then up tile.
+//            down:    for each 16-wide I tile, for each 16-row H tile: the Wd tile.
+//
+// Determinism: naive and unfused are deterministic for a given cuBLASLt algorithm. fused reduces
+// its per-block partial sums with fp32 atomics, so results can differ in the last bits between
+// runs (not bitwise deterministic); the error bound vs the reference is unaffected.
+//
+// Aliasing: y may alias residual (in-place residual add); x must not alias y.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+
+namespace deepfuse {
+
+enum class MlpVariant { naive, unfused, fused };
+
+const char* mlp_variant_name(MlpVariant variant);
+MlpVariant parse_mlp_variant(const std::string& name);  // throws deepfuse::Error on unknown names
+
+struct MlpShape {
+  int hidden = 0;        // H
+  int intermediate = 0;  // I
+  size_t weight_bytes() const { return size_t{3} * hidden * intermediate * sizeof(__nv_bfloat16); }
+};
+
+// Throws deepfuse::Error naming the problem unless H and I are positive multiples of 64.
+void validate_mlp_shape(const MlpShape& shape);
+
+// Hugging Face layout weights on the device.
+struct MlpHfWeights {
+  const __nv_bfloat16* gate = nullptr;  // [I, H]
+  const __nv_bfloat16* up = nullptr;    // [I, H]
+  const __nv_bfloat16* down = nullptr;  // [H, I]
+};
+
+// One MLP layer for one variant: owns its weights in the variant's layout and the workspace
+// (cuBLASLt handle, intermediates, reduction buffers) for up to max_tokens tokens per call.
+// run() enqueues work on `stream` only: no allocation, no synchronisation, CUDA-graph capturable.
+class MlpLayer {
+ public:
+  MlpLayer(MlpVariant variant, MlpShape shape, int max_tokens);
+  ~MlpLayer();
+  MlpLayer(MlpLayer&&) noexcept;
+  MlpLayer& operator=(MlpLayer&&) noexcept;
+
+  // Copies (naive), merges (unfused) or packs (fused) the given device tensors.
+  void load_weights(const MlpHfWeights& weights, cudaStream_t stream);
+
+  // y = mlp(x) (+ residual when residual != nullptr). Throws deepfuse::Error on bad arguments
+  // (tokens outside 1..max_tokens, null pointers) and on launch failures.
+  void run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
+           cudaStream_t stream);
+
+  MlpVariant variant() const;
+  MlpShape shape() const;
+  int max_tokens() const;
+  int launches_per_call(bool with_residual) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace deepfuse

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One call on a GPU machine: build with every core, GPU tests, compute-sanitizer (memcheck and
+# racecheck) over the kernel tests, benchmarks; logs and JSON go to the output folder.
+#   scripts/gpu.sh OUT_DIR [steps...]     steps: build test sanitize bench (default: all)
+# Packages the machine lacks come from .debs/ (scripts/fetch-device-debs.sh, run beforehand where
+# apt works), unpacked into .deps/ here: nothing is fetched from a network.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: scripts/gpu.sh OUT_DIR [build|test|sanitize|bench]...}
+shift
+steps=${*:-build test sanitize bench}
+mkdir -p "$out"
+export PATH=/usr/local/cuda/bin:$PATH
+export DEEPFUSE_BUILD_DIR=build-gpu
+summary="$out/summary.txt"
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+has() { [[ " $steps " == *" $1 "* ]]; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >"$out/gpu.txt" 2>&1
+note "gpu: $(tail -n 1 "$out/gpu.txt")"
+note "commit: $(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+
+prefix_args=()
+if compgen -G ".debs/*.deb" >/dev/null; then
+  rm -rf .deps && mkdir -p .deps/root
+  for deb in .debs/*.deb; do dpkg -x "$deb" .deps/root; done
+  prefix_args=(-DCMAKE_PREFIX_PATH="$PWD/.deps/root/usr")
+  export LD_LIBRARY_PATH="$PWD/.deps/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+fi
+
+if has build; then
+  start=$SECONDS
+  if bash scripts/build.sh "${prefix_args[@]}" >"$out/build.log" 2>&1; then
+    note "build: ok ($((SECONDS - start)) s)"
+  else
+    note "build: FAILED"; tail -n 40 "$out/build.log"; exit 1
+  fi
+fi
+bin=$DEEPFUSE_BUILD_DIR
+
+if has test; then
+  start=$SECONDS
+  timeout 420 ctest --test-dir "$bin" --output-on-failure -j 4 >"$out/ctest.log" 2>&1
+  note "ctest (all, incl. gpu): rc=$? ($((SECONDS - start)) s): $(grep -E 'tests passed|tests failed' "$out/ctest.log")"
+  grep -E '\*\*\*Failed|Failed  |Error' "$out/ctest.log" | head -n 20 | tee -a "$summary"
+fi
+
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    start=$SECONDS
+    DEEPFUSE_TEST_QUICK=1 timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 99 \
+      "$bin/tests/test_mlp_gpu" >"$out/sanitizer-$tool.log" 2>&1
+    note "compute-sanitizer $tool: rc=$? ($((SECONDS - start)) s): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$out/sanitizer-$tool.log" | tr '\n' ' ')"
+  done
+fi
+
+if has bench; then
+  start=$SECONDS
+  timeout 300 "$bin/deepfuse" bench mlp --json "$out/bench-mlp.json" >"$out/bench-mlp.txt" 2>"$out/bench-mlp.err"
+  note "bench mlp: rc=$? ($((SECONDS - start)) s)"
+  cat "$out/bench-mlp.txt"
+fi
+cat "$summary"

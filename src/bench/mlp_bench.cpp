@@ -1,0 +1,167 @@
+#include "bench/mlp_bench.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <random>
+#include <thread>
+
+#include "bench/timing.hpp"
+#include "deepfuse/bf16.hpp"
+#include "deepfuse/device.hpp"
+#include "deepfuse/error.hpp"
+#include "deepfuse/reference.hpp"
+#include "deepfuse/tensor.hpp"
+#include "kernels/fill.cuh"
+
+namespace deepfuse::bench {
+
+std::vector<MlpShape> default_mlp_bench_shapes() {
+  return {{2048, 8192}, {3584, 18944}, {4096, 14336}, {5120, 13824}, {8192, 3584}, {8192, 7168}};
+}
+
+std::vector<int> default_mlp_bench_tokens() { return {1, 2, 4, 8, 16, 32, 64, 128, 256}; }
+
+namespace {
+
+std::string shape_name(const MlpShape& s) { return std::to_string(s.hidden) + "x" + std::to_string(s.intermediate); }
+
+struct Row {
+  MlpShape shape;
+  int tokens;
+  std::string variant;
+  double us;
+  int launches;
+};
+
+// Weight copies that together cover `l2_multiple` L2 caches, so no call finds its weights cached.
+int weight_copies(const MlpShape& shape, size_t l2_bytes, double l2_multiple) {
+  const double needed = l2_multiple * static_cast<double>(l2_bytes) / static_cast<double>(shape.weight_bytes());
+  return std::max(2, static_cast<int>(std::ceil(needed)));
+}
+
+int run_gpu(const MlpBenchOptions& options) {
+  const DeviceInfo device = query_device();
+  cudaStream_t stream;
+  DF_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const double copy_bw = measure_copy_bandwidth(size_t{1} << 30, 20, stream);
+  std::printf("GPU: %s, %d SMs, L2 %.0f MB; measured copy bandwidth %.3f TB/s (read+write)\n", device.name.c_str(),
+              device.sm_count, device.l2_bytes / 1e6, copy_bw / 1e12);
+
+  const int max_tokens = *std::max_element(options.token_counts.begin(), options.token_counts.end());
+  std::vector<Row> rows;
+  for (const MlpShape& shape : options.shapes) {
+    validate_mlp_shape(shape);
+    const size_t hi = static_cast<size_t>(shape.hidden) * shape.intermediate;
+    // Hugging Face layout source weights, x and residual: random, made on the device.
+    DeviceBuffer gate(hi * 2), up(hi * 2), down(hi * 2);
+    const float w_scale = 1.0f / std::sqrt(static_cast<float>(shape.hidden));
+    DF_CHECK_CUDA(kernels::fill_uniform_bf16(gate.as<__nv_bfloat16>(), hi, 1, w_scale, stream));
+    DF_CHECK_CUDA(kernels::fill_uniform_bf16(up.as<__nv_bfloat16>(), hi, 2, w_scale, stream));
+    DF_CHECK_CUDA(kernels::fill_uniform_bf16(down.as<__nv_bfloat16>(), hi, 3, w_scale, stream));
+    const size_t th = static_cast<size_t>(max_tokens) * shape.hidden;
+    DeviceBuffer x(th * 2), residual(th * 2), y(th * 2);
+    DF_CHECK_CUDA(kernels::fill_uniform_bf16(x.as<__nv_bfloat16>(), th, 4, 1.0f, stream));
+    DF_CHECK_CUDA(kernels::fill_uniform_bf16(residual.as<__nv_bfloat16>(), th, 5, 1.0f, stream));
+    const MlpHfWeights hf{gate.as<__nv_bfloat16>(), up.as<__nv_bfloat16>(), down.as<__nv_bfloat16>()};
+    const int copies = weight_copies(shape, device.l2_bytes, options.l2_multiple);
+
+    for (MlpVariant variant : options.variants) {
+      std::vector<MlpLayer> layers;
+      for (int c = 0; c < copies; ++c) {
+        layers.emplace_back(variant, shape, max_tokens);
+        layers.back().load_weights(hf, stream);
+      }
+      DF_CHECK_CUDA(cudaStreamSynchronize(stream));
+      for (int tokens : options.token_counts) {
+        const __nv_bfloat16* res = options.residual ? residual.as<__nv_bfloat16>() : nullptr;
+        auto call = [&](int rep) {
+          layers[rep % copies].run(x.as<__nv_bfloat16>(), res, y.as<__nv_bfloat16>(), tokens, stream);
+        };
+        const double us = median_call_us(call, options.warmup, options.repetitions, stream);
+        rows.push_back({shape, tokens, mlp_variant_name(variant), us, layers[0].launches_per_call(options.residual)});
+      }
+    }
+    std::fprintf(stderr, "  measured %s (%d weight copies)\n", shape_name(shape).c_str(), copies);
+  }
+  DF_CHECK_CUDA(cudaStreamDestroy(stream));
+
+  // Speedup of fused over unfused needs both rows of a (shape, tokens) pair.
+  std::map<std::pair<std::string, int>, double> unfused_us;
+  for (const Row& r : rows)
+    if (r.variant == "unfused") unfused_us[{shape_name(r.shape), r.tokens}] = r.us;
+
+  Table table({"shape", "M", "variant", "us", "TB/s", "%copy", "launches", "fused/unfused"});
+  nlohmann::json json = run_header(device.name, copy_bw);
+  json["suite"] = "mlp";
+  json["residual"] = options.residual;
+  json["rows"] = nlohmann::json::array();
+  for (const Row& r : rows) {
+    const double tbps = r.shape.weight_bytes() / (r.us * 1e-6) / 1e12;
+    const double pct = 100.0 * tbps * 1e12 / copy_bw;
+    std::string speedup;
+    nlohmann::json row = {{"shape", shape_name(r.shape)}, {"hidden", r.shape.hidden},
+                          {"intermediate", r.shape.intermediate}, {"m", r.tokens}, {"variant", r.variant},
+                          {"us", r.us}, {"tbps", tbps}, {"pct_copy", pct}, {"launches", r.launches}};
+    if (auto it = unfused_us.find({shape_name(r.shape), r.tokens}); r.variant == "fused" && it != unfused_us.end()) {
+      speedup = format_fixed(it->second / r.us, 2) + "x";
+      row["speedup_vs_unfused"] = it->second / r.us;
+    }
+    table.add({shape_name(r.shape), std::to_string(r.tokens), r.variant, format_fixed(r.us, 1), format_fixed(tbps, 2),
+               format_fixed(pct, 1), std::to_string(r.launches), speedup});
+    json["rows"].push_back(row);
+  }
+  std::fputs(table.render().c_str(), stdout);
+  if (!options.json_path.empty()) write_json(options.json_path, json);
+  return 0;
+}
+
+// No GPU: time the fp32 CPU reference so the command still shows what it computes.
+int run_cpu(const MlpBenchOptions& options) {
+  std::printf("No CUDA device: timing the CPU reference backend (fp32, %u threads)\n",
+              std::thread::hardware_concurrency());
+  Table table({"shape", "M", "variant", "us", "GB/s (fp32 weights)"});
+  nlohmann::json json = {{"gpu", "none (CPU reference)"}, {"commit", build_commit()}, {"suite", "mlp"}};
+  json["rows"] = nlohmann::json::array();
+  std::mt19937_64 rng(1);
+  for (const MlpShape& shape : options.shapes) {
+    validate_mlp_shape(shape);
+    const size_t hi = static_cast<size_t>(shape.hidden) * shape.intermediate;
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    auto random = [&](size_t n, float scale) {
+      std::vector<float> v(n);
+      for (auto& e : v) e = dist(rng) * scale;
+      return v;
+    };
+    const float w_scale = 1.0f / std::sqrt(static_cast<float>(shape.hidden));
+    const auto gate = random(hi, w_scale), up = random(hi, w_scale), down = random(hi, w_scale);
+    for (int tokens : options.token_counts) {
+      const auto x = random(static_cast<size_t>(tokens) * shape.hidden, 1.0f);
+      std::vector<double> y(static_cast<size_t>(tokens) * shape.hidden);
+      const double us = median_host_call_us(
+          [&] {
+            reference::swiglu_mlp(x.data(), gate.data(), up.data(), down.data(), nullptr, y.data(), tokens,
+                                  shape.hidden, shape.intermediate);
+          },
+          std::max(1, std::min(options.repetitions, 3)));
+      const double gbps = 3.0 * hi * sizeof(float) / (us * 1e-6) / 1e9;
+      table.add({shape_name(shape), std::to_string(tokens), "reference", format_fixed(us, 0), format_fixed(gbps, 2)});
+      json["rows"].push_back({{"shape", shape_name(shape)}, {"m", tokens}, {"variant", "reference"}, {"us", us}});
+    }
+  }
+  std::fputs(table.render().c_str(), stdout);
+  if (!options.json_path.empty()) write_json(options.json_path, json);
+  return 0;
+}
+
+}  // namespace
+
+int run_mlp_bench(const MlpBenchOptions& options) {
+  DF_CHECK(!options.shapes.empty() && !options.token_counts.empty(), "bench mlp: no shapes or token counts");
+  for (int m : options.token_counts) DF_CHECK(m >= 1, "bench mlp: token counts must be at least 1");
+  return cuda_device_available() ? run_gpu(options) : run_cpu(options);
+}
+
+}  // namespace deepfuse::bench

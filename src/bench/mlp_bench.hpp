@@ -1,0 +1,31 @@
+// `deepfuse bench mlp`: naive vs unfused vs fused SwiGLU MLP over shapes and token counts, each
+// as a fraction of the copy bandwidth measured in the same run.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "deepfuse/mlp.hpp"
+
+namespace deepfuse::bench {
+
+struct MlpBenchOptions {
+  std::vector<MlpShape> shapes;
+  std::vector<int> token_counts;
+  std::vector<MlpVariant> variants{MlpVariant::naive, MlpVariant::unfused, MlpVariant::fused};
+  int repetitions = 50;
+  int warmup = 5;
+  bool residual = true;
+  double l2_multiple = 4.0;  // weight copies rotated per call cover at least this many L2s
+  std::string json_path;     // empty: no JSON
+};
+
+// The default shape list (Llama-3.2-1B ... Llama-3-70B at TP8) and token counts.
+std::vector<MlpShape> default_mlp_bench_shapes();
+std::vector<int> default_mlp_bench_tokens();
+
+// Runs on the GPU when one is present, otherwise times the CPU reference (rows say which).
+// Prints the table to stdout; returns 0.
+int run_mlp_bench(const MlpBenchOptions& options);
+
+}  // namespace deepfuse::bench

@@ -1,0 +1,95 @@
+#include "bench/timing.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+
+#include "deepfuse/error.hpp"
+
+#ifndef DEEPFUSE_GIT_COMMIT
+#define DEEPFUSE_GIT_COMMIT "unknown"
+#endif
+
+namespace deepfuse::bench {
+
+namespace {
+double median(std::vector<double> values) {
+  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
+  return values[values.size() / 2];
+}
+}  // namespace
+
+double median_call_us(const std::function<void(int rep)>& call, int warmup, int repetitions, cudaStream_t stream) {
+  for (int i = 0; i < warmup; ++i) call(i);
+  std::vector<cudaEvent_t> events(repetitions + 1);
+  for (auto& e : events) DF_CHECK_CUDA(cudaEventCreate(&e));
+  for (int rep = 0; rep < repetitions; ++rep) {
+    DF_CHECK_CUDA(cudaEventRecord(events[rep], stream));
+    call(rep);
+  }
+  DF_CHECK_CUDA(cudaEventRecord(events[repetitions], stream));
+  DF_CHECK_CUDA(cudaEventSynchronize(events[repetitions]));
+  std::vector<double> us(repetitions);
+  for (int rep = 0; rep < repetitions; ++rep) {
+    float ms = 0;
+    DF_CHECK_CUDA(cudaEventElapsedTime(&ms, events[rep], events[rep + 1]));
+    us[rep] = ms * 1e3;
+  }
+  for (auto& e : events) cudaEventDestroy(e);
+  return median(us);
+}
+
+double median_host_call_us(const std::function<void()>& call, int repetitions) {
+  std::vector<double> us;
+  for (int rep = 0; rep < repetitions; ++rep) {
+    const auto start = std::chrono::steady_clock::now();
+    call();
+    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
+  }
+  return median(us);
+}
+
+std::string Table::render() const {
+  std::vector<size_t> width(header_.size(), 0);
+  auto widen = [&](const std::vector<std::string>& row) {
+    for (size_t c = 0; c < row.size() && c < width.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  };
+  widen(header_);
+  for (const auto& row : rows_) widen(row);
+  auto line = [&](const std::vector<std::string>& row) {
+    std::string text;
+    for (size_t c = 0; c < width.size(); ++c) {
+      const std::string cell = c < row.size() ? row[c] : "";
+      text += (c ? "  " : "") + std::string(width[c] - cell.size(), ' ') + cell;
+    }
+    return text + "\n";
+  };
+  std::string text = line(header_);
+  size_t total = 0;
+  for (size_t w : width) total += w + 2;
+  text += std::string(total > 2 ? total - 2 : 0, '-') + "\n";
+  for (const auto& row : rows_) text += line(row);
+  return text;
+}
+
+std::string format_fixed(double value, int decimals) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, "%.*f", decimals, value);
+  return buffer;
+}
+
+const char* build_commit() { return DEEPFUSE_GIT_COMMIT; }
+
+nlohmann::json run_header(const std::string& device_name, double copy_bytes_per_s) {
+  return {{"gpu", device_name}, {"copy_tbps", copy_bytes_per_s / 1e12}, {"commit", build_commit()}};
+}
+
+void write_json(const std::string& path, const nlohmann::json& document) {
+  std::ofstream out(path);
+  DF_CHECK(out.good(), "cannot write JSON results to '" + path + "'");
+  out << document.dump(2) << "\n";
+  DF_CHECK(out.good(), "writing JSON results to '" + path + "' failed");
+}
+
+}  // namespace deepfuse::bench

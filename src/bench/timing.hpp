@@ -1,0 +1,45 @@
+// Benchmark plumbing shared by every `deepfuse bench` suite: CUDA-event timing with warm-up and
+// medians, a results table printed for people, and the same rows as JSON for machines.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace deepfuse::bench {
+
+// Median device time in microseconds of call(rep) over `repetitions` calls, after `warmup`
+// calls. Calls are enqueued back to back with an event between each, so the GPU never waits on
+// the host and each interval includes the launch gaps a real step would see.
+double median_call_us(const std::function<void(int rep)>& call, int warmup, int repetitions, cudaStream_t stream);
+
+// Median wall time in microseconds of a host-side call (CPU reference backend).
+double median_host_call_us(const std::function<void()>& call, int repetitions);
+
+// A text table: set the header once, add rows of already formatted cells, print.
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header) : header_(std::move(header)) {}
+  void add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  std::string render() const;
+
+ private:
+  std::vector<std::string> header_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+std::string format_fixed(double value, int decimals);
+
+// The commit this binary was built from (configure time), "unknown" outside a git checkout.
+const char* build_commit();
+
+// Run-level facts every JSON result carries: GPU name, measured copy bandwidth, commit.
+nlohmann::json run_header(const std::string& device_name, double copy_bytes_per_s);
+
+void write_json(const std::string& path, const nlohmann::json& document);
+
+}  // namespace deepfuse::bench

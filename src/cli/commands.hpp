@@ -1,0 +1,17 @@
+// Every `deepfuse` subcommand registers itself on the CLI11 app through one function here.
+// main.cpp calls them in order; a new command is a new file plus one line in each list.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace deepfuse::cli {
+
+// The action a subcommand runs once parsing succeeded; returns the process exit code.
+using Action = std::function<int()>;
+
+// Each register_* adds its subcommand to `app` and stores its action into `action` when chosen.
+void register_bench(CLI::App& app, Action& action);
+
+}  // namespace deepfuse::cli

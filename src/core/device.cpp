@@ -1,0 +1,64 @@
+#include "deepfuse/device.hpp"
+
+#include <algorithm>
+#include <vector>
+
+#include "deepfuse/error.hpp"
+#include "deepfuse/tensor.hpp"
+
+namespace deepfuse {
+
+bool cuda_device_available() {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error for later callers
+    return false;
+  }
+  return count > 0;
+}
+
+DeviceInfo query_device(int ordinal) {
+  DF_CHECK(cuda_device_available(), "no CUDA device is available");
+  cudaDeviceProp prop{};
+  DF_CHECK_CUDA(cudaGetDeviceProperties(&prop, ordinal));
+  DeviceInfo info;
+  info.ordinal = ordinal;
+  info.name = prop.name;
+  info.compute_major = prop.major;
+  info.compute_minor = prop.minor;
+  info.sm_count = prop.multiProcessorCount;
+  info.l2_bytes = static_cast<size_t>(prop.l2CacheSize);
+  info.global_memory_bytes = prop.totalGlobalMem;
+  info.shared_memory_per_block_optin = prop.sharedMemPerBlockOptin;
+  int clock_khz = 0;
+  DF_CHECK_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, ordinal));
+  info.memory_clock_khz = clock_khz;
+  DF_CHECK_CUDA(cudaDeviceGetAttribute(&info.memory_bus_bits, cudaDevAttrGlobalMemoryBusWidth, ordinal));
+  return info;
+}
+
+double measure_copy_bandwidth(size_t bytes, int repetitions, cudaStream_t stream) {
+  DeviceBuffer source(bytes), destination(bytes);
+  DF_CHECK_CUDA(cudaMemsetAsync(source.data(), 0x5a, bytes, stream));
+  cudaEvent_t start, stop;
+  DF_CHECK_CUDA(cudaEventCreate(&start));
+  DF_CHECK_CUDA(cudaEventCreate(&stop));
+  std::vector<float> milliseconds;
+  for (int rep = -2; rep < repetitions; ++rep) {  // two warm-up copies
+    DF_CHECK_CUDA(cudaEventRecord(start, stream));
+    DF_CHECK_CUDA(cudaMemcpyAsync(destination.data(), source.data(), bytes, cudaMemcpyDeviceToDevice, stream));
+    DF_CHECK_CUDA(cudaEventRecord(stop, stream));
+    DF_CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    DF_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    if (rep >= 0) milliseconds.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::nth_element(milliseconds.begin(), milliseconds.begin() + milliseconds.size() / 2, milliseconds.end());
+  const double median_s = milliseconds[milliseconds.size() / 2] * 1e-3;
+  return 2.0 * static_cast<double>(bytes) / median_s;
+}
+
+}  // namespace deepfuse

@@ -1,0 +1,55 @@
+// Tensor-core building blocks shared by the MLP kernels: the mma.m16n8k16 bf16 instruction and
+// the "fragment-packed" weight layout that lets one 16-byte load per lane fetch a whole A tile.
+//
+// mma.m16n8k16 (row.col, bf16 in, fp32 accumulate), lane = 4*g + t (g = lane/4, t = lane%4):
+//   A (16x16): {A[g][2t..2t+1], A[g+8][2t..2t+1], A[g][2t+8..2t+9], A[g+8][2t+8..2t+9]}
+//   B (16x8):  b0 = {B[2t][g], B[2t+1][g]},  b1 = {B[2t+8][g], B[2t+9][g]}
+//   C (16x8):  {C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]}
+// Packing a 16x16 tile means writing, for each lane, those 8 A values as one uint4.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace deepfuse::kernels {
+
+__device__ __forceinline__ void mma_bf16_m16n8k16(float (&c)[4], const uint4& a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+}
+
+// A streaming 16-byte load of read-only data that is used once: skip L1 so it does not evict
+// the small operands (activations) that are reused.
+__device__ __forceinline__ uint4 load_streaming(const uint4* address) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(address));
+  return v;
+}
+
+// Two adjacent bf16 from global memory (read-only for the kernel's lifetime, L1-cached).
+__device__ __forceinline__ uint32_t load_pair(const __nv_bfloat16* address) {
+  return __ldg(reinterpret_cast<const unsigned int*>(address));
+}
+
+// The uint4 that lane `lane` holds for the 16x16 tile of row-major `matrix` (leading dimension
+// `ld`) whose top-left corner is (row0, col0).
+__device__ __forceinline__ uint4 gather_a_fragment(const __nv_bfloat16* matrix, size_t ld, int row0,
+                                                   int col0, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  const __nv_bfloat16* top = matrix + static_cast<size_t>(row0 + g) * ld + col0 + 2 * t;
+  const __nv_bfloat16* bottom = top + 8 * ld;
+  uint4 v;
+  v.x = *reinterpret_cast<const uint32_t*>(top);
+  v.y = *reinterpret_cast<const uint32_t*>(bottom);
+  v.z = *reinterpret_cast<const uint32_t*>(top + 8);
+  v.w = *reinterpret_cast<const uint32_t*>(bottom + 8);
+  return v;
+}
+
+}  // namespace deepfuse::kernels

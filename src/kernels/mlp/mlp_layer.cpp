@@ -1,0 +1,175 @@
+// MlpLayer: one public entry point over the three GPU variants (see include/deepfuse/mlp.hpp).
+#include <string>
+
+#include "deepfuse/error.hpp"
+#include "deepfuse/mlp.hpp"
+#include "deepfuse/tensor.hpp"
+#include "kernels/gemm/cublaslt_gemm.hpp"
+#include "kernels/mlp/swiglu_elementwise.cuh"
+#include "kernels/mlp/swiglu_fused.cuh"
+
+namespace deepfuse {
+
+const char* mlp_variant_name(MlpVariant variant) {
+  switch (variant) {
+    case MlpVariant::naive: return "naive";
+    case MlpVariant::unfused: return "unfused";
+    case MlpVariant::fused: return "fused";
+  }
+  return "?";
+}
+
+MlpVariant parse_mlp_variant(const std::string& name) {
+  for (MlpVariant v : {MlpVariant::naive, MlpVariant::unfused, MlpVariant::fused})
+    if (name == mlp_variant_name(v)) return v;
+  throw Error("unknown MLP variant '" + name + "' (expected naive, unfused or fused)");
+}
+
+void validate_mlp_shape(const MlpShape& shape) {
+  DF_CHECK(shape.hidden > 0 && shape.hidden % 64 == 0,
+           "MLP hidden size " + std::to_string(shape.hidden) + " is not a positive multiple of 64");
+  DF_CHECK(shape.intermediate > 0 && shape.intermediate % 64 == 0,
+           "MLP intermediate size " + std::to_string(shape.intermediate) + " is not a positive multiple of 64");
+}
+
+struct MlpLayer::Impl {
+  MlpVariant variant;
+  MlpShape shape;
+  int max_tokens;
+  // Weights in the variant's layout.
+  DeviceBuffer gate, up, gate_up, down;  // naive: gate, up, down; unfused: gate_up, down; fused: gate_up, down (packed)
+  // Workspace.
+  DeviceBuffer intermediate_a, intermediate_b, mlp_out;  // naive/unfused activations
+  DeviceBuffer accumulator, counters;                    // fused reduction state
+  std::unique_ptr<kernels::CublasLtGemm> gemm;
+
+  size_t hi_bytes() const { return static_cast<size_t>(shape.hidden) * shape.intermediate * sizeof(__nv_bfloat16); }
+};
+
+MlpLayer::MlpLayer(MlpVariant variant, MlpShape shape, int max_tokens) : impl_(std::make_unique<Impl>()) {
+  validate_mlp_shape(shape);
+  DF_CHECK(max_tokens >= 1, "MLP max_tokens must be at least 1");
+  Impl& s = *impl_;
+  s.variant = variant;
+  s.shape = shape;
+  s.max_tokens = max_tokens;
+  const size_t ti_bytes = static_cast<size_t>(max_tokens) * shape.intermediate * sizeof(__nv_bfloat16);
+  switch (variant) {
+    case MlpVariant::naive:
+      s.gate = DeviceBuffer(s.hi_bytes());
+      s.up = DeviceBuffer(s.hi_bytes());
+      s.down = DeviceBuffer(s.hi_bytes());
+      s.intermediate_a = DeviceBuffer(ti_bytes);
+      s.intermediate_b = DeviceBuffer(ti_bytes);
+      s.mlp_out = DeviceBuffer(static_cast<size_t>(max_tokens) * shape.hidden * sizeof(__nv_bfloat16));
+      s.gemm = std::make_unique<kernels::CublasLtGemm>();
+      break;
+    case MlpVariant::unfused:
+      s.gate_up = DeviceBuffer(2 * s.hi_bytes());
+      s.down = DeviceBuffer(s.hi_bytes());
+      s.intermediate_a = DeviceBuffer(2 * ti_bytes);
+      s.intermediate_b = DeviceBuffer(ti_bytes);
+      s.gemm = std::make_unique<kernels::CublasLtGemm>();
+      break;
+    case MlpVariant::fused:
+      s.gate_up = DeviceBuffer(2 * s.hi_bytes());
+      s.down = DeviceBuffer(s.hi_bytes());
+      s.accumulator = DeviceBuffer(kernels::swiglu_fused_accumulator_floats(shape.hidden, max_tokens) * sizeof(float));
+      s.counters = DeviceBuffer(kernels::kSwigluFusedCounters * sizeof(unsigned));
+      s.accumulator.zero();
+      s.counters.zero();
+      DF_CHECK_CUDA(cudaDeviceSynchronize());
+      break;
+  }
+}
+
+MlpLayer::~MlpLayer() = default;
+MlpLayer::MlpLayer(MlpLayer&&) noexcept = default;
+MlpLayer& MlpLayer::operator=(MlpLayer&&) noexcept = default;
+
+MlpVariant MlpLayer::variant() const { return impl_->variant; }
+MlpShape MlpLayer::shape() const { return impl_->shape; }
+int MlpLayer::max_tokens() const { return impl_->max_tokens; }
+
+int MlpLayer::launches_per_call(bool with_residual) const {
+  switch (impl_->variant) {
+    case MlpVariant::naive: return with_residual ? 6 : 5;
+    case MlpVariant::unfused: return 3;  // the residual rides in the down GEMM's epilogue
+    case MlpVariant::fused: return 1;
+  }
+  return 0;
+}
+
+void MlpLayer::load_weights(const MlpHfWeights& w, cudaStream_t stream) {
+  DF_CHECK(w.gate && w.up && w.down, "MlpLayer::load_weights: null weight pointer");
+  Impl& s = *impl_;
+  const size_t bytes = s.hi_bytes();
+  const int H = s.shape.hidden, I = s.shape.intermediate;
+  switch (s.variant) {
+    case MlpVariant::naive:
+      DF_CHECK_CUDA(cudaMemcpyAsync(s.gate.data(), w.gate, bytes, cudaMemcpyDeviceToDevice, stream));
+      DF_CHECK_CUDA(cudaMemcpyAsync(s.up.data(), w.up, bytes, cudaMemcpyDeviceToDevice, stream));
+      DF_CHECK_CUDA(cudaMemcpyAsync(s.down.data(), w.down, bytes, cudaMemcpyDeviceToDevice, stream));
+      break;
+    case MlpVariant::unfused:
+      DF_CHECK_CUDA(cudaMemcpyAsync(s.gate_up.data(), w.gate, bytes, cudaMemcpyDeviceToDevice, stream));
+      DF_CHECK_CUDA(cudaMemcpyAsync(s.gate_up.as<char>() + bytes, w.up, bytes, cudaMemcpyDeviceToDevice, stream));
+      DF_CHECK_CUDA(cudaMemcpyAsync(s.down.data(), w.down, bytes, cudaMemcpyDeviceToDevice, stream));
+      break;
+    case MlpVariant::fused:
+      DF_CHECK_CUDA(kernels::pack_swiglu_gate_up(w.gate, w.up, s.gate_up.as<uint4>(), H, I, stream));
+      DF_CHECK_CUDA(kernels::pack_swiglu_down(w.down, s.down.as<uint4>(), H, I, stream));
+      break;
+  }
+}
+
+void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
+                   cudaStream_t stream) {
+  Impl& s = *impl_;
+  DF_CHECK(tokens >= 1 && tokens <= s.max_tokens, "MLP tokens " + std::to_string(tokens) +
+                                                      " outside 1.." + std::to_string(s.max_tokens));
+  DF_CHECK(x && y, "MLP input or output pointer is null");
+  DF_CHECK(static_cast<const void*>(x) != static_cast<const void*>(y), "MLP output must not alias its input");
+  const int H = s.shape.hidden, I = s.shape.intermediate;
+  const size_t ti = static_cast<size_t>(tokens) * I;
+  auto* a = s.intermediate_a.as<__nv_bfloat16>();
+  auto* b = s.intermediate_b.as<__nv_bfloat16>();
+  switch (s.variant) {
+    case MlpVariant::naive: {
+      s.gemm->run(x, s.gate.as<__nv_bfloat16>(), nullptr, a, tokens, I, H, stream);
+      s.gemm->run(x, s.up.as<__nv_bfloat16>(), nullptr, b, tokens, I, H, stream);
+      DF_CHECK_CUDA(kernels::silu_inplace(a, ti, stream));
+      DF_CHECK_CUDA(kernels::multiply(a, b, a, ti, stream));
+      if (residual) {
+        auto* out = s.mlp_out.as<__nv_bfloat16>();
+        s.gemm->run(a, s.down.as<__nv_bfloat16>(), nullptr, out, tokens, H, I, stream);
+        DF_CHECK_CUDA(kernels::add(out, residual, y, static_cast<size_t>(tokens) * H, stream));
+      } else {
+        s.gemm->run(a, s.down.as<__nv_bfloat16>(), nullptr, y, tokens, H, I, stream);
+      }
+      break;
+    }
+    case MlpVariant::unfused:
+      s.gemm->run(x, s.gate_up.as<__nv_bfloat16>(), nullptr, a, tokens, 2 * I, H, stream);
+      DF_CHECK_CUDA(kernels::silu_and_mul(a, b, tokens, I, stream));
+      s.gemm->run(b, s.down.as<__nv_bfloat16>(), residual, y, tokens, H, I, stream);
+      break;
+    case MlpVariant::fused: {
+      kernels::SwigluFusedParams p;
+      p.x = x;
+      p.gate_up = s.gate_up.as<uint4>();
+      p.down = s.down.as<uint4>();
+      p.residual = residual;
+      p.y = y;
+      p.accumulator = s.accumulator.as<float>();
+      p.counters = s.counters.as<unsigned>();
+      p.tokens = tokens;
+      p.hidden = H;
+      p.intermediate = I;
+      DF_CHECK_CUDA(kernels::launch_swiglu_fused(p, kernels::SwigluFusedTuning{}, stream));
+      break;
+    }
+  }
+}
+
+}  // namespace deepfuse

@@ -1,0 +1,84 @@
+#include "kernels/mlp/swiglu_elementwise.cuh"
+
+#include <algorithm>
+#include <cstdint>
+
+namespace deepfuse::kernels {
+namespace {
+
+__device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v)); }
+
+int blocks_for(size_t work_items, int threads) {
+  return static_cast<int>(std::min<size_t>((work_items + threads - 1) / threads, 65535 * 8));
+}
+
+// One thread per 8 intermediate values: two 16-byte loads, one 16-byte store.
+__global__ void silu_and_mul_kernel(const __nv_bfloat16* gate_up, __nv_bfloat16* act, int tokens,
+                                    int intermediate) {
+  const int vectors_per_row = intermediate / 8;
+  const size_t total = static_cast<size_t>(tokens) * vectors_per_row;
+  for (size_t index = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; index < total;
+       index += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t token = index / vectors_per_row, vector = index % vectors_per_row;
+    const __nv_bfloat16* row = gate_up + token * 2 * intermediate;
+    const uint4 gate_bits = reinterpret_cast<const uint4*>(row)[vector];
+    const uint4 up_bits = reinterpret_cast<const uint4*>(row + intermediate)[vector];
+    const auto* gate = reinterpret_cast<const __nv_bfloat162*>(&gate_bits);
+    const auto* up = reinterpret_cast<const __nv_bfloat162*>(&up_bits);
+    uint4 out_bits;
+    auto* out = reinterpret_cast<__nv_bfloat162*>(&out_bits);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 g = __bfloat1622float2(gate[i]), u = __bfloat1622float2(up[i]);
+      out[i] = __floats2bfloat162_rn(silu(g.x) * u.x, silu(g.y) * u.y);
+    }
+    reinterpret_cast<uint4*>(act + token * intermediate)[vector] = out_bits;
+  }
+}
+
+__global__ void silu_kernel(__nv_bfloat16* values, size_t count) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    values[i] = __float2bfloat16(silu(__bfloat162float(values[i])));
+}
+
+__global__ void multiply_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfloat16* out, size_t count) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    out[i] = __float2bfloat16(__bfloat162float(a[i]) * __bfloat162float(b[i]));
+}
+
+__global__ void add_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfloat16* out, size_t count) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    out[i] = __float2bfloat16(__bfloat162float(a[i]) + __bfloat162float(b[i]));
+}
+
+}  // namespace
+
+cudaError_t silu_and_mul(const __nv_bfloat16* gate_up, __nv_bfloat16* act, int tokens, int intermediate,
+                         cudaStream_t stream) {
+  if (intermediate % 8 != 0 || tokens < 1) return cudaErrorInvalidValue;
+  const size_t vectors = static_cast<size_t>(tokens) * (intermediate / 8);
+  silu_and_mul_kernel<<<blocks_for(vectors, 256), 256, 0, stream>>>(gate_up, act, tokens, intermediate);
+  return cudaGetLastError();
+}
+
+cudaError_t silu_inplace(__nv_bfloat16* values, size_t count, cudaStream_t stream) {
+  silu_kernel<<<blocks_for(count, 256), 256, 0, stream>>>(values, count);
+  return cudaGetLastError();
+}
+
+cudaError_t multiply(const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfloat16* out, size_t count,
+                     cudaStream_t stream) {
+  multiply_kernel<<<blocks_for(count, 256), 256, 0, stream>>>(a, b, out, count);
+  return cudaGetLastError();
+}
+
+cudaError_t add(const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfloat16* out, size_t count,
+                cudaStream_t stream) {
+  add_kernel<<<blocks_for(count, 256), 256, 0, stream>>>(a, b, out, count);
+  return cudaGetLastError();
+}
+
+}  // namespace deepfuse::kernels

@@ -1,0 +1,47 @@
+// DeepFusion SwiGLU MLP: the whole MLP in one launch. Design notes: docs/kernels/swiglu_fused.md.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace deepfuse::kernels {
+
+struct SwigluFusedParams {
+  const __nv_bfloat16* x = nullptr;         // [tokens, hidden]
+  const uint4* gate_up = nullptr;           // fragment-packed gate/up (see mlp.hpp)
+  const uint4* down = nullptr;              // fragment-packed down
+  const __nv_bfloat16* residual = nullptr;  // [tokens, hidden] or null
+  __nv_bfloat16* y = nullptr;               // [tokens, hidden]; may alias residual
+  float* accumulator = nullptr;             // swiglu_fused_accumulator_floats(); zero between calls
+  unsigned* counters = nullptr;             // kSwigluFusedCounters; zero between calls
+  int tokens = 0;
+  int hidden = 0;
+  int intermediate = 0;
+};
+
+inline constexpr int kSwigluFusedCounters = 2;
+
+// fp32 partial-sum buffer: [hidden][tokens rounded up to 8].
+size_t swiglu_fused_accumulator_floats(int hidden, int max_tokens);
+
+// Launch tuning: 0 means "pick from the device" (blocks per SM from the occupancy calculator).
+struct SwigluFusedTuning {
+  int blocks_per_sm = 0;
+};
+
+// One launch. The accumulator and counters must be zero on entry; they are zero again when the
+// kernel completes, so consecutive launches (and graph replays) need no memset.
+cudaError_t launch_swiglu_fused(const SwigluFusedParams& params, const SwigluFusedTuning& tuning,
+                                cudaStream_t stream);
+
+// Hugging Face layout (device) -> fragment-packed layout (device). gate/up: [I, H]; down: [H, I].
+// gate_up_packed holds 2*I*H bf16, down_packed H*I.
+cudaError_t pack_swiglu_gate_up(const __nv_bfloat16* gate, const __nv_bfloat16* up, uint4* gate_up_packed,
+                                int hidden, int intermediate, cudaStream_t stream);
+cudaError_t pack_swiglu_down(const __nv_bfloat16* down, uint4* down_packed, int hidden, int intermediate,
+                             cudaStream_t stream);
+
+}  // namespace deepfuse::kernels

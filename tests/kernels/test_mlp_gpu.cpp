@@ -1,0 +1,184 @@
+// Every GPU MLP variant against the fp64 CPU reference on fresh random inputs, outputs poisoned
+// with NaN before each launch. DEEPFUSE_TEST_QUICK=1 keeps only the small shapes (for the
+// compute-sanitizer runs, which slow kernels down a hundredfold).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "deepfuse/bf16.hpp"
+#include "deepfuse/error.hpp"
+#include "deepfuse/mlp.hpp"
+#include "deepfuse/reference.hpp"
+#include "deepfuse/tensor.hpp"
+#include "test_util.hpp"
+
+namespace deepfuse {
+namespace {
+
+constexpr uint16_t kNanBits = 0x7fc0;
+constexpr double kTolerance = 1e-2;
+const std::vector<int> kTokenCounts = {1, 2, 3, 8, 17, 64, 100, 256};
+
+bool quick_mode() {
+  const char* quick = std::getenv("DEEPFUSE_TEST_QUICK");
+  return quick && std::string(quick) == "1";
+}
+
+// Random bf16 data for one shape, kept both as bf16 bits (for the GPU) and floats (reference).
+struct MlpCase {
+  MlpShape shape;
+  int max_tokens;
+  std::vector<float> x, gate, up, down, residual;
+  DeviceBuffer x_dev, gate_dev, up_dev, down_dev, residual_dev;
+
+  MlpCase(MlpShape s, int tokens, uint64_t salt) : shape(s), max_tokens(tokens) {
+    auto rng = testing::make_rng(salt);
+    const size_t hi = static_cast<size_t>(s.hidden) * s.intermediate;
+    auto bf16_values = [&](size_t n, float scale, DeviceBuffer& device) {
+      std::vector<float> v = testing::random_uniform(rng, n, scale);
+      for (auto& e : v) e = round_to_bf16(e);
+      device = DeviceBuffer::from_host(to_bf16_bits(v));
+      return v;
+    };
+    x = bf16_values(static_cast<size_t>(tokens) * s.hidden, 1.0f, x_dev);
+    gate = bf16_values(hi, 1.7f / std::sqrt(static_cast<float>(s.hidden)), gate_dev);
+    up = bf16_values(hi, 1.7f / std::sqrt(static_cast<float>(s.hidden)), up_dev);
+    down = bf16_values(hi, 1.7f / std::sqrt(static_cast<float>(s.intermediate)), down_dev);
+    residual = bf16_values(static_cast<size_t>(tokens) * s.hidden, 1.0f, residual_dev);
+  }
+
+  MlpHfWeights weights() const {
+    return {gate_dev.as<__nv_bfloat16>(), up_dev.as<__nv_bfloat16>(), down_dev.as<__nv_bfloat16>()};
+  }
+
+  std::vector<double> reference(int tokens, bool with_residual) const {
+    std::vector<double> y(static_cast<size_t>(tokens) * shape.hidden);
+    reference::swiglu_mlp(x.data(), gate.data(), up.data(), down.data(), with_residual ? residual.data() : nullptr,
+                          y.data(), tokens, shape.hidden, shape.intermediate);
+    return y;
+  }
+};
+
+// Runs `layer` on the first `tokens` rows with a NaN-poisoned output; returns y as floats.
+std::vector<float> run_poisoned(MlpLayer& layer, const MlpCase& c, int tokens, bool with_residual) {
+  const size_t count = static_cast<size_t>(tokens) * c.shape.hidden;
+  DeviceBuffer y = DeviceBuffer::from_host(std::vector<uint16_t>(count, kNanBits));
+  layer.run(c.x_dev.as<__nv_bfloat16>(), with_residual ? c.residual_dev.as<__nv_bfloat16>() : nullptr,
+            y.as<__nv_bfloat16>(), tokens, nullptr);
+  DF_CHECK_CUDA(cudaDeviceSynchronize());
+  return bf16_bits_to_floats(y.to_host<uint16_t>(count));
+}
+
+class MlpVariantsVsReference : public ::testing::TestWithParam<MlpShape> {};
+
+TEST_P(MlpVariantsVsReference, EveryTokenCountWithAndWithoutResidual) {
+  DF_REQUIRE_GPU();
+  const MlpShape shape = GetParam();
+  const bool small = static_cast<size_t>(shape.hidden) * shape.intermediate <= size_t{2048} * 2048;
+  if (quick_mode() && !small) GTEST_SKIP() << "DEEPFUSE_TEST_QUICK=1: large shape skipped";
+  const MlpCase c(shape, 256, shape.hidden * 131 + shape.intermediate);
+  std::vector<MlpLayer> layers;
+  for (MlpVariant v : {MlpVariant::naive, MlpVariant::unfused, MlpVariant::fused}) {
+    layers.emplace_back(v, shape, c.max_tokens);
+    layers.back().load_weights(c.weights(), nullptr);
+  }
+  for (int tokens : kTokenCounts) {
+    for (bool with_residual : {false, true}) {
+      const std::vector<double> ref = c.reference(tokens, with_residual);
+      for (MlpLayer& layer : layers) {
+        const std::vector<float> y = run_poisoned(layer, c, tokens, with_residual);
+        const double err = testing::relative_error(y, ref);
+        EXPECT_EQ(testing::count_nan(y), 0u) << mlp_variant_name(layer.variant()) << " M=" << tokens;
+        EXPECT_LT(err, kTolerance) << mlp_variant_name(layer.variant()) << " " << shape.hidden << "x"
+                                   << shape.intermediate << " M=" << tokens << " residual=" << with_residual;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, MlpVariantsVsReference,
+                         ::testing::Values(MlpShape{64, 64}, MlpShape{64, 192}, MlpShape{960, 2496},
+                                           MlpShape{896, 4864}, MlpShape{2048, 8192}, MlpShape{4096, 14336}),
+                         [](const auto& info) {
+                           return std::to_string(info.param.hidden) + "x" + std::to_string(info.param.intermediate);
+                         });
+
+// The fused kernel leaves its accumulator and counters zeroed: back-to-back calls with
+// different token counts and inputs must each be right (a leftover partial sum would show).
+TEST(FusedMlp, BackToBackCallsStayCorrect) {
+  DF_REQUIRE_GPU();
+  const MlpShape shape{1024, 2048};
+  const MlpCase c(shape, 64, 11);
+  MlpLayer layer(MlpVariant::fused, shape, c.max_tokens);
+  layer.load_weights(c.weights(), nullptr);
+  for (int tokens : {5, 64, 1, 33, 5}) {
+    const std::vector<float> y = run_poisoned(layer, c, tokens, true);
+    EXPECT_LT(testing::relative_error(y, c.reference(tokens, true)), kTolerance) << "M=" << tokens;
+  }
+}
+
+// y may alias the residual: the in-place residual add of a decode step.
+TEST(FusedMlp, InPlaceResidual) {
+  DF_REQUIRE_GPU();
+  const MlpShape shape{512, 1536};
+  const MlpCase c(shape, 9, 12);
+  for (MlpVariant v : {MlpVariant::naive, MlpVariant::unfused, MlpVariant::fused}) {
+    MlpLayer layer(v, shape, c.max_tokens);
+    layer.load_weights(c.weights(), nullptr);
+    DeviceBuffer inout = DeviceBuffer::from_host(to_bf16_bits(c.residual));
+    layer.run(c.x_dev.as<__nv_bfloat16>(), inout.as<__nv_bfloat16>(), inout.as<__nv_bfloat16>(), 9, nullptr);
+    DF_CHECK_CUDA(cudaDeviceSynchronize());
+    const auto y = bf16_bits_to_floats(inout.to_host<uint16_t>(c.residual.size()));
+    EXPECT_LT(testing::relative_error(y, c.reference(9, true)), kTolerance) << mlp_variant_name(v);
+  }
+}
+
+// Captured once into a CUDA graph, replayed with new inputs: the decode step's usage.
+TEST(FusedMlp, GraphReplayWithNewInputs) {
+  DF_REQUIRE_GPU();
+  const MlpShape shape{768, 2048};
+  MlpCase first(shape, 4, 13), second(shape, 4, 14);
+  MlpLayer layer(MlpVariant::fused, shape, 4);
+  layer.load_weights(first.weights(), nullptr);
+  DeviceBuffer x(first.x.size() * 2), y(first.x.size() * 2);
+  cudaStream_t stream;
+  DF_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  DF_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  layer.run(x.as<__nv_bfloat16>(), nullptr, y.as<__nv_bfloat16>(), 4, stream);
+  DF_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  DF_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (const MlpCase* input : {&first, &second}) {
+    // same weights, new activations each replay
+    DF_CHECK_CUDA(cudaMemcpy(x.data(), input->x_dev.data(), x.bytes(), cudaMemcpyDeviceToDevice));
+    DF_CHECK_CUDA(cudaMemset(y.data(), 0xff, y.bytes()));  // NaN pattern
+    DF_CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    DF_CHECK_CUDA(cudaStreamSynchronize(stream));
+    // reference with the first case's weights and this case's x
+    std::vector<double> ref(4 * shape.hidden);
+    reference::swiglu_mlp(input->x.data(), first.gate.data(), first.up.data(), first.down.data(), nullptr,
+                          ref.data(), 4, shape.hidden, shape.intermediate);
+    const auto out = bf16_bits_to_floats(y.to_host<uint16_t>(4 * shape.hidden));
+    EXPECT_EQ(testing::count_nan(out), 0u);
+    EXPECT_LT(testing::relative_error(out, ref), kTolerance);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(MlpLayer, RejectsBadCalls) {
+  DF_REQUIRE_GPU();
+  MlpLayer layer(MlpVariant::fused, {128, 256}, 8);
+  DeviceBuffer x(8 * 128 * 2), y(8 * 128 * 2);
+  EXPECT_THROW(layer.run(x.as<__nv_bfloat16>(), nullptr, y.as<__nv_bfloat16>(), 9, nullptr), Error);
+  EXPECT_THROW(layer.run(x.as<__nv_bfloat16>(), nullptr, y.as<__nv_bfloat16>(), 0, nullptr), Error);
+  EXPECT_THROW(layer.run(x.as<__nv_bfloat16>(), nullptr, x.as<__nv_bfloat16>(), 1, nullptr), Error);
+  EXPECT_THROW(MlpLayer(MlpVariant::fused, {100, 256}, 8), Error);
+}
+
+}  // namespace
+}  // namespace deepfuse

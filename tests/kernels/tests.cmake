@@ -1,0 +1,2 @@
+deepfuse_test(test_mlp_shape_checks ${CMAKE_CURRENT_LIST_DIR}/test_mlp_shape_checks.cpp)
+deepfuse_test(test_mlp_gpu ${CMAKE_CURRENT_LIST_DIR}/test_mlp_gpu.cpp GPU)
