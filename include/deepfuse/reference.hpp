@@ -18,3 +18,74 @@ void swiglu_mlp(const float* x, const float* gate, const float* up, const float*
 double silu(double v);
 
 }  // namespace deepfuse::reference
+
+// ---- Per-op references for the transformer layer. Declared here so the model side (reference
+// decoder) and the GPU kernels (tests) share one oracle; implemented in src/reference/ops.cpp.
+// All tensors are dense row-major fp32 host arrays.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace deepfuse::reference {
+
+// out[t, :] = table[ids[t], :]; table is [vocab, hidden]. Throws deepfuse::Error on an id outside
+// [0, vocab).
+void embedding(const float* table, int vocab, int hidden, const int32_t* ids, int tokens, float* out);
+
+// Hugging Face LlamaRMSNorm: out = x / sqrt(mean(x^2) + eps) * weight, per row of `hidden`.
+void rms_norm(const float* x, const float* weight, int rows, int hidden, float eps, float* out);
+
+// The fused form the GPU runs between blocks: residual += x (in place), out = rms_norm(residual).
+void add_rms_norm(float* residual, const float* x, const float* weight, int rows, int hidden, float eps,
+                  float* out);
+
+// Rotary position embedding parameters (the Hugging Face "default" and "llama3" rope types).
+struct RopeParams {
+  int head_dim = 128;
+  double theta = 10000.0;
+  bool llama3_scaling = false;
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int original_max_position = 8192;
+};
+
+// inv_freq[i] = theta^(-2i/head_dim), i < head_dim/2, then llama3's wavelength-dependent scaling.
+std::vector<double> rope_inverse_frequencies(const RopeParams& params);
+
+// Rotates x [heads, head_dim] in place for `position`, HF rotate-half layout: pairs (i, i+d/2).
+void apply_rope(float* x, int heads, int head_dim, int position, std::span<const double> inv_freq);
+
+// One query position attending over a KV cache holding positions 0..length-1 (the query is at
+// length-1): GQA (q head h uses kv head h / (q_heads / kv_heads)), softmax(q·k * scale) · v, only
+// keys with position > length-1-sliding_window when sliding_window > 0.
+// q, out: [q_heads, head_dim]; k_cache, v_cache: [length, kv_heads, head_dim].
+void attention_decode(const float* q, const float* k_cache, const float* v_cache, int length, int q_heads,
+                      int kv_heads, int head_dim, float scale, int sliding_window, float* out);
+
+// Sampling. temperature <= 0 means greedy (argmax, lowest id on ties).
+struct SamplingParams {
+  float temperature = 0.0f;
+  int top_k = 0;                    // 0: off
+  float top_p = 1.0f;               // 1: off
+  float min_p = 0.0f;               // 0: off
+  float repetition_penalty = 1.0f;  // 1: off; applied to logits of ids in `previous` (HF rule)
+  uint64_t seed = 0;
+};
+
+// The distribution sampling draws from, after repetition penalty, temperature, top-k, top-p and
+// min-p (in that order, as Hugging Face's processors apply them): probabilities summing to 1.
+std::vector<double> sampling_distribution(std::span<const float> logits, const SamplingParams& params,
+                                          std::span<const int32_t> previous);
+
+// The uniform number in [0, 1) for draw `step` of a sequence seeded with `seed`: a counter-based
+// hash (splitmix64), so the CPU and the GPU sampler draw the same number for the same step.
+double sampling_uniform(uint64_t seed, uint64_t step);
+
+// Samples one id: greedy when temperature <= 0, otherwise inverse CDF of sampling_distribution at
+// sampling_uniform(params.seed, step).
+int32_t sample(std::span<const float> logits, const SamplingParams& params, std::span<const int32_t> previous,
+               uint64_t step);
+
+}  // namespace deepfuse::reference
