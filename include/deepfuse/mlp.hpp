@@ -56,6 +56,14 @@ struct MlpHfWeights {
   const __nv_bfloat16* down = nullptr;  // [H, I]
 };
 
+// Launch tuning of the fused variant; 0 means the device default. The kernel scheduler (and the
+// benchmark's tuning sweep) sets it.
+struct FusedMlpTuning {
+  int blocks_per_sm = 0;  // resident blocks per SM
+  int cluster_size = 0;   // blocks sharing activations through distributed shared memory: 1, 4, 8
+  bool skip_reduction_diagnostic = false;  // benchmarks only: skips the cross-cluster sum (wrong y)
+};
+
 // One MLP layer for one variant: owns its weights in the variant's layout and the workspace
 // (cuBLASLt handle, intermediates, reduction buffers) for up to max_tokens tokens per call.
 // run() enqueues work on `stream` only: no allocation, no synchronisation, CUDA-graph capturable.
@@ -73,6 +81,8 @@ class MlpLayer {
   // (tokens outside 1..max_tokens, null pointers) and on launch failures.
   void run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
            cudaStream_t stream);
+
+  void set_fused_tuning(const FusedMlpTuning& tuning);
 
   MlpVariant variant() const;
   MlpShape shape() const;

@@ -24,6 +24,16 @@ std::vector<MlpShape> default_mlp_bench_shapes() {
 
 std::vector<int> default_mlp_bench_tokens() { return {1, 2, 4, 8, 16, 32, 64, 128, 256}; }
 
+FusedMlpTuning parse_fused_tuning(const std::string& text) {
+  FusedMlpTuning tuning;
+  char suffix[32] = {0};
+  const int fields = std::sscanf(text.c_str(), "b%dc%d%31s", &tuning.blocks_per_sm, &tuning.cluster_size, suffix);
+  DF_CHECK(fields >= 2 && (fields == 2 || std::string(suffix) == "-noreduce"),
+           "bad fused tuning '" + text + "' (expected bBcC[-noreduce], e.g. b2c8)");
+  tuning.skip_reduction_diagnostic = fields == 3;
+  return tuning;
+}
+
 namespace {
 
 std::string shape_name(const MlpShape& s) { return std::to_string(s.hidden) + "x" + std::to_string(s.intermediate); }
@@ -68,11 +78,16 @@ int run_gpu(const MlpBenchOptions& options) {
     const MlpHfWeights hf{gate.as<__nv_bfloat16>(), up.as<__nv_bfloat16>(), down.as<__nv_bfloat16>()};
     const int copies = weight_copies(shape, device.l2_bytes, options.l2_multiple);
 
-    for (MlpVariant variant : options.variants) {
+    // Each measured configuration: a variant, plus fused with explicit tunings.
+    std::vector<std::pair<std::string, MlpVariant>> configurations;
+    for (MlpVariant variant : options.variants) configurations.emplace_back(mlp_variant_name(variant), variant);
+    for (const auto& tuning : options.fused_tunings) configurations.emplace_back("fused[" + tuning + "]", MlpVariant::fused);
+    for (const auto& [name, variant] : configurations) {
       std::vector<MlpLayer> layers;
       for (int c = 0; c < copies; ++c) {
         layers.emplace_back(variant, shape, max_tokens);
         layers.back().load_weights(hf, stream);
+        if (name != mlp_variant_name(variant)) layers.back().set_fused_tuning(parse_fused_tuning(name.substr(6, name.size() - 7)));
       }
       DF_CHECK_CUDA(cudaStreamSynchronize(stream));
       for (int tokens : options.token_counts) {
@@ -81,7 +96,7 @@ int run_gpu(const MlpBenchOptions& options) {
           layers[rep % copies].run(x.as<__nv_bfloat16>(), res, y.as<__nv_bfloat16>(), tokens, stream);
         };
         const double us = median_call_us(call, options.warmup, options.repetitions, stream);
-        rows.push_back({shape, tokens, mlp_variant_name(variant), us, layers[0].launches_per_call(options.residual)});
+        rows.push_back({shape, tokens, name, us, layers[0].launches_per_call(options.residual)});
       }
     }
     std::fprintf(stderr, "  measured %s (%d weight copies)\n", shape_name(shape).c_str(), copies);
@@ -105,7 +120,7 @@ int run_gpu(const MlpBenchOptions& options) {
     nlohmann::json row = {{"shape", shape_name(r.shape)}, {"hidden", r.shape.hidden},
                           {"intermediate", r.shape.intermediate}, {"m", r.tokens}, {"variant", r.variant},
                           {"us", r.us}, {"tbps", tbps}, {"pct_copy", pct}, {"launches", r.launches}};
-    if (auto it = unfused_us.find({shape_name(r.shape), r.tokens}); r.variant == "fused" && it != unfused_us.end()) {
+    if (auto it = unfused_us.find({shape_name(r.shape), r.tokens}); r.variant.rfind("fused", 0) == 0 && it != unfused_us.end()) {
       speedup = format_fixed(it->second / r.us, 2) + "x";
       row["speedup_vs_unfused"] = it->second / r.us;
     }

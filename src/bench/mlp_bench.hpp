@@ -18,7 +18,12 @@ struct MlpBenchOptions {
   bool residual = true;
   double l2_multiple = 4.0;  // weight copies rotated per call cover at least this many L2s
   std::string json_path;     // empty: no JSON
+  // Extra fused rows with explicit launch tuning, named like "fused[b2c8]" (see parse below).
+  std::vector<std::string> fused_tunings;
 };
+
+// "b2c8" = 2 blocks/SM, clusters of 8; a "-noreduce" suffix adds the skip-reduction diagnostic.
+FusedMlpTuning parse_fused_tuning(const std::string& text);
 
 // The default shape list (Llama-3.2-1B ... Llama-3-70B at TP8) and token counts.
 std::vector<MlpShape> default_mlp_bench_shapes();

@@ -40,6 +40,9 @@ void register_bench(CLI::App& app, Action& action) {
   mlp->add_option("--variants", args->variants, "naive,unfused,fused")->delimiter(',');
   mlp->add_option("--reps", args->options.repetitions, "timed calls per point (median)")->check(CLI::PositiveNumber);
   mlp->add_option("--warmup", args->options.warmup, "untimed calls first")->check(CLI::NonNegativeNumber);
+  mlp->add_option("--fused-tunings", args->options.fused_tunings,
+                  "extra fused rows with launch tuning bBcC[-noreduce], e.g. b2c8,b1c8,b2c1-noreduce")
+      ->delimiter(',');
   mlp->add_flag("--no-residual", args->no_residual, "time without the fused residual add");
   mlp->add_option("--json", args->options.json_path, "write the rows as JSON to this file");
   mlp->callback([args, &action] {

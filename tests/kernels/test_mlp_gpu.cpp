@@ -119,6 +119,29 @@ TEST(FusedMlp, BackToBackCallsStayCorrect) {
   }
 }
 
+// Every launch configuration of the fused kernel is a different work split: cluster sizes 1, 4
+// and 8, one or two blocks per SM, token counts needing several passes, I too small for a cluster.
+TEST(FusedMlp, EveryClusterSizeAndOccupancy) {
+  DF_REQUIRE_GPU();
+  for (MlpShape shape : {MlpShape{64, 64}, MlpShape{64, 192}, MlpShape{960, 2496}, MlpShape{896, 4864}}) {
+    const MlpCase c(shape, 100, shape.hidden + 7 * shape.intermediate);
+    for (int cluster : {1, 4, 8}) {
+      for (int blocks_per_sm : {1, 2}) {
+        MlpLayer layer(MlpVariant::fused, shape, c.max_tokens);
+        layer.load_weights(c.weights(), nullptr);
+        layer.set_fused_tuning({blocks_per_sm, cluster, false});
+        for (int tokens : {1, 3, 17, 40, 100}) {
+          const std::vector<float> y = run_poisoned(layer, c, tokens, true);
+          EXPECT_EQ(testing::count_nan(y), 0u);
+          EXPECT_LT(testing::relative_error(y, c.reference(tokens, true)), kTolerance)
+              << shape.hidden << "x" << shape.intermediate << " cluster=" << cluster << " blocks/SM=" << blocks_per_sm
+              << " M=" << tokens;
+        }
+      }
+    }
+  }
+}
+
 // y may alias the residual: the in-place residual add of a decode step.
 TEST(FusedMlp, InPlaceResidual) {
   DF_REQUIRE_GPU();
@@ -153,8 +176,9 @@ TEST(FusedMlp, GraphReplayWithNewInputs) {
   DF_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
   for (const MlpCase* input : {&first, &second}) {
     // same weights, new activations each replay
-    DF_CHECK_CUDA(cudaMemcpy(x.data(), input->x_dev.data(), x.bytes(), cudaMemcpyDeviceToDevice));
-    DF_CHECK_CUDA(cudaMemset(y.data(), 0xff, y.bytes()));  // NaN pattern
+    // Stream-ordered: `stream` does not synchronise with the legacy default stream.
+    DF_CHECK_CUDA(cudaMemcpyAsync(x.data(), input->x_dev.data(), x.bytes(), cudaMemcpyDeviceToDevice, stream));
+    DF_CHECK_CUDA(cudaMemsetAsync(y.data(), 0xff, y.bytes(), stream));  // NaN pattern
     DF_CHECK_CUDA(cudaGraphLaunch(exec, stream));
     DF_CHECK_CUDA(cudaStreamSynchronize(stream));
     // reference with the first case's weights and this case's x

@@ -42,6 +42,7 @@ struct MlpLayer::Impl {
   DeviceBuffer intermediate_a, intermediate_b, mlp_out;  // naive/unfused activations
   DeviceBuffer accumulator, counters;                    // fused reduction state
   std::unique_ptr<kernels::CublasLtGemm> gemm;
+  kernels::SwigluFusedTuning fused_tuning;
 
   size_t hi_bytes() const { return static_cast<size_t>(shape.hidden) * shape.intermediate * sizeof(__nv_bfloat16); }
 };
@@ -86,6 +87,13 @@ MlpLayer::MlpLayer(MlpVariant variant, MlpShape shape, int max_tokens) : impl_(s
 MlpLayer::~MlpLayer() = default;
 MlpLayer::MlpLayer(MlpLayer&&) noexcept = default;
 MlpLayer& MlpLayer::operator=(MlpLayer&&) noexcept = default;
+
+void MlpLayer::set_fused_tuning(const FusedMlpTuning& tuning) {
+  DF_CHECK(tuning.cluster_size == 0 || tuning.cluster_size == 1 || tuning.cluster_size == 4 || tuning.cluster_size == 8,
+           "fused MLP cluster size must be 1, 4 or 8");
+  DF_CHECK(tuning.blocks_per_sm >= 0, "fused MLP blocks per SM must be >= 0");
+  impl_->fused_tuning = {tuning.blocks_per_sm, tuning.cluster_size, tuning.skip_reduction_diagnostic};
+}
 
 MlpVariant MlpLayer::variant() const { return impl_->variant; }
 MlpShape MlpLayer::shape() const { return impl_->shape; }
@@ -166,7 +174,7 @@ void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_b
       p.tokens = tokens;
       p.hidden = H;
       p.intermediate = I;
-      DF_CHECK_CUDA(kernels::launch_swiglu_fused(p, kernels::SwigluFusedTuning{}, stream));
+      DF_CHECK_CUDA(kernels::launch_swiglu_fused(p, s.fused_tuning, stream));
       break;
     }
   }

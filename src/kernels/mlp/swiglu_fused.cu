@@ -1,29 +1,33 @@
 // DeepFusion SwiGLU MLP: y = down(silu(x·Wg^T) * (x·Wu^T)) (+ residual) in ONE launch.
+// Design, versions tried and their timings: docs/kernels/swiglu_fused.md.
 //
-// The two numbers (decode, tokens M <= 16): bytes = 3·H·I·2 of weights, FLOPs = 6·M·H·I, i.e.
+// The two numbers (decode, M <= 16 tokens): bytes = 3·H·I·2 of weights, FLOPs = 6·M·H·I, i.e.
 // ~2·M FLOP per weight byte, far under the H200's ~180 FLOP/byte: the floor is weight bytes over
 // the copy bandwidth (82 µs for Llama-3-8B's 4096x14336 at 4.3 TB/s).
 //
-// Work split. Block b owns a contiguous slice of the intermediate dimension (1..8 tiles of 16
-// rows of I, balanced across the grid).
-//   Phase 1: its warps compute g = x·Wg^T and u = x·Wu^T for that slice (warps split the slice's
-//            tiles and, when tiles < warps, the H dimension; partials meet in shared memory),
-//            then act = silu(g)*u, rounded to bf16, stays in shared memory.
-//   Phase 2: the block multiplies its act slice by the matching columns of Wd: a partial y for
-//            every output row, added into an fp32 accumulator in L2 with vector reductions
-//            (red.global.add.v4.f32: one L2 operation per 4 tokens of a row).
-//   Finish:  the last `finishers` blocks to arrive convert the accumulator to bf16 (+residual),
-//            write y and zero the accumulator and counters for the next launch.
-// The intermediate never leaves the SM; HBM sees the weights once, x, and y.
+// Work split. The grid is made of clusters of C blocks (C = 1, 4 or 8; Hopper thread-block
+// clusters). Cluster q owns a contiguous slice of the intermediate dimension I; each of its
+// blocks owns a sub-slice of 1..8 tiles of 16 rows.
+//   Phase 1  each block computes g = x·Wg^T and u = x·Wu^T for its sub-slice (warps split the
+//            tiles and, when tiles < warps, the H dimension, meeting in shared memory) and keeps
+//            act = bf16(silu(g)*u) in shared memory.
+//   Exchange the cluster's blocks read each other's act through distributed shared memory, so
+//            each holds the activations of the whole cluster slice (two cluster barriers).
+//   Phase 2  block r of the cluster multiplies that slice by Wd for its 1/C of the output rows:
+//            a partial y, summed over clusters in an fp32 accumulator in L2 with
+//            red.global.add.v4.f32 (4 rows per operation, after a 4x4 lane transpose).
+//   Finish   the last `finishers` blocks to arrive convert the accumulator to bf16 (+residual),
+//            and zero it and the counters for the next launch.
+// The intermediate never leaves the chip; HBM sees the weights once, plus x and y. Clusters cut
+// the partial sums per output element from the block count to the cluster count.
 //
 // Tensor cores: mma.m16n8k16 with weights on the 16-row side and tokens on the 8-wide side, so
-// M = 1..8 costs one n-tile. Weights are pre-packed in fragment order (fragment.cuh): every lane
-// fetches its A operand with one coalesced 16-byte load, no shared-memory staging. Loads run one
-// step ahead (double-buffered registers) so each SM keeps tens of KB in flight.
-//
-// Tokens beyond 64 are handled in passes of 64 (weights re-read per pass): large M is the
-// unfused variant's regime, the scheduler picks per batch size.
+// M = 1..8 costs one n-tile. Weights are pre-packed in fragment order (fragment.cuh): each lane
+// fetches its A operand with one coalesced 16-byte load. Loads run U steps ahead in registers.
+// Tokens beyond 32 go in passes of 32 (weights re-read per pass): large M is unfused territory.
 #include "kernels/mlp/swiglu_fused.cuh"
+
+#include <cooperative_groups.h>
 
 #include <algorithm>
 #include <mutex>
@@ -34,99 +38,144 @@
 namespace deepfuse::kernels {
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMaxTilesPerBlock = 8;  // 16-row tiles of I one block owns
-// bf16 per act row: the +8 makes the row stride 4 words mod 32 banks, so the 8 tokens x 4 lanes
-// of a phase-2 B fragment load hit 32 different banks.
-constexpr int kActStride = kMaxTilesPerBlock * 16 + 8;
 constexpr int kMaxFinishers = 16;
 
-template <int NT>  // NT = n-tiles of 8 tokens per pass
+template <int NT, int C>  // NT: n-tiles of 8 tokens per pass; C: cluster size
 struct FusedConfig {
   static constexpr int kTokensPerPass = 8 * NT;
-  static constexpr int kKUnroll = NT <= 2 ? 4 : 2;  // phase-1 k-steps loaded ahead
-  static constexpr int kRowTiles = NT == 1 ? 8 : NT == 2 ? 4 : NT == 4 ? 2 : 1;  // phase-2 rows per item
+  static constexpr int kUnroll1 = NT <= 2 ? 4 : 2;                  // phase-1 k-steps in flight
+  static constexpr int kRowTiles = NT == 1 ? 4 : NT == 2 ? 2 : 1;   // phase-2 rows per warp item
+  static_assert(NT == 1 || NT == 2 || NT == 4, "passes hold 8, 16 or 32 tokens");
+  static constexpr int kUnroll2 = NT == 1 ? 1 : 4;                  // phase-2 k-steps in flight
+  // Row strides in bf16. +8 makes each stride 4 words mod 32 banks, so the 8 tokens x 4 lanes of
+  // a B-fragment load hit 32 different banks.
+  static constexpr int kActStride = kMaxTilesPerBlock * 16 + 8;
+  static constexpr int kClusterActStride = C * kMaxTilesPerBlock * 16 + 8;
+  static constexpr int kPartialFloats = kWarps * (2 > kRowTiles ? 2 : kRowTiles) * NT * 4 * 32;
 };
 
-template <int NT>
+template <int NT, int C>
 struct SharedStorage {
-  __nv_bfloat16 act[8 * NT][kActStride];
-  float partial[kWarps][2][NT][4][32];  // phase-1 split-H partials, lane-minor (conflict-free)
+  using Config = FusedConfig<NT, C>;
+  __nv_bfloat16 act[8 * NT][Config::kActStride];  // this block's sub-slice (read by the cluster)
+  __nv_bfloat16 cluster_act[C > 1 ? 8 * NT : 1][C > 1 ? Config::kClusterActStride : 8];
+  float partial[Config::kPartialFloats];  // split-K partials of either phase, lane-minor
   unsigned ticket;
 };
 
-__device__ __forceinline__ void red_add_v4(float* address, float4 v) {
+__device__ __forceinline__ void red_add_v4(float* address, float a, float b, float c, float d) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v4.f32 [%0], {%1,%2,%3,%4};" ::"l"(address), "f"(v.x), "f"(v.y), "f"(v.z),
-               "f"(v.w)
+  asm volatile("red.global.add.v4.f32 [%0], {%1,%2,%3,%4};" ::"l"(address), "f"(a), "f"(b), "f"(c), "f"(d)
                : "memory");
 #else
-  atomicAdd(address, v.x);
-  atomicAdd(address + 1, v.y);
-  atomicAdd(address + 2, v.z);
-  atomicAdd(address + 3, v.w);
+  atomicAdd(address, a);
+  atomicAdd(address + 1, b);
+  atomicAdd(address + 2, c);
+  atomicAdd(address + 3, d);
 #endif
 }
 
-// Adds one 16x8 C tile (rows row_tile*16.., tokens token_base..) into accumulator[row][token].
-// Lanes t and t^1 swap halves so each lane owns 4 consecutive tokens of one row: one v4 reduction.
-__device__ __forceinline__ void add_tile_to_accumulator(float* accumulator, int padded_tokens, int tokens,
-                                                        int row_tile, int token_base, const float (&c)[4],
-                                                        int lane) {
-  const int g = lane / 4, t = lane % 4;
-  const bool even = (t & 1) == 0;
-  const float send0 = even ? c[2] : c[0];
-  const float send1 = even ? c[3] : c[1];
-  const float recv0 = __shfl_xor_sync(0xffffffffu, send0, 1);
-  const float recv1 = __shfl_xor_sync(0xffffffffu, send1, 1);
-  const float4 v = even ? make_float4(c[0], c[1], recv0, recv1) : make_float4(recv0, recv1, c[2], c[3]);
-  const int row = row_tile * 16 + g + (even ? 0 : 8);
-  const int token = token_base + (even ? 2 * t : 2 * t - 2);
-  float* target = accumulator + static_cast<size_t>(row) * padded_tokens + token;
-  if (token + 3 < tokens) {
-    red_add_v4(target, v);
-  } else {
-    if (token < tokens) atomicAdd(target, v.x);
-    if (token + 1 < tokens) atomicAdd(target + 1, v.y);
-    if (token + 2 < tokens) atomicAdd(target + 2, v.z);
+__device__ __forceinline__ float pick(const float (&c)[4], int i) {
+  return i == 0 ? c[0] : i == 1 ? c[1] : i == 2 ? c[2] : c[3];
+}
+
+// Adds one 16x8 C tile (output rows row0.., tokens token0..) into accumulator[token][row].
+// C-fragment lanes hold 2 rows x 2 tokens; a 4x4 transpose among the lanes of equal t and
+// g/4 gives each lane 4 consecutive rows of one token: one 16-byte reduction per lane.
+__device__ __forceinline__ void add_tile_to_accumulator(float* accumulator, int hidden, int tokens, int row0,
+                                                        int token0, const float (&c)[4], int lane) {
+  const int g = lane / 4, t = lane % 4, b = g % 4, a = g / 4;
+  float out[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int source = (b - j) & 3;  // lane b' = source sends its c[b]
+    const float received = __shfl_sync(0xffffffffu, pick(c, (b + j) & 3), (a * 4 + source) * 4 + t);
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      if (q == source) out[q] = received;
+  }
+  const int token = token0 + 2 * t + (b & 1);
+  const int row = row0 + 4 * a + (b >= 2 ? 8 : 0);
+  if (token < tokens)
+    red_add_v4(accumulator + static_cast<size_t>(token) * hidden + row, out[0], out[1], out[2], out[3]);
+}
+
+// Streams k-steps [k_begin, k_end) with U steps of R 16-byte loads in flight ahead of the math.
+template <int U, int R, typename Load, typename Compute>
+__device__ __forceinline__ void stream_k_steps(int k_begin, int k_end, Load load, Compute compute) {
+  uint4 next[U][R];
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (k_begin + u < k_end) load(next[u], k_begin + u);
+  for (int k = k_begin; k < k_end; k += U) {
+    uint4 current[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) current[u][r] = next[u][r];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (k + U + u < k_end) load(next[u], k + U + u);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (k + u < k_end) compute(current[u], k + u);
   }
 }
 
-template <int NT>
-__global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluFusedParams p, int finishers) {
-  using Config = FusedConfig<NT>;
+__device__ __forceinline__ int split_point(int total, int parts, int index) {
+  return static_cast<int>(static_cast<long long>(total) * index / parts);
+}
+
+template <int NT, int C>
+__global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluFusedParams p, int finishers,
+                                                                   bool skip_reduction) {
+  using Config = FusedConfig<NT, C>;
   extern __shared__ __align__(16) unsigned char shared_raw[];
-  auto& shared = *reinterpret_cast<SharedStorage<NT>*>(shared_raw);
+  auto& shared = *reinterpret_cast<SharedStorage<NT, C>*>(shared_raw);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int hidden = p.hidden;
-  const int h_tiles = hidden / 16;  // k-steps of phase 1 and row tiles of phase 2
+  const int h_tiles = hidden / 16;  // k-steps of phase 1, row tiles of phase 2
   const int i_tiles = p.intermediate / 16;
-  const int tile_begin = static_cast<int>(static_cast<long long>(blockIdx.x) * i_tiles / gridDim.x);
-  const int tile_end = static_cast<int>(static_cast<long long>(blockIdx.x + 1) * i_tiles / gridDim.x);
-  const int tiles = tile_end - tile_begin;  // 1..kMaxTilesPerBlock (the launcher sizes the grid)
-  const int padded_tokens = (p.tokens + 7) & ~7;
+  const int clusters = gridDim.x / C;
+  const int cluster = blockIdx.x / C, rank = blockIdx.x % C;
 
-  // Phase-1 roles: warp -> (tile, slice of H). Slices are whole groups of 4 k-steps.
+  // This cluster's slice of I, and this block's sub-slice of it (both >= 1 tile: grid <= tiles).
+  const int cluster_begin = split_point(i_tiles, clusters, cluster);
+  const int cluster_tiles = split_point(i_tiles, clusters, cluster + 1) - cluster_begin;
+  const int tile_begin = cluster_begin + split_point(cluster_tiles, C, rank);
+  const int tiles = cluster_begin + split_point(cluster_tiles, C, rank + 1) - tile_begin;
+
+  // Phase-1 roles: warp -> (tile, part of H).
   const int k_parts = kWarps / tiles;
   const int my_tile = warp % tiles, my_part = warp / tiles;
   const bool phase1_active = my_part < k_parts;
-  const int k_groups = h_tiles / 4;
-  const int k_begin = (my_part * k_groups / k_parts) * 4;
-  const int k_end = ((my_part + 1) * k_groups / k_parts) * 4;
+  const int k_begin = split_point(h_tiles / 4, k_parts, my_part) * 4;
+  const int k_end = split_point(h_tiles / 4, k_parts, my_part + 1) * 4;
 
-  // Phase-2 roles: warps take items of kRowTiles row tiles; the start is rotated per block so
-  // blocks hit different accumulator rows at any moment and finish different rows last.
-  constexpr int kRowTiles = Config::kRowTiles;
-  const int row_groups = (h_tiles + kRowTiles - 1) / kRowTiles;
-  const int rotation = static_cast<int>(static_cast<long long>(blockIdx.x) * row_groups / gridDim.x);
+  // Phase-2 roles: this block's output row tiles (rotated by cluster so clusters reduce into
+  // different rows at any moment), in groups of kRowTiles; warps split groups, then k.
+  constexpr int RT = Config::kRowTiles;
+  const int row_rotation = split_point(h_tiles, clusters, cluster);
+  const int row_begin = split_point(h_tiles, C, rank);
+  const int rows = split_point(h_tiles, C, rank + 1) - row_begin;
+  const int row_groups = (rows + RT - 1) / RT;
+  const int k_parts2 = row_groups >= kWarps ? 1 : kWarps / row_groups;
+
+  // The activations phase 2 reads: the cluster's (exchanged) or, without a cluster, our own.
+  const __nv_bfloat16* act_base = C > 1 ? &shared.cluster_act[0][0] : &shared.act[0][0];
+  const int act_stride = C > 1 ? Config::kClusterActStride : Config::kActStride;
 
   for (int token0 = 0; token0 < p.tokens; token0 += Config::kTokensPerPass) {
-    // ---------------- Phase 1: act = silu(x·Wg^T) * (x·Wu^T) for this block's slice of I.
+    // ---------------- Phase 1
     float acc_gate[NT][4] = {}, acc_up[NT][4] = {};
-    if (phase1_active && k_begin < k_end) {
+    if (phase1_active) {
       const __nv_bfloat16* x_row[NT];
       bool token_valid[NT];
 #pragma unroll
@@ -137,51 +186,36 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
       }
       // gate_up: [tile][k-step][gate | up][32 lanes] uint4
       const uint4* weights = p.gate_up + static_cast<size_t>(tile_begin + my_tile) * h_tiles * 64 + lane;
-      constexpr int U = Config::kKUnroll;
-      uint4 next_gate[U], next_up[U];
+      stream_k_steps<Config::kUnroll1, 2>(
+          k_begin, k_end,
+          [&](uint4 (&a)[2], int k) {
+            a[0] = load_streaming(weights + static_cast<size_t>(k) * 64);
+            a[1] = load_streaming(weights + static_cast<size_t>(k) * 64 + 32);
+          },
+          [&](const uint4 (&a)[2], int k) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        next_gate[u] = load_streaming(weights + static_cast<size_t>(k_begin + u) * 64);
-        next_up[u] = load_streaming(weights + static_cast<size_t>(k_begin + u) * 64 + 32);
-      }
-      for (int k = k_begin; k < k_end; k += U) {
-        uint4 gate[U], up[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          gate[u] = next_gate[u];
-          up[u] = next_up[u];
-        }
-        if (k + U < k_end) {
-#pragma unroll
-          for (int u = 0; u < U; ++u) {
-            next_gate[u] = load_streaming(weights + static_cast<size_t>(k + U + u) * 64);
-            next_up[u] = load_streaming(weights + static_cast<size_t>(k + U + u) * 64 + 32);
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int column = (k + u) * 16;
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            const uint32_t b0 = token_valid[nt] ? load_pair(x_row[nt] + column) : 0u;
-            const uint32_t b1 = token_valid[nt] ? load_pair(x_row[nt] + column + 8) : 0u;
-            mma_bf16_m16n8k16(acc_gate[nt], gate[u], b0, b1);
-            mma_bf16_m16n8k16(acc_up[nt], up[u], b0, b1);
-          }
-        }
-      }
+            for (int nt = 0; nt < NT; ++nt) {
+              const uint32_t b0 = token_valid[nt] ? load_pair(x_row[nt] + k * 16) : 0u;
+              const uint32_t b1 = token_valid[nt] ? load_pair(x_row[nt] + k * 16 + 8) : 0u;
+              mma_bf16_m16n8k16(acc_gate[nt], a[0], b0, b1);
+              mma_bf16_m16n8k16(acc_up[nt], a[1], b0, b1);
+            }
+          });
     }
     // Split-H partials meet in shared memory; part 0 of each tile finishes the activation.
+    auto partial = [&](int w, int slot, int nt, int c) -> float& {
+      return shared.partial[(((w * 2 + slot) * NT + nt) * 4 + c) * 32 + lane];
+    };
     if (phase1_active && my_part > 0) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          shared.partial[warp][0][nt][c][lane] = acc_gate[nt][c];
-          shared.partial[warp][1][nt][c][lane] = acc_up[nt][c];
+          partial(warp, 0, nt, c) = acc_gate[nt][c];
+          partial(warp, 1, nt, c) = acc_up[nt][c];
         }
     }
-    __syncthreads();  // also: every warp has finished the previous pass's phase 2 (act reads)
+    __syncthreads();  // also: every warp of this block is done with the previous pass
     if (phase1_active && my_part == 0) {
       for (int part = 1; part < k_parts; ++part) {
         const int source = my_tile + part * tiles;
@@ -189,8 +223,8 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
-            acc_gate[nt][c] += shared.partial[source][0][nt][c][lane];
-            acc_up[nt][c] += shared.partial[source][1][nt][c][lane];
+            acc_gate[nt][c] += partial(source, 0, nt, c);
+            acc_up[nt][c] += partial(source, 1, nt, c);
           }
       }
 #pragma unroll
@@ -203,63 +237,100 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
           shared.act[token][row] = __float2bfloat16(gate / (1.0f + __expf(-gate)) * acc_up[nt][c]);
         }
     }
-    __syncthreads();
 
-    // ---------------- Phase 2: partial y = act_slice · Wd[:, slice]^T for every output row.
-    // down: [I tile][row tile][32 lanes] uint4. Items (row group, I tile) stream one ahead.
-    int group = warp;
-    if (group < row_groups) {
-      auto load_item = [&](uint4 (&a)[kRowTiles], int item_group, int j) {
-        const int row_tile0 = ((item_group + rotation) % row_groups) * kRowTiles;
-        const uint4* source = p.down + static_cast<size_t>(tile_begin + j) * h_tiles * 32 + lane;
-#pragma unroll
-        for (int r = 0; r < kRowTiles; ++r)
-          a[r] = row_tile0 + r < h_tiles ? load_streaming(source + static_cast<size_t>(row_tile0 + r) * 32)
-                                         : make_uint4(0, 0, 0, 0);
-      };
-      float acc[kRowTiles][NT][4] = {};
-      uint4 next[kRowTiles];
-      int j = 0;
-      load_item(next, group, 0);
-      while (true) {
-        uint4 a[kRowTiles];
-#pragma unroll
-        for (int r = 0; r < kRowTiles; ++r) a[r] = next[r];
-        int next_group = group, next_j = j + 1;
-        if (next_j == tiles) {
-          next_j = 0;
-          next_group += kWarps;
+    // ---------------- Exchange: gather the cluster's activations.
+    if constexpr (C > 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      cg::cluster_group cluster_group = cg::this_cluster();
+      cluster_group.sync();  // every block's act is written
+      for (int source = 0; source < C; ++source) {
+        const int source_begin = split_point(cluster_tiles, C, source);
+        const int vectors_per_row = (split_point(cluster_tiles, C, source + 1) - source_begin) * 2;  // 16 B each
+        const __nv_bfloat16* remote = cluster_group.map_shared_rank(&shared.act[0][0], source);
+        for (int v = threadIdx.x; v < 8 * NT * vectors_per_row; v += kThreads) {
+          const int token = v / vectors_per_row, column = (v % vectors_per_row) * 8;
+          *reinterpret_cast<uint4*>(&shared.cluster_act[token][source_begin * 16 + column]) =
+              *reinterpret_cast<const uint4*>(remote + token * Config::kActStride + column);
         }
-        if (next_group < row_groups) load_item(next, next_group, next_j);
+      }
+      cluster_group.sync();  // every block has its copy: act may be reused, blocks may exit
+#else
+      __trap();  // clusters need sm_90; the launcher never asks for them below it
+#endif
+    } else {
+      __syncthreads();
+    }
+
+    // ---------------- Phase 2: partial y rows = cluster act · Wd[rows, cluster slice]^T
+    const int k2_total = C > 1 ? cluster_tiles : tiles;
+    const int k2_first_tile = C > 1 ? cluster_begin : tile_begin;
+    // Rounds are block-uniform so the split-K barrier below is reached by every thread.
+    const int items = row_groups * k_parts2;
+    const int rounds = (items + kWarps - 1) / kWarps;  // 1 whenever k_parts2 > 1
+    for (int round = 0; round < rounds; ++round) {
+      const int item = warp + round * kWarps;
+      const bool active = item < items;
+      const int group = item % row_groups, part = item / row_groups;
+      float acc[RT][NT][4] = {};
+      if (active) {
+        // down: [I tile][row tile][32 lanes] uint4
+        stream_k_steps<Config::kUnroll2, RT>(
+            split_point(k2_total, k_parts2, part), split_point(k2_total, k_parts2, part + 1),
+            [&](uint4 (&a)[RT], int k) {
+              const uint4* source = p.down + static_cast<size_t>(k2_first_tile + k) * h_tiles * 32 + lane;
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const __nv_bfloat16* act_row = &shared.act[nt * 8 + g][j * 16 + 2 * t];
-          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(act_row);
-          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(act_row + 8);
+              for (int r = 0; r < RT; ++r) {
+                const int local = group * RT + r;
+                const int row_tile = (row_begin + local + row_rotation) % h_tiles;
+                a[r] = local < rows ? load_streaming(source + static_cast<size_t>(row_tile) * 32)
+                                    : make_uint4(0, 0, 0, 0);
+              }
+            },
+            [&](const uint4 (&a)[RT], int k) {
 #pragma unroll
-          for (int r = 0; r < kRowTiles; ++r) mma_bf16_m16n8k16(acc[r][nt], a[r], b0, b1);
-        }
-        if (j == tiles - 1) {  // this row group has seen the whole slice: flush it
-          const int row_tile0 = ((group + rotation) % row_groups) * kRowTiles;
+              for (int nt = 0; nt < NT; ++nt) {
+                const __nv_bfloat16* act_row = act_base + (nt * 8 + g) * act_stride + k * 16 + 2 * t;
+                const uint32_t b0 = *reinterpret_cast<const uint32_t*>(act_row);
+                const uint32_t b1 = *reinterpret_cast<const uint32_t*>(act_row + 8);
 #pragma unroll
-          for (int r = 0; r < kRowTiles; ++r) {
-            if (row_tile0 + r < h_tiles) {
+                for (int r = 0; r < RT; ++r) mma_bf16_m16n8k16(acc[r][nt], a[r], b0, b1);
+              }
+            });
+      }
+      if (k_parts2 > 1) {  // split-K over warps: partials meet in shared memory
+        auto slot = [&](int w, int r, int nt, int c) -> float& {
+          return shared.partial[(((w * RT + r) * NT + nt) * 4 + c) * 32 + lane];
+        };
+        if (active && part > 0) {
 #pragma unroll
-              for (int nt = 0; nt < NT; ++nt)
-                add_tile_to_accumulator(p.accumulator, padded_tokens, p.tokens, row_tile0 + r,
-                                        token0 + nt * 8, acc[r][nt], lane);
-            }
+          for (int r = 0; r < RT; ++r)
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-              for (int c = 0; c < 4; ++c) acc[r][nt][c] = 0.0f;
-          }
+              for (int c = 0; c < 4; ++c) slot(warp, r, nt, c) = acc[r][nt][c];
         }
-        if (next_group >= row_groups) break;
-        group = next_group;
-        j = next_j;
+        __syncthreads();
+        if (!active || part > 0) continue;
+        for (int other = 1; other < k_parts2; ++other)
+#pragma unroll
+          for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+              for (int c = 0; c < 4; ++c) acc[r][nt][c] += slot(group + other * row_groups, r, nt, c);
+      }
+      if (!active || skip_reduction) continue;
+#pragma unroll
+      for (int r = 0; r < RT; ++r) {
+        const int local = group * RT + r;
+        if (local >= rows) break;
+        const int row_tile = (row_begin + local + row_rotation) % h_tiles;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+          add_tile_to_accumulator(p.accumulator, hidden, p.tokens, row_tile * 16, token0 + nt * 8, acc[r][nt], lane);
       }
     }
+    __syncthreads();  // the next pass rewrites act and the partials
   }
 
   // ---------------- Finish: the last `finishers` blocks to arrive write y.
@@ -271,22 +342,29 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
   const unsigned ticket = shared.ticket;
   if (ticket < blocks - finishers) return;
   if (threadIdx.x == 0) {
-    // At most finishers-1 blocks are still running; they hold resident slots, so this ends.
+    // The grid is co-resident (the launcher sizes it so), so the stragglers are running.
     while (*reinterpret_cast<volatile unsigned*>(&p.counters[0]) < blocks) __nanosleep(64);
   }
   __syncthreads();
   __threadfence();
   const int finisher = static_cast<int>(ticket - (blocks - finishers));
-  const int row_begin = finisher * hidden / finishers, row_end = (finisher + 1) * hidden / finishers;
-  for (int token = 0; token < p.tokens; ++token) {
-    for (int row = row_begin + threadIdx.x; row < row_end; row += kThreads) {
-      float* partial = p.accumulator + static_cast<size_t>(row) * padded_tokens + token;
-      float value = __ldcg(partial);
-      const size_t out = static_cast<size_t>(token) * hidden + row;
-      if (p.residual) value += __bfloat162float(p.residual[out]);
-      p.y[out] = __float2bfloat16(value);
-      *partial = 0.0f;
+  const int quads = p.tokens * hidden / 4;
+  const int quad_end = split_point(quads, finishers, finisher + 1);
+  for (int quad = split_point(quads, finishers, finisher) + threadIdx.x; quad < quad_end; quad += kThreads) {
+    float4* partial = reinterpret_cast<float4*>(p.accumulator) + quad;
+    float4 v = __ldcg(partial);
+    if (p.residual) {
+      const uint2 bits = *reinterpret_cast<const uint2*>(p.residual + quad * 4);
+      const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.x));
+      const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.y));
+      v.x += lo.x, v.y += lo.y, v.z += hi.x, v.w += hi.y;
     }
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    uint2 out;
+    out.x = *reinterpret_cast<const uint32_t*>(&lo);
+    out.y = *reinterpret_cast<const uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(p.y + quad * 4) = out;
+    *partial = make_float4(0, 0, 0, 0);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -299,52 +377,100 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
   }
 }
 
-// Grid shape per device and NT, worked out once.
-struct LaunchShape {
+// How many blocks can be resident at once for one (NT, C) instantiation on this device: the
+// grid never exceeds it, so the finishers' wait for stragglers always ends.
+struct Residency {
   int sm_count = 0;
-  int max_blocks_per_sm = 0;
+  int compute_major = 0;
+  int max_blocks_per_sm = 0;  // without clusters
+  int max_clusters = 0;       // with clusters of C (C > 1)
 };
 
-template <int NT>
-cudaError_t fused_launch_shape(LaunchShape& shape) {
+template <int NT, int C>
+cudaError_t residency_for(Residency& out) {
   static std::mutex mutex;
-  static std::unordered_map<int, LaunchShape> by_device;
+  static std::unordered_map<int, Residency> by_device;
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   std::lock_guard<std::mutex> lock(mutex);
   if (auto it = by_device.find(device); it != by_device.end()) {
-    shape = it->second;
+    out = it->second;
     return cudaSuccess;
   }
-  const int smem = static_cast<int>(sizeof(SharedStorage<NT>));
-  if (cudaError_t e = cudaFuncSetAttribute(swiglu_fused_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      e != cudaSuccess)
-    return e;
-  if (cudaError_t e = cudaDeviceGetAttribute(&shape.sm_count, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess)
-    return e;
-  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&shape.max_blocks_per_sm, swiglu_fused_kernel<NT>,
-                                                                     kThreads, smem);
-      e != cudaSuccess)
-    return e;
-  if (shape.max_blocks_per_sm < 1) return cudaErrorInvalidConfiguration;
-  by_device[device] = shape;
+  Residency r;
+  const int smem = static_cast<int>(sizeof(SharedStorage<NT, C>));
+  auto kernel = swiglu_fused_kernel<NT, C>;
+  if (cudaError_t e = cudaDeviceGetAttribute(&r.sm_count, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&r.compute_major, cudaDevAttrComputeCapabilityMajor, device); e != cudaSuccess) return e;
+  if (C > 1 && r.compute_major < 9) {
+    out = r;  // max_clusters stays 0: clusters unsupported here
+    return cudaSuccess;
+  }
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.max_blocks_per_sm, kernel, kThreads, smem); e != cudaSuccess) return e;
+  if (C > 1) {
+    cudaLaunchConfig_t config{};
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = C;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.gridDim = dim3(C * r.sm_count, 1, 1);
+    config.blockDim = dim3(kThreads, 1, 1);
+    config.dynamicSmemBytes = smem;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    if (cudaError_t e = cudaOccupancyMaxActiveClusters(&r.max_clusters, kernel, &config); e != cudaSuccess) return e;
+  }
+  by_device[device] = r;
+  out = r;
   return cudaSuccess;
 }
 
-template <int NT>
-cudaError_t launch_with_tiles(const SwigluFusedParams& p, const SwigluFusedTuning& tuning, cudaStream_t stream) {
-  LaunchShape shape;
-  if (cudaError_t e = fused_launch_shape<NT>(shape); e != cudaSuccess) return e;
-  int blocks_per_sm = shape.max_blocks_per_sm;
-  if (tuning.blocks_per_sm > 0) blocks_per_sm = std::min(blocks_per_sm, tuning.blocks_per_sm);
+template <int NT, int C>
+cudaError_t launch_instance(const SwigluFusedParams& p, const SwigluFusedTuning& tuning, cudaStream_t stream) {
+  Residency residency;
+  if (cudaError_t e = residency_for<NT, C>(residency); e != cudaSuccess) return e;
+  if (C > 1 && residency.max_clusters < 1) return cudaErrorNotSupported;
+  if (residency.max_blocks_per_sm < 1) return cudaErrorInvalidConfiguration;
   const int i_tiles = p.intermediate / 16;
-  const int resident = shape.sm_count * blocks_per_sm;
-  int blocks = std::min(i_tiles, resident);
-  blocks = std::max(blocks, (i_tiles + kMaxTilesPerBlock - 1) / kMaxTilesPerBlock);
-  // Finishers wait for stragglers, so they must leave resident slots free for them.
-  const int finishers = std::max(1, std::min({kMaxFinishers, blocks, shape.sm_count * shape.max_blocks_per_sm / 2}));
-  swiglu_fused_kernel<NT><<<blocks, kThreads, sizeof(SharedStorage<NT>), stream>>>(p, finishers);
-  return cudaGetLastError();
+  // A block holds at most kMaxTilesPerBlock tiles: raise the requested occupancy if I needs it.
+  const int needed_per_sm = (i_tiles + kMaxTilesPerBlock * residency.sm_count - 1) / (kMaxTilesPerBlock * residency.sm_count);
+  const int requested = tuning.blocks_per_sm > 0 ? tuning.blocks_per_sm : residency.max_blocks_per_sm;
+  const int per_sm = std::min(std::max(requested, needed_per_sm), residency.max_blocks_per_sm);
+  int resident = residency.sm_count * per_sm;
+  if (C > 1) resident = std::min(resident, residency.max_clusters * C);
+  // At most one tile of I per block, at least one cluster, whole clusters only.
+  int blocks = std::min(i_tiles, resident) / C * C;
+  if (blocks < C || (i_tiles + blocks - 1) / blocks > kMaxTilesPerBlock) return cudaErrorInvalidConfiguration;
+  const int finishers = std::max(1, std::min({kMaxFinishers, blocks / 2, resident / 2}));
+
+  cudaLaunchConfig_t config{};
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = C;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.gridDim = dim3(blocks, 1, 1);
+  config.blockDim = dim3(kThreads, 1, 1);
+  config.dynamicSmemBytes = sizeof(SharedStorage<NT, C>);
+  config.stream = stream;
+  config.attrs = C > 1 ? &attribute : nullptr;
+  config.numAttrs = C > 1 ? 1 : 0;
+  return cudaLaunchKernelEx(&config, swiglu_fused_kernel<NT, C>, p, finishers, tuning.skip_reduction);
+}
+
+template <int NT>
+cudaError_t launch_for_tokens(const SwigluFusedParams& p, const SwigluFusedTuning& tuning, cudaStream_t stream) {
+  int cluster = tuning.cluster_size > 0 ? tuning.cluster_size : 8;
+  int major = 0, device = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device); e != cudaSuccess) return e;
+  if (major < 9) cluster = 1;  // clusters are a Hopper feature
+  const int i_tiles = p.intermediate / 16;  // a cluster needs at least one tile per block
+  if (cluster >= 8 && i_tiles >= 8) return launch_instance<NT, 8>(p, tuning, stream);
+  if (cluster >= 4 && i_tiles >= 4) return launch_instance<NT, 4>(p, tuning, stream);
+  return launch_instance<NT, 1>(p, tuning, stream);
 }
 
 __global__ void pack_gate_up_kernel(const __nv_bfloat16* gate, const __nv_bfloat16* up, uint4* out, int hidden,
@@ -381,17 +507,16 @@ bool valid_shape(int hidden, int intermediate) {
 }  // namespace
 
 size_t swiglu_fused_accumulator_floats(int hidden, int max_tokens) {
-  return static_cast<size_t>(hidden) * ((max_tokens + 7) / 8 * 8);
+  return static_cast<size_t>(hidden) * max_tokens;
 }
 
 cudaError_t launch_swiglu_fused(const SwigluFusedParams& p, const SwigluFusedTuning& tuning, cudaStream_t stream) {
   if (!valid_shape(p.hidden, p.intermediate) || p.tokens < 1 || !p.x || !p.gate_up || !p.down || !p.y ||
       !p.accumulator || !p.counters)
     return cudaErrorInvalidValue;
-  if (p.tokens <= 8) return launch_with_tiles<1>(p, tuning, stream);
-  if (p.tokens <= 16) return launch_with_tiles<2>(p, tuning, stream);
-  if (p.tokens <= 32) return launch_with_tiles<4>(p, tuning, stream);
-  return launch_with_tiles<8>(p, tuning, stream);
+  if (p.tokens <= 8) return launch_for_tokens<1>(p, tuning, stream);
+  if (p.tokens <= 16) return launch_for_tokens<2>(p, tuning, stream);
+  return launch_for_tokens<4>(p, tuning, stream);  // passes of 32 tokens
 }
 
 cudaError_t pack_swiglu_gate_up(const __nv_bfloat16* gate, const __nv_bfloat16* up, uint4* gate_up_packed,

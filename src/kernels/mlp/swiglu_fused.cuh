@@ -15,7 +15,7 @@ struct SwigluFusedParams {
   const uint4* down = nullptr;              // fragment-packed down
   const __nv_bfloat16* residual = nullptr;  // [tokens, hidden] or null
   __nv_bfloat16* y = nullptr;               // [tokens, hidden]; may alias residual
-  float* accumulator = nullptr;             // swiglu_fused_accumulator_floats(); zero between calls
+  float* accumulator = nullptr;             // [tokens, hidden] fp32 partial sums; zero between calls
   unsigned* counters = nullptr;             // kSwigluFusedCounters; zero between calls
   int tokens = 0;
   int hidden = 0;
@@ -24,12 +24,14 @@ struct SwigluFusedParams {
 
 inline constexpr int kSwigluFusedCounters = 2;
 
-// fp32 partial-sum buffer: [hidden][tokens rounded up to 8].
+// fp32 partial-sum buffer size in floats.
 size_t swiglu_fused_accumulator_floats(int hidden, int max_tokens);
 
-// Launch tuning: 0 means "pick from the device" (blocks per SM from the occupancy calculator).
+// Launch tuning; 0 means "the default for this device".
 struct SwigluFusedTuning {
-  int blocks_per_sm = 0;
+  int blocks_per_sm = 0;  // resident blocks per SM (occupancy-capped)
+  int cluster_size = 0;   // blocks that share activations through distributed shared memory: 1, 4 or 8
+  bool skip_reduction = false;  // diagnostic only: skip the cross-cluster reduction (wrong results)
 };
 
 // One launch. The accumulator and counters must be zero on entry; they are zero again when the
