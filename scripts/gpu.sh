@@ -2,6 +2,7 @@
 # One call on a GPU machine: build with every core, GPU tests, compute-sanitizer (memcheck and
 # racecheck) over the kernel tests, benchmarks; logs and JSON go to the output folder.
 #   scripts/gpu.sh OUT_DIR [steps...]     steps: build test sanitize bench (default: all)
+# DEEPFUSE_BENCH_ARGS adds arguments to `deepfuse bench mlp` (e.g. --fused-tunings b1c8,b2c4).
 # Packages the machine lacks come from .debs/ (scripts/fetch-device-debs.sh, run beforehand where
 # apt works), unpacked into .deps/ here: nothing is fetched from a network.
 set -uo pipefail
@@ -19,7 +20,10 @@ has() { [[ " $steps " == *" $1 "* ]]; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >"$out/gpu.txt" 2>&1
 note "gpu: $(tail -n 1 "$out/gpu.txt")"
-note "commit: $(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+# Without .git (a copied tree) the caller passes DEEPFUSE_COMMIT; CMake embeds it in the binaries.
+commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo "${DEEPFUSE_COMMIT:-unknown}")
+export DEEPFUSE_COMMIT=$commit
+note "commit: $commit"
 
 prefix_args=()
 if compgen -G ".debs/*.deb" >/dev/null; then
@@ -58,7 +62,7 @@ fi
 
 if has bench; then
   start=$SECONDS
-  timeout 300 "$bin/deepfuse" bench mlp --json "$out/bench-mlp.json" >"$out/bench-mlp.txt" 2>"$out/bench-mlp.err"
+  timeout 300 "$bin/deepfuse" bench mlp --json "$out/bench-mlp.json" ${DEEPFUSE_BENCH_ARGS:-} >"$out/bench-mlp.txt" 2>"$out/bench-mlp.err"
   note "bench mlp: rc=$? ($((SECONDS - start)) s)"
   cat "$out/bench-mlp.txt"
 fi
