@@ -53,10 +53,12 @@ fi
 if has sanitize; then
   for tool in memcheck racecheck; do
     start=$SECONDS
-    # cuBLAS's own nvjet kernels are excluded: racecheck reports hazards inside the library.
-    DEEPFUSE_TEST_QUICK=1 timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 99 --kernel-name-exclude kns=nvjet \
+    DEEPFUSE_TEST_QUICK=1 timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 99 \
       "$bin/tests/test_mlp_gpu" >"$out/sanitizer-$tool.log" 2>&1
-    note "compute-sanitizer $tool: rc=$? ($((SECONDS - start)) s): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$out/sanitizer-$tool.log" | tr '\n' ' ')"
+    rc=$?
+    # racecheck also reports hazards inside cuBLAS's own nvjet kernels: count ours apart.
+    ours=$(grep -E 'Race reported|Invalid|Error:' "$out/sanitizer-$tool.log" | grep -vc nvjet)
+    note "compute-sanitizer $tool: rc=$rc ($((SECONDS - start)) s), reports outside cuBLAS: $ours; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$out/sanitizer-$tool.log" | tr '\n' ' ')"
   done
 fi
 

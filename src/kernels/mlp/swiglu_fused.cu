@@ -47,13 +47,18 @@ constexpr int kMaxFinishers = 16;
 
 template <int NT, int C>  // NT: n-tiles of 8 tokens per pass; C: cluster size
 struct FusedConfig {
-  static constexpr int kTokensPerPass = 8 * NT;
-  static constexpr int kUnroll1 = NT <= 2 ? 4 : 2;                  // phase-1 k-steps in flight
-  static constexpr int kRowTiles = NT == 1 ? 4 : NT == 2 ? 2 : 1;   // phase-2 rows per warp item
   static_assert(NT == 1 || NT == 2 || NT == 4, "passes hold 8, 16 or 32 tokens");
-  static constexpr int kUnroll2 = NT == 1 ? 1 : 4;                  // phase-2 k-steps in flight
-  // Row strides in bf16. +8 makes each stride 4 words mod 32 banks, so the 8 tokens x 4 lanes of
-  // a B-fragment load hit 32 different banks.
+  static constexpr int kTokensPerPass = 8 * NT;
+  static constexpr int kRowTiles = NT == 1 ? 4 : NT == 2 ? 2 : 1;  // phase-2 output row tiles per warp item
+  // The load ring: kStages stages per thread, each kSteps k-steps deep (see ring_run below).
+  static constexpr int kStages = NT == 2 ? 3 : 4;
+  static constexpr int kSteps1 = NT == 4 ? 1 : 2;  // phase 1: gate + up fragments (+ x words) per k-step
+  static constexpr int kSteps2 = NT == 1 ? 1 : 2;  // phase 2: kRowTiles down fragments per k-step
+  static constexpr int kXWords = 2 * NT;           // x B-fragment words per phase-1 k-step
+  static constexpr int kSlots16 = kSteps1 * 2 > kSteps2 * kRowTiles ? kSteps1 * 2 : kSteps2 * kRowTiles;
+  static constexpr int kSlots4 = kSteps1 * kXWords;
+  // Row strides in bf16: +8 makes each 4 words mod 32 banks, so the 8 tokens x 4 lanes of a
+  // B-fragment load hit 32 different banks.
   static constexpr int kActStride = kMaxTilesPerBlock * 16 + 8;
   static constexpr int kClusterActStride = C * kMaxTilesPerBlock * 16 + 8;
   static constexpr int kPartialFloats = kWarps * (2 > kRowTiles ? 2 : kRowTiles) * NT * 4 * 32;
@@ -62,9 +67,13 @@ struct FusedConfig {
 template <int NT, int C>
 struct SharedStorage {
   using Config = FusedConfig<NT, C>;
+  uint4 ring16[Config::kStages][Config::kSlots16][kThreads];  // thread-private columns
+  union {
+    uint32_t ring4[Config::kStages][Config::kSlots4][kThreads];  // x words, phase 1 only
+    float partial[Config::kPartialFloats];                        // split-K partials of either phase
+  } scratch;
   __nv_bfloat16 act[8 * NT][Config::kActStride];  // this block's sub-slice (read by the cluster)
   __nv_bfloat16 cluster_act[C > 1 ? 8 * NT : 1][C > 1 ? Config::kClusterActStride : 8];
-  float partial[Config::kPartialFloats];  // split-K partials of either phase, lane-minor
   unsigned ticket;
 };
 
@@ -105,25 +114,56 @@ __device__ __forceinline__ void add_tile_to_accumulator(float* accumulator, int 
     red_add_v4(accumulator + static_cast<size_t>(token) * hidden + row, out[0], out[1], out[2], out[3]);
 }
 
-// Streams k-steps [k_begin, k_end) with U steps of R 16-byte loads in flight ahead of the math.
-template <int U, int R, typename Load, typename Compute>
-__device__ __forceinline__ void stream_k_steps(int k_begin, int k_end, Load load, Compute compute) {
-  uint4 next[U][R];
+// ---- The load ring. Each thread streams its own fragments through its own column of shared
+// memory with cp.async (no registers held by loads in flight, no barriers: a thread reads only
+// what it copied). Stage i of kSteps k-steps is one commit group; S-1 stages are in flight
+// while one is consumed.
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void copy16_async(void* shared, const void* global, bool valid = true) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(shared)), "l"(global),
+               "r"(valid ? 16 : 0));  // src-size 0 zero-fills
+}
+__device__ __forceinline__ void copy4_async(void* shared, const void* global, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(shared_address(shared)), "l"(global),
+               "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void commit_async() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void wait_async() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+// issue(k, stage, step) starts the copies of k-step k into ring stage `stage`, position `step`.
+template <int S, int Steps, typename Issue>
+__device__ __forceinline__ void ring_issue_stage(int stage_index, int k_begin, int k_end, Issue issue) {
 #pragma unroll
-  for (int u = 0; u < U; ++u)
-    if (k_begin + u < k_end) load(next[u], k_begin + u);
-  for (int k = k_begin; k < k_end; k += U) {
-    uint4 current[U][R];
+  for (int step = 0; step < Steps; ++step) {
+    const int k = k_begin + stage_index * Steps + step;
+    if (k < k_end) issue(k, stage_index % S, step);
+  }
+  commit_async();  // empty groups too: keeps the group count per stage uniform
+}
+
+template <int S, int Steps, typename Issue>
+__device__ __forceinline__ void ring_prime(int k_begin, int k_end, Issue issue) {
 #pragma unroll
-    for (int u = 0; u < U; ++u)
+  for (int stage = 0; stage < S - 1; ++stage) ring_issue_stage<S, Steps>(stage, k_begin, k_end, issue);
+}
+
+// After ring_prime with the same arguments: consume(k, stage, step) for every k-step in order.
+template <int S, int Steps, typename Issue, typename Consume>
+__device__ __forceinline__ void ring_run(int k_begin, int k_end, Issue issue, Consume consume) {
+  const int stages = (k_end - k_begin + Steps - 1) / Steps;
+  for (int i = 0; i < stages; ++i) {
+    ring_issue_stage<S, Steps>(i + S - 1, k_begin, k_end, issue);
+    wait_async<S - 1>();  // stage i, the oldest in flight, has landed
 #pragma unroll
-      for (int r = 0; r < R; ++r) current[u][r] = next[u][r];
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (k + U + u < k_end) load(next[u], k + U + u);
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (k + u < k_end) compute(current[u], k + u);
+    for (int step = 0; step < Steps; ++step) {
+      const int k = k_begin + i * Steps + step;
+      if (k < k_end) consume(k, i % S, step);
+    }
   }
 }
 
@@ -135,10 +175,11 @@ template <int NT, int C>
 __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluFusedParams p, int finishers,
                                                                    bool skip_reduction) {
   using Config = FusedConfig<NT, C>;
+  constexpr int S = Config::kStages;
   extern __shared__ __align__(16) unsigned char shared_raw[];
   auto& shared = *reinterpret_cast<SharedStorage<NT, C>*>(shared_raw);
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const int hidden = p.hidden;
   const int h_tiles = hidden / 16;  // k-steps of phase 1, row tiles of phase 2
@@ -158,6 +199,7 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
   const bool phase1_active = my_part < k_parts;
   const int k_begin = split_point(h_tiles / 4, k_parts, my_part) * 4;
   const int k_end = split_point(h_tiles / 4, k_parts, my_part + 1) * 4;
+  const uint4* gate_up = p.gate_up + static_cast<size_t>(tile_begin + my_tile) * h_tiles * 64 + lane;
 
   // Phase-2 roles: this block's output row tiles (rotated by cluster so clusters reduce into
   // different rows at any moment), in groups of kRowTiles; warps split groups, then k.
@@ -167,13 +209,32 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
   const int rows = split_point(h_tiles, C, rank + 1) - row_begin;
   const int row_groups = (rows + RT - 1) / RT;
   const int k_parts2 = row_groups >= kWarps ? 1 : kWarps / row_groups;
+  const int items = row_groups * k_parts2;
+  const int rounds = (items + kWarps - 1) / kWarps;  // 1 whenever k_parts2 > 1
+  const int k2_total = C > 1 ? cluster_tiles : tiles;
+  const int k2_first_tile = C > 1 ? cluster_begin : tile_begin;
+  auto item_k_begin = [&](int item) { return split_point(k2_total, k_parts2, item / row_groups); };
+  auto item_k_end = [&](int item) { return split_point(k2_total, k_parts2, item / row_groups + 1); };
+  // down: [I tile][row tile][32 lanes] uint4; rows past the block's share are zero-filled.
+  auto issue_down = [&](int item) {
+    return [&, item](int k, int stage, int step) {
+      const uint4* source = p.down + static_cast<size_t>(k2_first_tile + k) * h_tiles * 32 + lane;
+#pragma unroll
+      for (int r = 0; r < RT; ++r) {
+        const int local = (item % row_groups) * RT + r;
+        const int row_tile = (row_begin + local + row_rotation) % h_tiles;
+        copy16_async(&shared.ring16[stage][step * RT + r][tid], source + static_cast<size_t>(row_tile) * 32,
+                     local < rows);
+      }
+    };
+  };
 
   // The activations phase 2 reads: the cluster's (exchanged) or, without a cluster, our own.
   const __nv_bfloat16* act_base = C > 1 ? &shared.cluster_act[0][0] : &shared.act[0][0];
   const int act_stride = C > 1 ? Config::kClusterActStride : Config::kActStride;
 
   for (int token0 = 0; token0 < p.tokens; token0 += Config::kTokensPerPass) {
-    // ---------------- Phase 1
+    // ---------------- Phase 1: gate and up for this block's sub-slice of I.
     float acc_gate[NT][4] = {}, acc_up[NT][4] = {};
     if (phase1_active) {
       const __nv_bfloat16* x_row[NT];
@@ -184,28 +245,39 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
         token_valid[nt] = token < p.tokens;
         x_row[nt] = p.x + static_cast<size_t>(token_valid[nt] ? token : 0) * hidden + 2 * t;
       }
-      // gate_up: [tile][k-step][gate | up][32 lanes] uint4
-      const uint4* weights = p.gate_up + static_cast<size_t>(tile_begin + my_tile) * h_tiles * 64 + lane;
-      stream_k_steps<Config::kUnroll1, 2>(
-          k_begin, k_end,
-          [&](uint4 (&a)[2], int k) {
-            a[0] = load_streaming(weights + static_cast<size_t>(k) * 64);
-            a[1] = load_streaming(weights + static_cast<size_t>(k) * 64 + 32);
-          },
-          [&](const uint4 (&a)[2], int k) {
+      auto issue = [&](int k, int stage, int step) {
+        // gate_up: [tile][k-step][gate | up][32 lanes] uint4; x words zero-filled past M
+        copy16_async(&shared.ring16[stage][step * 2][tid], gate_up + static_cast<size_t>(k) * 64);
+        copy16_async(&shared.ring16[stage][step * 2 + 1][tid], gate_up + static_cast<size_t>(k) * 64 + 32);
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-              const uint32_t b0 = token_valid[nt] ? load_pair(x_row[nt] + k * 16) : 0u;
-              const uint32_t b1 = token_valid[nt] ? load_pair(x_row[nt] + k * 16 + 8) : 0u;
-              mma_bf16_m16n8k16(acc_gate[nt], a[0], b0, b1);
-              mma_bf16_m16n8k16(acc_up[nt], a[1], b0, b1);
-            }
-          });
+        for (int nt = 0; nt < NT; ++nt) {
+          uint32_t* words = &shared.scratch.ring4[stage][step * Config::kXWords + nt * 2][0];
+          copy4_async(words + tid, x_row[nt] + k * 16, token_valid[nt]);
+          copy4_async(words + kThreads + tid, x_row[nt] + k * 16 + 8, token_valid[nt]);
+        }
+      };
+      ring_prime<S, Config::kSteps1>(k_begin, k_end, issue);
+      ring_run<S, Config::kSteps1>(k_begin, k_end, issue, [&](int, int stage, int step) {
+        const uint4 gate = shared.ring16[stage][step * 2][tid];
+        const uint4 up = shared.ring16[stage][step * 2 + 1][tid];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint32_t b0 = shared.scratch.ring4[stage][step * Config::kXWords + nt * 2][tid];
+          const uint32_t b1 = shared.scratch.ring4[stage][step * Config::kXWords + nt * 2 + 1][tid];
+          mma_bf16_m16n8k16(acc_gate[nt], gate, b0, b1);
+          mma_bf16_m16n8k16(acc_up[nt], up, b0, b1);
+        }
+      });
     }
-    // Split-H partials meet in shared memory; part 0 of each tile finishes the activation.
+    // Phase 2's first loads go out now, so the memory pipe stays full across the barriers below.
+    if (rounds > 0 && warp < items) ring_prime<S, Config::kSteps2>(item_k_begin(warp), item_k_end(warp), issue_down(warp));
+
+    // Split-H partials meet in shared memory (which aliases the x ring: barrier first); part 0 of
+    // each tile finishes the activation.
     auto partial = [&](int w, int slot, int nt, int c) -> float& {
-      return shared.partial[(((w * 2 + slot) * NT + nt) * 4 + c) * 32 + lane];
+      return shared.scratch.partial[(((w * 2 + slot) * NT + nt) * 4 + c) * 32 + lane];
     };
+    __syncthreads();
     if (phase1_active && my_part > 0) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
@@ -215,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
           partial(warp, 1, nt, c) = acc_up[nt][c];
         }
     }
-    __syncthreads();  // also: every warp of this block is done with the previous pass
+    __syncthreads();
     if (phase1_active && my_part == 0) {
       for (int part = 1; part < k_parts; ++part) {
         const int source = my_tile + part * tiles;
@@ -247,7 +319,7 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
         const int source_begin = split_point(cluster_tiles, C, source);
         const int vectors_per_row = (split_point(cluster_tiles, C, source + 1) - source_begin) * 2;  // 16 B each
         const __nv_bfloat16* remote = cluster_group.map_shared_rank(&shared.act[0][0], source);
-        for (int v = threadIdx.x; v < 8 * NT * vectors_per_row; v += kThreads) {
+        for (int v = tid; v < 8 * NT * vectors_per_row; v += kThreads) {
           const int token = v / vectors_per_row, column = (v % vectors_per_row) * 8;
           *reinterpret_cast<uint4*>(&shared.cluster_act[token][source_begin * 16 + column]) =
               *reinterpret_cast<const uint4*>(remote + token * Config::kActStride + column);
@@ -262,44 +334,31 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
     }
 
     // ---------------- Phase 2: partial y rows = cluster act · Wd[rows, cluster slice]^T
-    const int k2_total = C > 1 ? cluster_tiles : tiles;
-    const int k2_first_tile = C > 1 ? cluster_begin : tile_begin;
     // Rounds are block-uniform so the split-K barrier below is reached by every thread.
-    const int items = row_groups * k_parts2;
-    const int rounds = (items + kWarps - 1) / kWarps;  // 1 whenever k_parts2 > 1
     for (int round = 0; round < rounds; ++round) {
       const int item = warp + round * kWarps;
       const bool active = item < items;
       const int group = item % row_groups, part = item / row_groups;
       float acc[RT][NT][4] = {};
       if (active) {
-        // down: [I tile][row tile][32 lanes] uint4
-        stream_k_steps<Config::kUnroll2, RT>(
-            split_point(k2_total, k_parts2, part), split_point(k2_total, k_parts2, part + 1),
-            [&](uint4 (&a)[RT], int k) {
-              const uint4* source = p.down + static_cast<size_t>(k2_first_tile + k) * h_tiles * 32 + lane;
+        if (round > 0) ring_prime<S, Config::kSteps2>(item_k_begin(item), item_k_end(item), issue_down(item));
+        ring_run<S, Config::kSteps2>(item_k_begin(item), item_k_end(item), issue_down(item), [&](int k, int stage, int step) {
+          uint4 a[RT];
 #pragma unroll
-              for (int r = 0; r < RT; ++r) {
-                const int local = group * RT + r;
-                const int row_tile = (row_begin + local + row_rotation) % h_tiles;
-                a[r] = local < rows ? load_streaming(source + static_cast<size_t>(row_tile) * 32)
-                                    : make_uint4(0, 0, 0, 0);
-              }
-            },
-            [&](const uint4 (&a)[RT], int k) {
+          for (int r = 0; r < RT; ++r) a[r] = shared.ring16[stage][step * RT + r][tid];
 #pragma unroll
-              for (int nt = 0; nt < NT; ++nt) {
-                const __nv_bfloat16* act_row = act_base + (nt * 8 + g) * act_stride + k * 16 + 2 * t;
-                const uint32_t b0 = *reinterpret_cast<const uint32_t*>(act_row);
-                const uint32_t b1 = *reinterpret_cast<const uint32_t*>(act_row + 8);
+          for (int nt = 0; nt < NT; ++nt) {
+            const __nv_bfloat16* act_row = act_base + (nt * 8 + g) * act_stride + k * 16 + 2 * t;
+            const uint32_t b0 = *reinterpret_cast<const uint32_t*>(act_row);
+            const uint32_t b1 = *reinterpret_cast<const uint32_t*>(act_row + 8);
 #pragma unroll
-                for (int r = 0; r < RT; ++r) mma_bf16_m16n8k16(acc[r][nt], a[r], b0, b1);
-              }
-            });
+            for (int r = 0; r < RT; ++r) mma_bf16_m16n8k16(acc[r][nt], a[r], b0, b1);
+          }
+        });
       }
       if (k_parts2 > 1) {  // split-K over warps: partials meet in shared memory
         auto slot = [&](int w, int r, int nt, int c) -> float& {
-          return shared.partial[(((w * RT + r) * NT + nt) * 4 + c) * 32 + lane];
+          return shared.scratch.partial[(((w * RT + r) * NT + nt) * 4 + c) * 32 + lane];
         };
         if (active && part > 0) {
 #pragma unroll
@@ -330,18 +389,18 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
           add_tile_to_accumulator(p.accumulator, hidden, p.tokens, row_tile * 16, token0 + nt * 8, acc[r][nt], lane);
       }
     }
-    __syncthreads();  // the next pass rewrites act and the partials
+    __syncthreads();  // the next pass rewrites act, the ring and the partials
   }
 
   // ---------------- Finish: the last `finishers` blocks to arrive write y.
   __threadfence();  // this thread's reductions are visible before the block's arrival counts
   __syncthreads();
-  if (threadIdx.x == 0) shared.ticket = atomicAdd(&p.counters[0], 1u);
+  if (tid == 0) shared.ticket = atomicAdd(&p.counters[0], 1u);
   __syncthreads();
   const unsigned blocks = gridDim.x;
   const unsigned ticket = shared.ticket;
   if (ticket < blocks - finishers) return;
-  if (threadIdx.x == 0) {
+  if (tid == 0) {
     // The grid is co-resident (the launcher sizes it so), so the stragglers are running.
     while (*reinterpret_cast<volatile unsigned*>(&p.counters[0]) < blocks) __nanosleep(64);
   }
@@ -350,7 +409,7 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
   const int finisher = static_cast<int>(ticket - (blocks - finishers));
   const int quads = p.tokens * hidden / 4;
   const int quad_end = split_point(quads, finishers, finisher + 1);
-  for (int quad = split_point(quads, finishers, finisher) + threadIdx.x; quad < quad_end; quad += kThreads) {
+  for (int quad = split_point(quads, finishers, finisher) + tid; quad < quad_end; quad += kThreads) {
     float4* partial = reinterpret_cast<float4*>(p.accumulator) + quad;
     float4 v = __ldcg(partial);
     if (p.residual) {
@@ -367,7 +426,7 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
     *partial = make_float4(0, 0, 0, 0);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (tid == 0) {
     __threadfence();
     // The last finisher resets the counters: every finisher has left its wait loop by now.
     if (atomicAdd(&p.counters[1], 1u) == static_cast<unsigned>(finishers) - 1) {
@@ -468,7 +527,9 @@ cudaError_t launch_for_tokens(const SwigluFusedParams& p, const SwigluFusedTunin
   if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device); e != cudaSuccess) return e;
   if (major < 9) cluster = 1;  // clusters are a Hopper feature
   const int i_tiles = p.intermediate / 16;  // a cluster needs at least one tile per block
-  if (cluster >= 8 && i_tiles >= 8) return launch_instance<NT, 8>(p, tuning, stream);
+  // NT = 4 with clusters of 8 would need 66 KB of exchanged activations: too much next to the ring.
+  if constexpr (NT < 4)
+    if (cluster >= 8 && i_tiles >= 8) return launch_instance<NT, 8>(p, tuning, stream);
   if (cluster >= 4 && i_tiles >= 4) return launch_instance<NT, 4>(p, tuning, stream);
   return launch_instance<NT, 1>(p, tuning, stream);
 }
