@@ -61,17 +61,15 @@ struct FusedConfig {
   // B-fragment load hit 32 different banks.
   static constexpr int kActStride = kMaxTilesPerBlock * 16 + 8;
   static constexpr int kClusterActStride = C * kMaxTilesPerBlock * 16 + 8;
-  static constexpr int kPartialFloats = kWarps * (2 > kRowTiles ? 2 : kRowTiles) * NT * 4 * 32;
+  static constexpr int kSumFloats = kMaxTilesPerBlock * 2 * NT * 4 * 32;  // phase-1 g and u per tile
 };
 
 template <int NT, int C>
 struct SharedStorage {
   using Config = FusedConfig<NT, C>;
   uint4 ring16[Config::kStages][Config::kSlots16][kThreads];  // thread-private columns
-  union {
-    uint32_t ring4[Config::kStages][Config::kSlots4][kThreads];  // x words, phase 1 only
-    float partial[Config::kPartialFloats];                        // split-K partials of either phase
-  } scratch;
+  uint32_t ring4[Config::kStages][Config::kSlots4][kThreads];  // x words, phase 1 only
+  float sums[Config::kSumFloats];  // phase-1 g and u per tile in C-fragment order, lane-minor
   __nv_bfloat16 act[8 * NT][Config::kActStride];  // this block's sub-slice (read by the cluster)
   __nv_bfloat16 cluster_act[C > 1 ? 8 * NT : 1][C > 1 ? Config::kClusterActStride : 8];
   unsigned ticket;
@@ -193,50 +191,50 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
   const int tile_begin = cluster_begin + split_point(cluster_tiles, C, rank);
   const int tiles = cluster_begin + split_point(cluster_tiles, C, rank + 1) - tile_begin;
 
-  // Phase-1 roles: warp -> (tile, part of H).
-  const int k_parts = kWarps / tiles;
-  const int my_tile = warp % tiles, my_part = warp / tiles;
-  const bool phase1_active = my_part < k_parts;
-  const int k_begin = split_point(h_tiles / 4, k_parts, my_part) * 4;
-  const int k_end = split_point(h_tiles / 4, k_parts, my_part + 1) * 4;
-  const uint4* gate_up = p.gate_up + static_cast<size_t>(tile_begin + my_tile) * h_tiles * 64 + lane;
+  // Work split inside the block: each warp takes an equal contiguous range of the flattened
+  // (tile, k-step) space of each phase and streams it without a break; sums that a range
+  // boundary cuts in two meet in shared memory (phase 1) or in the L2 reduction (phase 2).
+  // Phase 1 space: f = tile * h_tiles + k, which is also the packed gate_up order.
+  const int work1 = tiles * h_tiles;
+  const int f1_begin = split_point(work1, kWarps, warp), f1_end = split_point(work1, kWarps, warp + 1);
+  const uint4* gate_up = p.gate_up + static_cast<size_t>(tile_begin) * h_tiles * 64 + lane;
 
-  // Phase-2 roles: this block's output row tiles (rotated by cluster so clusters reduce into
-  // different rows at any moment), in groups of kRowTiles; warps split groups, then k.
+  // Phase 2 space: f = group * k2_steps + k over this block's output row tiles (rotated by
+  // cluster, so clusters reduce into different rows at any moment) in groups of kRowTiles, and
+  // the cluster's I tiles (its exchanged activations) or, without a cluster, the block's own.
   constexpr int RT = Config::kRowTiles;
   const int row_rotation = split_point(h_tiles, clusters, cluster);
   const int row_begin = split_point(h_tiles, C, rank);
   const int rows = split_point(h_tiles, C, rank + 1) - row_begin;
-  const int row_groups = (rows + RT - 1) / RT;
-  const int k_parts2 = row_groups >= kWarps ? 1 : kWarps / row_groups;
-  const int items = row_groups * k_parts2;
-  const int rounds = (items + kWarps - 1) / kWarps;  // 1 whenever k_parts2 > 1
-  const int k2_total = C > 1 ? cluster_tiles : tiles;
+  const int k2_steps = C > 1 ? cluster_tiles : tiles;
   const int k2_first_tile = C > 1 ? cluster_begin : tile_begin;
-  auto item_k_begin = [&](int item) { return split_point(k2_total, k_parts2, item / row_groups); };
-  auto item_k_end = [&](int item) { return split_point(k2_total, k_parts2, item / row_groups + 1); };
+  const int work2 = (rows + RT - 1) / RT * k2_steps;
+  const int f2_begin = split_point(work2, kWarps, warp), f2_end = split_point(work2, kWarps, warp + 1);
+  auto row_tile_of = [&](int local) { return (row_begin + local + row_rotation) % h_tiles; };
   // down: [I tile][row tile][32 lanes] uint4; rows past the block's share are zero-filled.
-  auto issue_down = [&](int item) {
-    return [&, item](int k, int stage, int step) {
-      const uint4* source = p.down + static_cast<size_t>(k2_first_tile + k) * h_tiles * 32 + lane;
+  auto issue_down = [&](int f, int stage, int step) {
+    const int group = f / k2_steps, k = f - group * k2_steps;
+    const uint4* source = p.down + static_cast<size_t>(k2_first_tile + k) * h_tiles * 32 + lane;
 #pragma unroll
-      for (int r = 0; r < RT; ++r) {
-        const int local = (item % row_groups) * RT + r;
-        const int row_tile = (row_begin + local + row_rotation) % h_tiles;
-        copy16_async(&shared.ring16[stage][step * RT + r][tid], source + static_cast<size_t>(row_tile) * 32,
-                     local < rows);
-      }
-    };
+    for (int r = 0; r < RT; ++r) {
+      const int local = group * RT + r;
+      copy16_async(&shared.ring16[stage][step * RT + r][tid], source + static_cast<size_t>(row_tile_of(local)) * 32,
+                   local < rows);
+    }
   };
 
   // The activations phase 2 reads: the cluster's (exchanged) or, without a cluster, our own.
   const __nv_bfloat16* act_base = C > 1 ? &shared.cluster_act[0][0] : &shared.act[0][0];
   const int act_stride = C > 1 ? Config::kClusterActStride : Config::kActStride;
+  auto sum_slot = [&](int tile, int which, int nt, int c) -> float& {
+    return shared.sums[(((tile * 2 + which) * NT + nt) * 4 + c) * 32 + lane];
+  };
+  for (int i = tid; i < Config::kSumFloats; i += kThreads) shared.sums[i] = 0.0f;
+  __syncthreads();
 
   for (int token0 = 0; token0 < p.tokens; token0 += Config::kTokensPerPass) {
-    // ---------------- Phase 1: gate and up for this block's sub-slice of I.
-    float acc_gate[NT][4] = {}, acc_up[NT][4] = {};
-    if (phase1_active) {
+    // ---------------- Phase 1: g and u for this block's sub-slice of I.
+    {
       const __nv_bfloat16* x_row[NT];
       bool token_valid[NT];
 #pragma unroll
@@ -245,68 +243,59 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
         token_valid[nt] = token < p.tokens;
         x_row[nt] = p.x + static_cast<size_t>(token_valid[nt] ? token : 0) * hidden + 2 * t;
       }
-      auto issue = [&](int k, int stage, int step) {
+      auto issue = [&](int f, int stage, int step) {
         // gate_up: [tile][k-step][gate | up][32 lanes] uint4; x words zero-filled past M
-        copy16_async(&shared.ring16[stage][step * 2][tid], gate_up + static_cast<size_t>(k) * 64);
-        copy16_async(&shared.ring16[stage][step * 2 + 1][tid], gate_up + static_cast<size_t>(k) * 64 + 32);
+        const int k = f % h_tiles;
+        copy16_async(&shared.ring16[stage][step * 2][tid], gate_up + static_cast<size_t>(f) * 64);
+        copy16_async(&shared.ring16[stage][step * 2 + 1][tid], gate_up + static_cast<size_t>(f) * 64 + 32);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          uint32_t* words = &shared.scratch.ring4[stage][step * Config::kXWords + nt * 2][0];
+          uint32_t* words = &shared.ring4[stage][step * Config::kXWords + nt * 2][0];
           copy4_async(words + tid, x_row[nt] + k * 16, token_valid[nt]);
           copy4_async(words + kThreads + tid, x_row[nt] + k * 16 + 8, token_valid[nt]);
         }
       };
-      ring_prime<S, Config::kSteps1>(k_begin, k_end, issue);
-      ring_run<S, Config::kSteps1>(k_begin, k_end, issue, [&](int, int stage, int step) {
+      float acc_gate[NT][4] = {}, acc_up[NT][4] = {};
+      ring_prime<S, Config::kSteps1>(f1_begin, f1_end, issue);
+      ring_run<S, Config::kSteps1>(f1_begin, f1_end, issue, [&](int f, int stage, int step) {
         const uint4 gate = shared.ring16[stage][step * 2][tid];
         const uint4 up = shared.ring16[stage][step * 2 + 1][tid];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          const uint32_t b0 = shared.scratch.ring4[stage][step * Config::kXWords + nt * 2][tid];
-          const uint32_t b1 = shared.scratch.ring4[stage][step * Config::kXWords + nt * 2 + 1][tid];
+          const uint32_t b0 = shared.ring4[stage][step * Config::kXWords + nt * 2][tid];
+          const uint32_t b1 = shared.ring4[stage][step * Config::kXWords + nt * 2 + 1][tid];
           mma_bf16_m16n8k16(acc_gate[nt], gate, b0, b1);
           mma_bf16_m16n8k16(acc_up[nt], up, b0, b1);
+        }
+        const int tile = f / h_tiles;
+        if (f - tile * h_tiles == h_tiles - 1 || f == f1_end - 1) {  // tile or range ends: hand over
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              atomicAdd(&sum_slot(tile, 0, nt, c), acc_gate[nt][c]);
+              atomicAdd(&sum_slot(tile, 1, nt, c), acc_up[nt][c]);
+              acc_gate[nt][c] = 0.0f;
+              acc_up[nt][c] = 0.0f;
+            }
         }
       });
     }
     // Phase 2's first loads go out now, so the memory pipe stays full across the barriers below.
-    if (rounds > 0 && warp < items) ring_prime<S, Config::kSteps2>(item_k_begin(warp), item_k_end(warp), issue_down(warp));
-
-    // Split-H partials meet in shared memory (which aliases the x ring: barrier first); part 0 of
-    // each tile finishes the activation.
-    auto partial = [&](int w, int slot, int nt, int c) -> float& {
-      return shared.scratch.partial[(((w * 2 + slot) * NT + nt) * 4 + c) * 32 + lane];
-    };
-    __syncthreads();
-    if (phase1_active && my_part > 0) {
+    ring_prime<S, Config::kSteps2>(f2_begin, f2_end, issue_down);
+    __syncthreads();  // every g and u is summed
+    // act = bf16(silu(g) * u); warp w finishes tiles w, w + 8, ... (lane-minor sums: conflict-free)
+    for (int tile = warp; tile < tiles; tile += kWarps) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          partial(warp, 0, nt, c) = acc_gate[nt][c];
-          partial(warp, 1, nt, c) = acc_up[nt][c];
-        }
-    }
-    __syncthreads();
-    if (phase1_active && my_part == 0) {
-      for (int part = 1; part < k_parts; ++part) {
-        const int source = my_tile + part * tiles;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            acc_gate[nt][c] += partial(source, 0, nt, c);
-            acc_up[nt][c] += partial(source, 1, nt, c);
-          }
-      }
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int row = my_tile * 16 + g + (c >= 2 ? 8 : 0);
+          const int row = tile * 16 + g + (c >= 2 ? 8 : 0);
           const int token = nt * 8 + 2 * t + (c & 1);
-          const float gate = acc_gate[nt][c];
-          shared.act[token][row] = __float2bfloat16(gate / (1.0f + __expf(-gate)) * acc_up[nt][c]);
+          const float gate = sum_slot(tile, 0, nt, c), up = sum_slot(tile, 1, nt, c);
+          shared.act[token][row] = __float2bfloat16(gate / (1.0f + __expf(-gate)) * up);
+          sum_slot(tile, 0, nt, c) = 0.0f;  // ready for the next pass
+          sum_slot(tile, 1, nt, c) = 0.0f;
         }
     }
 
@@ -333,63 +322,39 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
       __syncthreads();
     }
 
-    // ---------------- Phase 2: partial y rows = cluster act · Wd[rows, cluster slice]^T
-    // Rounds are block-uniform so the split-K barrier below is reached by every thread.
-    for (int round = 0; round < rounds; ++round) {
-      const int item = warp + round * kWarps;
-      const bool active = item < items;
-      const int group = item % row_groups, part = item / row_groups;
+    // ---------------- Phase 2: partial y rows = act · Wd[rows, slice]^T, summed in L2.
+    {
       float acc[RT][NT][4] = {};
-      if (active) {
-        if (round > 0) ring_prime<S, Config::kSteps2>(item_k_begin(item), item_k_end(item), issue_down(item));
-        ring_run<S, Config::kSteps2>(item_k_begin(item), item_k_end(item), issue_down(item), [&](int k, int stage, int step) {
-          uint4 a[RT];
+      ring_run<S, Config::kSteps2>(f2_begin, f2_end, issue_down, [&](int f, int stage, int step) {
+        const int group = f / k2_steps, k = f - group * k2_steps;
+        uint4 a[RT];
 #pragma unroll
-          for (int r = 0; r < RT; ++r) a[r] = shared.ring16[stage][step * RT + r][tid];
+        for (int r = 0; r < RT; ++r) a[r] = shared.ring16[stage][step * RT + r][tid];
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            const __nv_bfloat16* act_row = act_base + (nt * 8 + g) * act_stride + k * 16 + 2 * t;
-            const uint32_t b0 = *reinterpret_cast<const uint32_t*>(act_row);
-            const uint32_t b1 = *reinterpret_cast<const uint32_t*>(act_row + 8);
+        for (int nt = 0; nt < NT; ++nt) {
+          const __nv_bfloat16* act_row = act_base + (nt * 8 + g) * act_stride + k * 16 + 2 * t;
+          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(act_row);
+          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(act_row + 8);
 #pragma unroll
-            for (int r = 0; r < RT; ++r) mma_bf16_m16n8k16(acc[r][nt], a[r], b0, b1);
-          }
-        });
-      }
-      if (k_parts2 > 1) {  // split-K over warps: partials meet in shared memory
-        auto slot = [&](int w, int r, int nt, int c) -> float& {
-          return shared.scratch.partial[(((w * RT + r) * NT + nt) * 4 + c) * 32 + lane];
-        };
-        if (active && part > 0) {
-#pragma unroll
-          for (int r = 0; r < RT; ++r)
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-              for (int c = 0; c < 4; ++c) slot(warp, r, nt, c) = acc[r][nt][c];
+          for (int r = 0; r < RT; ++r) mma_bf16_m16n8k16(acc[r][nt], a[r], b0, b1);
         }
-        __syncthreads();
-        if (!active || part > 0) continue;
-        for (int other = 1; other < k_parts2; ++other)
+        if (k == k2_steps - 1 || f == f2_end - 1) {  // group or range ends: reduce into L2
 #pragma unroll
-          for (int r = 0; r < RT; ++r)
+          for (int r = 0; r < RT; ++r) {
+            const int local = group * RT + r;
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
+            for (int nt = 0; nt < NT; ++nt) {
+              if (local < rows && !skip_reduction)
+                add_tile_to_accumulator(p.accumulator, hidden, p.tokens, row_tile_of(local) * 16, token0 + nt * 8,
+                                        acc[r][nt], lane);
 #pragma unroll
-              for (int c = 0; c < 4; ++c) acc[r][nt][c] += slot(group + other * row_groups, r, nt, c);
-      }
-      if (!active || skip_reduction) continue;
-#pragma unroll
-      for (int r = 0; r < RT; ++r) {
-        const int local = group * RT + r;
-        if (local >= rows) break;
-        const int row_tile = (row_begin + local + row_rotation) % h_tiles;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-          add_tile_to_accumulator(p.accumulator, hidden, p.tokens, row_tile * 16, token0 + nt * 8, acc[r][nt], lane);
-      }
+              for (int c = 0; c < 4; ++c) acc[r][nt][c] = 0.0f;
+            }
+          }
+        }
+      });
     }
-    __syncthreads();  // the next pass rewrites act, the ring and the partials
+    __syncthreads();  // the next pass rewrites act and the ring
   }
 
   // ---------------- Finish: the last `finishers` blocks to arrive write y.
