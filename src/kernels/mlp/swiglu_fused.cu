@@ -42,7 +42,7 @@ namespace cg = cooperative_groups;
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kMaxTilesPerBlock = 8;  // 16-row tiles of I one block owns
+constexpr int kMaxTilesPerBlock = 6;  // 16-row tiles of I one block owns (I <= 264 blocks x 6 x 16)
 constexpr int kMaxFinishers = 16;
 
 template <int NT, int C>  // NT: n-tiles of 8 tokens per pass; C: cluster size
@@ -51,7 +51,7 @@ struct FusedConfig {
   static constexpr int kTokensPerPass = 8 * NT;
   static constexpr int kRowTiles = NT == 1 ? 4 : NT == 2 ? 2 : 1;  // phase-2 output row tiles per warp item
   // The load ring: kStages stages per thread, each kSteps k-steps deep (see ring_run below).
-  static constexpr int kStages = NT == 2 ? 3 : 4;
+  static constexpr int kStages = NT == 1 ? 4 : 3;
   static constexpr int kSteps1 = NT == 4 ? 1 : 2;  // phase 1: gate + up fragments (+ x words) per k-step
   static constexpr int kSteps2 = NT == 1 ? 1 : 2;  // phase 2: kRowTiles down fragments per k-step
   static constexpr int kXWords = 2 * NT;           // x B-fragment words per phase-1 k-step
@@ -74,6 +74,10 @@ struct SharedStorage {
   __nv_bfloat16 cluster_act[C > 1 ? 8 * NT : 1][C > 1 ? Config::kClusterActStride : 8];
   unsigned ticket;
 };
+// Two blocks per SM (228 KB of shared memory, 1 KB reserved per block) is the design point.
+static_assert(sizeof(SharedStorage<1, 8>) <= 113 * 1024 && sizeof(SharedStorage<2, 8>) <= 113 * 1024 &&
+                  sizeof(SharedStorage<4, 4>) <= 113 * 1024,
+              "fused MLP shared memory no longer fits two blocks per SM");
 
 __device__ __forceinline__ void red_add_v4(float* address, float a, float b, float c, float d) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
