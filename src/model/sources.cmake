@@ -1,0 +1,5 @@
+list(APPEND DEEPFUSE_SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/config.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/safetensors.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/checkpoint.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/weights.cpp)
