@@ -10,7 +10,11 @@
 #include <span>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "deepfuse/error.hpp"
+#include "deepfuse/make_model.hpp"
+#include "deepfuse/model_weights.hpp"
 
 namespace deepfuse::testing {
 
@@ -60,6 +64,28 @@ void expect_error(Body body, std::initializer_list<std::string> parts) {
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;
     for (const auto& part : parts) EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
   }
+}
+
+// A checkpoint directory for `config` whose model.safetensors holds exactly `tensors`.
+inline void write_checkpoint_with(const std::filesystem::path& dir, const ModelConfig& config,
+                           const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
+                           const std::string& dtype = "F32") {
+  nlohmann::json header = nlohmann::json::object();
+  uint64_t offset = 0;
+  for (const auto& [name, shape] : tensors) {
+    uint64_t bytes = dtype == "I32" || dtype == "F32" ? 4 : 2;
+    for (int64_t e : shape) bytes *= e;
+    header[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  write_file(dir / "config.json", model_config_json(config, SafetensorsDType::F32));
+  write_file(dir / "model.safetensors", safetensors_image(header.dump(), offset));
+}
+
+inline std::vector<std::pair<std::string, std::vector<int64_t>>> expected_as_pairs(const ModelConfig& config) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> pairs;
+  for (const auto& t : expected_tensors(config)) pairs.emplace_back(t.name, t.shape);
+  return pairs;
 }
 
 }  // namespace deepfuse::testing

@@ -4,8 +4,6 @@
 
 #include <cmath>
 
-#include <nlohmann/json.hpp>
-
 #include "deepfuse/make_model.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "model/float16.hpp"
@@ -82,38 +80,16 @@ TEST(MakeModel, PresetsAreValidConfigs) {
   EXPECT_THROW(model_preset("gpt5"), Error);
 }
 
-// A checkpoint directory for `config` whose model.safetensors holds exactly `tensors`.
-void write_checkpoint_with(const std::filesystem::path& dir, const ModelConfig& config,
-                           const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
-                           const std::string& dtype = "F32") {
-  nlohmann::json header = nlohmann::json::object();
-  uint64_t offset = 0;
-  for (const auto& [name, shape] : tensors) {
-    uint64_t bytes = dtype == "I32" || dtype == "F32" ? 4 : 2;
-    for (int64_t e : shape) bytes *= e;
-    header[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-  }
-  testing::write_file(dir / "config.json", model_config_json(config, SafetensorsDType::F32));
-  testing::write_file(dir / "model.safetensors", testing::safetensors_image(header.dump(), offset));
-}
-
-std::vector<std::pair<std::string, std::vector<int64_t>>> expected_as_pairs(const ModelConfig& config) {
-  std::vector<std::pair<std::string, std::vector<int64_t>>> pairs;
-  for (const auto& t : expected_tensors(config)) pairs.emplace_back(t.name, t.shape);
-  return pairs;
-}
-
 TEST(WeightValidation, MissingExtraMisShapedAndWrongDtype) {
   const ModelConfig config = small_llama();
   testing::ScratchDir dir;
   auto check = [&](const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
                    std::initializer_list<std::string> parts, const std::string& dtype = "F32") {
-    write_checkpoint_with(dir.path(), config, tensors, dtype);
+    testing::write_checkpoint_with(dir.path(), config, tensors, dtype);
     expect_error([&] { validate_checkpoint(Checkpoint(dir.path()), load_model_config(dir.path())); }, parts);
   };
-  auto tensors = expected_as_pairs(config);
-  write_checkpoint_with(dir.path(), config, tensors);
+  auto tensors = testing::expected_as_pairs(config);
+  testing::write_checkpoint_with(dir.path(), config, tensors);
   EXPECT_NO_THROW(validate_checkpoint(Checkpoint(dir.path()), config));
 
   auto missing = tensors;
