@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <sstream>
 
 #include "model/model_test_util.hpp"
 
@@ -74,6 +76,47 @@ TEST_F(Cli, GoodCheckpointInspectsGeneratesAndScores) {
   EXPECT_EQ(parsed["input_ids"], nlohmann::json::parse("[1,7,9]"));
   EXPECT_EQ(parsed["logits"].size(), 3u);
   EXPECT_EQ(parsed["logits"][0].size(), 320u);
+}
+
+// The ids on generate's first stdout line.
+std::vector<int> generated_ids(const RunResult& result) {
+  std::vector<int> ids;
+  std::istringstream line(result.out.substr(0, result.out.find('\n')));
+  for (int id; line >> id;) ids.push_back(id);
+  return ids;
+}
+
+TEST_F(Cli, GreedyGenerationPicksTheArgmaxOfTheTeacherForcedLogits) {
+  const RunResult generated =
+      run_cli(scratch_, "generate --model " + model_.string() + " --prompt-ids 3,1,4,1,5 --max-tokens 6 --ignore-eos");
+  ASSERT_EQ(generated.exit_code, 0) << generated.err;
+  const std::vector<int> ids = generated_ids(generated);
+  ASSERT_EQ(ids.size(), 6u);
+  std::string all = "3,1,4,1,5";
+  for (int id : ids) all += "," + std::to_string(id);
+  const auto json = scratch_.path() / "scores.json";
+  ASSERT_EQ(run_cli(scratch_, "score --model " + model_.string() + " --prompt-ids " + all + " --json " + json.string())
+                .exit_code, 0);
+  const auto logits = nlohmann::json::parse(read_text_file(json))["logits"];
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const auto row = logits[4 + i].get<std::vector<float>>();  // the position before token i
+    EXPECT_EQ(std::max_element(row.begin(), row.end()) - row.begin(), ids[i]) << "generated token " << i;
+  }
+}
+
+TEST_F(Cli, SamplingFollowsTheSeedAndGenerationConfig) {
+  write_file(model_ / "generation_config.json", R"({"do_sample": true, "temperature": 1.5, "top_k": 0})");
+  auto sample = [&](const std::string& extra) {
+    const RunResult r = run_cli(scratch_, "generate --model " + model_.string() +
+                                              " --prompt-ids 1 --max-tokens 12 --ignore-eos " + extra);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return generated_ids(r);
+  };
+  const auto first = sample("--seed 11");
+  EXPECT_EQ(sample("--seed 11"), first);
+  EXPECT_NE(sample("--seed 12"), first);  // 12 near-uniform draws from 320 ids: a clash is ~impossible
+  const auto greedy = sample("--temperature 0");  // the flag overrides generation_config.json
+  EXPECT_EQ(sample("--temperature 0 --seed 99"), greedy);
 }
 
 TEST_F(Cli, BrokenSafetensorsFiles) {
