@@ -81,6 +81,7 @@ std::vector<double> sampling_distribution(std::span<const float> logits, const S
 
 // The uniform number in [0, 1) for draw `step` of a sequence seeded with `seed`: a counter-based
 // hash (splitmix64), so the CPU and the GPU sampler draw the same number for the same step.
+// Exactly: z = seed + (step + 1) * 0x9e3779b97f4a7c15, the splitmix64 mix of z, then (z >> 11) / 2^53.
 double sampling_uniform(uint64_t seed, uint64_t step);
 
 // Samples one id: greedy when temperature <= 0, otherwise inverse CDF of sampling_distribution at

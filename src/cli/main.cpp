@@ -10,6 +10,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   deepfuse::cli::Action action;
   deepfuse::cli::register_bench(app, action);
+  deepfuse::cli::register_generate(app, action);
+  deepfuse::cli::register_score(app, action);
+  deepfuse::cli::register_inspect(app, action);
+  deepfuse::cli::register_make_model(app, action);
 
   try {
     app.parse(argc, argv);

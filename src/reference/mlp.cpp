@@ -1,36 +1,13 @@
-#include <algorithm>
 #include <cmath>
-#include <thread>
 #include <vector>
 
 #include "deepfuse/bf16.hpp"
 #include "deepfuse/reference.hpp"
+#include "reference/parallel.hpp"
 
 namespace deepfuse::reference {
 
 double silu(double v) { return v / (1.0 + std::exp(-v)); }
-
-namespace {
-
-// Runs body(begin, end) over [0, count) split across the machine's cores.
-template <typename Body>
-void parallel_for(size_t count, Body body) {
-  const size_t workers = std::max<size_t>(1, std::min<size_t>(std::thread::hardware_concurrency(), count));
-  std::vector<std::thread> threads;
-  for (size_t w = 0; w < workers; ++w) {
-    const size_t begin = count * w / workers, end = count * (w + 1) / workers;
-    threads.emplace_back([=] { body(begin, end); });
-  }
-  for (auto& t : threads) t.join();
-}
-
-double dot(const float* a, const float* b, int n) {
-  double sum = 0;
-  for (int k = 0; k < n; ++k) sum += static_cast<double>(a[k]) * b[k];
-  return sum;
-}
-
-}  // namespace
 
 void swiglu_mlp(const float* x, const float* gate, const float* up, const float* down,
                 const float* residual, double* y, int tokens, int hidden, int intermediate,

@@ -1,0 +1,36 @@
+// Synthetic checkpoints: a Hugging Face-style directory (config.json, model.safetensors or shards
+// with model.safetensors.index.json) with seeded random weights, for any supported architecture
+// and size. Used by `deepfuse make-model`, tests, and benchmarks that need no download.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "deepfuse/model_config.hpp"
+#include "deepfuse/safetensors.hpp"
+
+namespace deepfuse {
+
+// Names accepted by model_preset, the first being the default.
+std::vector<std::string> model_preset_names();
+
+// tiny (a 2-layer Llama small enough for CI), llama3.2-1b, llama3-8b, qwen2.5-7b, mistral-7b.
+ModelConfig model_preset(const std::string& name);
+
+// config.json text for `config`, in the field names transformers writes.
+std::string model_config_json(const ModelConfig& config, SafetensorsDType dtype);
+
+struct MakeModelOptions {
+  SafetensorsDType dtype = SafetensorsDType::BF16;  // BF16, F16 or F32
+  uint64_t seed = 0;
+  int shards = 1;  // > 1: model-0000i-of-0000n.safetensors plus the index
+};
+
+// Writes the checkpoint into `dir` (created if needed). Weights are drawn tensor by tensor so
+// even an 8B model never needs more memory than its largest tensor.
+void write_random_checkpoint(const ModelConfig& config, const std::filesystem::path& dir,
+                             const MakeModelOptions& options);
+
+}  // namespace deepfuse

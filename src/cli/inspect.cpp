@@ -1,0 +1,57 @@
+// `deepfuse inspect`: what a checkpoint directory holds, after validating it fully.
+#include <cstdio>
+#include <map>
+
+#include "cli/commands.hpp"
+#include "deepfuse/model_config.hpp"
+#include "deepfuse/model_weights.hpp"
+#include "deepfuse/safetensors.hpp"
+
+namespace deepfuse::cli {
+
+namespace {
+
+int run_inspect(const std::string& model_dir) {
+  const ModelConfig c = load_model_config(model_dir);
+  const Checkpoint checkpoint(model_dir);
+  validate_checkpoint(checkpoint, c);
+
+  uint64_t parameters = 0, bytes = 0;
+  std::map<std::string, int> tensors_per_dtype;
+  for (const auto& [name, entry] : checkpoint.tensors()) {
+    parameters += entry.info->element_count();
+    bytes += entry.info->byte_size();
+    ++tensors_per_dtype[dtype_name(entry.info->dtype)];
+  }
+  std::string dtypes;
+  for (const auto& [dtype, count] : tensors_per_dtype)
+    dtypes += (dtypes.empty() ? "" : ", ") + dtype + " (" + std::to_string(count) + " tensors)";
+
+  std::printf("model:         %s\n", model_dir.c_str());
+  std::printf("architecture:  %s\n", architecture_name(c.architecture));
+  std::printf("sizes:         vocab %d, hidden %d, intermediate %d, layers %d\n", c.vocab_size, c.hidden_size,
+              c.intermediate_size, c.num_hidden_layers);
+  std::printf("attention:     %d heads, %d kv heads, head_dim %d%s%s\n", c.num_attention_heads,
+              c.num_key_value_heads, c.head_dim, c.qkv_bias ? ", q/k/v bias" : "",
+              c.sliding_window > 0 ? (", sliding window " + std::to_string(c.sliding_window)).c_str() : "");
+  std::printf("positions:     %d, rope theta %g%s\n", c.max_position_embeddings, c.rope.theta,
+              c.rope.llama3_scaling ? (", llama3 scaling x" + std::to_string(c.rope.factor)).c_str() : "");
+  std::printf("embeddings:    %s\n", c.tie_word_embeddings ? "tied (lm_head = embed_tokens)" : "separate lm_head");
+  std::printf("files:         %zu safetensors\n", checkpoint.files().size());
+  std::printf("dtype:         %s\n", dtypes.c_str());
+  std::printf("parameters:    %llu\n", static_cast<unsigned long long>(parameters));
+  std::printf("bytes:         %llu (%.2f GiB)\n", static_cast<unsigned long long>(bytes),
+              static_cast<double>(bytes) / (1ull << 30));
+  return 0;
+}
+
+}  // namespace
+
+void register_inspect(CLI::App& app, Action& action) {
+  auto* command = app.add_subcommand("inspect", "Validate a checkpoint and print its architecture, sizes and dtype");
+  auto model_dir = std::make_shared<std::string>();
+  command->add_option("--model", *model_dir, "checkpoint directory")->required();
+  command->callback([model_dir, &action] { action = [model_dir] { return run_inspect(*model_dir); }; });
+}
+
+}  // namespace deepfuse::cli

@@ -1,0 +1,78 @@
+// `deepfuse score`: one teacher-forced forward over the ids; per-token log-likelihood and
+// perplexity, and with --json the full logits (the format parity checks and evaluations read).
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.hpp"
+#include "cli/model_session.hpp"
+#include "deepfuse/error.hpp"
+
+namespace deepfuse::cli {
+
+namespace {
+
+struct ScoreArgs {
+  ModelArgs model;
+  std::string json_path;
+};
+
+// log softmax(logits)[id], in double.
+double log_probability(std::span<const float> logits, int32_t id) {
+  double max_logit = logits[0];
+  for (float v : logits) max_logit = std::max<double>(max_logit, v);
+  double sum = 0;
+  for (float v : logits) sum += std::exp(v - max_logit);
+  return logits[id] - max_logit - std::log(sum);
+}
+
+int run_score(const ScoreArgs& args) {
+  std::vector<int32_t> ids;
+  const LoadedModel model = load_model_for_prompt(args.model, ids);
+  reference::KvCache cache = model.decoder->new_cache();
+  const std::vector<float> logits = model.decoder->forward(ids, cache);
+  const size_t vocab = model.config.vocab_size;
+
+  // Written whole after the forward succeeded: a failure leaves no partial file behind.
+  if (!args.json_path.empty()) {
+    nlohmann::json out;
+    out["input_ids"] = ids;
+    out["logits"] = nlohmann::json::array();
+    for (size_t t = 0; t < ids.size(); ++t)
+      out["logits"].push_back(std::vector<float>(logits.begin() + t * vocab, logits.begin() + (t + 1) * vocab));
+    std::ofstream file(args.json_path, std::ios::trunc);
+    DF_CHECK(file.good(), "--json: cannot write " + args.json_path);
+    file << out.dump() << "\n";
+    DF_CHECK(file.good(), "--json: write failed for " + args.json_path);
+  }
+
+  std::printf("position  token  log-likelihood\n");
+  double total = 0;
+  for (size_t t = 1; t < ids.size(); ++t) {
+    const double lp = log_probability(std::span(logits).subspan((t - 1) * vocab, vocab), ids[t]);
+    total += lp;
+    std::printf("%8zu  %5d  %14.6f\n", t, ids[t], lp);
+  }
+  const size_t scored = ids.size() - 1;
+  if (scored == 0) {
+    std::printf("tokens scored: 0 (a single token has nothing to predict)\n");
+  } else {
+    std::printf("tokens scored: %zu, mean log-likelihood: %.6f, perplexity: %.4f\n", scored, total / scored,
+                std::exp(-total / scored));
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_score(CLI::App& app, Action& action) {
+  auto* command = app.add_subcommand("score", "Teacher-forced log-likelihood and perplexity of token ids");
+  auto args = std::make_shared<ScoreArgs>();
+  add_model_options(*command, args->model);
+  command->add_option("--json", args->json_path, R"(write {"input_ids": [...], "logits": [[...]...]} to this file)");
+  command->callback([args, &action] { action = [args] { return run_score(*args); }; });
+}
+
+}  // namespace deepfuse::cli

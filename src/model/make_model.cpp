@@ -1,0 +1,225 @@
+// Presets, config.json writing and seeded random checkpoints (single file or sharded).
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "deepfuse/bf16.hpp"
+#include "deepfuse/error.hpp"
+#include "deepfuse/make_model.hpp"
+#include "deepfuse/model_weights.hpp"
+#include "model/float16.hpp"
+
+namespace deepfuse {
+
+namespace {
+
+struct PresetDims {
+  Architecture architecture;
+  int vocab, hidden, intermediate, layers, heads, kv_heads, max_position;
+  double rope_theta, rms_norm_eps;
+  bool tied;
+  int bos, eos;
+};
+
+ModelConfig config_from(const PresetDims& d) {
+  ModelConfig c;
+  c.architecture = d.architecture;
+  c.vocab_size = d.vocab;
+  c.hidden_size = d.hidden;
+  c.intermediate_size = d.intermediate;
+  c.num_hidden_layers = d.layers;
+  c.num_attention_heads = d.heads;
+  c.num_key_value_heads = d.kv_heads;
+  c.head_dim = d.hidden / d.heads;
+  c.max_position_embeddings = d.max_position;
+  c.rms_norm_eps = d.rms_norm_eps;
+  c.rope.head_dim = c.head_dim;
+  c.rope.theta = d.rope_theta;
+  c.tie_word_embeddings = d.tied;
+  c.qkv_bias = d.architecture == Architecture::qwen2;
+  c.bos_token_id = d.bos;
+  c.eos_token_ids = {d.eos};
+  return c;
+}
+
+// Values with roughly the statistics of trained weights, so activations stay O(1) at any size.
+float random_scale(const ExpectedTensor& tensor) {
+  if (tensor.shape.size() == 1) return 0.1f;            // norm weights (around 1) and biases
+  if (tensor.name == "model.embed_tokens.weight") return 1.0f;
+  return std::sqrt(3.0f / static_cast<float>(tensor.shape[1]));  // std 1/sqrt(fan_in)
+}
+
+bool is_norm(const std::string& name) { return name.find("norm.weight") != std::string::npos; }
+
+void write_random_tensor(std::ofstream& out, const ExpectedTensor& tensor, size_t index, const MakeModelOptions& opt) {
+  std::mt19937_64 rng(opt.seed ^ ((index + 1) * 0x9e3779b97f4a7c15ull));
+  const float scale = random_scale(tensor);
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  const float offset = is_norm(tensor.name) ? 1.0f : 0.0f;
+  uint64_t remaining = 1;
+  for (int64_t extent : tensor.shape) remaining *= static_cast<uint64_t>(extent);
+  std::vector<char> chunk;
+  while (remaining > 0) {
+    const size_t count = static_cast<size_t>(std::min<uint64_t>(remaining, 1 << 20));
+    chunk.resize(count * dtype_size(opt.dtype));
+    for (size_t i = 0; i < count; ++i) {
+      const float value = offset + dist(rng);
+      if (opt.dtype == SafetensorsDType::F32) {
+        std::memcpy(chunk.data() + 4 * i, &value, 4);
+      } else {
+        const uint16_t bits = opt.dtype == SafetensorsDType::BF16 ? float_to_bf16_bits(value) : float_to_half_bits(value);
+        std::memcpy(chunk.data() + 2 * i, &bits, 2);
+      }
+    }
+    out.write(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+    remaining -= count;
+  }
+}
+
+uint64_t byte_size(const ExpectedTensor& tensor, SafetensorsDType dtype) {
+  uint64_t bytes = dtype_size(dtype);
+  for (int64_t extent : tensor.shape) bytes *= static_cast<uint64_t>(extent);
+  return bytes;
+}
+
+// One safetensors file holding `tensors` (indices into `all`), in order, with random data.
+void write_shard(const std::filesystem::path& path, const std::vector<ExpectedTensor>& all,
+                 const std::vector<size_t>& tensors, const MakeModelOptions& options) {
+  nlohmann::ordered_json header;
+  header["__metadata__"] = {{"format", "pt"}};
+  uint64_t offset = 0;
+  for (size_t i : tensors) {
+    const uint64_t bytes = byte_size(all[i], options.dtype);
+    header[all[i].name] = {{"dtype", dtype_name(options.dtype)}, {"shape", all[i].shape},
+                           {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned, as safetensors pads
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  DF_CHECK(out.good(), path.string() + ": cannot create file");
+  const uint64_t length = text.size();
+  for (int b = 0; b < 8; ++b) out.put(static_cast<char>(length >> (8 * b) & 0xff));
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  for (size_t i : tensors) write_random_tensor(out, all[i], i, options);
+  DF_CHECK(out.good(), path.string() + ": write failed");
+}
+
+void write_text(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  DF_CHECK(out.good(), path.string() + ": write failed");
+}
+
+}  // namespace
+
+std::vector<std::string> model_preset_names() {
+  return {"tiny", "llama3.2-1b", "llama3-8b", "qwen2.5-7b", "mistral-7b"};
+}
+
+ModelConfig model_preset(const std::string& name) {
+  using A = Architecture;
+  if (name == "tiny") {
+    // Vocabulary of 320: room for 256 byte tokens plus specials once a tokenizer is attached.
+    ModelConfig c = config_from({A::llama, 320, 64, 128, 2, 4, 2, 512, 10000.0, 1e-5, false, 1, 2});
+    return c;
+  }
+  if (name == "llama3.2-1b") {
+    ModelConfig c = config_from({A::llama, 128256, 2048, 8192, 16, 32, 8, 131072, 500000.0, 1e-5, true, 128000, 128001});
+    c.rope.llama3_scaling = true;
+    c.rope.factor = 32.0;
+    c.rope.low_freq_factor = 1.0;
+    c.rope.high_freq_factor = 4.0;
+    c.rope.original_max_position = 8192;
+    return c;
+  }
+  if (name == "llama3-8b")
+    return config_from({A::llama, 128256, 4096, 14336, 32, 32, 8, 8192, 500000.0, 1e-5, false, 128000, 128001});
+  if (name == "qwen2.5-7b")
+    return config_from({A::qwen2, 152064, 3584, 18944, 28, 28, 4, 32768, 1000000.0, 1e-6, false, 151643, 151645});
+  if (name == "mistral-7b") {
+    ModelConfig c = config_from({A::mistral, 32000, 4096, 14336, 32, 32, 8, 32768, 10000.0, 1e-5, false, 1, 2});
+    c.sliding_window = 4096;
+    return c;
+  }
+  std::string known;
+  for (const auto& n : model_preset_names()) known += (known.empty() ? "" : ", ") + n;
+  throw Error("unknown model preset '" + name + "' (known: " + known + ")");
+}
+
+std::string model_config_json(const ModelConfig& c, SafetensorsDType dtype) {
+  static const char* model_types[] = {"llama", "qwen2", "mistral"};
+  nlohmann::ordered_json j;
+  j["architectures"] = {architecture_name(c.architecture)};
+  j["model_type"] = model_types[static_cast<int>(c.architecture)];
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_hidden_layers"] = c.num_hidden_layers;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["num_key_value_heads"] = c.num_key_value_heads;
+  j["head_dim"] = c.head_dim;
+  j["hidden_act"] = "silu";
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["rope_theta"] = c.rope.theta;
+  if (c.rope.llama3_scaling)
+    j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", c.rope.factor},
+                         {"low_freq_factor", c.rope.low_freq_factor}, {"high_freq_factor", c.rope.high_freq_factor},
+                         {"original_max_position_embeddings", c.rope.original_max_position}};
+  if (c.architecture == Architecture::llama) j["attention_bias"] = c.qkv_bias;
+  if (c.architecture == Architecture::qwen2) j["use_sliding_window"] = false;
+  if (c.architecture == Architecture::mistral)
+    j["sliding_window"] = c.sliding_window > 0 ? nlohmann::ordered_json(c.sliding_window) : nullptr;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  if (c.bos_token_id) j["bos_token_id"] = *c.bos_token_id;
+  if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];
+  else if (!c.eos_token_ids.empty()) j["eos_token_id"] = c.eos_token_ids;
+  j["torch_dtype"] = dtype == SafetensorsDType::BF16 ? "bfloat16" : dtype == SafetensorsDType::F16 ? "float16" : "float32";
+  return j.dump(2) + "\n";
+}
+
+void write_random_checkpoint(const ModelConfig& config, const std::filesystem::path& dir,
+                             const MakeModelOptions& options) {
+  DF_CHECK(options.dtype == SafetensorsDType::BF16 || options.dtype == SafetensorsDType::F16 ||
+               options.dtype == SafetensorsDType::F32,
+           std::string("make-model: dtype ") + dtype_name(options.dtype) + " is not a weight dtype (BF16, F16, F32)");
+  // Whatever we write must load: run the config through the same parser the loader uses first.
+  const std::string config_text = model_config_json(config, options.dtype);
+  parse_model_config(config_text, (dir / "config.json").string());
+  const std::vector<ExpectedTensor> tensors = expected_tensors(config);
+  DF_CHECK(options.shards >= 1 && static_cast<size_t>(options.shards) <= tensors.size(),
+           "make-model: shards must be between 1 and the tensor count (" + std::to_string(tensors.size()) + ")");
+
+  std::filesystem::create_directories(dir);
+  write_text(dir / "config.json", config_text);
+  if (options.shards == 1) {
+    std::vector<size_t> all(tensors.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    write_shard(dir / "model.safetensors", tensors, all, options);
+    return;
+  }
+  // Contiguous runs of tensors, equal in count, as save_pretrained keeps model order.
+  nlohmann::ordered_json index;
+  uint64_t total = 0;
+  for (int s = 0; s < options.shards; ++s) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, options.shards);
+    std::vector<size_t> members;
+    for (size_t i = tensors.size() * s / options.shards; i < tensors.size() * (s + 1) / options.shards; ++i) {
+      members.push_back(i);
+      index["weight_map"][tensors[i].name] = name;
+      total += byte_size(tensors[i], options.dtype);
+    }
+    write_shard(dir / name, tensors, members, options);
+  }
+  index["metadata"] = {{"total_size", total}};
+  write_text(dir / "model.safetensors.index.json", index.dump(2) + "\n");
+}
+
+}  // namespace deepfuse

@@ -1,0 +1,192 @@
+// The `deepfuse` binary end to end: make-model -> inspect / generate / score work, and every bad
+// input exits with code 2, one line on stderr naming the file and field or tensor, and nothing on
+// stdout (no partial output).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <sstream>
+
+#include "model/model_test_util.hpp"
+
+namespace deepfuse {
+namespace {
+
+using testing::ScratchDir;
+using testing::write_file;
+
+struct RunResult {
+  int exit_code;
+  std::string out, err;
+};
+
+RunResult run_cli(const ScratchDir& dir, const std::string& args) {
+  const auto out = dir.path() / "stdout.txt", err = dir.path() / "stderr.txt";
+  const std::string command = std::string(DEEPFUSE_CLI) + " " + args + " >" + out.string() + " 2>" + err.string();
+  const int status = std::system(command.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text_file(out), read_text_file(err)};
+}
+
+// Exit code 2, nothing on stdout, exactly one stderr line containing every part.
+void expect_bad_input(const RunResult& result, std::initializer_list<std::string> parts) {
+  EXPECT_EQ(result.exit_code, 2) << result.err;
+  EXPECT_EQ(result.out, "");
+  ASSERT_FALSE(result.err.empty());
+  EXPECT_EQ(result.err.find('\n'), result.err.size() - 1) << "not one line: " << result.err;
+  EXPECT_EQ(result.err.rfind("deepfuse: error: ", 0), 0u) << result.err;
+  for (const auto& part : parts) EXPECT_NE(result.err.find(part), std::string::npos) << part << " not in " << result.err;
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  // A tiny valid checkpoint in model/, which cases then break one way each.
+  void SetUp() override {
+    model_ = scratch_.path() / "model";
+    const RunResult made = run_cli(scratch_, "make-model --out " + model_.string() + " --layers 1 --seed 3");
+    ASSERT_EQ(made.exit_code, 0) << made.err;
+  }
+  RunResult inspect() { return run_cli(scratch_, "inspect --model " + model_.string()); }
+  void replace_weights(const std::string& image) { write_file(model_ / "model.safetensors", image); }
+  void replace_config_field(const std::string& from, const std::string& to) {
+    std::string text = read_text_file(model_ / "config.json");
+    const auto at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    write_file(model_ / "config.json", text.replace(at, from.size(), to));
+  }
+
+  ScratchDir scratch_;
+  std::filesystem::path model_;
+};
+
+TEST_F(Cli, GoodCheckpointInspectsGeneratesAndScores) {
+  const RunResult info = inspect();
+  EXPECT_EQ(info.exit_code, 0) << info.err;
+  EXPECT_NE(info.out.find("LlamaForCausalLM"), std::string::npos);
+  const RunResult generated = run_cli(scratch_, "generate --model " + model_.string() +
+                                                    " --prompt-ids 1,7,9 --max-tokens 4 --ignore-eos");
+  EXPECT_EQ(generated.exit_code, 0) << generated.err;
+  EXPECT_NE(generated.out.find("prompt tokens: 3, generated tokens: 4, time to first token:"), std::string::npos)
+      << generated.out;
+  const auto json = scratch_.path() / "scores.json";
+  const RunResult scored =
+      run_cli(scratch_, "score --model " + model_.string() + " --prompt-ids 1,7,9 --json " + json.string());
+  EXPECT_EQ(scored.exit_code, 0) << scored.err;
+  const auto parsed = nlohmann::json::parse(read_text_file(json));
+  EXPECT_EQ(parsed["input_ids"], nlohmann::json::parse("[1,7,9]"));
+  EXPECT_EQ(parsed["logits"].size(), 3u);
+  EXPECT_EQ(parsed["logits"][0].size(), 320u);
+}
+
+// The ids on generate's first stdout line.
+std::vector<int> generated_ids(const RunResult& result) {
+  std::vector<int> ids;
+  std::istringstream line(result.out.substr(0, result.out.find('\n')));
+  for (int id; line >> id;) ids.push_back(id);
+  return ids;
+}
+
+TEST_F(Cli, GreedyGenerationPicksTheArgmaxOfTheTeacherForcedLogits) {
+  const RunResult generated =
+      run_cli(scratch_, "generate --model " + model_.string() + " --prompt-ids 3,1,4,1,5 --max-tokens 6 --ignore-eos");
+  ASSERT_EQ(generated.exit_code, 0) << generated.err;
+  const std::vector<int> ids = generated_ids(generated);
+  ASSERT_EQ(ids.size(), 6u);
+  std::string all = "3,1,4,1,5";
+  for (int id : ids) all += "," + std::to_string(id);
+  const auto json = scratch_.path() / "scores.json";
+  ASSERT_EQ(run_cli(scratch_, "score --model " + model_.string() + " --prompt-ids " + all + " --json " + json.string())
+                .exit_code, 0);
+  const auto logits = nlohmann::json::parse(read_text_file(json))["logits"];
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const auto row = logits[4 + i].get<std::vector<float>>();  // the position before token i
+    EXPECT_EQ(std::max_element(row.begin(), row.end()) - row.begin(), ids[i]) << "generated token " << i;
+  }
+}
+
+TEST_F(Cli, SamplingFollowsTheSeedAndGenerationConfig) {
+  write_file(model_ / "generation_config.json", R"({"do_sample": true, "temperature": 1.5, "top_k": 0})");
+  auto sample = [&](const std::string& extra) {
+    const RunResult r = run_cli(scratch_, "generate --model " + model_.string() +
+                                              " --prompt-ids 1 --max-tokens 12 --ignore-eos " + extra);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return generated_ids(r);
+  };
+  const auto first = sample("--seed 11");
+  EXPECT_EQ(sample("--seed 11"), first);
+  EXPECT_NE(sample("--seed 12"), first);  // 12 near-uniform draws from 320 ids: a clash is ~impossible
+  const auto greedy = sample("--temperature 0");  // the flag overrides generation_config.json
+  EXPECT_EQ(sample("--temperature 0 --seed 99"), greedy);
+}
+
+TEST_F(Cli, BrokenSafetensorsFiles) {
+  const std::string file = (model_ / "model.safetensors").string();
+  const std::string good = read_text_file(model_ / "model.safetensors");
+  replace_weights(good.substr(0, 5));
+  expect_bad_input(inspect(), {file, "truncated"});
+  replace_weights(good.substr(0, good.size() - 10));
+  expect_bad_input(inspect(), {file, "past the end"});
+  replace_weights(testing::safetensors_image("{}", 0, 4096));
+  expect_bad_input(inspect(), {file, "header length 4096"});
+  replace_weights(testing::safetensors_image("{\"a\": nope}", 0));
+  expect_bad_input(inspect(), {file, "JSON"});
+  replace_weights(testing::safetensors_image(R"({"w":{"dtype":"Q4","shape":[2],"data_offsets":[0,1]}})", 1));
+  expect_bad_input(inspect(), {file, "tensor 'w'", "unknown dtype 'Q4'"});
+  replace_weights(testing::safetensors_image(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+                                             R"("b":{"dtype":"U8","shape":[4],"data_offsets":[3,7]}})", 7));
+  expect_bad_input(inspect(), {file, "tensor 'b'", "overlaps"});
+  replace_weights(testing::safetensors_image(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                                             R"("b":{"dtype":"U8","shape":[1],"data_offsets":[2,3]}})", 3));
+  expect_bad_input(inspect(), {file, "gap", "tensor 'b'"});
+  replace_weights(testing::safetensors_image(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                                             R"("a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})", 2));
+  expect_bad_input(inspect(), {file, "duplicate key 'a'"});
+}
+
+TEST_F(Cli, MissingAndMisShapedTensors) {
+  const ModelConfig config = load_model_config(model_);
+  auto tensors = testing::expected_as_pairs(config);
+  const auto removed = tensors[4];
+  tensors.erase(tensors.begin() + 4);
+  testing::write_checkpoint_with(model_, config, tensors);
+  expect_bad_input(inspect(), {"missing tensor '" + removed.first + "'"});
+  tensors = testing::expected_as_pairs(config);
+  tensors[0].second = {7, 64};
+  testing::write_checkpoint_with(model_, config, tensors);
+  expect_bad_input(inspect(), {"model.safetensors", "tensor 'model.embed_tokens.weight'", "shape [7, 64]"});
+}
+
+TEST_F(Cli, BrokenConfigs) {
+  const std::string file = (model_ / "config.json").string();
+  replace_config_field("LlamaForCausalLM", "FalconForCausalLM");
+  expect_bad_input(inspect(), {file, "'architectures'", "FalconForCausalLM"});
+  replace_config_field("FalconForCausalLM", "LlamaForCausalLM");
+  replace_config_field("\"hidden_size\": 64", "\"hidden_size\": [64]");
+  expect_bad_input(inspect(), {file, "'hidden_size'", "integer"});
+  write_file(model_ / "config.json", "{ not json");
+  expect_bad_input(inspect(), {file, "invalid JSON"});
+  expect_bad_input(run_cli(scratch_, "inspect --model " + (scratch_.path() / "nowhere").string()),
+                   {"config.json", "not found"});
+}
+
+TEST_F(Cli, PromptProblemsFailBeforeAnyWork) {
+  // Weights that would fail to load: the prompt check must come first.
+  replace_config_field("\"max_position_embeddings\": 512", "\"max_position_embeddings\": 4");
+  replace_weights("garbage");
+  const std::string json = (scratch_.path() / "never.json").string();
+  const std::string model = " --model " + model_.string();
+  expect_bad_input(run_cli(scratch_, "generate" + model + " --prompt-ids 1,2,3,4,5"),
+                   {"--prompt-ids", "5 tokens", "max_position_embeddings (4)", "config.json"});
+  expect_bad_input(run_cli(scratch_, "score" + model + " --prompt-ids 1,2,3,4,5 --json " + json),
+                   {"max_position_embeddings (4)"});
+  EXPECT_FALSE(std::filesystem::exists(json)) << "no partial output";
+  expect_bad_input(run_cli(scratch_, "generate" + model + " --prompt-ids 1,999"), {"token id 999", "[0, 320)"});
+  expect_bad_input(run_cli(scratch_, "generate" + model + " --prompt-ids 1 --backend cuda"), {"cuda", "not built yet"});
+  expect_bad_input(run_cli(scratch_, "generate" + model + " --prompt hello"), {"--prompt", "tokenizer"});
+  // A prompt that fits reaches the weights, which are garbage here.
+  expect_bad_input(run_cli(scratch_, "score" + model + " --prompt-ids 1,2 --json " + json), {"model.safetensors"});
+  EXPECT_FALSE(std::filesystem::exists(json)) << "no partial output";
+}
+
+}  // namespace
+}  // namespace deepfuse
