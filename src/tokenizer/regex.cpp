@@ -1,0 +1,79 @@
+#include "tokenizer/regex.hpp"
+
+#include <pcre2.h>
+
+#include "deepfuse/error.hpp"
+
+namespace deepfuse::tokenizer {
+
+struct Regex::Compiled {
+  pcre2_code* code = nullptr;
+  ~Compiled() { pcre2_code_free(code); }
+};
+
+Regex::Regex(const std::string& pattern) {
+  int error_code = 0;
+  PCRE2_SIZE error_offset = 0;
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   PCRE2_UTF | PCRE2_UCP, &error_code, &error_offset, nullptr);
+  if (!code) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(error_code, message, sizeof message);
+    throw Error("invalid regex '" + pattern + "': " + reinterpret_cast<const char*>(message) +
+                " at offset " + std::to_string(error_offset));
+  }
+  pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is absent
+  auto compiled = std::make_shared<Compiled>();
+  compiled->code = code;
+  compiled_ = std::move(compiled);
+}
+
+Regex Regex::literal(std::string_view literal) {
+  std::string quoted = "\\Q";
+  for (size_t pos = 0; pos < literal.size(); ++pos) {
+    // \E inside \Q..\E would end the quoting early; split it out.
+    if (literal.compare(pos, 2, "\\E") == 0) {
+      quoted += "\\E\\\\E\\Q";
+      ++pos;
+    } else {
+      quoted += literal[pos];
+    }
+  }
+  return Regex(quoted + "\\E");
+}
+
+void Regex::for_each_match(std::string_view text, const std::function<void(size_t, size_t)>& on_match) const {
+  std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> match_data(
+      pcre2_match_data_create_from_pattern(compiled_->code, nullptr), &pcre2_match_data_free);
+  const auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  size_t offset = 0;
+  while (offset <= text.size()) {
+    const int rc = pcre2_match(compiled_->code, subject, text.size(), offset, PCRE2_NO_UTF_CHECK,
+                               match_data.get(), nullptr);
+    if (rc == PCRE2_ERROR_NOMATCH) return;
+    if (rc < 0) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(rc, message, sizeof message);
+      throw Error(std::string("regex match failed: ") + reinterpret_cast<const char*>(message));
+    }
+    const PCRE2_SIZE* range = pcre2_get_ovector_pointer(match_data.get());
+    const size_t start = range[0], end = range[1];
+    if (end > start) {
+      on_match(start, end);
+      offset = end;
+    } else {
+      // An empty match yields nothing (HF drops empty pieces); step over one character.
+      if (start >= text.size()) return;
+      offset = start + 1;
+      while (offset < text.size() && (static_cast<unsigned char>(text[offset]) & 0xC0) == 0x80) ++offset;
+    }
+  }
+}
+
+Regex pattern_from_json(const nlohmann::json& pattern) {
+  if (pattern.contains("String")) return Regex::literal(pattern.at("String").get<std::string>());
+  if (pattern.contains("Regex")) return Regex(pattern.at("Regex").get<std::string>());
+  throw Error("tokenizer.json: pattern " + pattern.dump() + " is neither {\"String\": ..} nor {\"Regex\": ..}");
+}
+
+}  // namespace deepfuse::tokenizer
