@@ -102,12 +102,15 @@ const std::string* BpeModel::id_to_token(TokenId id) const {
 
 void BpeModel::initial_symbols(std::string_view word, std::vector<Symbol>& symbols) const {
   std::string piece;
-  bool previous_was_unk = false;
   const auto push = [&](TokenId id) {
     const int index = static_cast<int>(symbols.size());
     if (index > 0) symbols.back().next = index;
     symbols.push_back({id, index - 1, -1, true});
   };
+  // An unk waits here until a known character (or the end) comes, so that with fuse_unk a run
+  // of unknown characters becomes one unk. As in HF, byte-fallback tokens do not end the run:
+  // they are emitted while the unk keeps waiting.
+  bool unk_pending = false;
   for (size_t pos = 0; pos < word.size();) {
     const size_t start = pos;
     next_code_point(word, pos);
@@ -117,8 +120,9 @@ void BpeModel::initial_symbols(std::string_view word, std::vector<Symbol>& symbo
     if (pos == word.size()) piece += end_of_word_suffix_;
 
     if (const auto id = token_to_id(piece)) {
+      if (unk_pending) push(*unk_id_);
+      unk_pending = false;
       push(*id);
-      previous_was_unk = false;
       continue;
     }
     if (byte_fallback_) {
@@ -126,16 +130,15 @@ void BpeModel::initial_symbols(std::string_view word, std::vector<Symbol>& symbo
       for (size_t i = start; i < pos; ++i) all_bytes_known &= byte_token_ids_[static_cast<unsigned char>(word[i])].has_value();
       if (all_bytes_known) {
         for (size_t i = start; i < pos; ++i) push(*byte_token_ids_[static_cast<unsigned char>(word[i])]);
-        previous_was_unk = false;
         continue;
       }
     }
     if (unk_id_) {
-      // A run of unknown characters becomes one unk when fuse_unk is set.
-      if (!(fuse_unk_ && previous_was_unk)) push(*unk_id_);
-      previous_was_unk = true;
+      if (unk_pending && !fuse_unk_) push(*unk_id_);
+      unk_pending = true;
     }
   }
+  if (unk_pending) push(*unk_id_);
 }
 
 void BpeModel::tokenize(std::string_view word, std::vector<TokenId>& out) const {

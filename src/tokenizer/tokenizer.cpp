@@ -36,6 +36,7 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_special_t
       ids.push_back(*segment.token);
       continue;
     }
+    if (segment.text.empty()) continue;  // HF drops empty splits before pre-tokenizing
     pieces.clear();
     pieces.push_back({std::move(segment.text), segment.at_input_start});
     if (impl_->pre_tokenizer) impl_->pre_tokenizer->split(pieces);
