@@ -9,3 +9,10 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/decoder.cpp
   ${CMAKE_CURRENT_LIST_DIR}/tokenizer_loader.cpp
   ${CMAKE_CURRENT_LIST_DIR}/tokenizer.cpp)
+list(APPEND DEEPFUSE_SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/chat_template.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/jinja/value.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/jinja/lexer.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/jinja/parser.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/jinja/builtins.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/jinja/evaluator.cpp)
