@@ -13,5 +13,8 @@ using Action = std::function<int()>;
 
 // Each register_* adds its subcommand to `app` and stores its action into `action` when chosen.
 void register_bench(CLI::App& app, Action& action);
+void register_tokenize(CLI::App& app, Action& action);
+// `deepfuse bench tokenizer`, added under the bench subcommand by register_bench.
+void register_bench_tokenizer(CLI::App& bench, Action& action);
 
 }  // namespace deepfuse::cli

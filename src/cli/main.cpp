@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   deepfuse::cli::Action action;
   deepfuse::cli::register_bench(app, action);
+  deepfuse::cli::register_tokenize(app, action);
 
   try {
     app.parse(argc, argv);
