@@ -8,7 +8,8 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/post_processor.cpp
   ${CMAKE_CURRENT_LIST_DIR}/decoder.cpp
   ${CMAKE_CURRENT_LIST_DIR}/tokenizer_loader.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/tokenizer.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/tokenizer.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/tiny_tokenizer.cpp)
 list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/chat_template.cpp
   ${CMAKE_CURRENT_LIST_DIR}/jinja/value.cpp

@@ -268,7 +268,11 @@ bool apply_test(const std::string& name, const Value& v, const CallArgs& args, i
   if (name == "lower") return v.is_string() && change_case(v.as_string(), false) == v.as_string();
   if (name == "upper") return v.is_string() && change_case(v.as_string(), true) == v.as_string();
   if (name == "odd" || name == "even") return v.is_number() && (v.as_int() % 2 != 0) == (name == "odd");
-  if (!arg) fail_at("test '" + name + "' needs an argument or is not supported", line);
+  static const char* const with_argument[] = {"equalto", "eq", "==", "sameas", "ne", "!=", "divisibleby", "in", "lt", "<", "gt", ">"};
+  if (std::find_if(std::begin(with_argument), std::end(with_argument), [&](const char* known) { return name == known; }) ==
+      std::end(with_argument))
+    fail_at("unsupported test '" + name + "'", line);
+  if (!arg) fail_at("test '" + name + "' needs an argument", line);
   if (name == "equalto" || name == "eq" || name == "==" || name == "sameas") return v == *arg;
   if (name == "ne" || name == "!=") return !(v == *arg);
   if (name == "divisibleby") return arg->as_int() != 0 && v.as_int() % arg->as_int() == 0;
