@@ -66,17 +66,7 @@ class ReplaceDecoder : public Decoder {
  public:
   ReplaceDecoder(Regex pattern, std::string content) : pattern_(std::move(pattern)), content_(std::move(content)) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
-    for (std::string& token : tokens) {
-      std::string out;
-      size_t copied = 0;
-      pattern_.for_each_match(token, [&](size_t start, size_t end) {
-        out.append(token, copied, start - copied);
-        out += content_;
-        copied = end;
-      });
-      out.append(token, copied);
-      token = std::move(out);
-    }
+    for (std::string& token : tokens) token = pattern_.replace_all(token, content_);
   }
 
  private:

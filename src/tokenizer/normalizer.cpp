@@ -45,17 +45,7 @@ class PrependNormalizer : public Normalizer {
 class ReplaceNormalizer : public Normalizer {
  public:
   ReplaceNormalizer(Regex pattern, std::string content) : pattern_(std::move(pattern)), content_(std::move(content)) {}
-  void normalize(std::string& text) const override {
-    std::string out;
-    size_t copied = 0;
-    pattern_.for_each_match(text, [&](size_t start, size_t end) {
-      out.append(text, copied, start - copied);
-      out += content_;
-      copied = end;
-    });
-    out.append(text, copied);
-    text = std::move(out);
-  }
+  void normalize(std::string& text) const override { text = pattern_.replace_all(text, content_); }
 
  private:
   Regex pattern_;

@@ -70,6 +70,18 @@ void Regex::for_each_match(std::string_view text, const std::function<void(size_
   }
 }
 
+std::string Regex::replace_all(std::string_view text, std::string_view replacement) const {
+  std::string out;
+  size_t copied = 0;
+  for_each_match(text, [&](size_t start, size_t end) {
+    out.append(text.substr(copied, start - copied));
+    out.append(replacement);
+    copied = end;
+  });
+  out.append(text.substr(copied));
+  return out;
+}
+
 Regex pattern_from_json(const nlohmann::json& pattern) {
   if (pattern.contains("String")) return Regex::literal(pattern.at("String").get<std::string>());
   if (pattern.contains("Regex")) return Regex(pattern.at("Regex").get<std::string>());

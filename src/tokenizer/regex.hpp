@@ -21,6 +21,8 @@ class Regex {
   // Calls on_match(start, end) for each non-overlapping match, left to right. text must be
   // valid UTF-8.
   void for_each_match(std::string_view text, const std::function<void(size_t, size_t)>& on_match) const;
+  // `text` with every match replaced by `replacement` (no group references).
+  std::string replace_all(std::string_view text, std::string_view replacement) const;
 
  private:
   struct Compiled;

@@ -51,7 +51,14 @@ void load_added_tokens(Tokenizer::Impl& impl, const nlohmann::json& added_tokens
   for (const auto& token : tokenizer::parse_added_tokens(added_tokens)) {
     impl.added_by_id[token.id] = token;
     impl.added_by_content[token.content] = token.id;
-    (token.normalized ? impl.normalized_matcher : impl.raw_matcher).add(token);
+    if (!token.normalized) {
+      impl.raw_matcher.add(token);
+      continue;
+    }
+    // Matched inside normalized text, so matched in its normalized form (as HF does).
+    tokenizer::AddedToken as_matched = token;
+    if (impl.normalizer) impl.normalizer->normalize(as_matched.content);
+    impl.normalized_matcher.add(as_matched);
   }
 }
 
