@@ -49,6 +49,21 @@ CORPUS = [
 ]
 
 
+
+def mixed_text(seed, length):
+    """Seeded random text over a mixed alphabet: letters, accents, CJK, emoji, ZWJ, digits,
+    punctuation and every kind of space, so regex and merge edge cases meet each other."""
+    import random
+    rng = random.Random(seed)
+    alphabet = (list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJ0123456789") + list(".,;:!?'\"()[]{}-_/\\@#$%^&*+=<>|~`")
+                + ["é", "ß", "ñ", "Ω", "ж", "日", "本", "語", "中", "한", "😀", "👍", "🏽", "\u200d", "\u0301"]
+                + [" ", " ", " ", " ", "  ", "\t", "\n", "\n\n", "\r\n", "\u00a0", "\u3000", "'s", "'ll", "'T"])
+    return "".join(rng.choice(alphabet) for _ in range(length))
+
+
+CORPUS += [TRAINING_TEXT, mixed_text(1, 600), mixed_text(2, 600), mixed_text(3, 80)]
+
+
 def byte_level(pattern, specials, extra_added, bos):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
