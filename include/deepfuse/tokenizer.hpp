@@ -8,6 +8,7 @@
 //     <0xNN> tokens, unk.
 // Added and special tokens are matched in the raw text before anything else, as Hugging Face does.
 // Malformed files throw deepfuse::Error with a one-line message naming the file and the problem.
+// A loaded Tokenizer is immutable: encode/decode may be called from several threads at once.
 #pragma once
 
 #include <cstdint>
