@@ -46,6 +46,7 @@ CORPUS = [
     "def f(x):\n    return x**2  # square\n", "URL https://example.com/path?q=1&r=2 #tag @user",
     "supercalifragilisticexpialidocious", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
     "e\u0301 combining acute, cafe\u0301 decomposed", "zero\u200bwidth\u200djoiner", "mixed 中文 and English 123",
+    "mongolian  \u180e vowel separator \u180e\u180e  x", "line\u2028separator and next\x85line",
 ]
 
 
@@ -223,7 +224,8 @@ def main():
                                                 AddedToken("yes", single_word=True, special=False, normalized=False)])
     save("llama2_sentencepiece", llama2,
          {"bos_token": "<s>", "eos_token": "</s>", "chat_template": templates.MISTRAL_V1},
-         ["<s>Hello</s> there", "a <mask> b", "yes yesterday eyes yes.", " <s> spaced"], out_dir)
+         ["<s>Hello</s> there", "a <mask> b", "yes yesterday eyes yes.", " <s> spaced",
+          "e\u0301yes _yes yes_ \u200dyes ²yes yes² Ⓐyes 1yes"], out_dir)
 
     mistral = sentencepiece_style(True, set(range(0xF0, 0xF5)),
                                   [AddedToken("[INST]", special=True, normalized=False),

@@ -6,17 +6,17 @@
 namespace deepfuse::tokenizer {
 namespace {
 
-// Whether the last / first character of `text` is alphanumeric (HF's word-boundary test).
+// Whether the last / first character of `text` is a word character (HF's \w$ and ^\w).
 bool ends_with_word_char(std::string_view text) {
   if (text.empty()) return false;
   size_t start = text.size() - 1;
   while (start > 0 && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) --start;
-  return is_unicode_alphanumeric(next_code_point(text, start));
+  return is_word_char(next_code_point(text, start));
 }
 
 bool starts_with_word_char(std::string_view text) {
   size_t pos = 0;
-  return !text.empty() && is_unicode_alphanumeric(next_code_point(text, pos));
+  return !text.empty() && is_word_char(next_code_point(text, pos));
 }
 
 // Byte offset where the trailing whitespace of `text` begins.

@@ -2,9 +2,51 @@
 
 #include <pcre2.h>
 
+#include <cctype>
+
 #include "deepfuse/error.hpp"
 
 namespace deepfuse::tokenizer {
+
+namespace {
+
+// The members of Unicode White_Space, which is what \s means to Oniguruma (HF's engine). PCRE2's
+// \s with UCP also takes U+180E (through \h), so \s and \S are spelled out before compiling.
+constexpr const char* kWhiteSpaceMembers =
+    "\\t\\n\\x0B\\f\\r\\x20\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
+
+std::string spell_out_white_space(const std::string& pattern) {
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char escaped = pattern[++i];
+      if (escaped == 's') {
+        out += in_class ? std::string(kWhiteSpaceMembers) : std::string("[") + kWhiteSpaceMembers + "]";
+      } else if (escaped == 'S' && !in_class) {
+        out += std::string("[^") + kWhiteSpaceMembers + "]";
+      } else {
+        out += c;
+        out += escaped;
+      }
+      continue;
+    }
+    if (c == '[' && !in_class) {
+      in_class = true;
+      out += c;
+      // A ']' right after '[' or '[^' is a literal member, not the end of the class.
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
+      continue;
+    }
+    if (c == ']' && in_class) in_class = false;
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
 
 struct Regex::Compiled {
   pcre2_code* code = nullptr;
@@ -14,7 +56,8 @@ struct Regex::Compiled {
 Regex::Regex(const std::string& pattern) {
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+  const std::string compiled_pattern = spell_out_white_space(pattern);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(compiled_pattern.data()), compiled_pattern.size(),
                                    PCRE2_UTF | PCRE2_UCP, &error_code, &error_offset, nullptr);
   if (!code) {
     PCRE2_UCHAR message[256];
@@ -29,17 +72,13 @@ Regex::Regex(const std::string& pattern) {
 }
 
 Regex Regex::literal(std::string_view literal) {
-  std::string quoted = "\\Q";
-  for (size_t pos = 0; pos < literal.size(); ++pos) {
-    // \E inside \Q..\E would end the quoting early; split it out.
-    if (literal.compare(pos, 2, "\\E") == 0) {
-      quoted += "\\E\\\\E\\Q";
-      ++pos;
-    } else {
-      quoted += literal[pos];
-    }
+  // Every ASCII punctuation character escaped; letters, digits and non-ASCII stand for themselves.
+  std::string quoted;
+  for (const char c : literal) {
+    if (static_cast<unsigned char>(c) < 0x80 && std::ispunct(static_cast<unsigned char>(c))) quoted += '\\';
+    quoted += c;
   }
-  return Regex(quoted + "\\E");
+  return Regex(quoted);
 }
 
 void Regex::for_each_match(std::string_view text, const std::function<void(size_t, size_t)>& on_match) const {

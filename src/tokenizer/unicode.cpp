@@ -116,11 +116,14 @@ bool is_unicode_whitespace(char32_t cp) {
   }
 }
 
-bool is_unicode_alphanumeric(char32_t cp) {
+bool is_word_char(char32_t cp) {
+  if (cp == 0x200C || cp == 0x200D) return true;  // Join_Control
+  if (cp >= 0x24B6 && cp <= 0x24E9) return true;  // circled letters: Alphabetic but So
   switch (utf8proc_category(static_cast<utf8proc_int32_t>(cp))) {
     case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
     case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_NL:
-    case UTF8PROC_CATEGORY_ND: case UTF8PROC_CATEGORY_NO:
+    case UTF8PROC_CATEGORY_MN: case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_ND: case UTF8PROC_CATEGORY_PC:
       return true;
     default:
       return false;

@@ -27,9 +27,11 @@ size_t find_invalid_utf8(std::string_view text);
 // Invalid sequences become U+FFFD, one per maximal invalid subpart (Rust's from_utf8_lossy).
 std::string utf8_lossy(std::string_view bytes);
 
-// Rust's char::is_whitespace (Unicode White_Space) and char::is_alphanumeric.
+// Unicode White_Space (Rust's char::is_whitespace and its regex \s).
 bool is_unicode_whitespace(char32_t cp);
-bool is_unicode_alphanumeric(char32_t cp);
+// A word character as Rust's regex \w sees it (letters, marks, decimal digits, connector
+// punctuation, joiners): HF's single_word added tokens test the neighbours with it.
+bool is_word_char(char32_t cp);
 
 enum class NormalizationForm { NFC, NFD, NFKC, NFKD };
 std::string normalize_unicode(std::string_view text, NormalizationForm form);
