@@ -68,7 +68,9 @@ class Tokenizer {
 
 // Incremental decoding for streaming: push ids one at a time and print what comes back. A piece
 // never ends inside a UTF-8 character, and the concatenation of all pieces (including flush())
-// equals tokenizer.decode(all ids).
+// equals tokenizer.decode(all ids). (One exception, shared with HF's DecodeStream: with <0xNN>
+// byte fallback, an invalid byte run that follows already printed bytes of the same run turns
+// those bytes into U+FFFD in the full decode, after they were printed.)
 class StreamDecoder {
  public:
   explicit StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens = false);

@@ -4,6 +4,7 @@
 #include "deepfuse/tokenizer.hpp"
 #include "tokenizer/fixtures.hpp"
 #include "tokenizer/unicode.hpp"
+#include "test_util.hpp"
 
 namespace deepfuse {
 namespace {
@@ -60,6 +61,23 @@ TEST_P(TokenizerParity, StreamedPiecesConcatenateToTheFullDecode) {
       streamed += stream.flush();
       EXPECT_EQ(streamed, tokenizer.decode(ids, skip_special)) << "text: " << c["text"];
     }
+  }
+}
+
+// Random ids decode to invalid UTF-8 all the time; for byte-level tokenizers the streamed pieces
+// still concatenate to exactly the full (lossy) decode.
+TEST(StreamDecoder, RandomByteLevelIdsConcatenateToTheFullDecode) {
+  const Tokenizer tokenizer = Tokenizer::from_directory(tokenizer_fixture_dir("llama3_bytelevel"));
+  auto rng = testing::make_rng(4);
+  std::uniform_int_distribution<TokenId> pick(0, static_cast<TokenId>(tokenizer.vocab_size()) - 1);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<TokenId> ids(1 + trial % 40);
+    for (TokenId& id : ids) id = pick(rng);
+    StreamDecoder stream(tokenizer);
+    std::string streamed;
+    for (const TokenId id : ids) streamed += stream.push(id);
+    streamed += stream.flush();
+    ASSERT_EQ(streamed, tokenizer.decode(ids)) << "trial " << trial;
   }
 }
 
