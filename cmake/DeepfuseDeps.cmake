@@ -7,3 +7,28 @@ find_package(CLI11 REQUIRED)
 if(DEEPFUSE_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()
+
+# PCRE2 (pre-tokenizer regexes, UTF + UCP) and utf8proc (NFC normalization) for src/tokenizer.
+# Searched with find_path/find_library so a private prefix given by CMAKE_PREFIX_PATH (the GPU
+# machine unpacks Debian .debs there) works like the system one. The static archives are preferred
+# so the binary needs no runtime .so where the libraries were only unpacked.
+function(deepfuse_find_c_library target header static_name shared_name)
+  find_path(${target}_INCLUDE_DIR ${header} PATH_SUFFIXES include)
+  find_library(${target}_LIBRARY NAMES ${static_name} ${shared_name}
+               PATH_SUFFIXES lib/x86_64-linux-gnu lib64 lib)
+  if(NOT ${target}_INCLUDE_DIR OR NOT ${target}_LIBRARY)
+    message(FATAL_ERROR "${target} not found (${header}, ${static_name}); run scripts/install-deps.sh")
+  endif()
+  add_library(deepfuse::${target} UNKNOWN IMPORTED)
+  set_target_properties(deepfuse::${target} PROPERTIES
+    IMPORTED_LOCATION "${${target}_LIBRARY}"
+    INTERFACE_INCLUDE_DIRECTORIES "${${target}_INCLUDE_DIR}")
+  message(STATUS "deepfuse: ${target}: ${${target}_LIBRARY}")
+endfunction()
+deepfuse_find_c_library(pcre2 pcre2.h libpcre2-8.a pcre2-8)
+set_property(TARGET deepfuse::pcre2 PROPERTY INTERFACE_COMPILE_DEFINITIONS PCRE2_CODE_UNIT_WIDTH=8)
+deepfuse_find_c_library(utf8proc utf8proc.h libutf8proc.a utf8proc)
+# utf8proc.h marks its functions dllimport-style unless told the library is static.
+if(utf8proc_LIBRARY MATCHES "\\.a$")
+  set_property(TARGET deepfuse::utf8proc PROPERTY INTERFACE_COMPILE_DEFINITIONS UTF8PROC_STATIC)
+endif()
