@@ -6,24 +6,27 @@
 // the copy bandwidth (82 µs for Llama-3-8B's 4096x14336 at 4.3 TB/s).
 //
 // Work split. The grid is made of clusters of C blocks (C = 1, 4 or 8; Hopper thread-block
-// clusters). Cluster q owns a contiguous slice of the intermediate dimension I; each of its
-// blocks owns a sub-slice of 1..8 tiles of 16 rows.
-//   Phase 1  each block computes g = x·Wg^T and u = x·Wu^T for its sub-slice (warps split the
-//            tiles and, when tiles < warps, the H dimension, meeting in shared memory) and keeps
-//            act = bf16(silu(g)*u) in shared memory.
-//   Exchange the cluster's blocks read each other's act through distributed shared memory, so
-//            each holds the activations of the whole cluster slice (two cluster barriers).
-//   Phase 2  block r of the cluster multiplies that slice by Wd for its 1/C of the output rows:
-//            a partial y, summed over clusters in an fp32 accumulator in L2 with
-//            red.global.add.v4.f32 (4 rows per operation, after a 4x4 lane transpose).
+// clusters), each owning a contiguous slice of the intermediate dimension I (16-row tiles).
+//   Phase 1  the cluster's C x 8 warps split the slice's (tile, k-step) space into equal ranges:
+//            g = x·Wg^T and u = x·Wu^T. Sums a range boundary cuts meet in the shared memory of
+//            the tile's owner block through distributed-shared-memory atomics. Every block does
+//            the same work whatever the tile count, so no block waits at the barrier for another.
+//   Act      each owner computes act = bf16(silu(g)*u) for its tiles and pushes it into every
+//            block of the cluster: each block then holds the activations of the whole slice.
+//   Phase 2  block r multiplies them by Wd for its 1/C of the output rows: a partial y, summed
+//            over clusters in an fp32 accumulator in L2 with red.global.add.v4.f32 (4 rows per
+//            operation, after a 4x4 lane transpose).
 //   Finish   the last `finishers` blocks to arrive convert the accumulator to bf16 (+residual),
 //            and zero it and the counters for the next launch.
 // The intermediate never leaves the chip; HBM sees the weights once, plus x and y. Clusters cut
-// the partial sums per output element from the block count to the cluster count.
+// the partial sums per output element from the block count to the cluster count. Two cluster
+// barriers per pass of tokens; phase 2's first loads are issued before them.
 //
 // Tensor cores: mma.m16n8k16 with weights on the 16-row side and tokens on the 8-wide side, so
 // M = 1..8 costs one n-tile. Weights are pre-packed in fragment order (fragment.cuh): each lane
-// fetches its A operand with one coalesced 16-byte load. Loads run U steps ahead in registers.
+// fetches its A operand with one coalesced 16-byte copy. Each thread streams its fragments (and
+// x's B-fragment words) through its own column of a cp.async ring in shared memory, 3-4 stages
+// deep: bytes in flight without holding registers.
 // Tokens beyond 32 go in passes of 32 (weights re-read per pass): large M is unfused territory.
 #include "kernels/mlp/swiglu_fused.cuh"
 
@@ -59,8 +62,7 @@ struct FusedConfig {
   static constexpr int kSlots4 = kSteps1 * kXWords;
   // Row strides in bf16: +8 makes each 4 words mod 32 banks, so the 8 tokens x 4 lanes of a
   // B-fragment load hit 32 different banks.
-  static constexpr int kActStride = kMaxTilesPerBlock * 16 + 8;
-  static constexpr int kClusterActStride = C * kMaxTilesPerBlock * 16 + 8;
+  static constexpr int kActStride = C * kMaxTilesPerBlock * 16 + 8;
   static constexpr int kSumFloats = kMaxTilesPerBlock * 2 * NT * 4 * 32;  // phase-1 g and u per tile
 };
 
@@ -70,12 +72,11 @@ struct SharedStorage {
   uint4 ring16[Config::kStages][Config::kSlots16][kThreads];  // thread-private columns
   uint32_t ring4[Config::kStages][Config::kSlots4][kThreads];  // x words, phase 1 only
   float sums[Config::kSumFloats];  // phase-1 g and u per tile in C-fragment order, lane-minor
-  __nv_bfloat16 act[8 * NT][Config::kActStride];  // this block's sub-slice (read by the cluster)
-  __nv_bfloat16 cluster_act[C > 1 ? 8 * NT : 1][C > 1 ? Config::kClusterActStride : 8];
+  __nv_bfloat16 act[8 * NT][Config::kActStride];  // the cluster's slice, pushed by the tiles' owners
   unsigned ticket;
 };
 // Two blocks per SM (228 KB of shared memory, 1 KB reserved per block) is the design point.
-static_assert(sizeof(SharedStorage<1, 8>) <= 113 * 1024 && sizeof(SharedStorage<2, 8>) <= 113 * 1024 &&
+static_assert(sizeof(SharedStorage<1, 8>) <= 113 * 1024 && sizeof(SharedStorage<4, 1>) <= 113 * 1024 && sizeof(SharedStorage<2, 8>) <= 113 * 1024 &&
                   sizeof(SharedStorage<4, 4>) <= 113 * 1024,
               "fused MLP shared memory no longer fits two blocks per SM");
 
@@ -173,6 +174,35 @@ __device__ __forceinline__ int split_point(int total, int parts, int index) {
   return static_cast<int>(static_cast<long long>(total) * index / parts);
 }
 
+// The same shared-memory object in block `rank` of this cluster (C = 1: our own).
+template <int C, typename T>
+__device__ __forceinline__ T* in_block(T* local, int rank) {
+  if constexpr (C == 1) {
+    return local;
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    return cg::this_cluster().map_shared_rank(local, rank);
+#else
+    __trap();  // clusters need sm_90; the launcher never asks for them below it
+    return local;
+#endif
+  }
+}
+
+// Barrier over the cluster (C = 1: the block), ordering shared memory across its blocks.
+template <int C>
+__device__ __forceinline__ void cluster_barrier() {
+  if constexpr (C == 1) {
+    __syncthreads();
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cg::this_cluster().sync();
+#else
+    __trap();
+#endif
+  }
+}
+
 template <int NT, int C>
 __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluFusedParams p, int finishers,
                                                                    bool skip_reduction) {
@@ -189,36 +219,36 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
   const int clusters = gridDim.x / C;
   const int cluster = blockIdx.x / C, rank = blockIdx.x % C;
 
-  // This cluster's slice of I, and this block's sub-slice of it (both >= 1 tile: grid <= tiles).
+  // This cluster's slice of I (at least one tile per block: the grid is <= I / 16).
   const int cluster_begin = split_point(i_tiles, clusters, cluster);
   const int cluster_tiles = split_point(i_tiles, clusters, cluster + 1) - cluster_begin;
-  const int tile_begin = cluster_begin + split_point(cluster_tiles, C, rank);
-  const int tiles = cluster_begin + split_point(cluster_tiles, C, rank + 1) - tile_begin;
 
-  // Work split inside the block: each warp takes an equal contiguous range of the flattened
-  // (tile, k-step) space of each phase and streams it without a break; sums that a range
-  // boundary cuts in two meet in shared memory (phase 1) or in the L2 reduction (phase 2).
-  // Phase 1 space: f = tile * h_tiles + k, which is also the packed gate_up order.
-  const int work1 = tiles * h_tiles;
-  const int f1_begin = split_point(work1, kWarps, warp), f1_end = split_point(work1, kWarps, warp + 1);
-  const uint4* gate_up = p.gate_up + static_cast<size_t>(tile_begin) * h_tiles * 64 + lane;
+  // Work split. Phase 1: the cluster's C x 8 warps take equal contiguous ranges of the cluster's
+  // flattened (tile, k-step) space, f = tile * h_tiles + k (also the packed gate_up order), and
+  // stream them without a break; g and u sums cut by a range end meet in the tile owner's shared
+  // memory through distributed-shared-memory atomics. Blocks own tiles for the activation only.
+  const int work1 = cluster_tiles * h_tiles;
+  const int cluster_warp = rank * kWarps + warp;
+  const int f1_begin = split_point(work1, C * kWarps, cluster_warp);
+  const int f1_end = split_point(work1, C * kWarps, cluster_warp + 1);
+  const uint4* gate_up = p.gate_up + static_cast<size_t>(cluster_begin) * h_tiles * 64 + lane;
+  const int own_begin = split_point(cluster_tiles, C, rank);  // this block's tiles, cluster-local
 
-  // Phase 2 space: f = group * k2_steps + k over this block's output row tiles (rotated by
-  // cluster, so clusters reduce into different rows at any moment) in groups of kRowTiles, and
-  // the cluster's I tiles (its exchanged activations) or, without a cluster, the block's own.
+  // Phase 2: f = group * k2_steps + k over this block's output row tiles (rotated by cluster, so
+  // clusters reduce into different rows at any moment) in groups of kRowTiles, and the cluster's
+  // I tiles; warps take equal ranges, sums cut by a range end meet in the L2 reduction.
   constexpr int RT = Config::kRowTiles;
   const int row_rotation = split_point(h_tiles, clusters, cluster);
   const int row_begin = split_point(h_tiles, C, rank);
   const int rows = split_point(h_tiles, C, rank + 1) - row_begin;
-  const int k2_steps = C > 1 ? cluster_tiles : tiles;
-  const int k2_first_tile = C > 1 ? cluster_begin : tile_begin;
+  const int k2_steps = cluster_tiles;
   const int work2 = (rows + RT - 1) / RT * k2_steps;
   const int f2_begin = split_point(work2, kWarps, warp), f2_end = split_point(work2, kWarps, warp + 1);
   auto row_tile_of = [&](int local) { return (row_begin + local + row_rotation) % h_tiles; };
   // down: [I tile][row tile][32 lanes] uint4; rows past the block's share are zero-filled.
   auto issue_down = [&](int f, int stage, int step) {
     const int group = f / k2_steps, k = f - group * k2_steps;
-    const uint4* source = p.down + static_cast<size_t>(k2_first_tile + k) * h_tiles * 32 + lane;
+    const uint4* source = p.down + static_cast<size_t>(cluster_begin + k) * h_tiles * 32 + lane;
 #pragma unroll
     for (int r = 0; r < RT; ++r) {
       const int local = group * RT + r;
@@ -226,18 +256,14 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
                    local < rows);
     }
   };
-
-  // The activations phase 2 reads: the cluster's (exchanged) or, without a cluster, our own.
-  const __nv_bfloat16* act_base = C > 1 ? &shared.cluster_act[0][0] : &shared.act[0][0];
-  const int act_stride = C > 1 ? Config::kClusterActStride : Config::kActStride;
-  auto sum_slot = [&](int tile, int which, int nt, int c) -> float& {
-    return shared.sums[(((tile * 2 + which) * NT + nt) * 4 + c) * 32 + lane];
+  auto sum_index = [&](int tile, int which, int nt, int c) {
+    return (((tile * 2 + which) * NT + nt) * 4 + c) * 32 + lane;
   };
   for (int i = tid; i < Config::kSumFloats; i += kThreads) shared.sums[i] = 0.0f;
-  __syncthreads();
+  cluster_barrier<C>();  // every block's sums are zero before anyone adds into them
 
   for (int token0 = 0; token0 < p.tokens; token0 += Config::kTokensPerPass) {
-    // ---------------- Phase 1: g and u for this block's sub-slice of I.
+    // ---------------- Phase 1: g and u for the cluster's slice of I.
     {
       const __nv_bfloat16* x_row[NT];
       bool token_valid[NT];
@@ -273,12 +299,16 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
         }
         const int tile = f / h_tiles;
         if (f - tile * h_tiles == h_tiles - 1 || f == f1_end - 1) {  // tile or range ends: hand over
+          int owner = 0;
+          while (owner + 1 < C && split_point(cluster_tiles, C, owner + 1) <= tile) ++owner;
+          float* sums = in_block<C>(shared.sums, owner);
+          const int owned = tile - split_point(cluster_tiles, C, owner);
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
-              atomicAdd(&sum_slot(tile, 0, nt, c), acc_gate[nt][c]);
-              atomicAdd(&sum_slot(tile, 1, nt, c), acc_up[nt][c]);
+              atomicAdd(&sums[sum_index(owned, 0, nt, c)], acc_gate[nt][c]);
+              atomicAdd(&sums[sum_index(owned, 1, nt, c)], acc_up[nt][c]);
               acc_gate[nt][c] = 0.0f;
               acc_up[nt][c] = 0.0f;
             }
@@ -287,44 +317,27 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
     }
     // Phase 2's first loads go out now, so the memory pipe stays full across the barriers below.
     ring_prime<S, Config::kSteps2>(f2_begin, f2_end, issue_down);
-    __syncthreads();  // every g and u is summed
-    // act = bf16(silu(g) * u); warp w finishes tiles w, w + 8, ... (lane-minor sums: conflict-free)
-    for (int tile = warp; tile < tiles; tile += kWarps) {
+    cluster_barrier<C>();  // every g and u of the cluster is summed at its owner
+
+    // act = bf16(silu(g) * u) for this block's tiles, pushed into every block of the cluster.
+    const int own_tiles = split_point(cluster_tiles, C, rank + 1) - own_begin;
+    for (int tile = warp; tile < own_tiles; tile += kWarps) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          const int row = tile * 16 + g + (c >= 2 ? 8 : 0);
+          const int column = (own_begin + tile) * 16 + g + (c >= 2 ? 8 : 0);
           const int token = nt * 8 + 2 * t + (c & 1);
-          const float gate = sum_slot(tile, 0, nt, c), up = sum_slot(tile, 1, nt, c);
-          shared.act[token][row] = __float2bfloat16(gate / (1.0f + __expf(-gate)) * up);
-          sum_slot(tile, 0, nt, c) = 0.0f;  // ready for the next pass
-          sum_slot(tile, 1, nt, c) = 0.0f;
+          float& gate = shared.sums[sum_index(tile, 0, nt, c)];
+          float& up = shared.sums[sum_index(tile, 1, nt, c)];
+          const __nv_bfloat16 value = __float2bfloat16(gate / (1.0f + __expf(-gate)) * up);
+          for (int destination = 0; destination < C; ++destination)
+            in_block<C>(&shared.act[0][0], destination)[token * Config::kActStride + column] = value;
+          gate = 0.0f;  // ready for the next pass
+          up = 0.0f;
         }
     }
-
-    // ---------------- Exchange: gather the cluster's activations.
-    if constexpr (C > 1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      cg::cluster_group cluster_group = cg::this_cluster();
-      cluster_group.sync();  // every block's act is written
-      for (int source = 0; source < C; ++source) {
-        const int source_begin = split_point(cluster_tiles, C, source);
-        const int vectors_per_row = (split_point(cluster_tiles, C, source + 1) - source_begin) * 2;  // 16 B each
-        const __nv_bfloat16* remote = cluster_group.map_shared_rank(&shared.act[0][0], source);
-        for (int v = tid; v < 8 * NT * vectors_per_row; v += kThreads) {
-          const int token = v / vectors_per_row, column = (v % vectors_per_row) * 8;
-          *reinterpret_cast<uint4*>(&shared.cluster_act[token][source_begin * 16 + column]) =
-              *reinterpret_cast<const uint4*>(remote + token * Config::kActStride + column);
-        }
-      }
-      cluster_group.sync();  // every block has its copy: act may be reused, blocks may exit
-#else
-      __trap();  // clusters need sm_90; the launcher never asks for them below it
-#endif
-    } else {
-      __syncthreads();
-    }
+    cluster_barrier<C>();  // every block holds the cluster's activations
 
     // ---------------- Phase 2: partial y rows = act · Wd[rows, slice]^T, summed in L2.
     {
@@ -336,7 +349,7 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
         for (int r = 0; r < RT; ++r) a[r] = shared.ring16[stage][step * RT + r][tid];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          const __nv_bfloat16* act_row = act_base + (nt * 8 + g) * act_stride + k * 16 + 2 * t;
+          const __nv_bfloat16* act_row = &shared.act[nt * 8 + g][k * 16 + 2 * t];
           const uint32_t b0 = *reinterpret_cast<const uint32_t*>(act_row);
           const uint32_t b1 = *reinterpret_cast<const uint32_t*>(act_row + 8);
 #pragma unroll
@@ -358,7 +371,8 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
         }
       });
     }
-    __syncthreads();  // the next pass rewrites act and the ring
+    if (token0 + Config::kTokensPerPass < p.tokens)
+      cluster_barrier<C>();  // the next pass pushes into act, which other blocks may still read
   }
 
   // ---------------- Finish: the last `finishers` blocks to arrive write y.
