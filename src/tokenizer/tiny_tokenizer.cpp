@@ -96,7 +96,6 @@ void write_text(const std::filesystem::path& path, const std::string& text) {
 }  // namespace
 
 TinyTokenizerIds tiny_tokenizer_ids(int vocab_size) {
-  static_assert(kTinyTokenizerMinVocab == 256 + 5, "256 byte tokens and the five specials");
   DF_CHECK(vocab_size >= kTinyTokenizerMinVocab,
            "write_tiny_tokenizer: vocab_size must be at least " + std::to_string(kTinyTokenizerMinVocab));
   return {vocab_size - 5, vocab_size - 4, vocab_size - 1};  // the order of kSpecialTokens
