@@ -93,4 +93,14 @@ class StreamDecoder {
 // vocab_size must be at least 261. For `deepfuse make-model`, so tiny models take text.
 void write_tiny_tokenizer(const std::filesystem::path& dir, int vocab_size);
 
+// The smallest vocab_size write_tiny_tokenizer accepts: the 256 byte tokens and the five specials.
+inline constexpr int kTinyTokenizerMinVocab = 261;
+
+// The ids write_tiny_tokenizer(dir, vocab_size) gives its specials, so that a config.json written
+// next to it names the same BOS and EOS. eot (<|eot_id|>) is the tokenizer's eos_token.
+struct TinyTokenizerIds {
+  TokenId begin_of_text, end_of_text, eot;
+};
+TinyTokenizerIds tiny_tokenizer_ids(int vocab_size);
+
 }  // namespace deepfuse

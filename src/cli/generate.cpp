@@ -1,9 +1,11 @@
-// `deepfuse generate`: prompt ids in, generated ids streamed out as they are sampled, then one
-// line of counts and speed.
+// `deepfuse generate`: a prompt (text, chat messages or ids) in, generated tokens streamed out as
+// they are sampled (text when the model has a tokenizer, ids otherwise), then one line of counts
+// and speed.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <optional>
+#include <string>
 
 #include "cli/commands.hpp"
 #include "cli/model_session.hpp"
@@ -35,13 +37,51 @@ reference::SamplingParams resolve_sampling(const GenerateArgs& args, const Gener
   return p;
 }
 
+// Every id that ends generation: the config's EOS (generation_config.json's when it names any)
+// and the tokenizer's stop tokens.
+std::vector<int32_t> stop_ids(const LoadedModel& model) {
+  const ModelConfig& config = model.config;
+  std::vector<int32_t> stops =
+      config.generation.eos_token_ids.empty() ? config.eos_token_ids : config.generation.eos_token_ids;
+  if (model.tokenizer)
+    for (const TokenId id : model.tokenizer->stop_ids())
+      if (std::find(stops.begin(), stops.end(), id) == stops.end()) stops.push_back(id);
+  return stops;
+}
+
+// Writes tokens to stdout as they come: their text through a StreamDecoder (never half a UTF-8
+// character; special tokens left out) when there is a tokenizer, space-separated ids otherwise.
+class TokenPrinter {
+ public:
+  explicit TokenPrinter(const std::optional<Tokenizer>& tokenizer) {
+    if (tokenizer) stream_.emplace(*tokenizer, /*skip_special_tokens=*/true);
+  }
+  void print(int32_t id) {
+    if (stream_) write(stream_->push(id));
+    else write((printed_any_ ? " " : "") + std::to_string(id));
+    printed_any_ = true;
+  }
+  // Whatever the stream still holds back (an incomplete character at the very end).
+  void finish() {
+    if (stream_) write(stream_->flush());
+  }
+
+ private:
+  static void write(const std::string& text) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  }
+  std::optional<StreamDecoder> stream_;
+  bool printed_any_ = false;
+};
+
 int run_generate(const GenerateArgs& args) {
   std::vector<int32_t> tokens;
-  const LoadedModel model = load_model_for_prompt(args.model, tokens);
+  const LoadedModel model = load_model_for_prompt(args.model, tokens, TokenizerUse::whenever_present);
   const ModelConfig& config = model.config;
   const reference::SamplingParams sampling = resolve_sampling(args, config.generation);
-  const std::vector<int32_t>& eos = config.generation.eos_token_ids.empty() ? config.eos_token_ids
-                                                                             : config.generation.eos_token_ids;
+  const std::vector<int32_t> stops = stop_ids(model);
+  TokenPrinter printer(model.tokenizer);
   const size_t prompt_tokens = tokens.size();
   // Generation stops at the model's context length rather than running past what it was built for.
   const int budget = std::min<int>(args.max_tokens, config.max_position_embeddings - static_cast<int>(prompt_tokens));
@@ -58,14 +98,14 @@ int run_generate(const GenerateArgs& args) {
     const int32_t next = reference::sample(last, sampling, tokens, static_cast<uint64_t>(generated));
     if (generated == 0) first_token_at = Clock::now();
     tokens.push_back(next);
-    std::printf("%s%d", generated ? " " : "", next);
-    std::fflush(stdout);
-    if (!args.ignore_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) {
+    printer.print(next);
+    if (!args.ignore_eos && std::find(stops.begin(), stops.end(), next) != stops.end()) {
       ++generated;
       break;
     }
     if (generated + 1 < budget) logits = model.decoder->forward(std::span(&tokens.back(), 1), cache);
   }
+  printer.finish();
   const auto end = Clock::now();
   const double ttft_ms = std::chrono::duration<double, std::milli>(first_token_at - start).count();
   const double decode_s = std::chrono::duration<double>(end - first_token_at).count();
@@ -79,7 +119,7 @@ int run_generate(const GenerateArgs& args) {
 }  // namespace
 
 void register_generate(CLI::App& app, Action& action) {
-  auto* command = app.add_subcommand("generate", "Generate tokens from a prompt (ids for now)");
+  auto* command = app.add_subcommand("generate", "Generate text (or token ids) from a prompt, streamed as it comes");
   auto args = std::make_shared<GenerateArgs>();
   add_model_options(*command, args->model);
   command->add_option("--max-tokens", args->max_tokens, "tokens to generate (default 32)")->check(CLI::PositiveNumber);
@@ -90,7 +130,7 @@ void register_generate(CLI::App& app, Action& action) {
   command->add_option("--repetition-penalty", args->repetition_penalty, "HF repetition penalty (1: off)")
       ->check(CLI::PositiveNumber);
   command->add_option("--seed", args->seed, "sampling seed (default 0)");
-  command->add_flag("--ignore-eos", args->ignore_eos, "keep generating past end-of-sequence tokens");
+  command->add_flag("--ignore-eos", args->ignore_eos, "keep generating past end-of-sequence and stop tokens");
   command->callback([args, &action] { action = [args] { return run_generate(*args); }; });
 }
 

@@ -1,4 +1,5 @@
-// `deepfuse make-model`: a random-weight checkpoint from a preset, optionally with other sizes.
+// `deepfuse make-model`: a random-weight checkpoint from a preset, optionally with other sizes,
+// with a matching tokenizer (tokenizer.json + tokenizer_config.json) so the model takes text.
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -6,6 +7,7 @@
 #include "cli/commands.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/make_model.hpp"
+#include "deepfuse/tokenizer.hpp"
 
 namespace deepfuse::cli {
 
@@ -37,6 +39,9 @@ SafetensorsDType parse_dtype(const std::string& name) {
   throw Error("--dtype '" + name + "': unknown weight dtype (bf16, f16, f32)");
 }
 
+// Vocabularies too small for the 256 byte tokens and the specials stay ids-only.
+bool has_tokenizer(const ModelConfig& config) { return config.vocab_size >= kTinyTokenizerMinVocab; }
+
 // The preset, with every explicitly given dimension replacing the preset's.
 ModelConfig build_config(const MakeModelArgs& args) {
   ModelConfig c = model_preset(args.preset);
@@ -62,6 +67,13 @@ ModelConfig build_config(const MakeModelArgs& args) {
     DF_CHECK(c.architecture == Architecture::mistral, "--sliding-window needs --arch mistral");
     c.sliding_window = *args.sliding_window;
   }
+  // Every preset gets the same Llama-3-style tokenizer, sized to its vocabulary, so BOS and EOS
+  // are that tokenizer's (also for presets whose real checkpoints number them otherwise).
+  if (has_tokenizer(c)) {
+    const TinyTokenizerIds ids = tiny_tokenizer_ids(c.vocab_size);
+    c.bos_token_id = ids.begin_of_text;
+    c.eos_token_ids = {ids.end_of_text, ids.eot};
+  }
   return c;
 }
 
@@ -75,9 +87,11 @@ int run_make_model(const MakeModelArgs& args) {
   DF_CHECK(!std::filesystem::exists(dir) || std::filesystem::is_empty(dir),
            "--out " + args.out_dir + ": directory exists and is not empty");
   write_random_checkpoint(config, dir, options);
-  std::printf("wrote %s: %s, %d layers, hidden %d, vocab %d, %s, %d file%s\n", args.out_dir.c_str(),
+  if (has_tokenizer(config)) write_tiny_tokenizer(dir, config.vocab_size);
+  std::printf("wrote %s: %s, %d layers, hidden %d, vocab %d, %s, %d file%s, %s\n", args.out_dir.c_str(),
               architecture_name(config.architecture), config.num_hidden_layers, config.hidden_size, config.vocab_size,
-              args.dtype.c_str(), args.shards, args.shards > 1 ? "s + index" : "");
+              args.dtype.c_str(), args.shards, args.shards > 1 ? "s + index" : "",
+              has_tokenizer(config) ? "tokenizer" : "no tokenizer (vocab below 261: token ids only)");
   return 0;
 }
 

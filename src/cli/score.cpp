@@ -1,5 +1,6 @@
-// `deepfuse score`: one teacher-forced forward over the ids; per-token log-likelihood and
-// perplexity, and with --json the full logits (the format parity checks and evaluations read).
+// `deepfuse score`: one teacher-forced forward over the prompt's ids (given, or from --prompt or
+// --chat through the tokenizer); per-token log-likelihood and perplexity, and with --json the
+// full logits (the format parity checks and evaluations read).
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -68,7 +69,7 @@ int run_score(const ScoreArgs& args) {
 }  // namespace
 
 void register_score(CLI::App& app, Action& action) {
-  auto* command = app.add_subcommand("score", "Teacher-forced log-likelihood and perplexity of token ids");
+  auto* command = app.add_subcommand("score", "Teacher-forced log-likelihood and perplexity of a prompt");
   auto args = std::make_shared<ScoreArgs>();
   add_model_options(*command, args->model);
   command->add_option("--json", args->json_path, R"(write {"input_ids": [...], "logits": [[...]...]} to this file)");

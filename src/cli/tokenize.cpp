@@ -7,8 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/chat_prompt.hpp"
 #include "cli/commands.hpp"
-#include "deepfuse/chat_template.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/tokenizer.hpp"
 
@@ -60,12 +60,7 @@ int run_tokenize(const TokenizeArgs& args) {
     std::cout << ids_to_json(tokenizer.encode(input, !args.no_special)) << "\n";
     return 0;
   }
-  DF_CHECK(!tokenizer.chat_template().empty(), "--chat: " + args.model_dir + " has no chat_template");
-  ChatRenderOptions options;
-  options.add_generation_prompt = !args.no_generation_prompt;
-  options.bos_token = tokenizer.bos_token();
-  options.eos_token = tokenizer.eos_token();
-  const std::string rendered = ChatTemplate(tokenizer.chat_template()).render(parse_chat_messages(input), options);
+  const std::string rendered = render_chat(tokenizer, input, !args.no_generation_prompt, args.model_dir);
   if (args.render_only) {
     std::cout << rendered;
     return 0;

@@ -125,7 +125,8 @@ std::vector<std::string> model_preset_names() {
 ModelConfig model_preset(const std::string& name) {
   using A = Architecture;
   if (name == "tiny") {
-    // Vocabulary of 320: room for 256 byte tokens plus specials once a tokenizer is attached.
+    // Vocabulary of 320: the 256 byte tokens, 59 merges and 5 specials of the tokenizer
+    // `deepfuse make-model` writes next to it (which also renumbers BOS/EOS to its specials).
     ModelConfig c = config_from({A::llama, 320, 64, 128, 2, 4, 2, 512, 10000.0, 1e-5, false, 1, 2});
     return c;
   }

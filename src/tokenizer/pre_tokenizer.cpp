@@ -95,7 +95,7 @@ class ByteLevelPreTokenizer : public PreTokenizer {
   void split(std::vector<Piece>& pieces) const override {
     std::vector<Piece> words;
     for (Piece& piece : pieces) {
-      if (add_prefix_space_ && piece.text.rfind(' ', 0) != 0) piece.text.insert(0, " ");
+      if (add_prefix_space_ && piece.text.rfind(' ', 0) != 0) piece.text.insert(piece.text.begin(), ' ');
       if (word_pattern_) {
         split_piece(piece, *word_pattern_, Delimiter::Isolated, false, words);
       } else {

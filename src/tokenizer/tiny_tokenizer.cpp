@@ -95,9 +95,15 @@ void write_text(const std::filesystem::path& path, const std::string& text) {
 
 }  // namespace
 
+TinyTokenizerIds tiny_tokenizer_ids(int vocab_size) {
+  DF_CHECK(vocab_size >= kTinyTokenizerMinVocab,
+           "write_tiny_tokenizer: vocab_size must be at least " + std::to_string(kTinyTokenizerMinVocab));
+  return {vocab_size - 5, vocab_size - 4, vocab_size - 1};  // the order of kSpecialTokens
+}
+
 void write_tiny_tokenizer(const std::filesystem::path& dir, int vocab_size) {
   const int specials = static_cast<int>(kSpecialTokens.size());
-  DF_CHECK(vocab_size >= 256 + specials, "write_tiny_tokenizer: vocab_size must be at least " + std::to_string(256 + specials));
+  const TinyTokenizerIds ids = tiny_tokenizer_ids(vocab_size);
   nlohmann::ordered_json vocab = nlohmann::ordered_json::object();
   for (int b = 0; b < 256; ++b) {
     std::string token;
@@ -118,7 +124,7 @@ void write_tiny_tokenizer(const std::filesystem::path& dir, int vocab_size) {
   };
   for (int id = static_cast<int>(vocab.size()); id < model_tokens; ++id) add_special("<|reserved_" + std::to_string(id) + "|>", id);
   for (int i = 0; i < specials; ++i) add_special(kSpecialTokens[i], model_tokens + i);
-  const int bos_id = model_tokens;
+  const int bos_id = ids.begin_of_text;
 
   const nlohmann::ordered_json tokenizer = {
       {"version", "1.0"},

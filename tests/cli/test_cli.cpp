@@ -1,6 +1,7 @@
-// The `deepfuse` binary end to end: make-model -> inspect / generate / score work, and every bad
-// input exits with code 2, one line on stderr naming the file and field or tensor, and nothing on
-// stdout (no partial output).
+// The `deepfuse` binary end to end: make-model -> inspect / generate / score work, with token ids
+// and with text and chat prompts through the tokenizer make-model writes, and every bad input
+// exits with code 2, one line on stderr naming the file and field or tensor, and nothing on stdout
+// (no partial output).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -8,6 +9,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "deepfuse/chat_template.hpp"
+#include "deepfuse/tokenizer.hpp"
 #include "model/model_test_util.hpp"
 
 namespace deepfuse {
@@ -48,6 +51,11 @@ class Cli : public ::testing::Test {
   }
   RunResult inspect() { return run_cli(scratch_, "inspect --model " + model_.string()); }
   void replace_weights(const std::string& image) { write_file(model_ / "model.safetensors", image); }
+  // Without a tokenizer, generate prints ids and text prompts are refused.
+  void remove_tokenizer() {
+    std::filesystem::remove(model_ / "tokenizer.json");
+    std::filesystem::remove(model_ / "tokenizer_config.json");
+  }
   void replace_config_field(const std::string& from, const std::string& to) {
     std::string text = read_text_file(model_ / "config.json");
     const auto at = text.find(from);
@@ -87,6 +95,7 @@ std::vector<int> generated_ids(const RunResult& result) {
 }
 
 TEST_F(Cli, GreedyGenerationPicksTheArgmaxOfTheTeacherForcedLogits) {
+  remove_tokenizer();
   const RunResult generated =
       run_cli(scratch_, "generate --model " + model_.string() + " --prompt-ids 3,1,4,1,5 --max-tokens 6 --ignore-eos");
   ASSERT_EQ(generated.exit_code, 0) << generated.err;
@@ -105,6 +114,7 @@ TEST_F(Cli, GreedyGenerationPicksTheArgmaxOfTheTeacherForcedLogits) {
 }
 
 TEST_F(Cli, SamplingFollowsTheSeedAndGenerationConfig) {
+  remove_tokenizer();
   write_file(model_ / "generation_config.json", R"({"do_sample": true, "temperature": 1.5, "top_k": 0})");
   auto sample = [&](const std::string& extra) {
     const RunResult r = run_cli(scratch_, "generate --model " + model_.string() +
@@ -182,10 +192,106 @@ TEST_F(Cli, PromptProblemsFailBeforeAnyWork) {
   EXPECT_FALSE(std::filesystem::exists(json)) << "no partial output";
   expect_bad_input(run_cli(scratch_, "generate" + model + " --prompt-ids 1,999"), {"token id 999", "[0, 320)"});
   expect_bad_input(run_cli(scratch_, "generate" + model + " --prompt-ids 1 --backend cuda"), {"cuda", "not built yet"});
-  expect_bad_input(run_cli(scratch_, "generate" + model + " --prompt hello"), {"--prompt", "tokenizer"});
+  expect_bad_input(run_cli(scratch_, "generate" + model + " --prompt hello --prompt-ids 1"), {"exactly one prompt"});
+  expect_bad_input(run_cli(scratch_, "generate" + model), {"exactly one prompt"});
+  // Text goes through the tokenizer before the weights are read.
+  const std::string long_text = " --prompt 'The capital of France is Paris.'";
+  expect_bad_input(run_cli(scratch_, "generate" + model + long_text), {"--prompt", "max_position_embeddings (4)"});
   // A prompt that fits reaches the weights, which are garbage here.
   expect_bad_input(run_cli(scratch_, "score" + model + " --prompt-ids 1,2 --json " + json), {"model.safetensors"});
   EXPECT_FALSE(std::filesystem::exists(json)) << "no partial output";
+}
+
+// What generate printed before its stats line: the generated text (or ids).
+std::string generated_output(const RunResult& result) {
+  const auto stats = result.out.rfind("\nprompt tokens: ");
+  return stats == std::string::npos ? result.out : result.out.substr(0, stats);
+}
+
+std::string stats_line(const RunResult& result) {
+  const auto stats = result.out.rfind("\nprompt tokens: ");
+  return stats == std::string::npos ? "" : result.out.substr(stats + 1);
+}
+
+TEST_F(Cli, MakeModelWritesATokenizerTheConfigAgreesWith) {
+  const Tokenizer tokenizer = Tokenizer::from_directory(model_);
+  const ModelConfig config = load_model_config(model_);
+  EXPECT_EQ(tokenizer.vocab_size(), static_cast<size_t>(config.vocab_size));
+  EXPECT_EQ(tokenizer.bos_id(), config.bos_token_id);
+  EXPECT_EQ(tokenizer.token_to_id("<|begin_of_text|>"), config.bos_token_id);
+  EXPECT_EQ(tokenizer.eos_id(), tokenizer.token_to_id("<|eot_id|>"));
+  for (const TokenId id : tokenizer.stop_ids())
+    EXPECT_NE(std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), id), config.eos_token_ids.end()) << id;
+  EXPECT_FALSE(tokenizer.chat_template().empty());
+}
+
+TEST(CliMakeModel, VocabTooSmallForATokenizerStaysIdsOnly) {
+  const ScratchDir scratch;
+  const auto model = scratch.path() / "model";
+  const RunResult made = run_cli(scratch, "make-model --out " + model.string() + " --layers 1 --vocab 100");
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  EXPECT_NE(made.out.find("no tokenizer"), std::string::npos) << made.out;
+  EXPECT_FALSE(std::filesystem::exists(model / "tokenizer.json"));
+}
+
+TEST_F(Cli, GenerateFromATextPrompt) {
+  const std::string text = "The capital of France is";
+  const RunResult generated =
+      run_cli(scratch_, "generate --model " + model_.string() + " --prompt '" + text + "' --max-tokens 8 --ignore-eos");
+  ASSERT_EQ(generated.exit_code, 0) << generated.err;
+  const size_t prompt_tokens = Tokenizer::from_directory(model_).encode(text).size();
+  EXPECT_EQ(stats_line(generated).rfind("prompt tokens: " + std::to_string(prompt_tokens) + ", generated tokens: 8,", 0),
+            0u)
+      << generated.out;
+  EXPECT_FALSE(generated_output(generated).empty()) << "no text streamed";
+  // score takes the same text and scores the same ids.
+  const auto json = scratch_.path() / "scores.json";
+  const RunResult scored =
+      run_cli(scratch_, "score --model " + model_.string() + " --prompt '" + text + "' --json " + json.string());
+  ASSERT_EQ(scored.exit_code, 0) << scored.err;
+  EXPECT_EQ(nlohmann::json::parse(read_text_file(json))["input_ids"].size(), prompt_tokens);
+}
+
+TEST_F(Cli, GenerateFromChatMessagesRendersTheTemplate) {
+  const Tokenizer tokenizer = Tokenizer::from_directory(model_);
+  ChatRenderOptions options;
+  options.bos_token = tokenizer.bos_token();
+  options.eos_token = tokenizer.eos_token();
+  const std::string rendered = ChatTemplate(tokenizer.chat_template())
+                                   .render(std::vector<ChatMessage>{{"system", "Be brief."}, {"user", "Hi!"}}, options);
+  const std::string expected = "prompt tokens: " + std::to_string(tokenizer.encode_rendered_chat(rendered).size()) + ",";
+  for (const std::string messages : {"'system: Be brief.\nuser: Hi!'",
+                                     R"('[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]')"}) {
+    const RunResult generated =
+        run_cli(scratch_, "generate --model " + model_.string() + " --chat " + messages + " --max-tokens 4");
+    ASSERT_EQ(generated.exit_code, 0) << generated.err;
+    EXPECT_EQ(stats_line(generated).rfind(expected, 0), 0u) << generated.out;
+  }
+}
+
+// Sampled ids from random weights are often bytes that do not form UTF-8 characters on their own:
+// the streamed text must still be exactly the full decode of the ids.
+TEST_F(Cli, StreamedTextIsTheDecodeOfTheGeneratedIds) {
+  const Tokenizer tokenizer = Tokenizer::from_directory(model_);
+  const std::string args = "generate --model " + model_.string() +
+                           " --prompt-ids 315,84,104,101 --max-tokens 40 --ignore-eos --temperature 1 --top-k 0 --seed 7";
+  const RunResult as_text = run_cli(scratch_, args);
+  ASSERT_EQ(as_text.exit_code, 0) << as_text.err;
+  remove_tokenizer();
+  const RunResult as_ids = run_cli(scratch_, args);
+  ASSERT_EQ(as_ids.exit_code, 0) << as_ids.err;
+  const std::vector<int> ids = generated_ids(as_ids);
+  ASSERT_EQ(ids.size(), 40u);
+  EXPECT_EQ(generated_output(as_text), tokenizer.decode({ids.begin(), ids.end()}, /*skip_special_tokens=*/true));
+}
+
+TEST_F(Cli, TextPromptsNeedTheTokenizer) {
+  remove_tokenizer();
+  const std::string model = " --model " + model_.string();
+  const std::string missing = (model_ / "tokenizer.json").string();
+  expect_bad_input(run_cli(scratch_, "generate" + model + " --prompt hello"), {"--prompt", missing, "not found"});
+  expect_bad_input(run_cli(scratch_, "generate" + model + " --chat 'user: hello'"), {"--chat", missing, "not found"});
+  expect_bad_input(run_cli(scratch_, "score" + model + " --prompt hello"), {"--prompt", missing, "not found"});
 }
 
 }  // namespace
