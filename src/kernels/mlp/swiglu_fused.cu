@@ -419,6 +419,28 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
   }
 }
 
+// The launch configuration of `blocks` blocks of the (NT, C) instance, in clusters of C.
+template <int NT, int C>
+struct FusedLaunch {
+  cudaLaunchAttribute cluster_shape{};
+  cudaLaunchConfig_t config{};
+
+  FusedLaunch(int blocks, cudaStream_t stream) {
+    cluster_shape.id = cudaLaunchAttributeClusterDimension;
+    cluster_shape.val.clusterDim.x = C;
+    cluster_shape.val.clusterDim.y = 1;
+    cluster_shape.val.clusterDim.z = 1;
+    config.gridDim = dim3(blocks, 1, 1);
+    config.blockDim = dim3(kThreads, 1, 1);
+    config.dynamicSmemBytes = sizeof(SharedStorage<NT, C>);
+    config.stream = stream;
+    config.attrs = C > 1 ? &cluster_shape : nullptr;
+    config.numAttrs = C > 1 ? 1 : 0;
+  }
+  FusedLaunch(const FusedLaunch&) = delete;  // config points into this object
+  FusedLaunch& operator=(const FusedLaunch&) = delete;
+};
+
 // How many blocks can be resident at once for one (NT, C) instantiation on this device: the
 // grid never exceeds it, so the finishers' wait for stragglers always ends.
 struct Residency {
@@ -451,18 +473,8 @@ cudaError_t residency_for(Residency& out) {
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); e != cudaSuccess) return e;
   if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.max_blocks_per_sm, kernel, kThreads, smem); e != cudaSuccess) return e;
   if (C > 1) {
-    cudaLaunchConfig_t config{};
-    cudaLaunchAttribute attribute{};
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = C;
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = 1;
-    config.gridDim = dim3(C * r.sm_count, 1, 1);
-    config.blockDim = dim3(kThreads, 1, 1);
-    config.dynamicSmemBytes = smem;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    if (cudaError_t e = cudaOccupancyMaxActiveClusters(&r.max_clusters, kernel, &config); e != cudaSuccess) return e;
+    const FusedLaunch<NT, C> probe(C * r.sm_count, nullptr);
+    if (cudaError_t e = cudaOccupancyMaxActiveClusters(&r.max_clusters, kernel, &probe.config); e != cudaSuccess) return e;
   }
   by_device[device] = r;
   out = r;
@@ -482,24 +494,13 @@ cudaError_t launch_instance(const SwigluFusedParams& p, const SwigluFusedTuning&
   const int per_sm = std::min(std::max(requested, needed_per_sm), residency.max_blocks_per_sm);
   int resident = residency.sm_count * per_sm;
   if (C > 1) resident = std::min(resident, residency.max_clusters * C);
-  // At most one tile of I per block, at least one cluster, whole clusters only.
+  // At least one tile of I per block, at least one cluster, whole clusters only.
   int blocks = std::min(i_tiles, resident) / C * C;
   if (blocks < C || (i_tiles + blocks - 1) / blocks > kMaxTilesPerBlock) return cudaErrorInvalidConfiguration;
   const int finishers = std::max(1, std::min({kMaxFinishers, blocks / 2, resident / 2}));
 
-  cudaLaunchConfig_t config{};
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = C;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  config.gridDim = dim3(blocks, 1, 1);
-  config.blockDim = dim3(kThreads, 1, 1);
-  config.dynamicSmemBytes = sizeof(SharedStorage<NT, C>);
-  config.stream = stream;
-  config.attrs = C > 1 ? &attribute : nullptr;
-  config.numAttrs = C > 1 ? 1 : 0;
-  return cudaLaunchKernelEx(&config, swiglu_fused_kernel<NT, C>, p, finishers, tuning.skip_reduction);
+  const FusedLaunch<NT, C> launch(blocks, stream);
+  return cudaLaunchKernelEx(&launch.config, swiglu_fused_kernel<NT, C>, p, finishers, tuning.skip_reduction);
 }
 
 template <int NT>
