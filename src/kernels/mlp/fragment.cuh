@@ -22,21 +22,6 @@ __device__ __forceinline__ void mma_bf16_m16n8k16(float (&c)[4], const uint4& a,
       : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
 }
 
-// A streaming 16-byte load of read-only data that is used once: skip L1 so it does not evict
-// the small operands (activations) that are reused.
-__device__ __forceinline__ uint4 load_streaming(const uint4* address) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(address));
-  return v;
-}
-
-// Two adjacent bf16 from global memory (read-only for the kernel's lifetime, L1-cached).
-__device__ __forceinline__ uint32_t load_pair(const __nv_bfloat16* address) {
-  return __ldg(reinterpret_cast<const unsigned int*>(address));
-}
-
 // The uint4 that lane `lane` holds for the 16x16 tile of row-major `matrix` (leading dimension
 // `ld`) whose top-left corner is (row0, col0).
 __device__ __forceinline__ uint4 gather_a_fragment(const __nv_bfloat16* matrix, size_t ld, int row0,
