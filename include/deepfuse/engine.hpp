@@ -1,0 +1,123 @@
+// The CUDA engine: a Llama / Qwen2 / Mistral decoder on one GPU, every step built from the fused
+// kernels in src/kernels, a paged KV cache, and the decode step replayed as a CUDA graph per batch
+// bucket. The runtime layer (src/runtime) implements it; the CLI, the server and the benchmarks
+// drive it through this header only.
+//
+// Life of a sequence: add_sequence() checks and queues the prompt (nothing runs yet); step()
+// prefills every queued sequence (chunked) and then runs one decode step for all running ones,
+// returning the token each produced. A sequence finishes on a stop id, at its max_new_tokens,
+// at the model's context length, or when the KV cache has no page left for it (that sequence
+// alone ends, with its reason; the others continue). Sequences may be added between steps.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "deepfuse/mlp.hpp"
+#include "deepfuse/model_config.hpp"
+#include "deepfuse/reference.hpp"
+
+namespace deepfuse {
+
+struct EngineOptions {
+  int max_batch = 8;              // largest decode batch; graphs are captured for buckets 1,2,4,..,max_batch
+  int max_context = 0;            // tokens per sequence; 0: the model's max_position_embeddings
+  size_t kv_cache_bytes = 0;      // 0: kv_memory_fraction of the GPU memory left after the weights
+  double kv_memory_fraction = 0.90;
+  bool cuda_graphs = true;        // false: eager launches (debugging); results are identical
+  int prefill_chunk = 1024;       // prompt tokens per prefill pass
+  MlpVariant mlp_variant = MlpVariant::fused;
+  int device = 0;
+};
+
+// Called while weights load: bytes done, bytes total.
+using LoadProgress = std::function<void(size_t done, size_t total)>;
+
+enum class FinishReason { none, stop_token, max_tokens, context_length, kv_cache_full };
+const char* finish_reason_name(FinishReason reason);
+
+struct SequenceRequest {
+  std::vector<int32_t> prompt;           // at least one id
+  reference::SamplingParams sampling;    // repetition_penalty must be 1 on this backend
+  int max_new_tokens = 16;
+  std::vector<int32_t> stop_ids;         // generation ends after producing one of these
+};
+
+using SequenceId = int64_t;
+
+// What one step produced for one sequence.
+struct StepToken {
+  SequenceId sequence = 0;
+  int32_t id = 0;                        // the sampled token (not produced when finish is kv_cache_full
+                                         // before sampling: then id is -1)
+  FinishReason finish = FinishReason::none;  // none: the sequence keeps running
+};
+
+// Memory and launch accounting for benchmarks and `inspect`.
+struct EngineStats {
+  size_t weight_bytes = 0;               // bytes a decode step reads from weights
+  size_t kv_cache_bytes = 0;             // pool size
+  int kv_pages_total = 0;
+  int kv_pages_free = 0;
+  size_t gpu_memory_used = 0;            // by this process, from cudaMemGetInfo
+  int launches_per_decode_step = 0;      // kernels in one captured decode step (largest bucket)
+  int launches_per_layer = 0;
+};
+
+class Engine {
+ public:
+  // Loads a Hugging Face checkpoint directory (config.json + safetensors) straight into the
+  // kernels' packed GPU layouts. Throws deepfuse::Error naming the file or tensor on bad input.
+  static Engine from_checkpoint(const std::filesystem::path& model_dir, const EngineOptions& options,
+                                const LoadProgress& progress = {});
+  // Real-shaped model with seeded random weights made on the GPU, no files (benchmarks).
+  static Engine with_random_weights(const ModelConfig& config, const EngineOptions& options, uint64_t seed);
+
+  ~Engine();
+  Engine(Engine&&) noexcept;
+  Engine& operator=(Engine&&) noexcept;
+
+  const ModelConfig& config() const;
+  const EngineOptions& options() const;
+  EngineStats stats() const;
+
+  // Validates (ids in range, prompt + max_new_tokens within max_context, enough KV pages for
+  // the prompt in an empty cache) and queues. Throws deepfuse::Error with a one-line reason.
+  SequenceId add_sequence(const SequenceRequest& request);
+  // Drops a sequence (finished or not) and frees its pages.
+  void remove_sequence(SequenceId sequence);
+  int running_sequences() const;
+
+  // Prefills queued sequences, then one decode step for every running sequence. Finished
+  // sequences are reported once and then removed automatically.
+  std::vector<StepToken> step();
+
+  // Teacher forcing, for tests and `score`: runs `ids` through a fresh sequence (prefill of
+  // ids[0..prefill_tokens), then one decode step per remaining id) and returns fp32 logits
+  // [ids.size(), vocab] for every position. prefill_tokens = ids.size(): prefill only.
+  std::vector<float> score(std::span<const int32_t> ids, int prefill_tokens);
+
+  // Teacher-forced decode for several sequences at once (tests of ragged batches): each entry of
+  // `sequences` is prefilled with its first prefill_tokens[i] ids, then all are decoded together,
+  // one step per remaining id (sequences that ran out of ids sit out); logits per sequence, per
+  // position, as score() returns them.
+  std::vector<std::vector<float>> score_batch(const std::vector<std::vector<int32_t>>& sequences,
+                                              const std::vector<int>& prefill_tokens);
+
+ private:
+  struct Impl;
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The presets --random-weights --arch accepts: llama3-8b, llama3.2-1b, qwen2.5-7b, mistral-7b,
+// llama3-70b (full size; more weights than one GPU holds is reported as an error by the engine).
+std::vector<std::string> random_arch_names();
+ModelConfig random_arch_config(const std::string& name);
+
+}  // namespace deepfuse

@@ -1,0 +1,57 @@
+// Split-KV ("flash-decoding") attention for the decode step: one query token per sequence over a
+// paged KV cache. GQA: the q_heads / kv_heads query heads of a group share one read of their K/V.
+// Each sequence's context is cut into `splits_per_sequence` chunks of whole pages so that one long
+// sequence fills the GPU; each chunk produces an unnormalised partial output and its log-sum-exp,
+// and the partials are merged (in the same launch or a second one: the implementation's choice,
+// counted by decode_attention_launches()). CPU reference: reference::attention_decode.
+//
+// Graph safety: the grid is fixed by the plan (made once per batch bucket for a maximum context),
+// sequence lengths are read on the device each launch, chunks past a sequence's end do no work,
+// and a sequence of length 0 (a padded batch slot) writes zeros. Nothing synchronises with the host.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/attention/paged_kv.cuh"
+
+namespace deepfuse::kernels {
+
+// Fixed launch shape for a batch bucket, from sizes known when the graph is captured.
+struct DecodeAttentionPlan {
+  int batch = 0;                // sequences (batch bucket size)
+  int q_heads = 0;
+  int kv_heads = 0;
+  int head_dim = 0;             // 64 or 128 (others: cudaErrorInvalidValue)
+  int max_context = 0;          // longest sequence the plan must serve
+  int splits_per_sequence = 0;  // chunks each sequence's context is cut into
+  int pages_per_split = 0;      // whole pages per chunk
+  size_t workspace_bytes = 0;   // partial outputs, log-sum-exps and merge counters
+};
+
+// Chooses splits so batch * kv_heads * splits blocks cover the SMs a few times over.
+DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, int head_dim, int max_context,
+                                          int num_sms);
+
+struct DecodeAttentionParams {
+  const __nv_bfloat16* q = nullptr;     // [batch, q_heads, head_dim], rotated
+  __nv_bfloat16* out = nullptr;         // [batch, q_heads, head_dim]
+  PagedKv kv;                           // block table rows 0..batch-1 belong to the sequences
+  const int32_t* seq_lens = nullptr;    // [batch] keys per sequence incl. the current token; 0: padded
+  void* workspace = nullptr;            // plan.workspace_bytes, zeroed once at allocation; the
+                                        // kernel leaves its counters zero again
+  float scale = 0.0f;                   // usually 1/sqrt(head_dim)
+  int sliding_window = 0;               // > 0: only the last `sliding_window` keys (Mistral)
+};
+
+// cudaErrorInvalidValue when params do not match the plan (sizes, nulls, a length beyond
+// plan.max_context is clamped on the device, never read out of bounds).
+cudaError_t launch_decode_attention(const DecodeAttentionPlan& plan, const DecodeAttentionParams& params,
+                                    cudaStream_t stream);
+
+int decode_attention_launches(const DecodeAttentionPlan& plan);
+
+}  // namespace deepfuse::kernels

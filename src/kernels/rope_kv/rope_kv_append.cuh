@@ -1,0 +1,33 @@
+// The epilogue of the QKV projection: optional bias, rotary position embedding on q and k
+// (Hugging Face rotate-half layout: pairs (i, i + head_dim/2)), q written out rotated, k and v
+// appended to the paged KV cache at each token's position. One launch for all tokens of a step,
+// decode (one token per sequence) and prefill chunks alike.
+// CPU references: reference::apply_rope, reference::rope_inverse_frequencies.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/attention/paged_kv.cuh"
+
+namespace deepfuse::kernels {
+
+struct RopeKvAppendParams {
+  const __nv_bfloat16* qkv = nullptr;       // [tokens, (q_heads + 2*kv_heads) * head_dim]: q | k | v
+  const __nv_bfloat16* qkv_bias = nullptr;  // [(q_heads + 2*kv_heads) * head_dim] or null (Qwen2 has one)
+  const float* inv_freq = nullptr;          // [head_dim / 2] (device), from reference::rope_inverse_frequencies
+  const int32_t* positions = nullptr;       // [tokens] position of each token; < 0: padded slot, skipped
+  const int32_t* sequences = nullptr;       // [tokens] row of the block table each token belongs to
+  __nv_bfloat16* q_out = nullptr;           // [tokens, q_heads, head_dim] rotated queries (padded: zeros)
+  PagedKv kv;                               // one layer's cache; kv.kv_heads, kv.head_dim set
+  int tokens = 0;
+  int q_heads = 0;
+};
+
+// Values are computed in fp32 (bias added, then rotated with sincosf(position * inv_freq)) and
+// rounded to bf16 once. cudaErrorInvalidValue on bad sizes (head_dim must be even and a multiple of 8).
+cudaError_t launch_rope_kv_append(const RopeKvAppendParams& params, cudaStream_t stream);
+
+}  // namespace deepfuse::kernels

@@ -1,0 +1,38 @@
+// GPU sampling from fp32 logits, one id per sequence, without copying logits to the host:
+// greedy, temperature, top-k, top-p, min-p with per-sequence parameters and seeds. Several blocks
+// per sequence so batch 1 over a 128k-152k vocabulary is fast. Draws match the CPU reference
+// (reference::sample): the same processors in the same order, inverse CDF at
+// reference::sampling_uniform(seed, step).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace deepfuse::kernels {
+
+// Per-sequence parameters, in device memory so graph replays pick up changes.
+struct SamplingSlot {
+  float temperature = 0.0f;  // <= 0: greedy (argmax, lowest id on ties)
+  int top_k = 0;             // 0: off
+  float top_p = 1.0f;        // 1: off
+  float min_p = 0.0f;        // 0: off
+  uint64_t seed = 0;
+  uint64_t step = 0;         // draw index; the kernel increments it after each draw
+};
+
+struct SamplingParams {
+  const float* logits = nullptr;   // [batch, vocab]
+  SamplingSlot* slots = nullptr;   // [batch]
+  int32_t* ids = nullptr;          // [batch] sampled ids
+  void* workspace = nullptr;       // sampling_workspace_bytes(batch, vocab); no zeroing needed
+  int batch = 0;
+  int vocab = 0;
+};
+
+size_t sampling_workspace_bytes(int batch, int vocab);
+
+cudaError_t launch_sampling(const SamplingParams& params, cudaStream_t stream);
+
+}  // namespace deepfuse::kernels
