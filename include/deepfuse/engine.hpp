@@ -89,6 +89,10 @@ class Engine {
   // Validates (ids in range, prompt + max_new_tokens within max_context, enough KV pages for
   // the prompt in an empty cache) and queues. Throws deepfuse::Error with a one-line reason.
   SequenceId add_sequence(const SequenceRequest& request);
+  // Benchmarks: a running sequence whose first `context` positions count as already in the KV
+  // cache (pages allocated, contents whatever they hold, last token id 0), so decode at 32k
+  // context needs no 32k prefill. Greedy sampling.
+  SequenceId add_prefilled_for_benchmark(int context, int max_new_tokens);
   // Drops a sequence (finished or not) and frees its pages.
   void remove_sequence(SequenceId sequence);
   int running_sequences() const;
