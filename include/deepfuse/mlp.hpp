@@ -24,7 +24,12 @@
 // its per-block partial sums with fp32 atomics, so results can differ in the last bits between
 // runs (not bitwise deterministic); the error bound vs the reference is unaffected.
 //
-// Aliasing: y may alias residual (in-place residual add); x must not alias y.
+// RMSNorm folded in (MlpNorm): the MLP runs on rms_norm(x) * weight, as a transformer block's
+// post-attention norm feeds it; fused does it inside its one launch, naive and unfused with one
+// extra norm launch.
+//
+// Aliasing: y may alias residual (in-place residual add). x must not alias y, except with an
+// MlpNorm, where x, residual and y may all be the residual stream (y = x + mlp(norm(x))).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -64,6 +69,12 @@ struct FusedMlpTuning {
   bool skip_reduction_diagnostic = false;  // benchmarks only: skips the cross-cluster sum (wrong y)
 };
 
+// The RMSNorm applied to x first; weight == nullptr: none.
+struct MlpNorm {
+  const __nv_bfloat16* weight = nullptr;  // [H]
+  float eps = 1e-6f;
+};
+
 // One MLP layer for one variant: owns its weights in the variant's layout and the workspace
 // (cuBLASLt handle, intermediates, reduction buffers) for up to max_tokens tokens per call.
 // run() enqueues work on `stream` only: no allocation, no synchronisation, CUDA-graph capturable.
@@ -80,14 +91,14 @@ class MlpLayer {
   // y = mlp(x) (+ residual when residual != nullptr). Throws deepfuse::Error on bad arguments
   // (tokens outside 1..max_tokens, null pointers) and on launch failures.
   void run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
-           cudaStream_t stream);
+           cudaStream_t stream, const MlpNorm& norm = {});
 
   void set_fused_tuning(const FusedMlpTuning& tuning);
 
   MlpVariant variant() const;
   MlpShape shape() const;
   int max_tokens() const;
-  int launches_per_call(bool with_residual) const;
+  int launches_per_call(bool with_residual, bool with_norm = false) const;
 
  private:
   struct Impl;

@@ -3,4 +3,5 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/gemm/cublaslt_gemm.cpp
   ${CMAKE_CURRENT_LIST_DIR}/mlp/mlp_layer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/mlp/swiglu_elementwise.cu
-  ${CMAKE_CURRENT_LIST_DIR}/mlp/swiglu_fused.cu)
+  ${CMAKE_CURRENT_LIST_DIR}/mlp/swiglu_fused.cu
+  ${CMAKE_CURRENT_LIST_DIR}/qkv/qkv_rope_fused.cu)

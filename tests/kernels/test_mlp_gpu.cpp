@@ -159,6 +159,45 @@ TEST(FusedMlp, InPlaceResidual) {
   }
 }
 
+// The post-attention RMSNorm folded in, run in place on the residual stream as a decode step
+// does: stream = stream + mlp(rms_norm(stream) * weight), for every variant, across cluster sizes
+// and token counts that need several passes (the per-pass sums of squares are reset between).
+TEST(MlpLayer, FoldedRmsNormInPlaceOnTheResidualStream) {
+  DF_REQUIRE_GPU();
+  for (MlpShape shape : {MlpShape{896, 4864}, MlpShape{960, 2496}, MlpShape{2048, 8192}}) {
+    const MlpCase c(shape, 100, shape.hidden * 3 + shape.intermediate);
+    auto rng = testing::make_rng(shape.hidden + 5);
+    std::vector<float> norm_weight = testing::random_uniform(rng, shape.hidden, 0.5f);
+    for (auto& w : norm_weight) w = round_to_bf16(1.0f + w);
+    const DeviceBuffer norm_dev = DeviceBuffer::from_host(to_bf16_bits(norm_weight));
+    const float eps = 1e-5f;
+    for (int tokens : {1, 7, 16, 33, 100}) {
+      std::vector<float> normed(static_cast<size_t>(tokens) * shape.hidden);
+      reference::rms_norm(c.x.data(), norm_weight.data(), tokens, shape.hidden, eps, normed.data());
+      std::vector<double> ref(normed.size());
+      reference::swiglu_mlp(normed.data(), c.gate.data(), c.up.data(), c.down.data(), c.x.data(), ref.data(), tokens,
+                            shape.hidden, shape.intermediate);
+      for (MlpVariant v : {MlpVariant::naive, MlpVariant::unfused, MlpVariant::fused}) {
+        for (int cluster : v == MlpVariant::fused ? std::vector<int>{1, 4, 8} : std::vector<int>{0}) {
+          MlpLayer layer(v, shape, c.max_tokens);
+          layer.load_weights(c.weights(), nullptr);
+          if (cluster) layer.set_fused_tuning({0, cluster, false});
+          std::vector<float> stream_values(c.x.begin(), c.x.begin() + normed.size());
+          DeviceBuffer stream = DeviceBuffer::from_host(to_bf16_bits(stream_values));
+          auto* s = stream.as<__nv_bfloat16>();
+          layer.run(s, s, s, tokens, nullptr, MlpNorm{norm_dev.as<__nv_bfloat16>(), eps});
+          DF_CHECK_CUDA(cudaDeviceSynchronize());
+          const auto y = bf16_bits_to_floats(stream.to_host<uint16_t>(normed.size()));
+          EXPECT_EQ(testing::count_nan(y), 0u);
+          EXPECT_LT(testing::relative_error(y, ref), kTolerance)
+              << mlp_variant_name(v) << " " << shape.hidden << "x" << shape.intermediate << " cluster=" << cluster
+              << " M=" << tokens;
+        }
+      }
+    }
+  }
+}
+
 // Captured once into a CUDA graph, replayed with new inputs: the decode step's usage.
 TEST(FusedMlp, GraphReplayWithNewInputs) {
   DF_REQUIRE_GPU();

@@ -7,6 +7,7 @@
 #include "kernels/gemm/cublaslt_gemm.hpp"
 #include "kernels/mlp/swiglu_elementwise.cuh"
 #include "kernels/mlp/swiglu_fused.cuh"
+#include "kernels/norm/rms_norm.cuh"
 
 namespace deepfuse {
 
@@ -40,6 +41,7 @@ struct MlpLayer::Impl {
   DeviceBuffer gate, up, gate_up, down;  // naive: gate, up, down; unfused: gate_up, down; fused: gate_up, down (packed)
   // Workspace.
   DeviceBuffer intermediate_a, intermediate_b, mlp_out;  // naive/unfused activations
+  DeviceBuffer normed;                                   // naive/unfused: rms_norm(x) when asked
   DeviceBuffer accumulator, counters;                    // fused reduction state
   std::unique_ptr<kernels::CublasLtGemm> gemm;
   kernels::SwigluFusedTuning fused_tuning;
@@ -55,6 +57,8 @@ MlpLayer::MlpLayer(MlpVariant variant, MlpShape shape, int max_tokens) : impl_(s
   s.shape = shape;
   s.max_tokens = max_tokens;
   const size_t ti_bytes = static_cast<size_t>(max_tokens) * shape.intermediate * sizeof(__nv_bfloat16);
+  if (variant != MlpVariant::fused)
+    s.normed = DeviceBuffer(static_cast<size_t>(max_tokens) * shape.hidden * sizeof(__nv_bfloat16));
   switch (variant) {
     case MlpVariant::naive:
       s.gate = DeviceBuffer(s.hi_bytes());
@@ -99,10 +103,10 @@ MlpVariant MlpLayer::variant() const { return impl_->variant; }
 MlpShape MlpLayer::shape() const { return impl_->shape; }
 int MlpLayer::max_tokens() const { return impl_->max_tokens; }
 
-int MlpLayer::launches_per_call(bool with_residual) const {
+int MlpLayer::launches_per_call(bool with_residual, bool with_norm) const {
   switch (impl_->variant) {
-    case MlpVariant::naive: return with_residual ? 6 : 5;
-    case MlpVariant::unfused: return 3;  // the residual rides in the down GEMM's epilogue
+    case MlpVariant::naive: return (with_residual ? 6 : 5) + (with_norm ? 1 : 0);
+    case MlpVariant::unfused: return 3 + (with_norm ? 1 : 0);  // the residual rides in the down GEMM's epilogue
     case MlpVariant::fused: return 1;
   }
   return 0;
@@ -132,13 +136,25 @@ void MlpLayer::load_weights(const MlpHfWeights& w, cudaStream_t stream) {
 }
 
 void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, const MlpNorm& norm) {
   Impl& s = *impl_;
   DF_CHECK(tokens >= 1 && tokens <= s.max_tokens, "MLP tokens " + std::to_string(tokens) +
                                                       " outside 1.." + std::to_string(s.max_tokens));
   DF_CHECK(x && y, "MLP input or output pointer is null");
-  DF_CHECK(static_cast<const void*>(x) != static_cast<const void*>(y), "MLP output must not alias its input");
+  DF_CHECK(norm.weight || static_cast<const void*>(x) != static_cast<const void*>(y),
+           "MLP output must not alias its input");
   const int H = s.shape.hidden, I = s.shape.intermediate;
+  if (norm.weight && s.variant != MlpVariant::fused) {  // the baselines normalise in a launch of their own
+    kernels::RmsNormParams n;
+    n.residual = const_cast<__nv_bfloat16*>(x);  // only read by launch_rms_norm
+    n.weight = norm.weight;
+    n.out = s.normed.as<__nv_bfloat16>();
+    n.rows = tokens;
+    n.hidden = H;
+    n.eps = norm.eps;
+    DF_CHECK_CUDA(kernels::launch_rms_norm(n, stream));
+    x = n.out;
+  }
   const size_t ti = static_cast<size_t>(tokens) * I;
   auto* a = s.intermediate_a.as<__nv_bfloat16>();
   auto* b = s.intermediate_b.as<__nv_bfloat16>();
@@ -171,6 +187,8 @@ void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_b
       p.y = y;
       p.accumulator = s.accumulator.as<float>();
       p.counters = s.counters.as<unsigned>();
+      p.norm_weight = norm.weight;
+      p.norm_eps = norm.eps;
       p.tokens = tokens;
       p.hidden = H;
       p.intermediate = I;

@@ -36,12 +36,11 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "kernels/common/async_ring.cuh"
 #include "kernels/mlp/fragment.cuh"
 
 namespace deepfuse::kernels {
 namespace {
-
-namespace cg = cooperative_groups;
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
@@ -73,6 +72,7 @@ struct SharedStorage {
   uint32_t ring4[Config::kStages][Config::kSlots4][kThreads];  // x words, phase 1 only
   float sums[Config::kSumFloats];  // phase-1 g and u per tile in C-fragment order, lane-minor
   __nv_bfloat16 act[8 * NT][Config::kActStride];  // the cluster's slice, pushed by the tiles' owners
+  float norm_squares[8 * NT];  // RMSNorm: the pass's per-token sums of x^2, summed over the cluster
   unsigned ticket;
 };
 // Two blocks per SM (228 KB of shared memory, 1 KB reserved per block) is the design point.
@@ -117,89 +117,35 @@ __device__ __forceinline__ void add_tile_to_accumulator(float* accumulator, int 
     red_add_v4(accumulator + static_cast<size_t>(token) * hidden + row, out[0], out[1], out[2], out[3]);
 }
 
-// ---- The load ring. Each thread streams its own fragments through its own column of shared
-// memory with cp.async (no registers held by loads in flight, no barriers: a thread reads only
-// what it copied). Stage i of kSteps k-steps is one commit group; S-1 stages are in flight
-// while one is consumed.
-__device__ __forceinline__ unsigned shared_address(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void copy16_async(void* shared, const void* global, bool valid = true) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(shared)), "l"(global),
-               "r"(valid ? 16 : 0));  // src-size 0 zero-fills
-}
-__device__ __forceinline__ void copy4_async(void* shared, const void* global, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(shared_address(shared)), "l"(global),
-               "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void commit_async() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void wait_async() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+// {a, b} bf16 pair times the bf16 pair at `weight` (the RMSNorm weight of those two columns).
+__device__ __forceinline__ uint32_t scale_bf16_pair(uint32_t pair, const __nv_bfloat16* weight) {
+  const __nv_bfloat162 w = __ldg(reinterpret_cast<const __nv_bfloat162*>(weight));
+  const __nv_bfloat162 scaled = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&pair), w);
+  return *reinterpret_cast<const uint32_t*>(&scaled);
 }
 
-// issue(k, stage, step) starts the copies of k-step k into ring stage `stage`, position `step`.
-template <int S, int Steps, typename Issue>
-__device__ __forceinline__ void ring_issue_stage(int stage_index, int k_begin, int k_end, Issue issue) {
-#pragma unroll
-  for (int step = 0; step < Steps; ++step) {
-    const int k = k_begin + stage_index * Steps + step;
-    if (k < k_end) issue(k, stage_index % S, step);
-  }
-  commit_async();  // empty groups too: keeps the group count per stage uniform
-}
-
-template <int S, int Steps, typename Issue>
-__device__ __forceinline__ void ring_prime(int k_begin, int k_end, Issue issue) {
-#pragma unroll
-  for (int stage = 0; stage < S - 1; ++stage) ring_issue_stage<S, Steps>(stage, k_begin, k_end, issue);
-}
-
-// After ring_prime with the same arguments: consume(k, stage, step) for every k-step in order.
-template <int S, int Steps, typename Issue, typename Consume>
-__device__ __forceinline__ void ring_run(int k_begin, int k_end, Issue issue, Consume consume) {
-  const int stages = (k_end - k_begin + Steps - 1) / Steps;
-  for (int i = 0; i < stages; ++i) {
-    ring_issue_stage<S, Steps>(i + S - 1, k_begin, k_end, issue);
-    wait_async<S - 1>();  // stage i, the oldest in flight, has landed
-#pragma unroll
-    for (int step = 0; step < Steps; ++step) {
-      const int k = k_begin + i * Steps + step;
-      if (k < k_end) consume(k, i % S, step);
-    }
-  }
-}
-
-__device__ __forceinline__ int split_point(int total, int parts, int index) {
-  return static_cast<int>(static_cast<long long>(total) * index / parts);
-}
-
-// The same shared-memory object in block `rank` of this cluster (C = 1: our own).
-template <int C, typename T>
-__device__ __forceinline__ T* in_block(T* local, int rank) {
-  if constexpr (C == 1) {
-    return local;
-  } else {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    return cg::this_cluster().map_shared_rank(local, rank);
-#else
-    __trap();  // clusters need sm_90; the launcher never asks for them below it
-    return local;
-#endif
-  }
-}
-
-// Barrier over the cluster (C = 1: the block), ordering shared memory across its blocks.
+// Adds sum(x^2) over this block's 1/C of the hidden columns, for tokens token0.. of the pass,
+// into norm_squares of every block in the cluster (one warp per token).
 template <int C>
-__device__ __forceinline__ void cluster_barrier() {
-  if constexpr (C == 1) {
-    __syncthreads();
-  } else {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    cg::this_cluster().sync();
-#else
-    __trap();
-#endif
+__device__ void add_norm_squares(const SwigluFusedParams& p, float* norm_squares, int token0, int pass_tokens,
+                                 int rank, int warp, int lane) {
+  const int vectors = p.hidden / 8;  // 16-byte vectors per row
+  const int begin = split_point(vectors, C, rank), end = split_point(vectors, C, rank + 1);
+  for (int local = warp; local < pass_tokens && token0 + local < p.tokens; local += kWarps) {
+    const uint4* row = reinterpret_cast<const uint4*>(p.x + static_cast<size_t>(token0 + local) * p.hidden);
+    float squares = 0.0f;
+    for (int v = begin + lane; v < end; v += 32) {
+      const uint4 bits = row[v];
+      const uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const float2 pair = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[w]));
+        squares += pair.x * pair.x + pair.y * pair.y;
+      }
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) squares += __shfl_xor_sync(0xffffffffu, squares, offset);
+    if (lane < C) atomicAdd(in_block<C>(norm_squares + local, lane), squares);
   }
 }
 
@@ -260,6 +206,8 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
     return (((tile * 2 + which) * NT + nt) * 4 + c) * 32 + lane;
   };
   for (int i = tid; i < Config::kSumFloats; i += kThreads) shared.sums[i] = 0.0f;
+  if (tid < 8 * NT) shared.norm_squares[tid] = 0.0f;
+  const bool normalize = p.norm_weight != nullptr;
   cluster_barrier<C>();  // every block's sums are zero before anyone adds into them
 
   for (int token0 = 0; token0 < p.tokens; token0 += Config::kTokensPerPass) {
@@ -287,13 +235,21 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
       };
       float acc_gate[NT][4] = {}, acc_up[NT][4] = {};
       ring_prime<S, Config::kSteps1>(f1_begin, f1_end, issue);
+      // RMSNorm folded in: the MMAs see x∘weight and the sums are scaled by 1/rms(x) before the
+      // SiLU, so each block only adds x^2 over its 1/C of H while its first loads are in flight.
+      if (normalize) add_norm_squares<C>(p, shared.norm_squares, token0, 8 * NT, rank, warp, lane);
       ring_run<S, Config::kSteps1>(f1_begin, f1_end, issue, [&](int f, int stage, int step) {
         const uint4 gate = shared.ring16[stage][step * 2][tid];
         const uint4 up = shared.ring16[stage][step * 2 + 1][tid];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          const uint32_t b0 = shared.ring4[stage][step * Config::kXWords + nt * 2][tid];
-          const uint32_t b1 = shared.ring4[stage][step * Config::kXWords + nt * 2 + 1][tid];
+          uint32_t b0 = shared.ring4[stage][step * Config::kXWords + nt * 2][tid];
+          uint32_t b1 = shared.ring4[stage][step * Config::kXWords + nt * 2 + 1][tid];
+          if (normalize) {
+            const int column = (f % h_tiles) * 16 + 2 * t;
+            b0 = scale_bf16_pair(b0, p.norm_weight + column);
+            b1 = scale_bf16_pair(b1, p.norm_weight + column + 8);
+          }
           mma_bf16_m16n8k16(acc_gate[nt], gate, b0, b1);
           mma_bf16_m16n8k16(acc_up[nt], up, b0, b1);
         }
@@ -328,16 +284,22 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
         for (int c = 0; c < 4; ++c) {
           const int column = (own_begin + tile) * 16 + g + (c >= 2 ? 8 : 0);
           const int token = nt * 8 + 2 * t + (c & 1);
-          float& gate = shared.sums[sum_index(tile, 0, nt, c)];
-          float& up = shared.sums[sum_index(tile, 1, nt, c)];
+          float& gate_sum = shared.sums[sum_index(tile, 0, nt, c)];
+          float& up_sum = shared.sums[sum_index(tile, 1, nt, c)];
+          const float inverse_rms =
+              normalize ? rsqrtf(shared.norm_squares[token] / hidden + p.norm_eps) : 1.0f;
+          const float gate = gate_sum * inverse_rms, up = up_sum * inverse_rms;
           const __nv_bfloat16 value = __float2bfloat16(gate / (1.0f + __expf(-gate)) * up);
           for (int destination = 0; destination < C; ++destination)
             in_block<C>(&shared.act[0][0], destination)[token * Config::kActStride + column] = value;
-          gate = 0.0f;  // ready for the next pass
-          up = 0.0f;
+          gate_sum = 0.0f;  // ready for the next pass
+          up_sum = 0.0f;
         }
     }
     cluster_barrier<C>();  // every block holds the cluster's activations
+    // Every reader of this pass's norm_squares is past the barrier; other blocks add the next
+    // pass's only after the end-of-pass barrier.
+    if (tid < 8 * NT) shared.norm_squares[tid] = 0.0f;
 
     // ---------------- Phase 2: partial y rows = act · Wd[rows, slice]^T, summed in L2.
     {

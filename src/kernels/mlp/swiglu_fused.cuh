@@ -15,6 +15,11 @@ struct SwigluFusedParams {
   const uint4* down = nullptr;              // fragment-packed down
   const __nv_bfloat16* residual = nullptr;  // [tokens, hidden] or null
   __nv_bfloat16* y = nullptr;               // [tokens, hidden]; may alias residual
+  // Optional RMSNorm of x folded in (the pre-MLP norm of a transformer block): the MLP then
+  // runs on x / rms(x) * norm_weight. x may then alias residual and y: every block has read x
+  // before the finishers write y.
+  const __nv_bfloat16* norm_weight = nullptr;  // [hidden] or null
+  float norm_eps = 1e-6f;
   float* accumulator = nullptr;             // [tokens, hidden] fp32 partial sums; zero between calls
   unsigned* counters = nullptr;             // kSwigluFusedCounters; zero between calls
   int tokens = 0;

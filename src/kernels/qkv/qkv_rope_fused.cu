@@ -1,0 +1,236 @@
+// Input RMSNorm + merged QKV projection + bias + RoPE + paged KV append, in ONE launch (decode).
+//
+// The numbers (Llama-3-8B, one token): the weights are (32 + 2*8) heads x 128 rows x 4096 x 2 B
+// = 50 MB, 12 µs at 4.2 TB/s; everything else is a few KB. So the kernel is a weight stream
+// with a small prologue (the norm) and a small epilogue (bias, rotation, scatter into the cache),
+// and the unfused path's two extra launches and HBM round trips of qkv are what it saves.
+//
+// Work split. One thread-block cluster of C = 8 blocks per "head unit" (each q head, each k
+// head, each v head: head_dim output rows); the cluster's blocks split the hidden (k) dimension
+// into 8 ranges, so Llama-3-8B runs 48 x 8 = 384 blocks, ~3 per SM. Inside a block each warp
+// streams one 16-row tile (two warps per tile at head_dim 64) over its k range through a
+// per-thread cp.async ring (kernels/common/async_ring.cuh), mma.m16n8k16 with the weights on the
+// 16-row side and up to 8 tokens per n-tile.
+//
+// RMSNorm folded in: norm(x)·W^T = (1/rms(x)) · ((x∘w)·W^T). Each block stages x∘w for its k
+// range in shared memory (bf16, rows padded so B-fragment loads are conflict-free) and adds
+// sum(x^2) over that range into the leader's per-token total; the leader scales by 1/rms.
+// Partial sums of the head's outputs meet in the leader block's shared memory through
+// distributed-shared-memory atomics; after one cluster barrier the leader adds the bias, rotates
+// q and k (Hugging Face rotate-half pairs (i, i + d/2), angle = position * inv_freq[i] in fp32,
+// as rope_kv_append) and writes q_out or the cache. Without clusters (pre-Hopper) C = 1: one block
+// does the whole k range, when its x slice fits in shared memory.
+#include "kernels/qkv/qkv_rope_fused.cuh"
+
+#include <algorithm>
+
+#include "kernels/common/async_ring.cuh"
+#include "kernels/mlp/fragment.cuh"
+
+namespace deepfuse::kernels {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kStages = 6;      // cp.async ring depth per thread (16 B per stage)
+constexpr int kMaxCluster = 8;
+constexpr int kMaxSharedBytes = 200 * 1024;
+
+// Shared memory, carved from one dynamic allocation (sizes depend on the launch).
+struct SharedLayout {
+  int x_stride = 0;  // bf16 per staged x row: k range + 8 (padding: conflict-free B fragments)
+  size_t ring = 0, sums = 0, squares = 0, x = 0, total = 0;
+
+  __host__ __device__ SharedLayout(int max_ksteps, int token_rows, int head_dim) {
+    x_stride = max_ksteps * 16 + 8;
+    ring = 0;
+    sums = ring + sizeof(uint4) * kStages * kThreads;
+    squares = sums + sizeof(float) * head_dim * token_rows;
+    x = squares + sizeof(float) * kQkvFusedMaxTokens;
+    total = x + sizeof(__nv_bfloat16) * static_cast<size_t>(token_rows) * x_stride;
+  }
+};
+
+template <int NT, int HD, int C>
+__global__ void __launch_bounds__(kThreads) qkv_rope_fused_kernel(const QkvRopeFusedParams p, int max_ksteps) {
+  constexpr int kRows = 8 * NT;            // token rows of the MMA (tokens padded with zeros)
+  constexpr int kTiles = HD / 16;          // 16-row tiles per head unit
+  constexpr int kWarpsPerTile = kWarps / kTiles;
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  const SharedLayout layout(max_ksteps, kRows, HD);
+  auto* ring = reinterpret_cast<uint4(*)[kThreads]>(shared_raw + layout.ring);
+  float* sums = reinterpret_cast<float*>(shared_raw + layout.sums);        // [HD rows][kRows tokens]
+  float* squares = reinterpret_cast<float*>(shared_raw + layout.squares);  // [tokens] sum of x^2
+  auto* xs = reinterpret_cast<__nv_bfloat16*>(shared_raw + layout.x);      // [kRows][x_stride] x∘w
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int unit = blockIdx.x / C, rank = blockIdx.x % C;
+  const int ksteps = p.hidden / 16;
+  const int k_begin = split_point(ksteps, C, rank), k_count = split_point(ksteps, C, rank + 1) - k_begin;
+  const int tile = warp % kTiles, part = warp / kTiles;
+  const int warp_begin = k_begin + split_point(k_count, kWarpsPerTile, part);
+  const int warp_end = k_begin + split_point(k_count, kWarpsPerTile, part + 1);
+  const uint4* tile_weights = p.weights + static_cast<size_t>(unit * kTiles + tile) * ksteps * 32 + lane;
+
+  for (int i = tid; i < HD * kRows; i += kThreads) sums[i] = 0.0f;
+  if (tid < kQkvFusedMaxTokens) squares[tid] = 0.0f;
+  cluster_barrier<C>();  // the leader's sums are zero before anyone adds into them
+
+  auto issue = [&](int k, int stage, int) { copy16_async(&ring[stage][tid], tile_weights + static_cast<size_t>(k) * 32); };
+  ring_prime<kStages, 1>(warp_begin, warp_end, issue);
+
+  // Stage x∘w for this block's k range (one warp per token row) while the first weights fly.
+  const int vectors = k_count * 2;  // 8-column vectors
+  for (int row = warp; row < kRows; row += kWarps) {
+    float row_squares = 0.0f;
+    for (int v = lane; v < vectors; v += 32) {
+      const int column = k_begin * 16 + v * 8;
+      uint4 bits = make_uint4(0, 0, 0, 0);
+      if (row < p.tokens) bits = *reinterpret_cast<const uint4*>(p.x + static_cast<size_t>(row) * p.hidden + column);
+      const uint4 weight = __ldg(reinterpret_cast<const uint4*>(p.norm_weight + column));
+      uint32_t in[4] = {bits.x, bits.y, bits.z, bits.w}, w[4] = {weight.x, weight.y, weight.z, weight.w}, out[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const __nv_bfloat162 pair = *reinterpret_cast<const __nv_bfloat162*>(&in[j]);
+        const float2 f = __bfloat1622float2(pair);
+        row_squares += f.x * f.x + f.y * f.y;
+        const __nv_bfloat162 scaled = __hmul2(pair, *reinterpret_cast<const __nv_bfloat162*>(&w[j]));
+        out[j] = *reinterpret_cast<const uint32_t*>(&scaled);
+      }
+      *reinterpret_cast<uint4*>(xs + row * layout.x_stride + v * 8) = make_uint4(out[0], out[1], out[2], out[3]);
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) row_squares += __shfl_xor_sync(0xffffffffu, row_squares, offset);
+    if (lane == 0 && row < p.tokens) atomicAdd(in_block<C>(squares + row, 0), row_squares);
+  }
+  __syncthreads();  // xs complete
+
+  float acc[NT][4] = {};
+  ring_run<kStages, 1>(warp_begin, warp_end, issue, [&](int k, int stage, int) {
+    const uint4 a = ring[stage][tid];
+    const int column = (k - k_begin) * 16 + 2 * t;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const __nv_bfloat16* b = xs + (nt * 8 + g) * layout.x_stride + column;
+      mma_bf16_m16n8k16(acc[nt], a, *reinterpret_cast<const uint32_t*>(b), *reinterpret_cast<const uint32_t*>(b + 8));
+    }
+  });
+  float* leader_sums = in_block<C>(sums, 0);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int row = tile * 16 + g + (c >= 2 ? 8 : 0), token = nt * 8 + 2 * t + (c & 1);
+      if (token < p.tokens) atomicAdd(&leader_sums[row * kRows + token], acc[nt][c]);
+    }
+  cluster_barrier<C>();  // every partial sum has reached the leader
+  if (rank != 0) return;
+
+  // Epilogue (leader): scale, bias, rotate, scatter. Units: q heads, then k heads, then v heads.
+  const int kv_heads = p.kv.kv_heads;
+  const bool is_q = unit < p.q_heads, is_k = !is_q && unit < p.q_heads + kv_heads;
+  const int head = is_q ? unit : is_k ? unit - p.q_heads : unit - p.q_heads - kv_heads;
+  constexpr int kHalf = HD / 2;
+  for (int item = tid; item < p.tokens * kHalf; item += kThreads) {
+    const int token = item / kHalf, i = item % kHalf;
+    const int position = p.positions[token];
+    const float inverse_rms = rsqrtf(squares[token] / p.hidden + p.norm_eps);
+    float low = sums[i * kRows + token] * inverse_rms, high = sums[(i + kHalf) * kRows + token] * inverse_rms;
+    if (p.bias) {
+      low += __bfloat162float(p.bias[unit * HD + i]);
+      high += __bfloat162float(p.bias[unit * HD + i + kHalf]);
+    }
+    if (!is_q && !is_k) {  // v: no rotation
+    } else if (position >= 0) {
+      float sine, cosine;
+      sincosf(static_cast<float>(position) * p.inv_freq[i], &sine, &cosine);
+      const float rotated_low = low * cosine - high * sine;
+      high = high * cosine + low * sine;
+      low = rotated_low;
+    }
+    __nv_bfloat16* destination;
+    if (is_q) {
+      destination = p.q_out + (static_cast<size_t>(token) * p.q_heads + head) * HD;
+      if (position < 0) low = high = 0.0f;
+    } else {
+      if (position < 0) continue;
+      destination = (is_k ? p.kv.k_pages : p.kv.v_pages) + p.kv.token_offset(p.sequences[token], position, head);
+    }
+    destination[i] = __float2bfloat16(low);
+    destination[i + kHalf] = __float2bfloat16(high);
+  }
+}
+
+__global__ void pack_rows_kernel(const __nv_bfloat16* weights, uint4* packed, int rows, int hidden) {
+  const size_t ksteps = hidden / 16;
+  const size_t total = static_cast<size_t>(rows / 16) * ksteps * 32;
+  for (size_t index = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; index < total;
+       index += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int lane = index % 32;
+    const int k = static_cast<int>((index / 32) % ksteps);
+    const int tile = static_cast<int>(index / 32 / ksteps);
+    packed[index] = gather_a_fragment(weights, hidden, tile * 16, k * 16, lane);
+  }
+}
+
+template <int NT, int HD, int C>
+cudaError_t launch_instance(const QkvRopeFusedParams& p, int units, cudaStream_t stream) {
+  const int max_ksteps = (p.hidden / 16 + C - 1) / C;
+  const SharedLayout layout(max_ksteps, 8 * NT, HD);
+  if (layout.total > static_cast<size_t>(kMaxSharedBytes)) return cudaErrorNotSupported;
+  auto kernel = qkv_rope_fused_kernel<NT, HD, C>;
+  static const cudaError_t attribute =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSharedBytes);
+  if (attribute != cudaSuccess) return attribute;
+  cudaLaunchAttribute cluster_shape{};
+  cluster_shape.id = cudaLaunchAttributeClusterDimension;
+  cluster_shape.val.clusterDim.x = C;
+  cluster_shape.val.clusterDim.y = 1;
+  cluster_shape.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(units * C, 1, 1);
+  config.blockDim = dim3(kThreads, 1, 1);
+  config.dynamicSmemBytes = layout.total;
+  config.stream = stream;
+  config.attrs = C > 1 ? &cluster_shape : nullptr;
+  config.numAttrs = C > 1 ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, p, max_ksteps);
+}
+
+template <int NT, int HD>
+cudaError_t launch_for_head_dim(const QkvRopeFusedParams& p, int units, cudaStream_t stream) {
+  int device = 0, major = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device); e != cudaSuccess) return e;
+  if (major >= 9 && p.hidden / 16 >= kMaxCluster) return launch_instance<NT, HD, kMaxCluster>(p, units, stream);
+  return launch_instance<NT, HD, 1>(p, units, stream);
+}
+
+template <int HD>
+cudaError_t launch_for_tokens(const QkvRopeFusedParams& p, int units, cudaStream_t stream) {
+  if (p.tokens <= 8) return launch_for_head_dim<1, HD>(p, units, stream);
+  if (p.tokens <= 16) return launch_for_head_dim<2, HD>(p, units, stream);
+  return launch_for_head_dim<4, HD>(p, units, stream);
+}
+
+}  // namespace
+
+cudaError_t launch_qkv_rope_fused(const QkvRopeFusedParams& p, cudaStream_t stream) {
+  const int head_dim = p.kv.head_dim;
+  if (!p.x || !p.norm_weight || !p.weights || !p.inv_freq || !p.positions || !p.sequences || !p.q_out ||
+      !p.kv.k_pages || !p.kv.v_pages || !p.kv.block_table || p.tokens < 1 || p.tokens > kQkvFusedMaxTokens ||
+      p.hidden < 64 || p.hidden % 64 != 0 || p.q_heads < 1 || p.kv.kv_heads < 1 || p.q_heads % p.kv.kv_heads != 0 ||
+      (head_dim != 64 && head_dim != 128))
+    return cudaErrorInvalidValue;
+  const int units = p.q_heads + 2 * p.kv.kv_heads;
+  return head_dim == 64 ? launch_for_tokens<64>(p, units, stream) : launch_for_tokens<128>(p, units, stream);
+}
+
+cudaError_t pack_qkv_weights(const __nv_bfloat16* weights, uint4* packed, int rows, int hidden, cudaStream_t stream) {
+  if (!weights || !packed || rows < 16 || rows % 16 != 0 || hidden < 16 || hidden % 16 != 0)
+    return cudaErrorInvalidValue;
+  pack_rows_kernel<<<1024, 256, 0, stream>>>(weights, packed, rows, hidden);
+  return cudaGetLastError();
+}
+
+}  // namespace deepfuse::kernels

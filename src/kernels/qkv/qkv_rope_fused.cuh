@@ -1,0 +1,45 @@
+// The attention block's front half in one launch for decode: input RMSNorm, the merged QKV
+// projection (+ Qwen2 bias), RoPE on q and k, q written out, k and v appended to the paged cache.
+// Design notes open qkv_rope_fused.cu. Prefill (more than kQkvFusedMaxTokens tokens) takes the
+// unfused path: rms_norm, a cuBLASLt GEMM, rope_kv_append.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/attention/paged_kv.cuh"
+
+namespace deepfuse::kernels {
+
+inline constexpr int kQkvFusedMaxTokens = 32;
+
+struct QkvRopeFusedParams {
+  const __nv_bfloat16* x = nullptr;            // [tokens, hidden] residual stream (not normalised)
+  const __nv_bfloat16* norm_weight = nullptr;  // [hidden] the block's input RMSNorm weight
+  float norm_eps = 1e-6f;
+  const uint4* weights = nullptr;              // merged [q | k | v] rows, packed by pack_qkv_weights
+  const __nv_bfloat16* bias = nullptr;         // [(q_heads + 2 * kv_heads) * head_dim] or null
+  const float* inv_freq = nullptr;             // [head_dim / 2]
+  const int32_t* positions = nullptr;          // [tokens]; < 0: padded slot (q row zeroed, cache untouched)
+  const int32_t* sequences = nullptr;          // [tokens] block-table row of each token
+  __nv_bfloat16* q_out = nullptr;              // [tokens, q_heads, head_dim] rotated queries
+  PagedKv kv;                                  // kv.kv_heads, kv.head_dim (64 or 128)
+  int tokens = 0;                              // 1 .. kQkvFusedMaxTokens
+  int hidden = 0;                              // multiple of 64
+  int q_heads = 0;
+};
+
+// cudaErrorInvalidValue on bad params; cudaErrorNotSupported when this device cannot run the
+// shape (no clusters and a hidden size too large for one block's shared memory): the caller
+// then uses the unfused path.
+cudaError_t launch_qkv_rope_fused(const QkvRopeFusedParams& params, cudaStream_t stream);
+
+// Row-major [rows, hidden] bf16 (q_proj, k_proj, v_proj rows stacked) -> the fragment-packed
+// layout: for each 16-row tile, for each 16-column k-step, 32 lanes x 16 bytes (see
+// kernels/mlp/fragment.cuh). Same byte count as the input; rows and hidden multiples of 16.
+cudaError_t pack_qkv_weights(const __nv_bfloat16* weights, uint4* packed, int rows, int hidden, cudaStream_t stream);
+
+}  // namespace deepfuse::kernels
