@@ -1,6 +1,7 @@
 list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/timing.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/mlp_bench.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/mlp_bench.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/qkv_bench.cpp)
 
 # The commit benchmarks report; refreshed on every configure (scripts/build.sh configures).
 execute_process(COMMAND git rev-parse --short=12 HEAD WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}

@@ -26,6 +26,7 @@ void register_bench(CLI::App& app, Action& action) {
   auto* bench = app.add_subcommand("bench", "Benchmark kernels against baselines and the copy bandwidth");
   bench->require_subcommand(1);
   register_bench_tokenizer(*bench, action);
+  register_bench_qkv(*bench, action);
 
   auto* mlp = bench->add_subcommand("mlp", "SwiGLU MLP: naive vs unfused vs fused");
   struct MlpArgs {

@@ -1,0 +1,163 @@
+#include "bench/qkv_bench.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+
+#include "bench/timing.hpp"
+#include "deepfuse/device.hpp"
+#include "deepfuse/error.hpp"
+#include "deepfuse/reference.hpp"
+#include "deepfuse/tensor.hpp"
+#include "kernels/fill.cuh"
+#include "kernels/gemm/cublaslt_gemm.hpp"
+#include "kernels/norm/rms_norm.cuh"
+#include "kernels/qkv/qkv_rope_fused.cuh"
+#include "kernels/rope_kv/rope_kv_append.cuh"
+
+namespace deepfuse::bench {
+
+std::vector<QkvBenchShape> default_qkv_bench_shapes() {
+  return {{"llama3-8b", 4096, 32, 8, 128, false},
+          {"llama3.2-1b", 2048, 32, 8, 64, false},
+          {"qwen2.5-7b", 3584, 28, 4, 128, true},
+          {"llama3-70b/tp8", 8192, 8, 1, 128, false}};
+}
+
+namespace {
+
+// One copy of a shape's weights in both layouts, plus what a step reads besides them.
+struct QkvWeights {
+  DeviceBuffer row_major, packed, bias, norm;
+};
+
+int run_shape(const QkvBenchShape& s, const QkvBenchOptions& options, const DeviceInfo& device, double copy_bw,
+              cudaStream_t stream, Table& table, nlohmann::json& json_rows) {
+  const int rows = (s.q_heads + 2 * s.kv_heads) * s.head_dim;
+  const size_t elements = static_cast<size_t>(rows) * s.hidden;
+  const int copies = std::max(2, static_cast<int>(std::ceil(options.l2_multiple * device.l2_bytes / s.weight_bytes())));
+  std::vector<QkvWeights> weights(copies);
+  for (int c = 0; c < copies; ++c) {
+    QkvWeights& w = weights[c];
+    w.row_major = DeviceBuffer(elements * 2);
+    w.packed = DeviceBuffer(elements * 2);
+    w.norm = DeviceBuffer(static_cast<size_t>(s.hidden) * 2);
+    DF_CHECK_CUDA(kernels::fill_uniform_bf16(w.row_major.as<__nv_bfloat16>(), elements, 10 + c,
+                                             1.0f / std::sqrt(float(s.hidden)), stream));
+    DF_CHECK_CUDA(kernels::pack_qkv_weights(w.row_major.as<__nv_bfloat16>(), w.packed.as<uint4>(), rows, s.hidden, stream));
+    DF_CHECK_CUDA(kernels::fill_uniform_bf16(w.norm.as<__nv_bfloat16>(), s.hidden, 50 + c, 1.0f, stream));
+    if (s.bias) {
+      w.bias = DeviceBuffer(static_cast<size_t>(rows) * 2);
+      DF_CHECK_CUDA(kernels::fill_uniform_bf16(w.bias.as<__nv_bfloat16>(), rows, 70 + c, 0.1f, stream));
+    }
+  }
+  const int max_tokens = *std::max_element(options.token_counts.begin(), options.token_counts.end());
+  // Activations, positions (each token its own sequence at position 1000 + t), the cache.
+  DeviceBuffer x(static_cast<size_t>(max_tokens) * s.hidden * 2), normed(x.bytes()),
+      qkv(static_cast<size_t>(max_tokens) * rows * 2), q_out(static_cast<size_t>(max_tokens) * s.q_heads * s.head_dim * 2);
+  DF_CHECK_CUDA(kernels::fill_uniform_bf16(x.as<__nv_bfloat16>(), x.bytes() / 2, 99, 1.0f, stream));
+  std::vector<int32_t> positions(max_tokens), sequences(max_tokens);
+  const int pages_per_sequence = 1100 / kernels::kKvPageSize;
+  std::vector<int32_t> table_host(static_cast<size_t>(max_tokens) * pages_per_sequence);
+  std::iota(table_host.begin(), table_host.end(), 0);
+  for (int t = 0; t < max_tokens; ++t) positions[t] = 1000 + t, sequences[t] = t;
+  const DeviceBuffer positions_dev = DeviceBuffer::from_host(positions), sequences_dev = DeviceBuffer::from_host(sequences);
+  const DeviceBuffer table_dev = DeviceBuffer::from_host(table_host);
+  const size_t pool = table_host.size() * s.kv_heads * kernels::kKvPageSize * s.head_dim * 2;
+  DeviceBuffer k_pool(pool), v_pool(pool);
+  reference::RopeParams rope;
+  rope.head_dim = s.head_dim;
+  const std::vector<double> inv_freq = reference::rope_inverse_frequencies(rope);
+  const DeviceBuffer inv_freq_dev = DeviceBuffer::from_host(std::vector<float>(inv_freq.begin(), inv_freq.end()));
+  const kernels::PagedKv kv{k_pool.as<__nv_bfloat16>(), v_pool.as<__nv_bfloat16>(), table_dev.as<int32_t>(),
+                            pages_per_sequence, s.kv_heads, s.head_dim};
+  kernels::CublasLtGemm gemm;
+
+  for (int tokens : options.token_counts) {
+    auto fused = [&](int rep) {
+      const QkvWeights& w = weights[rep % copies];
+      kernels::QkvRopeFusedParams p;
+      p.x = x.as<__nv_bfloat16>();
+      p.norm_weight = w.norm.as<__nv_bfloat16>();
+      p.weights = w.packed.as<uint4>();
+      p.bias = s.bias ? w.bias.as<__nv_bfloat16>() : nullptr;
+      p.inv_freq = inv_freq_dev.as<float>();
+      p.positions = positions_dev.as<int32_t>();
+      p.sequences = sequences_dev.as<int32_t>();
+      p.q_out = q_out.as<__nv_bfloat16>();
+      p.kv = kv;
+      p.tokens = tokens;
+      p.hidden = s.hidden;
+      p.q_heads = s.q_heads;
+      DF_CHECK_CUDA(kernels::launch_qkv_rope_fused(p, stream));
+    };
+    auto unfused = [&](int rep) {
+      const QkvWeights& w = weights[rep % copies];
+      kernels::RmsNormParams n;
+      n.residual = x.as<__nv_bfloat16>();
+      n.weight = w.norm.as<__nv_bfloat16>();
+      n.out = normed.as<__nv_bfloat16>();
+      n.rows = tokens;
+      n.hidden = s.hidden;
+      DF_CHECK_CUDA(kernels::launch_rms_norm(n, stream));
+      gemm.run(normed.as<__nv_bfloat16>(), w.row_major.as<__nv_bfloat16>(), nullptr, qkv.as<__nv_bfloat16>(), tokens,
+               rows, s.hidden, stream);
+      kernels::RopeKvAppendParams r;
+      r.qkv = qkv.as<__nv_bfloat16>();
+      r.qkv_bias = s.bias ? w.bias.as<__nv_bfloat16>() : nullptr;
+      r.inv_freq = inv_freq_dev.as<float>();
+      r.positions = positions_dev.as<int32_t>();
+      r.sequences = sequences_dev.as<int32_t>();
+      r.q_out = q_out.as<__nv_bfloat16>();
+      r.kv = kv;
+      r.tokens = tokens;
+      r.q_heads = s.q_heads;
+      DF_CHECK_CUDA(kernels::launch_rope_kv_append(r, stream));
+    };
+    const double unfused_us = median_call_us(unfused, options.warmup, options.repetitions, stream);
+    const double fused_us = median_call_us(fused, options.warmup, options.repetitions, stream);
+    for (const auto& [variant, us, launches] :
+         {std::tuple{"unfused", unfused_us, 3}, std::tuple{"fused", fused_us, 1}}) {
+      const double tbps = s.weight_bytes() / (us * 1e-6) / 1e12;
+      const double pct = 100.0 * tbps * 1e12 / copy_bw;
+      const std::string speedup = std::string(variant) == "fused" ? format_fixed(unfused_us / us, 2) + "x" : "";
+      table.add({s.name, std::to_string(tokens), variant, format_fixed(us, 1), format_fixed(tbps, 2), format_fixed(pct, 1),
+                 std::to_string(launches), speedup});
+      json_rows.push_back({{"shape", s.name}, {"hidden", s.hidden}, {"q_heads", s.q_heads}, {"kv_heads", s.kv_heads},
+                           {"head_dim", s.head_dim}, {"m", tokens}, {"variant", variant}, {"us", us},
+                           {"tbps", tbps}, {"pct_copy", pct}, {"launches", launches},
+                           {"speedup_vs_unfused", unfused_us / us}});
+    }
+  }
+  return copies;
+}
+
+}  // namespace
+
+int run_qkv_bench(const QkvBenchOptions& options) {
+  DF_CHECK(cuda_device_available(), "bench qkv: no CUDA device on this machine");
+  for (int m : options.token_counts)
+    DF_CHECK(m >= 1 && m <= kernels::kQkvFusedMaxTokens,
+             "bench qkv: token count " + std::to_string(m) + " outside 1.." + std::to_string(kernels::kQkvFusedMaxTokens));
+  const DeviceInfo device = query_device();
+  cudaStream_t stream;
+  DF_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const double copy_bw = measure_copy_bandwidth(size_t{1} << 30, 20, stream);
+  std::printf("GPU: %s; measured copy bandwidth %.3f TB/s\n", device.name.c_str(), copy_bw / 1e12);
+  Table table({"shape", "M", "variant", "us", "TB/s", "%copy", "launches", "fused/unfused"});
+  nlohmann::json json = run_header(device.name, copy_bw);
+  json["suite"] = "qkv";
+  json["rows"] = nlohmann::json::array();
+  for (const QkvBenchShape& s : options.shapes) {
+    const int copies = run_shape(s, options, device, copy_bw, stream, table, json["rows"]);
+    std::fprintf(stderr, "  measured %s (%d weight copies)\n", s.name.c_str(), copies);
+  }
+  DF_CHECK_CUDA(cudaStreamDestroy(stream));
+  std::fputs(table.render().c_str(), stdout);
+  if (!options.json_path.empty()) write_json(options.json_path, json);
+  return 0;
+}
+
+}  // namespace deepfuse::bench
