@@ -7,18 +7,19 @@
 //
 // The two numbers. With P visible (query, key) pairs per head, FLOPs = 4 · head_dim · q_heads · P
 // (q·k and p·v, 2 each per dimension); a 4096-token prompt of Llama-3-8B (32 heads of 128) has
-// P = 8.4 M, 137 GFLOP per layer. Bytes: each CTA streams its keys from L2/HBM once; per
-// 64-row query tile that is 2 · head_dim · 2 bytes per key for 4 · 64 · head_dim FLOPs, 64 FLOP
-// per byte, so the kernel is bound by the tensor cores and the shared memory feeding them, not HBM.
+// P = 8.4 M, 137 GFLOP per layer. Bytes: HBM sees the sequence's K/V about once (every CTA of a
+// GQA group and query tile reads the same pages, from L2). Each CTA streams its keys from L2:
+// 2 · head_dim · 2 bytes per key for 4 · 64 · head_dim FLOPs, 64 FLOP per byte, ~3 TB/s of L2
+// reads at 200 TFLOP/s. The limits are the tensor cores and the shared memory feeding them, then L2.
 //
 // Work split. One CTA of 4 warps per (64-row query tile, query head); each warp owns 16 query rows
 // (one m16 tile) and keeps its Q fragments, its output accumulator and its softmax state in
 // registers for the whole run. The grid's x is the query head, so the CTAs of one GQA group for
 // one query tile are launched back to back and read the same K/V pages while they sit in L2; a CTA
 // per (tile, kv head) covering the whole group would read K/V from L2 once instead of `group`
-// times, but needs `group` times the registers or smaller query tiles, and L2 bandwidth is not
-// what limits this kernel. Query tiles are launched latest first: they see the most keys, and the
-// short early tiles then fill the tail of the grid.
+// times, but needs `group` times the registers or query tiles of 64/group tokens (group 7 divides
+// nothing); per-head CTAs keep the kernel simple and give short prompts more CTAs. Query tiles are
+// launched latest first: they see the most keys, and the short early tiles fill the grid's tail.
 //
 // The key loop. Keys come in tiles of 64 (4 pages of 16, gathered through the block table) with
 // 16-byte cp.async copies into shared memory, double buffered: tile j+1 is in flight while tile j
@@ -61,7 +62,8 @@ struct PrefillTile {
   static constexpr int kChunksPerThread = 64 * kChunksPerRow / kThreads;
   // Q, then K and V double buffered.
   static constexpr size_t kSharedBytes = size_t{5} * kTileElements * sizeof(__nv_bfloat16);
-  // Registers: head_dim/2 floats of O, 32 of S, head_dim/4 words of Q fragments per thread.
+  // Per thread: head_dim/2 floats of O, 32 of S, head_dim/4 words of Q fragments. ptxas (sm_90a)
+  // gives 248 registers at 128 (2 CTAs fit) and 165 at 64 (3 CTAs; asking for 4 spills).
   static constexpr int kMinBlocksPerSm = HeadDim == 128 ? 2 : 3;
 };
 static_assert(kQueryTile == 64 && kKeyTile == 64, "PrefillTile assumes 64-row tiles");
