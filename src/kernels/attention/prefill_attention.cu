@@ -82,21 +82,26 @@ __device__ __forceinline__ void copy16_async(void* shared, const void* global, b
 __device__ __forceinline__ void commit_async() { asm volatile("cp.async.commit_group;"); }
 template <int Pending>
 __device__ __forceinline__ void wait_async() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(Pending));
+  asm volatile("cp.async.wait_group %0;" ::"n"(Pending) : "memory");
 }
+
+// The "memory" clobbers keep the compiler from moving plain shared-memory accesses (the output
+// staging) across the waits and fragment loads; ptxas still schedules by the real dependencies.
 
 // Four 8x8 bf16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, register i receives
 // it in mma fragment order (lane holds row lane/4, columns 2·(lane%4), +1).
 __device__ __forceinline__ void load_matrix_x4(uint32_t (&r)[4], const __nv_bfloat16* row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared_address(row)));
+               : "r"(shared_address(row))
+               : "memory");
 }
 // The same, transposed: lane holds rows 2·(lane%4), +1 of column lane/4.
 __device__ __forceinline__ void load_matrix_x4_transposed(uint32_t (&r)[4], const __nv_bfloat16* row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared_address(row)));
+               : "r"(shared_address(row))
+               : "memory");
 }
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float low, float high) {
