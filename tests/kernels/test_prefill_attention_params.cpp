@@ -85,6 +85,12 @@ TEST(PrefillAttentionParams, RejectsEachBadField) {
          p.q_len = 17;
          p.kv.max_pages_per_seq = INT_MAX;
        }},
+      {"positions within two key tiles of INT_MAX",
+       [](auto& p) {
+         p.q_start = INT_MAX - 100;
+         p.q_len = 1;
+         p.kv.max_pages_per_seq = INT_MAX;
+       }},
       {"scale 0", [](auto& p) { p.scale = 0.0f; }},
       {"scale negative", [](auto& p) { p.scale = -0.1f; }},
       {"scale NaN", [nan](auto& p) { p.scale = nan; }},

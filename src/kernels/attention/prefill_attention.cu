@@ -384,7 +384,8 @@ bool valid_params(const PrefillAttentionParams& p) {
   if (kv.head_dim != 64 && kv.head_dim != 128) return false;
   if (kv.kv_heads < 1 || p.q_heads < 1 || p.q_heads % kv.kv_heads != 0) return false;
   if (p.q_len < 1 || p.q_start < 0 || p.sequence < 0 || p.sliding_window < 0) return false;
-  if ((p.q_len + kQueryTile - 1) / kQueryTile > kMaxQueryTiles || p.q_start > INT_MAX - p.q_len) return false;
+  // Grid limit; positions stay two key tiles below INT_MAX so no tile bound in the kernel overflows.
+  if (p.q_len > kMaxQueryTiles * kQueryTile || p.q_start > INT_MAX - 2 * kKeyTile - p.q_len) return false;
   const long long kv_len = static_cast<long long>(p.q_start) + p.q_len;
   if (kv.max_pages_per_seq < 1 || static_cast<long long>(kv.max_pages_per_seq) * kKvPageSize < kv_len) return false;
   return std::isfinite(p.scale) && p.scale > 0.0f;
