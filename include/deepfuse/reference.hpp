@@ -64,6 +64,13 @@ void apply_rope(float* x, int heads, int head_dim, int position, std::span<const
 void attention_decode(const float* q, const float* k_cache, const float* v_cache, int length, int q_heads,
                       int kv_heads, int head_dim, float scale, int sliding_window, float* out);
 
+// Causal attention for a chunk of q_len query tokens at positions q_start .. q_start+q_len-1 over
+// a cache holding positions 0 .. q_start+q_len-1 (the chunk's own keys included): row i is
+// attention_decode with length = q_start + i + 1.
+// q, out: [q_len, q_heads, head_dim]; k_cache, v_cache: [q_start + q_len, kv_heads, head_dim].
+void attention_prefill(const float* q, const float* k_cache, const float* v_cache, int q_start, int q_len,
+                       int q_heads, int kv_heads, int head_dim, float scale, int sliding_window, float* out);
+
 // Sampling. temperature <= 0 means greedy (argmax, lowest id on ties).
 struct SamplingParams {
   float temperature = 0.0f;

@@ -117,6 +117,16 @@ void attention_decode(const float* q, const float* k_cache, const float* v_cache
   }
 }
 
+void attention_prefill(const float* q, const float* k_cache, const float* v_cache, int q_start, int q_len,
+                       int q_heads, int kv_heads, int head_dim, float scale, int sliding_window, float* out) {
+  DF_CHECK(q_start >= 0 && q_len > 0, "attention_prefill: needs q_start >= 0 and q_len > 0 (got q_start " +
+                                          std::to_string(q_start) + ", q_len " + std::to_string(q_len) + ")");
+  const size_t row_elements = static_cast<size_t>(q_heads) * head_dim;
+  for (int i = 0; i < q_len; ++i)
+    attention_decode(q + i * row_elements, k_cache, v_cache, q_start + i + 1, q_heads, kv_heads, head_dim, scale,
+                     sliding_window, out + i * row_elements);
+}
+
 namespace {
 
 constexpr double kNegativeInfinity = -std::numeric_limits<double>::infinity();

@@ -1,3 +1,5 @@
 deepfuse_test(test_mlp_shape_checks ${CMAKE_CURRENT_LIST_DIR}/test_mlp_shape_checks.cpp)
 deepfuse_test(test_mlp_gpu ${CMAKE_CURRENT_LIST_DIR}/test_mlp_gpu.cpp GPU)
 deepfuse_test(test_qkv_rope_fused_gpu ${CMAKE_CURRENT_LIST_DIR}/test_qkv_rope_fused_gpu.cpp GPU)
+deepfuse_test(test_prefill_attention_params ${CMAKE_CURRENT_LIST_DIR}/test_prefill_attention_params.cpp)
+deepfuse_test(test_prefill_attention_gpu ${CMAKE_CURRENT_LIST_DIR}/test_prefill_attention_gpu.cpp GPU)

@@ -224,5 +224,46 @@ TEST(ReferenceAttention, RejectsHeadCountsThatDoNotGroup) {
   EXPECT_THROW(reference::attention_decode(x, x, x, 1, 3, 2, 1, 1.0f, 0, out), Error);
 }
 
+TEST(ReferenceAttentionPrefill, CausalRowsWindowOfOneAndChunking) {
+  auto rng = testing::make_rng(27);
+  const int q_heads = 4, kv_heads = 2, head_dim = 3, length = 7;
+  const size_t row = static_cast<size_t>(q_heads) * head_dim, kv_row = static_cast<size_t>(kv_heads) * head_dim;
+  const auto q = testing::random_uniform(rng, length * row, 2.0f);
+  const auto k = testing::random_uniform(rng, length * kv_row, 1.0f);
+  const auto v = testing::random_uniform(rng, length * kv_row, 1.0f);
+  const float scale = 0.7f;
+  std::vector<float> full(length * row);
+  reference::attention_prefill(q.data(), k.data(), v.data(), 0, length, q_heads, kv_heads, head_dim, scale, 0,
+                               full.data());
+  // Position 0 sees only key 0: its output is v[0] of the head's kv head.
+  for (int h = 0; h < q_heads; ++h)
+    for (int d = 0; d < head_dim; ++d) EXPECT_FLOAT_EQ(full[h * head_dim + d], v[(h / 2) * head_dim + d]);
+  // The last row sees everything: plain decode attention over the whole cache.
+  std::vector<float> last(row);
+  reference::attention_decode(q.data() + (length - 1) * row, k.data(), v.data(), length, q_heads, kv_heads, head_dim,
+                              scale, 0, last.data());
+  EXPECT_EQ(std::vector<float>(full.end() - row, full.end()), last);
+  // A chunk starting at position 3 gives the same rows as the whole prompt did.
+  std::vector<float> chunk((length - 3) * row);
+  reference::attention_prefill(q.data() + 3 * row, k.data(), v.data(), 3, length - 3, q_heads, kv_heads, head_dim,
+                               scale, 0, chunk.data());
+  EXPECT_EQ(chunk, std::vector<float>(full.begin() + 3 * row, full.end()));
+  // A window of one: every position sees only its own key.
+  std::vector<float> own(length * row);
+  reference::attention_prefill(q.data(), k.data(), v.data(), 0, length, q_heads, kv_heads, head_dim, scale, 1,
+                               own.data());
+  for (int p = 0; p < length; ++p)
+    for (int h = 0; h < q_heads; ++h)
+      for (int d = 0; d < head_dim; ++d)
+        EXPECT_FLOAT_EQ(own[p * row + h * head_dim + d], v[p * kv_row + (h / 2) * head_dim + d]) << "position " << p;
+}
+
+TEST(ReferenceAttentionPrefill, RejectsEmptyChunksAndNegativeStarts) {
+  const float x[6] = {};
+  float out[6];
+  EXPECT_THROW(reference::attention_prefill(x, x, x, 0, 0, 1, 1, 1, 1.0f, 0, out), Error);
+  EXPECT_THROW(reference::attention_prefill(x, x, x, -1, 2, 1, 1, 1, 1.0f, 0, out), Error);
+}
+
 }  // namespace
 }  // namespace deepfuse

@@ -1,0 +1,118 @@
+// Host-side argument checks of the prefill attention launcher: every bad field is refused with
+// cudaErrorInvalidValue before anything touches a device, so this runs without a GPU.
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "deepfuse/device.hpp"
+#include "kernels/attention/prefill_attention.cuh"
+
+namespace deepfuse {
+namespace {
+
+using kernels::PrefillAttentionParams;
+
+// Fake, 16-byte aligned device addresses: validation never dereferences them.
+template <typename T>
+T* fake_device_pointer(uintptr_t address) {
+  return reinterpret_cast<T*>(address);
+}
+
+// 28 query heads over 4 kv heads of 128, a 100-token chunk at position 37 of sequence 2.
+PrefillAttentionParams valid_params() {
+  PrefillAttentionParams p;
+  p.q = fake_device_pointer<const __nv_bfloat16>(0x100000);
+  p.out = fake_device_pointer<__nv_bfloat16>(0x200000);
+  p.kv.k_pages = fake_device_pointer<__nv_bfloat16>(0x300000);
+  p.kv.v_pages = fake_device_pointer<__nv_bfloat16>(0x400000);
+  p.kv.block_table = fake_device_pointer<const int32_t>(0x500000);
+  p.kv.max_pages_per_seq = 9;  // 137 keys need exactly 9 pages
+  p.kv.kv_heads = 4;
+  p.kv.head_dim = 128;
+  p.sequence = 2;
+  p.q_start = 37;
+  p.q_len = 100;
+  p.q_heads = 28;
+  p.scale = 1.0f / std::sqrt(128.0f);
+  p.sliding_window = 0;
+  return p;
+}
+
+struct Mutation {
+  std::string what;
+  std::function<void(PrefillAttentionParams&)> apply;
+};
+
+TEST(PrefillAttentionParams, RejectsEachBadField) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<Mutation> mutations = {
+      {"q null", [](auto& p) { p.q = nullptr; }},
+      {"out null", [](auto& p) { p.out = nullptr; }},
+      {"k_pages null", [](auto& p) { p.kv.k_pages = nullptr; }},
+      {"v_pages null", [](auto& p) { p.kv.v_pages = nullptr; }},
+      {"block_table null", [](auto& p) { p.kv.block_table = nullptr; }},
+      {"q not 16-byte aligned", [](auto& p) { p.q += 1; }},
+      {"out not 16-byte aligned", [](auto& p) { p.out += 4; }},
+      {"k_pages not 16-byte aligned", [](auto& p) { p.kv.k_pages += 2; }},
+      {"v_pages not 16-byte aligned", [](auto& p) { p.kv.v_pages += 1; }},
+      {"head_dim 96", [](auto& p) { p.kv.head_dim = 96; }},
+      {"head_dim 0", [](auto& p) { p.kv.head_dim = 0; }},
+      {"kv_heads 0", [](auto& p) { p.kv.kv_heads = 0; }},
+      {"q_heads 0", [](auto& p) { p.q_heads = 0; }},
+      {"q_heads not a multiple of kv_heads", [](auto& p) { p.q_heads = 30; }},
+      {"q_len 0", [](auto& p) { p.q_len = 0; }},
+      {"q_len negative", [](auto& p) { p.q_len = -3; }},
+      {"q_start negative", [](auto& p) { p.q_start = -1; }},
+      {"sequence negative", [](auto& p) { p.sequence = -1; }},
+      {"sliding_window negative", [](auto& p) { p.sliding_window = -1; }},
+      {"block table row one page short", [](auto& p) { p.kv.max_pages_per_seq = 8; }},
+      {"max_pages_per_seq 0", [](auto& p) { p.kv.max_pages_per_seq = 0; }},
+      {"more than 65535 query tiles",
+       [](auto& p) {
+         p.q_start = 0;
+         p.q_len = 65535 * 64 + 1;
+         p.kv.max_pages_per_seq = 1 << 26;
+       }},
+      {"q_start + q_len past INT_MAX",
+       [](auto& p) {
+         p.q_start = INT_MAX - 5;
+         p.q_len = 17;
+         p.kv.max_pages_per_seq = INT_MAX;
+       }},
+      {"positions within two key tiles of INT_MAX",
+       [](auto& p) {
+         p.q_start = INT_MAX - 100;
+         p.q_len = 1;
+         p.kv.max_pages_per_seq = INT_MAX;
+       }},
+      {"scale 0", [](auto& p) { p.scale = 0.0f; }},
+      {"scale negative", [](auto& p) { p.scale = -0.1f; }},
+      {"scale NaN", [nan](auto& p) { p.scale = nan; }},
+      {"scale infinite", [inf](auto& p) { p.scale = inf; }},
+  };
+  for (const Mutation& m : mutations) {
+    PrefillAttentionParams p = valid_params();
+    m.apply(p);
+    EXPECT_EQ(kernels::launch_prefill_attention(p, nullptr), cudaErrorInvalidValue) << m.what;
+  }
+}
+
+// The base case passes validation: without a device the launcher gets as far as asking for one
+// (with a device the fake pointers would really be launched on, so it is not tried there).
+TEST(PrefillAttentionParams, AcceptsTheBaseCase) {
+  if (cuda_device_available()) GTEST_SKIP() << "fake device pointers: only checked on machines without a GPU";
+  for (int head_dim : {64, 128}) {
+    PrefillAttentionParams p = valid_params();
+    p.kv.head_dim = head_dim;
+    EXPECT_NE(kernels::launch_prefill_attention(p, nullptr), cudaErrorInvalidValue) << "head_dim " << head_dim;
+  }
+}
+
+}  // namespace
+}  // namespace deepfuse
