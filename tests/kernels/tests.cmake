@@ -1,2 +1,4 @@
 deepfuse_test(test_mlp_shape_checks ${CMAKE_CURRENT_LIST_DIR}/test_mlp_shape_checks.cpp)
 deepfuse_test(test_mlp_gpu ${CMAKE_CURRENT_LIST_DIR}/test_mlp_gpu.cpp GPU)
+deepfuse_test(test_decode_attention_plan ${CMAKE_CURRENT_LIST_DIR}/test_decode_attention_plan.cpp)
+deepfuse_test(test_decode_attention_gpu ${CMAKE_CURRENT_LIST_DIR}/test_decode_attention_gpu.cpp GPU)

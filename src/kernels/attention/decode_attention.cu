@@ -225,6 +225,15 @@ __device__ void merge_splits(const KernelArgs& a, int active, size_t slot0, __nv
   float4* chunk = reinterpret_cast<float4*>(weights + header_floats);
   const int capacity = (kSharedBytes - header_floats * 4) / (items * 16);  // splits per chunk, >= 9
 
+  // The first chunk of partials is requested before the log-sum-exps, so the two L2 round trips overlap.
+  const float4* partials = reinterpret_cast<const float4*>(a.partial + slot0 * group * D);
+  auto request_chunk = [&](int c0) {
+    const int count = min(capacity, active - c0);
+    for (int p = threadIdx.x; p < count * items; p += kThreads)
+      copy16_async(shared_address(chunk + p), partials + static_cast<size_t>(c0) * items + p, true);
+    commit_async();
+  };
+  request_chunk(0);
   for (int i = threadIdx.x; i < active * group; i += kThreads) weights[i] = __ldcg(a.lse + slot0 * group + i);
   __syncthreads();
   for (int head = warp; head < group; head += kWarps) {
@@ -240,19 +249,15 @@ __device__ void merge_splits(const KernelArgs& a, int active, size_t slot0, __nv
     total = warp_sum(total);
     if (lane == 0) inverse_total[head] = 1.0f / total;
   }
-  __syncthreads();
 
   constexpr int kItemsPerThread = (HT * 8 * (D / 4) + kThreads - 1) / kThreads;
   float4 acc[kItemsPerThread];
 #pragma unroll
   for (int i = 0; i < kItemsPerThread; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   for (int c0 = 0; c0 < active; c0 += capacity) {
-    const int count = min(capacity, active - c0);
-    const float4* source = reinterpret_cast<const float4*>(a.partial + (slot0 + c0) * group * D);
-    for (int p = threadIdx.x; p < count * items; p += kThreads) copy16_async(shared_address(chunk + p), source + p, true);
-    commit_async();
     wait_async<0>();
-    __syncthreads();
+    __syncthreads();  // the chunk (and, the first time, the weights) are complete
+    const int count = min(capacity, active - c0);
 #pragma unroll
     for (int i = 0; i < kItemsPerThread; ++i) {
       const int item = threadIdx.x + i * kThreads;
@@ -265,7 +270,10 @@ __device__ void merge_splits(const KernelArgs& a, int active, size_t slot0, __nv
         acc[i].x += w * v.x, acc[i].y += w * v.y, acc[i].z += w * v.z, acc[i].w += w * v.w;
       }
     }
-    __syncthreads();  // the next chunk overwrites this one
+    if (c0 + capacity < active) {
+      __syncthreads();  // everyone is done with this chunk before the next overwrites it
+      request_chunk(c0 + capacity);
+    }
   }
 #pragma unroll
   for (int i = 0; i < kItemsPerThread; ++i) {
