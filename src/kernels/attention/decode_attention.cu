@@ -68,7 +68,10 @@ constexpr int kRingBytesPerWarp = 24 * 1024;
 constexpr int kSharedBytes = kWarps * kRingBytesPerWarp;
 constexpr int kMaxGroup = 16;                  // query heads per kv head: two 8-wide n-tiles
 constexpr int kMaxSplits = 256;
-constexpr int kMergeCostPages = 2;             // a split merge costs about two pages of streaming
+// Plan costs in pages a block streams (~0.5 µs each at a 1/264 share of 4.3 TB/s): a block's
+// start (length, then page-table reads) and a split merge each cost about two.
+constexpr int kBlockStartPages = 2;
+constexpr int kMergePages = 2;
 constexpr float kLog2e = 1.4426950408889634f;
 // 2 x (96 KB + 1 KB the runtime reserves per block) fits the H100/H200's 228 KB per SM.
 static_assert(kBlocksPerSm * (kSharedBytes + 1024 + 16) <= 228 * 1024, "two blocks no longer fit one SM");
@@ -574,8 +577,8 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
   DF_CHECK(max_context >= 1, "decode attention: max_context " + text(max_context) + " must be at least 1");
   DF_CHECK(num_sms >= 1, "decode attention: num_sms " + text(num_sms) + " must be at least 1");
 
-  // Cost of s splits, in pages streamed by the slowest block: waves of resident blocks times
-  // pages per block, plus the merge. Only s that leave no split empty are distinct.
+  // Cost of s splits, in pages streamed by the slowest SM: waves of resident blocks times each
+  // block's start and pages, plus the merge. Only s that leave no split empty are distinct.
   const int max_pages = pages_for(max_context);
   const long long pairs = static_cast<long long>(batch) * kv_heads;
   const long long slots = static_cast<long long>(num_sms) * kBlocksPerSm;
@@ -585,7 +588,7 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
     const int per_split = (max_pages + splits - 1) / splits;
     if ((max_pages + per_split - 1) / per_split != splits) continue;
     const long long waves = (pairs * splits + slots - 1) / slots;
-    const long long cost = waves * per_split + (splits > 1 ? kMergeCostPages : 0);
+    const long long cost = waves * (kBlockStartPages + per_split) + (splits > 1 ? kMergePages : 0);
     if (cost < best_cost) best_cost = cost, best_splits = splits;
   }
 
