@@ -141,7 +141,7 @@ int run_gpu(const AttentionBenchOptions& o) {
 // No GPU: time the CPU reference (fp64 sums over fp32 K/V) so the command still shows what it
 // computes. The sequences of a batch share one K/V cache here to keep host memory small.
 int run_cpu(const AttentionBenchOptions& o) {
-  std::printf("No CUDA device: timing the CPU reference (one thread of %u)\n", std::thread::hardware_concurrency());
+  std::printf("No CUDA device: timing the CPU reference on one thread (%u available)\n", std::thread::hardware_concurrency());
   Table table({"batch x context", "q/kv heads", "d", "variant", "us", "GB/s (fp32 K+V)"});
   nlohmann::json json = {{"gpu", "none (CPU reference)"}, {"commit", build_commit()}, {"suite", "attention"}};
   json["rows"] = nlohmann::json::array();
@@ -153,7 +153,6 @@ int run_cpu(const AttentionBenchOptions& o) {
     return v;
   };
   for (const AttentionBenchCase& c : o.cases) {
-    DF_CHECK(o.kv_heads >= 1 && o.q_heads % o.kv_heads == 0, "bench attention: q_heads must be a multiple of kv_heads");
     const size_t cache = static_cast<size_t>(c.context) * o.kv_heads * o.head_dim;
     const auto k = random(cache), v = random(cache), q = random(static_cast<size_t>(c.batch) * o.q_heads * o.head_dim);
     std::vector<float> out(static_cast<size_t>(o.q_heads) * o.head_dim);
@@ -180,6 +179,9 @@ int run_cpu(const AttentionBenchOptions& o) {
 
 int run_attention_bench(const AttentionBenchOptions& options) {
   DF_CHECK(!options.cases.empty(), "bench attention: no cases");
+  DF_CHECK(options.kv_heads >= 1 && options.q_heads >= 1 && options.q_heads % options.kv_heads == 0,
+           "bench attention: q_heads " + std::to_string(options.q_heads) + " is not a multiple of kv_heads " +
+               std::to_string(options.kv_heads));
   DF_CHECK(options.head_dim == 64 || options.head_dim == 128,
            "bench attention: head_dim " + std::to_string(options.head_dim) + " (64 or 128 supported)");
   for (const auto& c : options.cases)

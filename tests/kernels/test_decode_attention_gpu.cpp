@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <functional>
 #include <numeric>
+#include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -198,6 +199,8 @@ std::vector<AttentionCase> attention_cases() {
       {"long_window_q32_kv8_d64", {32, 8, 64}, 32768, {32768, 5000}, 4096, true},
   };
 }
+
+void PrintTo(const AttentionCase& c, std::ostream* os) { *os << c.name; }
 
 class DecodeAttentionVsReference : public ::testing::TestWithParam<AttentionCase> {};
 
