@@ -59,6 +59,10 @@ if has sanitize; then
     # racecheck also reports hazards inside cuBLAS's own nvjet kernels: count ours apart.
     ours=$(grep -E 'Race reported|Invalid|Error:' "$out/sanitizer-$tool.log" | grep -vc nvjet)
     note "compute-sanitizer $tool: rc=$rc ($((SECONDS - start)) s), reports outside cuBLAS: $ours; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$out/sanitizer-$tool.log" | tr '\n' ' ')"
+    start=$SECONDS
+    DEEPFUSE_TEST_QUICK=1 timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 99 \
+      "$bin/tests/test_decode_attention_gpu" >"$out/sanitizer-attention-$tool.log" 2>&1
+    note "compute-sanitizer $tool (decode attention): rc=$? ($((SECONDS - start)) s); $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$out/sanitizer-attention-$tool.log" | tr '\n' ' ')"
   done
 fi
 
@@ -67,5 +71,9 @@ if has bench; then
   timeout 300 "$bin/deepfuse" bench mlp --json "$out/bench-mlp.json" ${DEEPFUSE_BENCH_ARGS:-} >"$out/bench-mlp.txt" 2>"$out/bench-mlp.err"
   note "bench mlp: rc=$? ($((SECONDS - start)) s)"
   cat "$out/bench-mlp.txt"
+  start=$SECONDS
+  timeout 120 "$bin/deepfuse" bench attention --json "$out/bench-attention.json" >"$out/bench-attention.txt" 2>"$out/bench-attention.err"
+  note "bench attention: rc=$? ($((SECONDS - start)) s)"
+  cat "$out/bench-attention.txt"
 fi
 cat "$summary"

@@ -2,6 +2,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/attention_bench.hpp"
 #include "bench/mlp_bench.hpp"
 #include "cli/commands.hpp"
 #include "deepfuse/error.hpp"
@@ -62,6 +63,33 @@ void register_bench(CLI::App& app, Action& action) {
         for (const auto& v : args->variants) options.variants.push_back(parse_mlp_variant(v));
       }
       return bench::run_mlp_bench(options);
+    };
+  });
+
+  auto* attention = bench->add_subcommand("attention", "Split-KV paged decode attention vs the copy bandwidth");
+  struct AttentionArgs {
+    std::vector<std::string> cases;
+    bench::AttentionBenchOptions options;
+  };
+  auto attention_args = std::make_shared<AttentionArgs>();
+  attention->add_option("--cases", attention_args->cases, "BATCHxCONTEXT cases (default 1x8192,1x32768,8x32768,32x8192)")
+      ->delimiter(',');
+  attention->add_option("--q-heads", attention_args->options.q_heads, "query heads")->check(CLI::PositiveNumber);
+  attention->add_option("--kv-heads", attention_args->options.kv_heads, "key/value heads")->check(CLI::PositiveNumber);
+  attention->add_option("--head-dim", attention_args->options.head_dim, "64 or 128")->check(CLI::IsMember({64, 128}));
+  attention->add_option("--reps", attention_args->options.repetitions, "timed calls per case (median)")
+      ->check(CLI::PositiveNumber);
+  attention->add_option("--warmup", attention_args->options.warmup, "untimed calls first")->check(CLI::NonNegativeNumber);
+  attention->add_option("--json", attention_args->options.json_path, "write the rows as JSON to this file");
+  attention->callback([attention_args, &action] {
+    action = [attention_args] {
+      bench::AttentionBenchOptions options = attention_args->options;
+      if (attention_args->cases.empty()) {
+        options.cases = bench::default_attention_bench_cases();
+      } else {
+        for (const auto& c : attention_args->cases) options.cases.push_back(bench::parse_attention_bench_case(c));
+      }
+      return bench::run_attention_bench(options);
     };
   });
 }

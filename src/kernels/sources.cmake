@@ -1,5 +1,6 @@
 list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/attention/prefill_attention.cu
+  ${CMAKE_CURRENT_LIST_DIR}/attention/decode_attention.cu
   ${CMAKE_CURRENT_LIST_DIR}/fill.cu
   ${CMAKE_CURRENT_LIST_DIR}/gemm/cublaslt_gemm.cpp
   ${CMAKE_CURRENT_LIST_DIR}/mlp/mlp_layer.cpp

@@ -1,0 +1,36 @@
+// `deepfuse bench attention`: split-KV paged decode attention over (batch, context) cases, each as
+// a fraction of the copy bandwidth measured in the same run.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace deepfuse::bench {
+
+struct AttentionBenchCase {
+  int batch = 1;
+  int context = 0;  // keys per sequence (every sequence of the batch has this length)
+};
+
+struct AttentionBenchOptions {
+  std::vector<AttentionBenchCase> cases;
+  int q_heads = 32;
+  int kv_heads = 8;
+  int head_dim = 128;
+  int repetitions = 100;
+  int warmup = 10;
+  double l2_multiple = 4.0;  // KV copies rotated per call cover at least this many L2s
+  std::string json_path;     // empty: no JSON
+};
+
+// 1x8k, 1x32k, 8x32k, 32x8k: one long sequence, a batch of long ones, many shorter ones.
+std::vector<AttentionBenchCase> default_attention_bench_cases();
+
+// "8x32768" (or "8x32k") -> {8, 32768}; throws deepfuse::Error naming the text otherwise.
+AttentionBenchCase parse_attention_bench_case(const std::string& text);
+
+// Runs on the GPU when one is present, otherwise times the CPU reference (rows say which).
+// Prints the table to stdout; returns 0.
+int run_attention_bench(const AttentionBenchOptions& options);
+
+}  // namespace deepfuse::bench

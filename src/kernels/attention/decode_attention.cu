@@ -1,0 +1,590 @@
+// Split-KV paged decode attention ("flash-decoding") in one launch. Design notes, versions and
+// measurements: docs/kernels/decode_attention.md.
+//
+// What it computes. For each sequence b and query head h (kv head h / G, G = q_heads / kv_heads):
+//   out[b, h] = softmax(q[b, h] · K^T * scale) · V   over the keys first..len-1 of sequence b,
+// first = len - window with a sliding window, else 0. K and V come from the paged cache
+// (paged_kv.cuh): a (page, kv head) is 16 tokens x head_dim contiguous bf16.
+//
+// The two numbers. Per key and kv head: K + V = 4·D bytes, 4·G·D FLOPs (q·k and p·v): G FLOP per
+// byte, nothing for tensor cores. The floor is K+V bytes over the copy bandwidth: 1 x 32k tokens,
+// 8 kv heads, D = 128 is 134 MB = 31 µs at 4.3 TB/s; 1 x 8k is 34 MB = 7.8 µs.
+//
+// Filling the GPU. A block owns one (sequence, kv head, split): the sequence's pages in the
+// window are cut into `splits` equal chunks on the device (lengths are read there, so one graph
+// serves every length up to plan.max_context). The plan picks splits so that batch x kv_heads x
+// splits blocks fill the 2 x 132 resident block slots without a ragged last wave: 1 x 8k gets 32
+// splits of 16 pages, 1 x 32k 33 splits of 63 pages, 8 x 32k 4 splits, 32 x 8k one.
+//
+// Bytes in flight (Little's law). 4.3 TB/s x ~1 µs of loaded HBM latency is ~4.3 MB in flight,
+// ~33 KB per SM. Each warp streams its own pages (warp w takes pages w, w+4, ...) through its
+// own ring of cp.async stages in shared memory, one (K page, V page) pair per stage: 3 stages of
+// 8 KB at D = 128, 6 of 4 KB at D = 64, 24 KB per warp. With one stage being consumed, 16-20 KB
+// per warp are in flight: 128-160 KB per SM with two blocks of four warps resident, about 4x
+// what Little asks, so latency spikes and the start of each block are covered. At 1 x 8k each
+// warp has only ~4 pages: all its loads go out at once.
+//
+// Math per page (16 keys), one warp, tensor cores (mma.m16n8k16, bf16 in, fp32 accumulate):
+//   S^T[16 keys x 8 heads] = K[16 x D] · Q^T   A = K from shared memory (ldmatrix), B = Q held in
+//                                              registers for the whole block;
+//   online softmax per head (the 16 keys sit in one column: a 3-step shuffle gives its max);
+//   O^T[D x 8 heads] += V^T · P^T              A = V^T (ldmatrix.trans), B = P^T, which is S^T's
+//                                              accumulator rounded to bf16 and transposed in
+//                                              registers by movmatrix.
+// Up to 8 query heads share one n-tile, so the group's heads cost one read of K/V; groups of
+// 9..16 use two n-tiles. Shared rows are XOR-swizzled by 16-byte chunk (chunk ^ row % 8) so the
+// 8 rows an ldmatrix phase reads hit 8 different bank groups.
+//
+// Merge. The four warps of a block meet in shared memory (max, sum, O per head). A block that is
+// its sequence's only split writes bf16 out directly. Otherwise it writes its normalised partial O
+// and log-sum-exp (fp32) to the workspace, fences, and takes a ticket from the (sequence, kv head)
+// counter; the last block to arrive pulls every split's partials through cp.async (one L2 round
+// trip per chunk that fits in shared memory), weights them by exp2(lse - max lse), writes out, and
+// resets the counter to zero for the next launch. One launch per call, no host synchronisation.
+//
+// Padding and bounds: rows of a page outside [first, len) are zero-filled by cp.async and masked
+// to -inf, so whatever the cache holds there (even NaN) never reaches the output; pages past the
+// sequence's last one are never read; len is clamped to [0, plan.max_context]; len = 0 writes 0.
+#include "kernels/attention/decode_attention.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "deepfuse/error.hpp"
+#include "kernels/attention/warp_tiles.cuh"
+#include "kernels/mlp/fragment.cuh"
+
+namespace deepfuse::kernels {
+namespace {
+
+using namespace warp_tiles;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kBlocksPerSm = 2;                // what the shared-memory budget below allows
+constexpr int kRingBytesPerWarp = 24 * 1024;
+constexpr int kSharedBytes = kWarps * kRingBytesPerWarp;
+constexpr int kMaxGroup = 16;                  // query heads per kv head: two 8-wide n-tiles
+constexpr int kMaxSplits = 256;
+// Plan costs in pages a block streams (~0.5 µs each at a 1/264 share of 4.3 TB/s): a block's
+// start (length, then page-table reads) and a split merge each cost about two.
+constexpr int kBlockStartPages = 2;
+constexpr int kMergePages = 2;
+constexpr float kLog2e = 1.4426950408889634f;
+// 2 x (96 KB + 1 KB the runtime reserves per block) fits the H100/H200's 228 KB per SM.
+static_assert(kBlocksPerSm * (kSharedBytes + 1024 + 16) <= 228 * 1024, "two blocks no longer fit one SM");
+
+template <int D>
+struct Geometry {
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static constexpr int kChunksPerRow = D / 8;                   // 16-byte chunks per key row
+  static constexpr int kPageBytes = kKvPageSize * D * 2;        // one (page, kv head) of K or of V
+  static constexpr int kStageBytes = 2 * kPageBytes;            // the K page, then the V page
+  static constexpr int kStages = kRingBytesPerWarp / kStageBytes;
+  static constexpr int kChunksPerLane = kPageBytes / 16 / 32;   // cp.async per lane per page
+  static constexpr int kDimSteps = D / 16;                      // k-steps of q·k, m-tiles of p·v
+  static constexpr int kScratchStride = D + 4;                  // floats; keeps merge writes conflict-free
+  static_assert(kStages >= 2, "the ring needs at least two stages");
+  static_assert(kChunksPerRow % 8 == 0, "the swizzle permutes groups of 8 chunks within a row");
+};
+
+// ---- Workspace: [counters (batch*kv_heads u32)] [lse (pairs*splits*G f32)] [partial O (pairs*splits*G*D f32)]
+struct WorkspaceLayout {
+  size_t lse_offset = 0;
+  size_t partial_offset = 0;
+  size_t bytes = 0;
+};
+
+size_t align_up(size_t bytes, size_t alignment) { return (bytes + alignment - 1) / alignment * alignment; }
+
+WorkspaceLayout workspace_layout(int batch, int kv_heads, int group, int head_dim, int splits) {
+  WorkspaceLayout layout;
+  if (splits <= 1) return layout;  // a single split writes the output directly
+  const size_t pairs = static_cast<size_t>(batch) * kv_heads;
+  layout.lse_offset = align_up(pairs * sizeof(unsigned), 256);
+  layout.partial_offset = layout.lse_offset + align_up(pairs * splits * group * sizeof(float), 256);
+  layout.bytes = layout.partial_offset + pairs * splits * group * head_dim * sizeof(float);
+  return layout;
+}
+
+struct KernelArgs {
+  const __nv_bfloat16* q;
+  __nv_bfloat16* out;
+  const __nv_bfloat16* k_pages;
+  const __nv_bfloat16* v_pages;
+  const int32_t* block_table;
+  const int32_t* seq_lens;
+  unsigned* counters;
+  float* lse;      // log2-domain log-sum-exp per (pair, split, head)
+  float* partial;  // normalised partial output per (pair, split, head, dim)
+  int max_pages_per_seq;
+  int kv_heads;
+  int group;
+  int splits;
+  int max_context;
+  int sliding_window;
+  float scale_log2;  // scale * log2(e): softmax in base 2
+};
+
+// The keys a (sequence, split) block attends to. Every block of a sequence computes the same
+// numbers, so they agree on how many splits are active without talking.
+struct SplitRange {
+  int length = 0;      // keys in the sequence (clamped)
+  int first_key = 0;   // first key inside the window
+  int page_begin = 0;  // this split's pages [page_begin, page_end)
+  int page_end = 0;
+  int active = 0;      // splits with at least one page
+};
+
+__device__ __forceinline__ SplitRange split_range(const KernelArgs& a, int sequence, int split) {
+  SplitRange r;
+  r.length = min(max(a.seq_lens[sequence], 0), a.max_context);
+  if (r.length == 0) return r;
+  r.first_key = a.sliding_window > 0 ? max(0, r.length - a.sliding_window) : 0;
+  const int first_page = r.first_key / kKvPageSize;
+  const int pages = (r.length + kKvPageSize - 1) / kKvPageSize - first_page;
+  const int per_split = (pages + a.splits - 1) / a.splits;
+  r.active = (pages + per_split - 1) / per_split;
+  r.page_begin = first_page + split * per_split;
+  r.page_end = min(r.page_begin + per_split, first_page + pages);
+  return r;
+}
+
+// Cross-split merge, run by the last block of a (sequence, kv head) to finish. out points at the
+// group's first head; slot0 is the (pair, split 0) index into lse and partial.
+template <int D, int HT>
+__device__ void merge_splits(const KernelArgs& a, int active, size_t slot0, __nv_bfloat16* out,
+                             unsigned char* shared) {
+  const int group = a.group, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int items = group * (D / 4);  // float4 outputs of the group
+  float* weights = reinterpret_cast<float*>(shared);  // [active][group]: lse, then exp2(lse - max)
+  float* inverse_total = weights + active * group;    // [group]
+  const int header_floats = (active * group + group + 3) / 4 * 4;
+  float4* chunk = reinterpret_cast<float4*>(weights + header_floats);
+  const int capacity = (kSharedBytes - header_floats * 4) / (items * 16);  // splits per chunk, >= 9
+
+  // The first chunk of partials is requested before the log-sum-exps, so the two L2 round trips overlap.
+  const float4* partials = reinterpret_cast<const float4*>(a.partial + slot0 * group * D);
+  auto request_chunk = [&](int c0) {
+    const int count = min(capacity, active - c0);
+    for (int p = threadIdx.x; p < count * items; p += kThreads)
+      copy16_async(shared_address(chunk + p), partials + static_cast<size_t>(c0) * items + p, true);
+    commit_async();
+  };
+  request_chunk(0);
+  for (int i = threadIdx.x; i < active * group; i += kThreads) weights[i] = __ldcg(a.lse + slot0 * group + i);
+  __syncthreads();
+  for (int head = warp; head < group; head += kWarps) {
+    float best = -INFINITY;
+    for (int s = lane; s < active; s += 32) best = fmaxf(best, weights[s * group + head]);
+    best = warp_max(best);
+    float total = 0.0f;
+    for (int s = lane; s < active; s += 32) {
+      const float w = exp2f(weights[s * group + head] - best);
+      weights[s * group + head] = w;
+      total += w;
+    }
+    total = warp_sum(total);
+    if (lane == 0) inverse_total[head] = 1.0f / total;
+  }
+
+  constexpr int kItemsPerThread = (HT * 8 * (D / 4) + kThreads - 1) / kThreads;
+  float4 acc[kItemsPerThread];
+#pragma unroll
+  for (int i = 0; i < kItemsPerThread; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int c0 = 0; c0 < active; c0 += capacity) {
+    wait_async<0>();
+    __syncthreads();  // the chunk (and, the first time, the weights) are complete
+    const int count = min(capacity, active - c0);
+#pragma unroll
+    for (int i = 0; i < kItemsPerThread; ++i) {
+      const int item = threadIdx.x + i * kThreads;
+      if (item >= items) continue;
+      const int head = item / (D / 4);
+#pragma unroll 4
+      for (int s = 0; s < count; ++s) {
+        const float w = weights[(c0 + s) * group + head];
+        const float4 v = chunk[s * items + item];
+        acc[i].x += w * v.x, acc[i].y += w * v.y, acc[i].z += w * v.z, acc[i].w += w * v.w;
+      }
+    }
+    if (c0 + capacity < active) {
+      __syncthreads();  // everyone is done with this chunk before the next overwrites it
+      request_chunk(c0 + capacity);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kItemsPerThread; ++i) {
+    const int item = threadIdx.x + i * kThreads;
+    if (item >= items) continue;
+    const float inv = inverse_total[item / (D / 4)];
+    store_bf16x4(out + 4 * item, make_float4(acc[i].x * inv, acc[i].y * inv, acc[i].z * inv, acc[i].w * inv));
+  }
+}
+
+// One block per (split, kv head, sequence) = (blockIdx.x, .y, .z). HT: 8-head n-tiles (1 or 2).
+template <int D, int HT>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_attention_kernel(const KernelArgs a) {
+  using Geo = Geometry<D>;
+  constexpr int S = Geo::kStages;
+  extern __shared__ __align__(128) unsigned char shared[];
+  __shared__ unsigned ticket;
+  const int split = blockIdx.x, kv_head = blockIdx.y, sequence = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const size_t group_row0 = (static_cast<size_t>(sequence) * a.kv_heads + kv_head) * a.group;  // (seq, q head) row
+  __nv_bfloat16* out = a.out + group_row0 * D;
+
+  // Q as mma B fragments: b0 = q[head g][16k + 2t, +1], b1 = the same 8 dims later. Issued before
+  // the length is known so the two loads overlap.
+  uint32_t q_frag[HT][Geo::kDimSteps][2];
+#pragma unroll
+  for (int ht = 0; ht < HT; ++ht) {
+    const int head = 8 * ht + g;
+    const __nv_bfloat16* q_row = a.q + (group_row0 + head) * D + 2 * t;
+#pragma unroll
+    for (int k = 0; k < Geo::kDimSteps; ++k) {
+      q_frag[ht][k][0] = head < a.group ? *reinterpret_cast<const uint32_t*>(q_row + 16 * k) : 0u;
+      q_frag[ht][k][1] = head < a.group ? *reinterpret_cast<const uint32_t*>(q_row + 16 * k + 8) : 0u;
+    }
+  }
+
+  const SplitRange range = split_range(a, sequence, split);
+  if (range.length == 0) {  // padded batch slot: zeros, once
+    if (split == 0)
+      for (int i = threadIdx.x; i < a.group * D / 8; i += kThreads) reinterpret_cast<uint4*>(out)[i] = make_uint4(0, 0, 0, 0);
+    return;
+  }
+  if (split >= range.active) return;
+
+  // ---- This warp's pages: range.page_begin + warp + kWarps * j, j < my_pages. Their ids come
+  // 32 at a time (lane l holds entry j = 32c + l), the next 32 fetched a chunk ahead.
+  const int32_t* table_row = a.block_table + static_cast<size_t>(sequence) * a.max_pages_per_seq;
+  const int warp_page0 = range.page_begin + warp;
+  const int span = range.page_end - range.page_begin;
+  const int my_pages = span > warp ? (span - warp + kWarps - 1) / kWarps : 0;
+  auto page_ids = [&](int chunk) -> int32_t {
+    const int j = 32 * chunk + lane;
+    return j < my_pages ? table_row[warp_page0 + kWarps * j] : 0;
+  };
+  int32_t ids_now = page_ids(0), ids_next = page_ids(1);
+
+  const unsigned ring = shared_address(shared) + warp * kRingBytesPerWarp;
+  const size_t page_stride = static_cast<size_t>(a.kv_heads) * kKvPageSize * D;  // elements per page id
+  const size_t head_offset = static_cast<size_t>(kv_head) * kKvPageSize * D;
+
+  // Starts the copies of this warp's page j into stage j % S (and commits, even when empty, so
+  // every stage is one commit group).
+  auto issue = [&](int j) {
+    if (j < my_pages) {
+      if (j % 32 == 0 && j > 0) {
+        ids_now = ids_next;
+        ids_next = page_ids(j / 32 + 1);
+      }
+      const int32_t id = __shfl_sync(0xffffffffu, ids_now, j % 32);
+      const int token0 = (warp_page0 + kWarps * j) * kKvPageSize;
+      const size_t offset = static_cast<size_t>(id) * page_stride + head_offset;
+      const unsigned stage = ring + (j % S) * Geo::kStageBytes;
+#pragma unroll
+      for (int r = 0; r < Geo::kChunksPerLane; ++r) {
+        const int chunk = lane + 32 * r;
+        const int row = chunk / Geo::kChunksPerRow, column = chunk % Geo::kChunksPerRow;
+        const int token = token0 + row;
+        const bool valid = token >= range.first_key && token < range.length;
+        const unsigned destination = stage + (row * Geo::kChunksPerRow + (column ^ (row & 7))) * 16;
+        copy16_async(destination, a.k_pages + offset + chunk * 8, valid);
+        copy16_async(destination + Geo::kPageBytes, a.v_pages + offset + chunk * 8, valid);
+      }
+    }
+    commit_async();
+  };
+
+  // ldmatrix row addresses. K (A = keys x dims): matrices {keys 0-7, 8-15} x {dims +0, +8}, lane l
+  // points at key l % 16, chunk 2k + l / 16. V^T (A = dims x keys, transposed load): matrices
+  // {dims +0, +8} x {keys 0-7, 8-15}: key l % 8 + 8 (l / 16), chunk 2m + (l / 8) % 2.
+  const int k_row = lane & 15, v_row = (lane & 7) + 8 * (lane >> 4);
+  const int k_swizzle = (lane >> 4) ^ (lane & 7), v_swizzle = ((lane >> 3) & 1) ^ (lane & 7);
+  const unsigned k_lane = k_row * Geo::kChunksPerRow * 16, v_lane = v_row * Geo::kChunksPerRow * 16;
+
+  float o[HT][Geo::kDimSteps][4];  // O^T: [dim 16m + g (+8)][head 2t, 2t+1]
+  float row_max[HT][2], row_sum[HT][2];  // per head 2t, 2t+1 of each tile; sums are per lane until the end
+#pragma unroll
+  for (int ht = 0; ht < HT; ++ht) {
+#pragma unroll
+    for (int m = 0; m < Geo::kDimSteps; ++m) o[ht][m][0] = o[ht][m][1] = o[ht][m][2] = o[ht][m][3] = 0.0f;
+    row_max[ht][0] = row_max[ht][1] = -INFINITY;
+    row_sum[ht][0] = row_sum[ht][1] = 0.0f;
+  }
+
+  auto consume = [&](int j) {
+    const unsigned k_stage = ring + (j % S) * Geo::kStageBytes, v_stage = k_stage + Geo::kPageBytes;
+    float s[HT][4];
+#pragma unroll
+    for (int ht = 0; ht < HT; ++ht) s[ht][0] = s[ht][1] = s[ht][2] = s[ht][3] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < Geo::kDimSteps; ++k) {
+      const uint4 keys = load_matrix_x4(k_stage + k_lane + ((2 * k) ^ k_swizzle) * 16);
+#pragma unroll
+      for (int ht = 0; ht < HT; ++ht) mma_bf16_m16n8k16(s[ht], keys, q_frag[ht][k][0], q_frag[ht][k][1]);
+    }
+    // S^T rows are keys g and g + 8 of the page; every page holds at least one key in range, so
+    // each head's running max is finite after its first page.
+    const int key_low = (warp_page0 + kWarps * j) * kKvPageSize + g, key_high = key_low + 8;
+    const bool low_in = key_low >= range.first_key && key_low < range.length;
+    const bool high_in = key_high >= range.first_key && key_high < range.length;
+    uint32_t p_frag[HT][2];
+#pragma unroll
+    for (int ht = 0; ht < HT; ++ht) {
+      const float x0 = low_in ? s[ht][0] * a.scale_log2 : -INFINITY, x1 = low_in ? s[ht][1] * a.scale_log2 : -INFINITY;
+      const float x2 = high_in ? s[ht][2] * a.scale_log2 : -INFINITY, x3 = high_in ? s[ht][3] * a.scale_log2 : -INFINITY;
+      float page_max0 = fmaxf(x0, x2), page_max1 = fmaxf(x1, x3);
+#pragma unroll
+      for (int offset = 4; offset < 32; offset *= 2) {  // over g: the 16 keys of head column 2t (+1)
+        page_max0 = fmaxf(page_max0, __shfl_xor_sync(0xffffffffu, page_max0, offset));
+        page_max1 = fmaxf(page_max1, __shfl_xor_sync(0xffffffffu, page_max1, offset));
+      }
+      const float max0 = fmaxf(row_max[ht][0], page_max0), max1 = fmaxf(row_max[ht][1], page_max1);
+      const float alpha0 = exp2f(row_max[ht][0] - max0), alpha1 = exp2f(row_max[ht][1] - max1);
+      row_max[ht][0] = max0, row_max[ht][1] = max1;
+      const uint32_t p_low = pack_bf16x2(exp2f(x0 - max0), exp2f(x1 - max1));   // key g
+      const uint32_t p_high = pack_bf16x2(exp2f(x2 - max0), exp2f(x3 - max1));  // key g + 8
+      // Sum the bf16-rounded weights the p·v product uses, so the normalisation matches them.
+      row_sum[ht][0] = row_sum[ht][0] * alpha0 + low_bf16(p_low) + low_bf16(p_high);
+      row_sum[ht][1] = row_sum[ht][1] * alpha1 + high_bf16(p_low) + high_bf16(p_high);
+#pragma unroll
+      for (int m = 0; m < Geo::kDimSteps; ++m) {
+        o[ht][m][0] *= alpha0, o[ht][m][1] *= alpha1, o[ht][m][2] *= alpha0, o[ht][m][3] *= alpha1;
+      }
+      p_frag[ht][0] = transpose_8x8(p_low);   // P^T B fragment: keys 2t, 2t+1 of head g
+      p_frag[ht][1] = transpose_8x8(p_high);  // keys 2t+8, 2t+9
+    }
+#pragma unroll
+    for (int m = 0; m < Geo::kDimSteps; ++m) {
+      const uint4 values = load_matrix_x4_transposed(v_stage + v_lane + ((2 * m) ^ v_swizzle) * 16);
+#pragma unroll
+      for (int ht = 0; ht < HT; ++ht) mma_bf16_m16n8k16(o[ht][m], values, p_frag[ht][0], p_frag[ht][1]);
+    }
+  };
+
+  // ---- The ring: S - 1 pages in flight while one is consumed.
+#pragma unroll
+  for (int j = 0; j < S - 1; ++j) issue(j);
+  for (int j = 0; j < my_pages; ++j) {
+    __syncwarp();  // every lane has read stage (j - 1) % S before it is refilled
+    issue(j + S - 1);
+    wait_async<S - 1>();  // this lane's copies of page j have landed
+    __syncwarp();         // ... and every other lane's
+    consume(j);
+  }
+  wait_async<0>();
+#pragma unroll
+  for (int ht = 0; ht < HT; ++ht)
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+      for (int offset = 4; offset < 32; offset *= 2)
+        row_sum[ht][c] += __shfl_xor_sync(0xffffffffu, row_sum[ht][c], offset);
+  __syncthreads();  // every warp is done with its ring: the merge scratch overlays the rings
+
+  // ---- Block merge: scratch = O[warp][head][dim] (padded rows), then max and sum per (warp, head).
+  constexpr int kHeads = 8 * HT;
+  float* scratch = reinterpret_cast<float*>(shared);
+  float* warp_max_of = scratch + kWarps * kHeads * Geo::kScratchStride;
+  float* warp_sum_of = warp_max_of + kWarps * kHeads;
+  static_assert((kWarps * kHeads * (D + 4) + 2 * kWarps * kHeads) * 4 <= kSharedBytes, "merge scratch fits the rings");
+  {
+    float* mine = scratch + warp * kHeads * Geo::kScratchStride;
+#pragma unroll
+    for (int ht = 0; ht < HT; ++ht) {
+      const int head = 8 * ht + 2 * t;
+#pragma unroll
+      for (int m = 0; m < Geo::kDimSteps; ++m) {
+        const int dim = 16 * m + g;
+        mine[head * Geo::kScratchStride + dim] = o[ht][m][0];
+        mine[(head + 1) * Geo::kScratchStride + dim] = o[ht][m][1];
+        mine[head * Geo::kScratchStride + dim + 8] = o[ht][m][2];
+        mine[(head + 1) * Geo::kScratchStride + dim + 8] = o[ht][m][3];
+      }
+      if (g == 0) {
+        warp_max_of[warp * kHeads + head] = row_max[ht][0], warp_max_of[warp * kHeads + head + 1] = row_max[ht][1];
+        warp_sum_of[warp * kHeads + head] = row_sum[ht][0], warp_sum_of[warp * kHeads + head + 1] = row_sum[ht][1];
+      }
+    }
+  }
+  __syncthreads();
+
+  const bool only_split = range.active == 1;
+  const size_t slot = (static_cast<size_t>(sequence) * a.kv_heads + kv_head) * a.splits + split;
+  for (int item = threadIdx.x; item < a.group * (D / 4); item += kThreads) {
+    const int head = item / (D / 4), dim = 4 * (item % (D / 4));
+    float best = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) best = fmaxf(best, warp_max_of[w * kHeads + head]);
+    float total = 0.0f;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float f = exp2f(warp_max_of[w * kHeads + head] - best);  // 0 for a warp without pages
+      total += f * warp_sum_of[w * kHeads + head];
+      const float4 v = *reinterpret_cast<const float4*>(scratch + (w * kHeads + head) * Geo::kScratchStride + dim);
+      acc.x += f * v.x, acc.y += f * v.y, acc.z += f * v.z, acc.w += f * v.w;
+    }
+    const float inv = 1.0f / total;
+    acc = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+    if (only_split) {
+      store_bf16x4(out + head * D + dim, acc);
+    } else {
+      *reinterpret_cast<float4*>(a.partial + (slot * a.group + head) * D + dim) = acc;
+      if (dim == 0) a.lse[slot * a.group + head] = best + log2f(total);
+    }
+  }
+  if (only_split) return;
+
+  // ---- Last block of the (sequence, kv head) merges the splits.
+  __threadfence();  // this block's partials are visible GPU-wide before its ticket is taken
+  __syncthreads();
+  unsigned* counter = a.counters + static_cast<size_t>(sequence) * a.kv_heads + kv_head;
+  if (threadIdx.x == 0) {
+    ticket = atomicAdd(counter, 1u);
+    __threadfence();
+  }
+  __syncthreads();
+  if (ticket != static_cast<unsigned>(range.active - 1)) return;
+  if (threadIdx.x == 0) atomicExch(counter, 0u);  // every split has counted: ready for the next launch
+  merge_splits<D, HT>(a, range.active, slot - split, out, shared);
+}
+
+// Shared-memory opt-in, once per (instantiation, device).
+template <int D, int HT>
+cudaError_t prepare_kernel() {
+  static std::mutex mutex;
+  static std::vector<int> prepared_devices;
+  int device = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (std::find(prepared_devices.begin(), prepared_devices.end(), device) != prepared_devices.end()) return cudaSuccess;
+  auto kernel = decode_attention_kernel<D, HT>;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes); e != cudaSuccess)
+    return e;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           cudaSharedmemCarveoutMaxShared);
+      e != cudaSuccess)
+    return e;
+  prepared_devices.push_back(device);
+  return cudaSuccess;
+}
+
+template <int D, int HT>
+cudaError_t launch_instance(const KernelArgs& args, dim3 grid, cudaStream_t stream) {
+  if (cudaError_t e = prepare_kernel<D, HT>(); e != cudaSuccess) return e;
+  decode_attention_kernel<D, HT><<<grid, kThreads, kSharedBytes, stream>>>(args);
+  return cudaGetLastError();
+}
+
+int pages_for(int context) { return (context + kKvPageSize - 1) / kKvPageSize; }
+
+bool aligned(const void* p, size_t alignment) { return reinterpret_cast<uintptr_t>(p) % alignment == 0; }
+
+// The plan as plan_decode_attention makes it; anything else is a caller's mistake.
+bool plan_is_consistent(const DecodeAttentionPlan& plan) {
+  if (plan.batch < 1 || plan.kv_heads < 1 || plan.q_heads < 1 || plan.q_heads % plan.kv_heads != 0 ||
+      plan.q_heads / plan.kv_heads > kMaxGroup || (plan.head_dim != 64 && plan.head_dim != 128) ||
+      plan.max_context < 1 || plan.splits_per_sequence < 1 || plan.splits_per_sequence > kMaxSplits ||
+      plan.pages_per_split < 1)
+    return false;
+  if (static_cast<long long>(plan.splits_per_sequence) * plan.pages_per_split < pages_for(plan.max_context)) return false;
+  const WorkspaceLayout layout = workspace_layout(plan.batch, plan.kv_heads, plan.q_heads / plan.kv_heads,
+                                                  plan.head_dim, plan.splits_per_sequence);
+  return plan.workspace_bytes >= layout.bytes && plan.batch <= 65535 && plan.kv_heads <= 65535;
+}
+
+}  // namespace
+
+DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, int head_dim, int max_context,
+                                          int num_sms) {
+  auto text = [](int v) { return std::to_string(v); };
+  DF_CHECK(batch >= 1 && batch <= 65535, "decode attention: batch " + text(batch) + " is outside [1, 65535]");
+  DF_CHECK(kv_heads >= 1 && kv_heads <= 65535, "decode attention: kv_heads " + text(kv_heads) + " is outside [1, 65535]");
+  DF_CHECK(q_heads >= 1 && q_heads % kv_heads == 0,
+           "decode attention: q_heads " + text(q_heads) + " is not a positive multiple of kv_heads " + text(kv_heads));
+  DF_CHECK(q_heads / kv_heads <= kMaxGroup, "decode attention: " + text(q_heads / kv_heads) +
+                                                " query heads per kv head; at most " + text(kMaxGroup) + " supported");
+  DF_CHECK(head_dim == 64 || head_dim == 128, "decode attention: head_dim " + text(head_dim) + " (64 or 128 supported)");
+  DF_CHECK(max_context >= 1, "decode attention: max_context " + text(max_context) + " must be at least 1");
+  DF_CHECK(num_sms >= 1, "decode attention: num_sms " + text(num_sms) + " must be at least 1");
+
+  // Cost of s splits, in pages streamed by the slowest SM: waves of resident blocks times each
+  // block's start and pages, plus the merge. Only s that leave no split empty are distinct.
+  const int max_pages = pages_for(max_context);
+  const long long pairs = static_cast<long long>(batch) * kv_heads;
+  const long long slots = static_cast<long long>(num_sms) * kBlocksPerSm;
+  int best_splits = 1;
+  long long best_cost = std::numeric_limits<long long>::max();
+  for (int splits = 1; splits <= std::min(max_pages, kMaxSplits); ++splits) {
+    const int per_split = (max_pages + splits - 1) / splits;
+    if ((max_pages + per_split - 1) / per_split != splits) continue;
+    const long long waves = (pairs * splits + slots - 1) / slots;
+    const long long cost = waves * (kBlockStartPages + per_split) + (splits > 1 ? kMergePages : 0);
+    if (cost < best_cost) best_cost = cost, best_splits = splits;
+  }
+
+  DecodeAttentionPlan plan;
+  plan.batch = batch;
+  plan.q_heads = q_heads;
+  plan.kv_heads = kv_heads;
+  plan.head_dim = head_dim;
+  plan.max_context = max_context;
+  plan.splits_per_sequence = best_splits;
+  plan.pages_per_split = (max_pages + best_splits - 1) / best_splits;
+  plan.workspace_bytes = workspace_layout(batch, kv_heads, q_heads / kv_heads, head_dim, best_splits).bytes;
+  return plan;
+}
+
+cudaError_t launch_decode_attention(const DecodeAttentionPlan& plan, const DecodeAttentionParams& params,
+                                    cudaStream_t stream) {
+  const PagedKv& kv = params.kv;
+  if (!plan_is_consistent(plan)) return cudaErrorInvalidValue;
+  if (!params.q || !params.out || !params.seq_lens || !kv.k_pages || !kv.v_pages || !kv.block_table)
+    return cudaErrorInvalidValue;
+  if (kv.kv_heads != plan.kv_heads || kv.head_dim != plan.head_dim ||
+      static_cast<long long>(kv.max_pages_per_seq) * kKvPageSize < plan.max_context)
+    return cudaErrorInvalidValue;
+  if (!aligned(params.q, 4) || !aligned(params.out, 16) || !aligned(kv.k_pages, 16) || !aligned(kv.v_pages, 16))
+    return cudaErrorInvalidValue;
+  if (plan.workspace_bytes > 0 && (!params.workspace || !aligned(params.workspace, 16))) return cudaErrorInvalidValue;
+  if (!(params.scale > 0.0f) || !std::isfinite(params.scale) || params.sliding_window < 0) return cudaErrorInvalidValue;
+
+  const int group = plan.q_heads / plan.kv_heads;
+  const WorkspaceLayout layout = workspace_layout(plan.batch, plan.kv_heads, group, plan.head_dim, plan.splits_per_sequence);
+  unsigned char* workspace = static_cast<unsigned char*>(params.workspace);
+  KernelArgs args{};
+  args.q = params.q;
+  args.out = params.out;
+  args.k_pages = kv.k_pages;
+  args.v_pages = kv.v_pages;
+  args.block_table = kv.block_table;
+  args.seq_lens = params.seq_lens;
+  args.counters = layout.bytes ? reinterpret_cast<unsigned*>(workspace) : nullptr;
+  args.lse = layout.bytes ? reinterpret_cast<float*>(workspace + layout.lse_offset) : nullptr;
+  args.partial = layout.bytes ? reinterpret_cast<float*>(workspace + layout.partial_offset) : nullptr;
+  args.max_pages_per_seq = kv.max_pages_per_seq;
+  args.kv_heads = plan.kv_heads;
+  args.group = group;
+  args.splits = plan.splits_per_sequence;
+  args.max_context = plan.max_context;
+  args.sliding_window = params.sliding_window;
+  args.scale_log2 = params.scale * kLog2e;
+
+  const dim3 grid(plan.splits_per_sequence, plan.kv_heads, plan.batch);
+  if (plan.head_dim == 64) {
+    return group <= 8 ? launch_instance<64, 1>(args, grid, stream) : launch_instance<64, 2>(args, grid, stream);
+  }
+  return group <= 8 ? launch_instance<128, 1>(args, grid, stream) : launch_instance<128, 2>(args, grid, stream);
+}
+
+int decode_attention_launches(const DecodeAttentionPlan&) { return 1; }
+
+}  // namespace deepfuse::kernels

@@ -1,0 +1,183 @@
+// Host side of the decode attention launcher, no GPU needed: plan_decode_attention's split choice
+// and workspace size, its argument errors, and launch_decode_attention rejecting bad params with
+// cudaErrorInvalidValue before it touches the device.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "deepfuse/device.hpp"
+#include "deepfuse/error.hpp"
+#include "kernels/attention/decode_attention.cuh"
+
+namespace deepfuse {
+namespace {
+
+using kernels::DecodeAttentionParams;
+using kernels::DecodeAttentionPlan;
+using kernels::plan_decode_attention;
+
+int pages_for(int context) { return (context + kernels::kKvPageSize - 1) / kernels::kKvPageSize; }
+
+struct PlanInput {
+  int batch, q_heads, kv_heads, head_dim, max_context, num_sms;
+};
+
+std::string describe(const PlanInput& in) {
+  return "batch " + std::to_string(in.batch) + ", heads " + std::to_string(in.q_heads) + "/" +
+         std::to_string(in.kv_heads) + ", d " + std::to_string(in.head_dim) + ", context " +
+         std::to_string(in.max_context) + ", " + std::to_string(in.num_sms) + " SMs";
+}
+
+// What every plan must satisfy: the splits cover max_context with none empty, and the workspace
+// holds a counter per (sequence, kv head) plus a partial output and log-sum-exp per split and head.
+void expect_consistent(const PlanInput& in, const DecodeAttentionPlan& plan) {
+  SCOPED_TRACE(describe(in));
+  EXPECT_EQ(plan.batch, in.batch);
+  EXPECT_EQ(plan.q_heads, in.q_heads);
+  EXPECT_EQ(plan.kv_heads, in.kv_heads);
+  EXPECT_EQ(plan.head_dim, in.head_dim);
+  EXPECT_EQ(plan.max_context, in.max_context);
+  const int pages = pages_for(in.max_context);
+  ASSERT_GE(plan.splits_per_sequence, 1);
+  EXPECT_LE(plan.splits_per_sequence, pages);
+  EXPECT_GE(plan.splits_per_sequence * plan.pages_per_split, pages);
+  EXPECT_LT((plan.splits_per_sequence - 1) * plan.pages_per_split, pages) << "the last split would be empty";
+  if (plan.splits_per_sequence == 1) {
+    EXPECT_EQ(plan.workspace_bytes, 0u) << "one split writes the output directly";
+  } else {
+    const size_t pairs = static_cast<size_t>(in.batch) * in.kv_heads;
+    const size_t group = in.q_heads / in.kv_heads;
+    const size_t needed = pairs * sizeof(uint32_t) + pairs * plan.splits_per_sequence * group * (in.head_dim + 1) * sizeof(float);
+    EXPECT_GE(plan.workspace_bytes, needed);
+    EXPECT_LE(plan.workspace_bytes, needed + 1024) << "workspace padding beyond alignment";
+  }
+  EXPECT_EQ(kernels::decode_attention_launches(plan), 1);
+}
+
+TEST(DecodeAttentionPlan, EveryPlanIsConsistent) {
+  for (int batch : {1, 3, 8, 64})
+    for (int kv_heads : {1, 8})
+      for (int head_dim : {64, 128})
+        for (int context : {1, 15, 16, 17, 1000, 8192, 32768, 131072})
+          for (int sms : {1, 78, 132, 1000}) {
+            const PlanInput in{batch, 4 * kv_heads, kv_heads, head_dim, context, sms};
+            expect_consistent(in, plan_decode_attention(in.batch, in.q_heads, in.kv_heads, in.head_dim,
+                                                        in.max_context, in.num_sms));
+          }
+}
+
+// With enough pages to go round, the blocks fill the SMs and fit the resident slots (two per SM)
+// in one wave, or cover several waves almost fully.
+TEST(DecodeAttentionPlan, FillsTheGpuWithoutARaggedLastWave) {
+  const int slots_per_sm = 2;
+  for (int sms : {78, 114, 132})
+    for (int batch : {1, 2, 5, 8, 32, 48})
+      for (int context : {8192, 32768, 100000}) {
+        const PlanInput in{batch, 32, 8, 128, context, sms};
+        const auto plan = plan_decode_attention(batch, 32, 8, 128, context, sms);
+        const long long blocks = static_cast<long long>(batch) * 8 * plan.splits_per_sequence;
+        const long long slots = static_cast<long long>(sms) * slots_per_sm;
+        const long long waves = (blocks + slots - 1) / slots;
+        EXPECT_GE(blocks, sms) << describe(in) << ": only " << blocks << " blocks";
+        // Fraction of the resident slots busy, averaged over the waves.
+        const double occupancy = static_cast<double>(blocks) / static_cast<double>(waves * slots);
+        EXPECT_GT(occupancy, 0.8) << describe(in) << ": " << blocks << " blocks in " << waves << " waves";
+      }
+}
+
+// The benchmark shapes on an H200 (132 SMs).
+TEST(DecodeAttentionPlan, H200BenchmarkShapes) {
+  const auto one_by_8k = plan_decode_attention(1, 32, 8, 128, 8192, 132);
+  EXPECT_GE(one_by_8k.splits_per_sequence, 16) << "one sequence must spread over the SMs";
+  const auto one_by_32k = plan_decode_attention(1, 32, 8, 128, 32768, 132);
+  EXPECT_GE(8 * one_by_32k.splits_per_sequence, 132);
+  EXPECT_LE(8 * one_by_32k.splits_per_sequence, 2 * 132);
+  const auto many = plan_decode_attention(32, 32, 8, 128, 8192, 132);
+  EXPECT_EQ(many.splits_per_sequence, 1) << "256 (sequence, kv head) blocks already fill 132 SMs";
+  EXPECT_EQ(many.workspace_bytes, 0u);
+}
+
+TEST(DecodeAttentionPlan, RejectsBadSizes) {
+  EXPECT_THROW(plan_decode_attention(0, 32, 8, 128, 4096, 132), Error);
+  EXPECT_THROW(plan_decode_attention(1, 32, 0, 128, 4096, 132), Error);
+  EXPECT_THROW(plan_decode_attention(1, 30, 8, 128, 4096, 132), Error);   // not a multiple
+  EXPECT_THROW(plan_decode_attention(1, 136, 8, 128, 4096, 132), Error);  // group of 17
+  EXPECT_THROW(plan_decode_attention(1, 32, 8, 96, 4096, 132), Error);
+  EXPECT_THROW(plan_decode_attention(1, 32, 8, 256, 4096, 132), Error);
+  EXPECT_THROW(plan_decode_attention(1, 32, 8, 128, 0, 132), Error);
+  EXPECT_THROW(plan_decode_attention(1, 32, 8, 128, 4096, 0), Error);
+  try {
+    plan_decode_attention(1, 32, 8, 96, 4096, 132);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim 96"), std::string::npos) << e.what();
+  }
+}
+
+// Stand-in device addresses: the checks under test run on the host before anything is launched.
+template <typename T>
+T* fake_pointer(uintptr_t address) {
+  return reinterpret_cast<T*>(address);
+}
+
+TEST(DecodeAttentionLaunch, RejectsBadParamsWithInvalidValue) {
+  const DecodeAttentionPlan plan = plan_decode_attention(2, 32, 8, 128, 1000, 132);
+  ASSERT_GT(plan.splits_per_sequence, 1) << "the workspace checks need a plan that splits";
+  DecodeAttentionParams valid;
+  valid.q = fake_pointer<const __nv_bfloat16>(0x100000);
+  valid.out = fake_pointer<__nv_bfloat16>(0x200000);
+  valid.kv.k_pages = fake_pointer<__nv_bfloat16>(0x300000);
+  valid.kv.v_pages = fake_pointer<__nv_bfloat16>(0x400000);
+  valid.kv.block_table = fake_pointer<const int32_t>(0x500000);
+  valid.kv.max_pages_per_seq = pages_for(1000);
+  valid.kv.kv_heads = 8;
+  valid.kv.head_dim = 128;
+  valid.seq_lens = fake_pointer<const int32_t>(0x600000);
+  valid.workspace = fake_pointer<void>(0x700000);
+  valid.scale = 0.08838835f;
+
+  // Without a device the valid call gets past the checks and fails on the missing GPU; with one
+  // it would launch on the stand-in addresses, so it is only made here.
+  if (!cuda_device_available()) EXPECT_NE(kernels::launch_decode_attention(plan, valid, nullptr), cudaErrorInvalidValue);
+
+  struct Mutation {
+    const char* what;
+    std::function<void(DecodeAttentionPlan&, DecodeAttentionParams&)> apply;
+  };
+  const std::vector<Mutation> mutations = {
+      {"null q", [](auto&, auto& p) { p.q = nullptr; }},
+      {"null out", [](auto&, auto& p) { p.out = nullptr; }},
+      {"null seq_lens", [](auto&, auto& p) { p.seq_lens = nullptr; }},
+      {"null k_pages", [](auto&, auto& p) { p.kv.k_pages = nullptr; }},
+      {"null v_pages", [](auto&, auto& p) { p.kv.v_pages = nullptr; }},
+      {"null block_table", [](auto&, auto& p) { p.kv.block_table = nullptr; }},
+      {"null workspace", [](auto&, auto& p) { p.workspace = nullptr; }},
+      {"kv heads differ from the plan", [](auto&, auto& p) { p.kv.kv_heads = 4; }},
+      {"head_dim differs from the plan", [](auto&, auto& p) { p.kv.head_dim = 64; }},
+      {"block table rows shorter than max_context", [](auto&, auto& p) { p.kv.max_pages_per_seq = pages_for(1000) - 1; }},
+      {"misaligned k_pages", [](auto&, auto& p) { p.kv.k_pages = fake_pointer<__nv_bfloat16>(0x300008); }},
+      {"misaligned out", [](auto&, auto& p) { p.out = fake_pointer<__nv_bfloat16>(0x200002); }},
+      {"misaligned q", [](auto&, auto& p) { p.q = fake_pointer<const __nv_bfloat16>(0x100002); }},
+      {"zero scale", [](auto&, auto& p) { p.scale = 0.0f; }},
+      {"NaN scale", [](auto&, auto& p) { p.scale = std::numeric_limits<float>::quiet_NaN(); }},
+      {"negative window", [](auto&, auto& p) { p.sliding_window = -1; }},
+      {"default plan", [](auto& plan, auto&) { plan = DecodeAttentionPlan{}; }},
+      {"plan head_dim 96", [](auto& plan, auto&) { plan.head_dim = 96; }},
+      {"plan with zero splits", [](auto& plan, auto&) { plan.splits_per_sequence = 0; }},
+      {"plan splits too short for max_context", [](auto& plan, auto&) { plan.pages_per_split = 1; }},
+      {"plan workspace too small", [](auto& plan, auto&) { plan.workspace_bytes -= 4; }},
+      {"plan group of 17", [](auto& plan, auto&) { plan.q_heads = 17 * plan.kv_heads; }},
+  };
+  for (const Mutation& m : mutations) {
+    DecodeAttentionPlan bad_plan = plan;
+    DecodeAttentionParams bad = valid;
+    m.apply(bad_plan, bad);
+    EXPECT_EQ(kernels::launch_decode_attention(bad_plan, bad, nullptr), cudaErrorInvalidValue) << m.what;
+  }
+}
+
+}  // namespace
+}  // namespace deepfuse
