@@ -1,5 +1,6 @@
 list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/timing.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/decode_bench.cpp
   ${CMAKE_CURRENT_LIST_DIR}/mlp_bench.cpp)
 
 # The commit benchmarks report; refreshed on every configure (scripts/build.sh configures).
