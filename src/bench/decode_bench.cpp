@@ -40,9 +40,11 @@ double mean(const std::vector<double>& values) {
 
 int pages_for(int tokens) { return (tokens + kernels::kKvPageSize - 1) / kernels::kKvPageSize; }
 
-// Bytes of K and V one decode step reads: every sequence's keys and values in every layer.
+// Bytes of K and V one decode step reads: every sequence's keys and values in every layer, only
+// the last sliding_window positions where the model has a window (Mistral).
 size_t kv_bytes_read_per_step(const ModelConfig& c, int batch, int context) {
-  return static_cast<size_t>(batch) * context * c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim *
+  const int attended = c.sliding_window > 0 ? std::min(context, c.sliding_window) : context;
+  return static_cast<size_t>(batch) * attended * c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim *
          sizeof(uint16_t);
 }
 

@@ -21,6 +21,15 @@ Backend resolve_backend(const std::string& name) {
   return Backend::cuda;
 }
 
+std::string cuda_unsupported_reason(const ModelConfig& config) {
+  if (config.head_dim != 64 && config.head_dim != 128)
+    return "head_dim " + std::to_string(config.head_dim) + " (the CUDA kernels take 64 or 128)";
+  if (config.hidden_size % 64 != 0 || config.intermediate_size % 64 != 0)
+    return "hidden " + std::to_string(config.hidden_size) + " / intermediate " +
+           std::to_string(config.intermediate_size) + " (the CUDA kernels need multiples of 64)";
+  return "";
+}
+
 void add_engine_options(CLI::App& command, EngineArgs& args) {
   const std::string group = "CUDA backend";
   command.add_option("--max-batch", args.max_batch, "largest decode batch the engine is built for (default 1)")

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "deepfuse/engine.hpp"
+#include "deepfuse/model_config.hpp"
 
 namespace deepfuse::cli {
 
@@ -18,6 +19,11 @@ const char* backend_name(Backend backend);
 // "reference", "cuda" or "auto". Throws deepfuse::Error for an unknown name and for "cuda" on a
 // machine without a CUDA device; "auto" falls back to the reference backend there.
 Backend resolve_backend(const std::string& name);
+
+// Why the CUDA kernels cannot run `config` (head_dim other than 64 or 128, hidden or intermediate
+// size not a multiple of 64), or an empty string when they can. `auto` uses it to fall back to the
+// reference backend; an explicit `--backend cuda` leaves the verdict to the engine.
+std::string cuda_unsupported_reason(const ModelConfig& config);
 
 // The CUDA engine's flags as given; engine_options() checks and converts them.
 struct EngineArgs {

@@ -1,6 +1,7 @@
 #include "cli/model_session.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <iostream>
 #include <iterator>
 
@@ -120,6 +121,10 @@ LoadedModel prepare_model(const ModelArgs& args, std::vector<int32_t>& prompt, T
   const std::string flag = prompt_flag(args);
   model.config = args.random_weights ? random_arch_config(args.random_arch) : load_model_config(args.model_dir);
   const ModelConfig& config = model.config;
+  // auto on a GPU: models the kernels cannot run fall back to the reference backend.
+  const std::string unsupported =
+      args.backend == "auto" && model.backend == Backend::cuda ? cuda_unsupported_reason(config) : "";
+  if (!unsupported.empty()) model.backend = Backend::reference;
   model.tokenizer = load_tokenizer(args, flag, use);
   const std::vector<int64_t> ids = prompt_to_ids(args, model.tokenizer);
   DF_CHECK(!ids.empty(), flag + ": the prompt has no tokens");
@@ -140,6 +145,9 @@ LoadedModel prepare_model(const ModelArgs& args, std::vector<int32_t>& prompt, T
                                                     std::to_string(config.vocab_size) + ")");
     prompt.push_back(static_cast<int32_t>(id));
   }
+  // Said only now that every input passed, so an input error stays the one line on stderr.
+  if (!unsupported.empty())
+    std::fprintf(stderr, "note: %s has no CUDA kernels; running on the reference backend\n", unsupported.c_str());
   return model;
 }
 

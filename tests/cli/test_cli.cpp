@@ -194,16 +194,21 @@ TEST_F(Cli, BackendAndModelSourceProblems) {
                    {"--arch 'gpt-5'", "unknown", "llama3.2-1b"});
   expect_bad_input(run_cli(scratch_, "generate --random-weights --arch llama3-8b --backend reference --prompt-ids 1"),
                    {"--random-weights", "cuda backend only"});
-  if (cuda_device_available()) return;  // the rest is about machines without a GPU
-  expect_bad_input(run_cli(scratch_, "generate" + model + " --prompt-ids 1 --backend cuda"),
-                   {"--backend cuda", "no CUDA device"});
-  expect_bad_input(run_cli(scratch_, "generate --random-weights --arch llama3-8b --prompt-ids 1"),
-                   {"--random-weights", "no CUDA device"});
-  // auto falls back to the reference backend, where the engine flags do not apply.
+  // auto runs this model (head_dim 16: no CUDA kernels) on the reference backend with or without a
+  // GPU, where the engine flags do not apply; with a GPU it says so in a note.
   const RunResult fallback =
       run_cli(scratch_, "generate" + model + " --prompt-ids 1 --max-tokens 2 --ignore-eos --no-cuda-graphs");
   EXPECT_EQ(fallback.exit_code, 0) << fallback.err;
   EXPECT_EQ(stats_line(fallback).rfind("prompt tokens: 1, generated tokens: 2,", 0), 0u) << fallback.out;
+  if (cuda_device_available()) {
+    EXPECT_NE(fallback.err.find("head_dim 16"), std::string::npos) << fallback.err;
+    return;  // the rest is about machines without a GPU
+  }
+  EXPECT_EQ(fallback.err, "");
+  expect_bad_input(run_cli(scratch_, "generate" + model + " --prompt-ids 1 --backend cuda"),
+                   {"--backend cuda", "no CUDA device"});
+  expect_bad_input(run_cli(scratch_, "generate --random-weights --arch llama3-8b --prompt-ids 1"),
+                   {"--random-weights", "no CUDA device"});
   expect_bad_input(run_cli(scratch_, "bench decode --archs llama3.2-1b"), {"bench decode", "no CUDA device"});
 }
 
