@@ -62,8 +62,8 @@ struct Report {
   }
 };
 
-// Steps until every sequence of the case has advanced once; a sequence that finishes here (KV
-// cache full, context length) breaks the case.
+// One decode step of the case's batch: every sequence must advance by one token; one that
+// finishes here (KV cache full, context length) breaks the case.
 void step_all(Engine& engine, int batch) {
   const std::vector<StepToken> produced = engine.step();
   DF_CHECK(static_cast<int>(produced.size()) == batch,

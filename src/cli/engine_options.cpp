@@ -83,4 +83,10 @@ LoadProgress stderr_progress_bar() {
   };
 }
 
+void clear_progress_bar() {
+  if (!isatty(STDERR_FILENO)) return;
+  std::fputs("\r\033[K", stderr);
+  std::fflush(stderr);
+}
+
 }  // namespace deepfuse::cli

@@ -44,4 +44,7 @@ EngineOptions engine_options(const EngineArgs& args);
 // stderr is a terminal (logs and tests see nothing); clears the line when done.
 LoadProgress stderr_progress_bar();
 
+// Clears a half-drawn progress bar (loading failed), so the error message starts its own line.
+void clear_progress_bar();
+
 }  // namespace deepfuse::cli

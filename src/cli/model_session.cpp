@@ -158,9 +158,16 @@ void load_weights(const ModelArgs& args, LoadedModel& model) {
     return;
   }
   const EngineOptions options = engine_options(args.engine);
-  model.engine = args.random_weights
-                     ? std::make_unique<Engine>(Engine::with_random_weights(model.config, options, /*seed=*/0))
-                     : std::make_unique<Engine>(Engine::from_checkpoint(args.model_dir, options, stderr_progress_bar()));
+  if (args.random_weights) {
+    model.engine = std::make_unique<Engine>(Engine::with_random_weights(model.config, options, /*seed=*/0));
+    return;
+  }
+  try {
+    model.engine = std::make_unique<Engine>(Engine::from_checkpoint(args.model_dir, options, stderr_progress_bar()));
+  } catch (...) {
+    clear_progress_bar();
+    throw;
+  }
 }
 
 std::vector<float> score_logits(LoadedModel& model, std::span<const int32_t> ids) {
