@@ -184,7 +184,8 @@ void run_arch(const std::string& arch, const DecodeBenchOptions& options, double
       options.ttft_prompts.empty() ? 0 : *std::max_element(options.ttft_prompts.begin(), options.ttft_prompts.end());
   EngineOptions engine_options;
   engine_options.max_batch = *std::max_element(options.batches.begin(), options.batches.end());
-  engine_options.max_context = std::max(largest_context + options.warmup + options.steps + 1, largest_prompt + 1);
+  const int longest = std::max(largest_context + options.warmup + options.steps + 1, largest_prompt + 1);
+  engine_options.max_context = pages_for(longest) * kernels::kKvPageSize;  // whole pages
   engine_options.kv_cache_bytes = options.kv_cache_bytes;
   engine_options.cuda_graphs = options.cuda_graphs;
   engine_options.mlp_variant = options.mlp_variant;
