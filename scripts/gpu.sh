@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: build with every core, GPU tests, compute-sanitizer (memcheck and
-# racecheck) over the kernel tests, benchmarks; logs and JSON go to the output folder.
-#   scripts/gpu.sh OUT_DIR [steps...]     steps: build test sanitize bench (default: all)
-# DEEPFUSE_BENCH_ARGS adds arguments to `deepfuse bench mlp` (e.g. --fused-tunings b1c8,b2c4).
+# racecheck) over the kernel tests plus memcheck over the engine end to end, parity of the cuda
+# backend with Hugging Face transformers, benchmarks; logs and JSON go to the output folder.
+#   scripts/gpu.sh OUT_DIR [steps...]     steps: build test sanitize parity bench (default: all)
+# DEEPFUSE_BENCH_ARGS adds arguments to `deepfuse bench mlp` (e.g. --fused-tunings b1c8,b2c4),
+# DEEPFUSE_DECODE_BENCH_ARGS to `deepfuse bench decode` (e.g. --archs llama3-8b --batches 1).
+# DEEPFUSE_PYTHON is the Python with torch and transformers for the parity step (default python3).
 # Packages the machine lacks come from .debs/ (scripts/fetch-device-debs.sh, run beforehand where
 # apt works), unpacked into .deps/ here: nothing is fetched from a network.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: scripts/gpu.sh OUT_DIR [build|test|sanitize|bench]...}
+out=${1:?usage: scripts/gpu.sh OUT_DIR [build|test|sanitize|parity|bench]...}
 shift
-steps=${*:-build test sanitize bench}
+steps=${*:-build test sanitize parity bench}
 mkdir -p "$out"
 export PATH=/usr/local/cuda/bin:$PATH
 export DEEPFUSE_BUILD_DIR=build-gpu
@@ -64,6 +67,32 @@ if has sanitize; then
       "$bin/tests/test_decode_attention_gpu" >"$out/sanitizer-attention-$tool.log" 2>&1
     note "compute-sanitizer $tool (decode attention): rc=$? ($((SECONDS - start)) s); $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$out/sanitizer-attention-$tool.log" | tr '\n' ' ')"
   done
+  # The engine end to end under memcheck: a tiny checkpoint (head_dim 64, the kernels' smallest)
+  # through `deepfuse generate` with and without CUDA graphs (a 40-token prompt: several KV pages,
+  # then decode steps), then the runtime GPU tests (ragged batches, chunked prefill, every arch).
+  tiny="$out/tiny-cuda-model"
+  rm -rf "$tiny"
+  "$bin/deepfuse" make-model --out "$tiny" --hidden 128 --heads 2 --kv-heads 1 --intermediate 256 --layers 2 >/dev/null
+  for graphs in "" --no-cuda-graphs; do
+    log="$out/sanitizer-memcheck-generate${graphs:+-eager}.log"
+    start=$SECONDS
+    timeout 300 compute-sanitizer --tool memcheck --error-exitcode 99 "$bin/deepfuse" generate --backend cuda \
+      --model "$tiny" --prompt-ids "$(seq -s, 1 40)" --max-tokens 12 --ignore-eos --max-context 128 --kv-cache-mb 64 \
+      $graphs >"$log" 2>&1
+    note "compute-sanitizer memcheck, generate --backend cuda ${graphs:-(graphs)}: rc=$? ($((SECONDS - start)) s); $(grep -E 'ERROR SUMMARY' "$log")"
+  done
+  start=$SECONDS
+  DEEPFUSE_TEST_QUICK=1 timeout 600 compute-sanitizer --tool memcheck --error-exitcode 99 \
+    "$bin/tests/test_engine_gpu" >"$out/sanitizer-memcheck-engine.log" 2>&1
+  note "compute-sanitizer memcheck, test_engine_gpu: rc=$? ($((SECONDS - start)) s); $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$out/sanitizer-memcheck-engine.log" | tr '\n' ' ')"
+fi
+
+if has parity; then
+  start=$SECONDS
+  timeout 600 "${DEEPFUSE_PYTHON:-python3}" scripts/compare_hf_cuda.py --deepfuse "$bin/deepfuse" \
+    --json "$out/parity-hf-cuda.json" >"$out/parity-hf-cuda.txt" 2>&1
+  note "parity, cuda backend vs transformers: rc=$? ($((SECONDS - start)) s)"
+  cat "$out/parity-hf-cuda.txt"
 fi
 
 if has bench; then
@@ -72,8 +101,18 @@ if has bench; then
   note "bench mlp: rc=$? ($((SECONDS - start)) s)"
   cat "$out/bench-mlp.txt"
   start=$SECONDS
-  timeout 120 "$bin/deepfuse" bench attention --json "$out/bench-attention.json" >"$out/bench-attention.txt" 2>"$out/bench-attention.err"
+  timeout 900 "$bin/deepfuse" bench decode --json "$out/bench-decode.json" ${DEEPFUSE_DECODE_BENCH_ARGS:-} \
+    >"$out/bench-decode.txt" 2>"$out/bench-decode.err"
+  note "bench decode: rc=$? ($((SECONDS - start)) s)"
+  cat "$out/bench-decode.txt"
+  start=$SECONDS
+  timeout 300 "$bin/deepfuse" bench attention --json "$out/bench-attention.json" \
+    >"$out/bench-attention.txt" 2>"$out/bench-attention.err"
   note "bench attention: rc=$? ($((SECONDS - start)) s)"
   cat "$out/bench-attention.txt"
+  start=$SECONDS
+  timeout 300 "$bin/deepfuse" bench qkv --json "$out/bench-qkv.json" >"$out/bench-qkv.txt" 2>"$out/bench-qkv.err"
+  note "bench qkv: rc=$? ($((SECONDS - start)) s)"
+  cat "$out/bench-qkv.txt"
 fi
 cat "$summary"

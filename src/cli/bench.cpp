@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "bench/attention_bench.hpp"
+#include "bench/decode_bench.hpp"
 #include "bench/mlp_bench.hpp"
 #include "cli/commands.hpp"
 #include "deepfuse/error.hpp"
@@ -21,6 +22,52 @@ MlpShape parse_shape(const std::string& text) {
   }
 }
 
+// `deepfuse bench decode`: the CUDA engine's decode step per (arch, batch, context) and TTFT.
+void register_bench_decode(CLI::App& bench, Action& action) {
+  auto* decode = bench.add_subcommand("decode", "CUDA engine decode step vs its roofline, and time to first token");
+  struct DecodeArgs {
+    bench::DecodeBenchOptions options;
+    std::string mlp_variant = "fused";
+    size_t kv_cache_mb = 0;
+    bool no_cuda_graphs = false;
+    bool no_ttft = false;
+  };
+  auto args = std::make_shared<DecodeArgs>();
+  auto& o = args->options;
+  decode->add_option("--archs", o.archs, "random-weight presets (default llama3-8b,llama3.2-1b,qwen2.5-7b)")
+      ->delimiter(',');
+  decode->add_option("--batches", o.batches, "sequences decoded together (default 1,8,32)")->delimiter(',');
+  decode->add_option("--contexts", o.contexts, "tokens in each sequence's KV cache (default 512,8192,32768)")
+      ->delimiter(',');
+  decode->add_option("--ttft-prompts", o.ttft_prompts, "prompt lengths for time to first token (default 512,4096)")
+      ->delimiter(',');
+  decode->add_flag("--no-ttft", args->no_ttft, "skip the time-to-first-token measurements");
+  decode->add_option("--steps", o.steps, "timed decode steps per case (median; default 32)")->check(CLI::PositiveNumber);
+  decode->add_option("--warmup", o.warmup, "untimed steps first (default 4)")->check(CLI::NonNegativeNumber);
+  decode->add_option("--ttft-reps", o.ttft_repetitions, "timed first tokens per prompt length (default 3)")
+      ->check(CLI::PositiveNumber);
+  decode->add_flag("--no-cuda-graphs", args->no_cuda_graphs, "eager launches instead of CUDA graphs");
+  decode->add_option("--mlp-variant", args->mlp_variant, "fused | unfused | naive (default fused)");
+  decode->add_option("--kv-cache-mb", args->kv_cache_mb, "KV cache pool in MiB (default: 90% of free GPU memory)")
+      ->check(CLI::PositiveNumber);
+  decode->add_option("--seed", o.seed, "random weights and prompts (default 1)");
+  decode->add_option("--json", o.json_path, "write the rows as JSON to this file");
+  decode->callback([args, &action] {
+    action = [args] {
+      bench::DecodeBenchOptions options = args->options;
+      if (options.archs.empty()) options.archs = bench::default_decode_bench_archs();
+      if (options.batches.empty()) options.batches = bench::default_decode_bench_batches();
+      if (options.contexts.empty()) options.contexts = bench::default_decode_bench_contexts();
+      if (args->no_ttft) options.ttft_prompts.clear();
+      else if (options.ttft_prompts.empty()) options.ttft_prompts = bench::default_decode_bench_ttft_prompts();
+      options.cuda_graphs = !args->no_cuda_graphs;
+      options.mlp_variant = parse_mlp_variant(args->mlp_variant);
+      options.kv_cache_bytes = args->kv_cache_mb << 20;
+      return bench::run_decode_bench(options);
+    };
+  });
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app, Action& action) {
@@ -28,6 +75,7 @@ void register_bench(CLI::App& app, Action& action) {
   bench->require_subcommand(1);
   register_bench_tokenizer(*bench, action);
   register_bench_qkv(*bench, action);
+  register_bench_decode(*bench, action);
 
   auto* mlp = bench->add_subcommand("mlp", "SwiGLU MLP: naive vs unfused vs fused");
   struct MlpArgs {

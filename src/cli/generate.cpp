@@ -1,6 +1,7 @@
 // `deepfuse generate`: a prompt (text, chat messages or ids) in, generated tokens streamed out as
 // they are sampled (text when the model has a tokenizer, ids otherwise), then one line of counts
-// and speed.
+// and speed. Runs on the CPU reference decoder or the CUDA engine (one sequence, one token per
+// step()).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -9,6 +10,8 @@
 
 #include "cli/commands.hpp"
 #include "cli/model_session.hpp"
+#include "deepfuse/engine.hpp"
+#include "deepfuse/error.hpp"
 #include "deepfuse/reference.hpp"
 
 namespace deepfuse::cli {
@@ -75,44 +78,117 @@ class TokenPrinter {
   bool printed_any_ = false;
 };
 
-int run_generate(const GenerateArgs& args) {
-  std::vector<int32_t> tokens;
-  const LoadedModel model = load_model_for_prompt(args.model, tokens, TokenizerUse::whenever_present);
-  const ModelConfig& config = model.config;
-  const reference::SamplingParams sampling = resolve_sampling(args, config.generation);
-  const std::vector<int32_t> stops = stop_ids(model);
-  TokenPrinter printer(model.tokenizer);
-  const size_t prompt_tokens = tokens.size();
-  // Generation stops at the model's context length rather than running past what it was built for.
-  const int budget = std::min<int>(args.max_tokens, config.max_position_embeddings - static_cast<int>(prompt_tokens));
+// What the summary line reports.
+struct GenerationResult {
+  int generated = 0;
+  double time_to_first_token_ms = 0;
+  double decode_seconds = 0;  // from the first token to the last
+};
 
-  using Clock = std::chrono::steady_clock;
+using Clock = std::chrono::steady_clock;
+
+double milliseconds_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
+
+GenerationResult generate_on_reference(const LoadedModel& model, std::vector<int32_t> tokens,
+                                       const reference::SamplingParams& sampling, int budget,
+                                       const std::vector<int32_t>& stops, TokenPrinter& printer) {
   const auto start = Clock::now();
   Clock::time_point first_token_at = start;
   reference::KvCache cache = model.decoder->new_cache();
   std::vector<float> logits = model.decoder->forward(tokens, cache);
   int generated = 0;
   for (; generated < budget; ++generated) {
-    const size_t vocab = config.vocab_size;
+    const size_t vocab = model.config.vocab_size;
     const std::span<const float> last(logits.data() + logits.size() - vocab, vocab);
     const int32_t next = reference::sample(last, sampling, tokens, static_cast<uint64_t>(generated));
     if (generated == 0) first_token_at = Clock::now();
     tokens.push_back(next);
     printer.print(next);
-    if (!args.ignore_eos && std::find(stops.begin(), stops.end(), next) != stops.end()) {
+    if (std::find(stops.begin(), stops.end(), next) != stops.end()) {
       ++generated;
       break;
     }
     if (generated + 1 < budget) logits = model.decoder->forward(std::span(&tokens.back(), 1), cache);
   }
-  printer.finish();
   const auto end = Clock::now();
-  const double ttft_ms = std::chrono::duration<double, std::milli>(first_token_at - start).count();
-  const double decode_s = std::chrono::duration<double>(end - first_token_at).count();
-  std::printf("\nprompt tokens: %zu, generated tokens: %d, time to first token: %.1f ms, decode: ", prompt_tokens,
-              generated, ttft_ms);
-  if (generated > 1 && decode_s > 0) std::printf("%.1f tokens/s\n", (generated - 1) / decode_s);
-  else std::printf("n/a tokens/s\n");
+  return {generated, milliseconds_between(start, first_token_at), milliseconds_between(first_token_at, end) / 1e3};
+}
+
+// One sequence through the CUDA engine: every step() returns its next token, printed at once.
+GenerationResult generate_on_engine(Engine& engine, const std::vector<int32_t>& prompt,
+                                    const reference::SamplingParams& sampling, int budget,
+                                    const std::vector<int32_t>& stops, TokenPrinter& printer) {
+  const auto start = Clock::now();
+  Clock::time_point first_token_at = start;
+  GenerationResult result;
+  if (budget <= 0) return result;
+  SequenceRequest request;
+  request.prompt = prompt;
+  request.sampling = sampling;
+  request.max_new_tokens = budget;
+  request.stop_ids = stops;
+  const SequenceId sequence = engine.add_sequence(request);
+  FinishReason finish = FinishReason::none;
+  // A step always advances a running sequence; this bound only turns a stuck engine into an error.
+  const size_t max_idle_steps = prompt.size() + 16;
+  size_t idle_steps = 0;
+  while (finish == FinishReason::none) {
+    bool advanced = false;
+    for (const StepToken& token : engine.step()) {
+      if (token.sequence != sequence) continue;
+      advanced = true;
+      finish = token.finish;
+      if (token.id < 0) continue;  // ended before sampling (KV cache full)
+      if (result.generated == 0) first_token_at = Clock::now();
+      printer.print(token.id);
+      ++result.generated;
+    }
+    idle_steps = advanced ? 0 : idle_steps + 1;
+    DF_CHECK(idle_steps < max_idle_steps, "cuda backend: the engine stopped producing tokens for the sequence");
+  }
+  const auto end = Clock::now();
+  if (finish == FinishReason::kv_cache_full)
+    std::fprintf(stderr, "\nnote: generation ended early: the KV cache is full (raise --kv-cache-mb)\n");
+  result.time_to_first_token_ms = milliseconds_between(start, first_token_at);
+  result.decode_seconds = milliseconds_between(first_token_at, end) / 1e3;
+  return result;
+}
+
+// The sampling the backend runs. The cuda backend has no repetition penalty: asking for one is an
+// error, while a checkpoint's generation_config.json default is dropped with a note.
+reference::SamplingParams backend_sampling(const GenerateArgs& args, const LoadedModel& model) {
+  reference::SamplingParams sampling = resolve_sampling(args, model.config.generation);
+  if (model.backend != Backend::cuda || sampling.repetition_penalty == 1.0f) return sampling;
+  DF_CHECK(!args.repetition_penalty,
+           "--repetition-penalty: the cuda backend does not apply a repetition penalty; use --backend reference");
+  std::fprintf(stderr, "note: generation_config.json's repetition_penalty %g is not applied on the cuda backend\n",
+               sampling.repetition_penalty);
+  sampling.repetition_penalty = 1.0f;
+  return sampling;
+}
+
+int run_generate(const GenerateArgs& args) {
+  std::vector<int32_t> prompt;
+  LoadedModel model = prepare_model(args.model, prompt, TokenizerUse::whenever_present);
+  const reference::SamplingParams sampling = backend_sampling(args, model);
+  const std::vector<int32_t> stops = args.ignore_eos ? std::vector<int32_t>{} : stop_ids(model);
+  // Generation stops at the context length rather than running past what the model was built for.
+  const int budget = std::min<int>(args.max_tokens, model.max_context - static_cast<int>(prompt.size()));
+  load_weights(args.model, model);
+
+  TokenPrinter printer(model.tokenizer);
+  const GenerationResult result = model.engine
+                                      ? generate_on_engine(*model.engine, prompt, sampling, budget, stops, printer)
+                                      : generate_on_reference(model, prompt, sampling, budget, stops, printer);
+  printer.finish();
+  std::printf("\nprompt tokens: %zu, generated tokens: %d, time to first token: %.1f ms, decode: ", prompt.size(),
+              result.generated, result.time_to_first_token_ms);
+  if (result.generated > 1 && result.decode_seconds > 0)
+    std::printf("%.1f tokens/s\n", (result.generated - 1) / result.decode_seconds);
+  else
+    std::printf("n/a tokens/s\n");
   return 0;
 }
 

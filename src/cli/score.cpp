@@ -1,6 +1,7 @@
 // `deepfuse score`: one teacher-forced forward over the prompt's ids (given, or from --prompt or
 // --chat through the tokenizer); per-token log-likelihood and perplexity, and with --json the
-// full logits (the format parity checks and evaluations read).
+// full logits (the format parity checks and evaluations read). On the cuda backend the logits come
+// from Engine::score, a prefill of all ids, in the same format.
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -31,9 +32,9 @@ double log_probability(std::span<const float> logits, int32_t id) {
 
 int run_score(const ScoreArgs& args) {
   std::vector<int32_t> ids;
-  const LoadedModel model = load_model_for_prompt(args.model, ids);
-  reference::KvCache cache = model.decoder->new_cache();
-  const std::vector<float> logits = model.decoder->forward(ids, cache);
+  LoadedModel model = prepare_model(args.model, ids);
+  load_weights(args.model, model);
+  const std::vector<float> logits = score_logits(model, ids);
   const size_t vocab = model.config.vocab_size;
 
   // Written whole after the forward succeeded: a failure leaves no partial file behind.

@@ -9,37 +9,22 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "cli/cli_test_util.hpp"
 #include "deepfuse/chat_template.hpp"
+#include "deepfuse/device.hpp"
 #include "deepfuse/tokenizer.hpp"
-#include "model/model_test_util.hpp"
 
 namespace deepfuse {
 namespace {
 
+using testing::expect_bad_input;
+using testing::generated_ids;
+using testing::generated_output;
+using testing::RunResult;
+using testing::run_cli;
 using testing::ScratchDir;
+using testing::stats_line;
 using testing::write_file;
-
-struct RunResult {
-  int exit_code;
-  std::string out, err;
-};
-
-RunResult run_cli(const ScratchDir& dir, const std::string& args) {
-  const auto out = dir.path() / "stdout.txt", err = dir.path() / "stderr.txt";
-  const std::string command = std::string(DEEPFUSE_CLI) + " " + args + " >" + out.string() + " 2>" + err.string();
-  const int status = std::system(command.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text_file(out), read_text_file(err)};
-}
-
-// Exit code 2, nothing on stdout, exactly one stderr line containing every part.
-void expect_bad_input(const RunResult& result, std::initializer_list<std::string> parts) {
-  EXPECT_EQ(result.exit_code, 2) << result.err;
-  EXPECT_EQ(result.out, "");
-  ASSERT_FALSE(result.err.empty());
-  EXPECT_EQ(result.err.find('\n'), result.err.size() - 1) << "not one line: " << result.err;
-  EXPECT_EQ(result.err.rfind("deepfuse: error: ", 0), 0u) << result.err;
-  for (const auto& part : parts) EXPECT_NE(result.err.find(part), std::string::npos) << part << " not in " << result.err;
-}
 
 class Cli : public ::testing::Test {
  protected:
@@ -71,14 +56,14 @@ TEST_F(Cli, GoodCheckpointInspectsGeneratesAndScores) {
   const RunResult info = inspect();
   EXPECT_EQ(info.exit_code, 0) << info.err;
   EXPECT_NE(info.out.find("LlamaForCausalLM"), std::string::npos);
-  const RunResult generated = run_cli(scratch_, "generate --model " + model_.string() +
+  const RunResult generated = run_cli(scratch_, "generate --backend reference --model " + model_.string() +
                                                     " --prompt-ids 1,7,9 --max-tokens 4 --ignore-eos");
   EXPECT_EQ(generated.exit_code, 0) << generated.err;
   EXPECT_NE(generated.out.find("prompt tokens: 3, generated tokens: 4, time to first token:"), std::string::npos)
       << generated.out;
   const auto json = scratch_.path() / "scores.json";
   const RunResult scored =
-      run_cli(scratch_, "score --model " + model_.string() + " --prompt-ids 1,7,9 --json " + json.string());
+      run_cli(scratch_, "score --backend reference --model " + model_.string() + " --prompt-ids 1,7,9 --json " + json.string());
   EXPECT_EQ(scored.exit_code, 0) << scored.err;
   const auto parsed = nlohmann::json::parse(read_text_file(json));
   EXPECT_EQ(parsed["input_ids"], nlohmann::json::parse("[1,7,9]"));
@@ -86,25 +71,17 @@ TEST_F(Cli, GoodCheckpointInspectsGeneratesAndScores) {
   EXPECT_EQ(parsed["logits"][0].size(), 320u);
 }
 
-// The ids on generate's first stdout line.
-std::vector<int> generated_ids(const RunResult& result) {
-  std::vector<int> ids;
-  std::istringstream line(result.out.substr(0, result.out.find('\n')));
-  for (int id; line >> id;) ids.push_back(id);
-  return ids;
-}
-
 TEST_F(Cli, GreedyGenerationPicksTheArgmaxOfTheTeacherForcedLogits) {
   remove_tokenizer();
   const RunResult generated =
-      run_cli(scratch_, "generate --model " + model_.string() + " --prompt-ids 3,1,4,1,5 --max-tokens 6 --ignore-eos");
+      run_cli(scratch_, "generate --backend reference --model " + model_.string() + " --prompt-ids 3,1,4,1,5 --max-tokens 6 --ignore-eos");
   ASSERT_EQ(generated.exit_code, 0) << generated.err;
   const std::vector<int> ids = generated_ids(generated);
   ASSERT_EQ(ids.size(), 6u);
   std::string all = "3,1,4,1,5";
   for (int id : ids) all += "," + std::to_string(id);
   const auto json = scratch_.path() / "scores.json";
-  ASSERT_EQ(run_cli(scratch_, "score --model " + model_.string() + " --prompt-ids " + all + " --json " + json.string())
+  ASSERT_EQ(run_cli(scratch_, "score --backend reference --model " + model_.string() + " --prompt-ids " + all + " --json " + json.string())
                 .exit_code, 0);
   const auto logits = nlohmann::json::parse(read_text_file(json))["logits"];
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -117,7 +94,7 @@ TEST_F(Cli, SamplingFollowsTheSeedAndGenerationConfig) {
   remove_tokenizer();
   write_file(model_ / "generation_config.json", R"({"do_sample": true, "temperature": 1.5, "top_k": 0})");
   auto sample = [&](const std::string& extra) {
-    const RunResult r = run_cli(scratch_, "generate --model " + model_.string() +
+    const RunResult r = run_cli(scratch_, "generate --backend reference --model " + model_.string() +
                                               " --prompt-ids 1 --max-tokens 12 --ignore-eos " + extra);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     return generated_ids(r);
@@ -184,14 +161,13 @@ TEST_F(Cli, PromptProblemsFailBeforeAnyWork) {
   replace_config_field("\"max_position_embeddings\": 512", "\"max_position_embeddings\": 4");
   replace_weights("garbage");
   const std::string json = (scratch_.path() / "never.json").string();
-  const std::string model = " --model " + model_.string();
+  const std::string model = " --backend reference --model " + model_.string();
   expect_bad_input(run_cli(scratch_, "generate" + model + " --prompt-ids 1,2,3,4,5"),
                    {"--prompt-ids", "5 tokens", "max_position_embeddings (4)", "config.json"});
   expect_bad_input(run_cli(scratch_, "score" + model + " --prompt-ids 1,2,3,4,5 --json " + json),
                    {"max_position_embeddings (4)"});
   EXPECT_FALSE(std::filesystem::exists(json)) << "no partial output";
   expect_bad_input(run_cli(scratch_, "generate" + model + " --prompt-ids 1,999"), {"token id 999", "[0, 320)"});
-  expect_bad_input(run_cli(scratch_, "generate" + model + " --prompt-ids 1 --backend cuda"), {"cuda", "not built yet"});
   expect_bad_input(run_cli(scratch_, "generate" + model + " --prompt hello --prompt-ids 1"), {"exactly one prompt"});
   expect_bad_input(run_cli(scratch_, "generate" + model), {"exactly one prompt"});
   // Text goes through the tokenizer before the weights are read.
@@ -202,15 +178,38 @@ TEST_F(Cli, PromptProblemsFailBeforeAnyWork) {
   EXPECT_FALSE(std::filesystem::exists(json)) << "no partial output";
 }
 
-// What generate printed before its stats line: the generated text (or ids).
-std::string generated_output(const RunResult& result) {
-  const auto stats = result.out.rfind("\nprompt tokens: ");
-  return stats == std::string::npos ? result.out : result.out.substr(0, stats);
-}
-
-std::string stats_line(const RunResult& result) {
-  const auto stats = result.out.rfind("\nprompt tokens: ");
-  return stats == std::string::npos ? "" : result.out.substr(stats + 1);
+TEST_F(Cli, BackendAndModelSourceProblems) {
+  const std::string model = " --model " + model_.string();
+  expect_bad_input(run_cli(scratch_, "generate" + model + " --prompt-ids 1 --backend tpu"),
+                   {"--backend 'tpu'", "unknown backend"});
+  expect_bad_input(run_cli(scratch_, "score" + model + " --prompt-ids 1 --mlp-variant fastest"),
+                   {"--mlp-variant 'fastest'", "fused, unfused, naive"});
+  expect_bad_input(run_cli(scratch_, "generate --prompt-ids 1"), {"--model DIR", "--random-weights --arch NAME"});
+  expect_bad_input(run_cli(scratch_, "generate" + model + " --random-weights --arch llama3-8b --prompt-ids 1"),
+                   {"--model and --random-weights"});
+  expect_bad_input(run_cli(scratch_, "generate --arch llama3-8b --prompt-ids 1"), {"--arch needs --random-weights"});
+  expect_bad_input(run_cli(scratch_, "generate --random-weights --prompt-ids 1"),
+                   {"--random-weights needs --arch", "llama3-8b"});
+  expect_bad_input(run_cli(scratch_, "score --random-weights --arch gpt-5 --prompt-ids 1"),
+                   {"--arch 'gpt-5'", "unknown", "llama3.2-1b"});
+  expect_bad_input(run_cli(scratch_, "generate --random-weights --arch llama3-8b --backend reference --prompt-ids 1"),
+                   {"--random-weights", "cuda backend only"});
+  // auto runs this model (head_dim 16: no CUDA kernels) on the reference backend with or without a
+  // GPU, where the engine flags do not apply; with a GPU it says so in a note.
+  const RunResult fallback =
+      run_cli(scratch_, "generate" + model + " --prompt-ids 1 --max-tokens 2 --ignore-eos --no-cuda-graphs");
+  EXPECT_EQ(fallback.exit_code, 0) << fallback.err;
+  EXPECT_EQ(stats_line(fallback).rfind("prompt tokens: 1, generated tokens: 2,", 0), 0u) << fallback.out;
+  if (cuda_device_available()) {
+    EXPECT_NE(fallback.err.find("head_dim 16"), std::string::npos) << fallback.err;
+    return;  // the rest is about machines without a GPU
+  }
+  EXPECT_EQ(fallback.err, "");
+  expect_bad_input(run_cli(scratch_, "generate" + model + " --prompt-ids 1 --backend cuda"),
+                   {"--backend cuda", "no CUDA device"});
+  expect_bad_input(run_cli(scratch_, "generate --random-weights --arch llama3-8b --prompt-ids 1"),
+                   {"--random-weights", "no CUDA device"});
+  expect_bad_input(run_cli(scratch_, "bench decode --archs llama3.2-1b"), {"bench decode", "no CUDA device"});
 }
 
 TEST_F(Cli, MakeModelWritesATokenizerTheConfigAgreesWith) {
@@ -237,7 +236,7 @@ TEST(CliMakeModel, VocabTooSmallForATokenizerStaysIdsOnly) {
 TEST_F(Cli, GenerateFromATextPrompt) {
   const std::string text = "The capital of France is";
   const RunResult generated =
-      run_cli(scratch_, "generate --model " + model_.string() + " --prompt '" + text + "' --max-tokens 8 --ignore-eos");
+      run_cli(scratch_, "generate --backend reference --model " + model_.string() + " --prompt '" + text + "' --max-tokens 8 --ignore-eos");
   ASSERT_EQ(generated.exit_code, 0) << generated.err;
   const size_t prompt_tokens = Tokenizer::from_directory(model_).encode(text).size();
   EXPECT_EQ(stats_line(generated).rfind("prompt tokens: " + std::to_string(prompt_tokens) + ", generated tokens: 8,", 0),
@@ -247,7 +246,7 @@ TEST_F(Cli, GenerateFromATextPrompt) {
   // score takes the same text and scores the same ids.
   const auto json = scratch_.path() / "scores.json";
   const RunResult scored =
-      run_cli(scratch_, "score --model " + model_.string() + " --prompt '" + text + "' --json " + json.string());
+      run_cli(scratch_, "score --backend reference --model " + model_.string() + " --prompt '" + text + "' --json " + json.string());
   ASSERT_EQ(scored.exit_code, 0) << scored.err;
   EXPECT_EQ(nlohmann::json::parse(read_text_file(json))["input_ids"].size(), prompt_tokens);
 }
@@ -263,7 +262,7 @@ TEST_F(Cli, GenerateFromChatMessagesRendersTheTemplate) {
   for (const std::string messages : {"'system: Be brief.\nuser: Hi!'",
                                      R"('[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]')"}) {
     const RunResult generated =
-        run_cli(scratch_, "generate --model " + model_.string() + " --chat " + messages + " --max-tokens 4");
+        run_cli(scratch_, "generate --backend reference --model " + model_.string() + " --chat " + messages + " --max-tokens 4");
     ASSERT_EQ(generated.exit_code, 0) << generated.err;
     EXPECT_EQ(stats_line(generated).rfind(expected, 0), 0u) << generated.out;
   }
@@ -273,7 +272,7 @@ TEST_F(Cli, GenerateFromChatMessagesRendersTheTemplate) {
 // the streamed text must still be exactly the full decode of the ids.
 TEST_F(Cli, StreamedTextIsTheDecodeOfTheGeneratedIds) {
   const Tokenizer tokenizer = Tokenizer::from_directory(model_);
-  const std::string args = "generate --model " + model_.string() +
+  const std::string args = "generate --backend reference --model " + model_.string() +
                            " --prompt-ids 315,84,104,101 --max-tokens 40 --ignore-eos --temperature 1 --top-k 0 --seed 7";
   const RunResult as_text = run_cli(scratch_, args);
   ASSERT_EQ(as_text.exit_code, 0) << as_text.err;
@@ -287,7 +286,7 @@ TEST_F(Cli, StreamedTextIsTheDecodeOfTheGeneratedIds) {
 
 TEST_F(Cli, TextPromptsNeedTheTokenizer) {
   remove_tokenizer();
-  const std::string model = " --model " + model_.string();
+  const std::string model = " --backend reference --model " + model_.string();
   const std::string missing = (model_ / "tokenizer.json").string();
   expect_bad_input(run_cli(scratch_, "generate" + model + " --prompt hello"), {"--prompt", missing, "not found"});
   expect_bad_input(run_cli(scratch_, "generate" + model + " --chat 'user: hello'"), {"--chat", missing, "not found"});

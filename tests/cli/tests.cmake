@@ -1,3 +1,6 @@
 deepfuse_test(test_cli ${CMAKE_CURRENT_LIST_DIR}/test_cli.cpp)
 target_compile_definitions(test_cli PRIVATE DEEPFUSE_CLI="$<TARGET_FILE:deepfuse_cli>")
 add_dependencies(test_cli deepfuse_cli)
+deepfuse_test(test_cli_gpu ${CMAKE_CURRENT_LIST_DIR}/test_cli_gpu.cpp GPU)
+target_compile_definitions(test_cli_gpu PRIVATE DEEPFUSE_CLI="$<TARGET_FILE:deepfuse_cli>")
+add_dependencies(test_cli_gpu deepfuse_cli)

@@ -1,0 +1,262 @@
+#include "bench/decode_bench.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <optional>
+#include <random>
+
+#include "bench/timing.hpp"
+#include "deepfuse/device.hpp"
+#include "deepfuse/engine.hpp"
+#include "deepfuse/error.hpp"
+#include "kernels/attention/paged_kv.cuh"
+
+namespace deepfuse::bench {
+
+std::vector<std::string> default_decode_bench_archs() { return {"llama3-8b", "llama3.2-1b", "qwen2.5-7b"}; }
+std::vector<int> default_decode_bench_batches() { return {1, 8, 32}; }
+std::vector<int> default_decode_bench_contexts() { return {512, 8192, 32768}; }
+std::vector<int> default_decode_bench_ttft_prompts() { return {512, 4096}; }
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+double mean(const std::vector<double>& values) {
+  double sum = 0;
+  for (double v : values) sum += v;
+  return sum / static_cast<double>(values.size());
+}
+
+int pages_for(int tokens) { return (tokens + kernels::kKvPageSize - 1) / kernels::kKvPageSize; }
+
+// Bytes of K and V one decode step reads: every sequence's keys and values in every layer, only
+// the last sliding_window positions where the model has a window (Mistral).
+size_t kv_bytes_read_per_step(const ModelConfig& c, int batch, int context) {
+  const int attended = c.sliding_window > 0 ? std::min(context, c.sliding_window) : context;
+  return static_cast<size_t>(batch) * attended * c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim *
+         sizeof(uint16_t);
+}
+
+// The run's shared state: the table rows and JSON as they accumulate.
+struct Report {
+  Table decode{{"arch", "batch", "context", "ms/step", "tok/s/seq", "tok/s", "roofline ms", "%roofline", "launches",
+                "GPU GB"}};
+  Table ttft{{"arch", "prompt", "TTFT ms"}};
+  nlohmann::json rows = nlohmann::json::array();
+
+  void skip(const std::string& what, nlohmann::json row, const std::string& reason) {
+    std::printf("  skipped %s: %s\n", what.c_str(), reason.c_str());
+    row["skipped"] = reason;
+    rows.push_back(row);
+  }
+};
+
+// One decode step of the case's batch: every sequence must advance by one token; one that
+// finishes here (KV cache full, context length) breaks the case.
+void step_all(Engine& engine, int batch) {
+  const std::vector<StepToken> produced = engine.step();
+  DF_CHECK(static_cast<int>(produced.size()) == batch,
+           "a step produced " + std::to_string(produced.size()) + " tokens for " + std::to_string(batch) + " sequences");
+  for (const StepToken& token : produced)
+    DF_CHECK(token.finish == FinishReason::none,
+             std::string("a sequence finished while timing (") + finish_reason_name(token.finish) + ")");
+}
+
+// Frees the case's sequences. One that finished was already removed by the engine itself, so a
+// failure to remove it is expected and ignored.
+void remove_all(Engine& engine, const std::vector<SequenceId>& sequences) {
+  for (SequenceId id : sequences) {
+    try {
+      engine.remove_sequence(id);
+    } catch (const Error&) {
+    }
+  }
+}
+
+void run_decode_case(Engine& engine, const std::string& arch, int batch, int context, const DecodeBenchOptions& options,
+                     double copy_bytes_per_s, Report& report) {
+  const ModelConfig& config = engine.config();
+  nlohmann::json row = {{"kind", "decode"}, {"arch", arch}, {"batch", batch}, {"context", context}};
+  const int tokens_per_sequence = options.warmup + options.steps + 1;
+  const int pages_needed = batch * pages_for(context + tokens_per_sequence);
+  const std::string label = arch + " batch " + std::to_string(batch) + " context " + std::to_string(context);
+  const EngineStats before = engine.stats();
+  if (pages_needed > before.kv_pages_free) {
+    report.skip(label, row, "needs " + std::to_string(pages_needed) + " KV pages, the cache has " +
+                         std::to_string(before.kv_pages_free) + " free (" +
+                         format_fixed(before.kv_cache_bytes / 1e9, 1) + " GB pool)");
+    return;
+  }
+  std::vector<SequenceId> sequences;
+  std::vector<double> step_ms;
+  try {
+    for (int b = 0; b < batch; ++b) sequences.push_back(engine.add_prefilled_for_benchmark(context, tokens_per_sequence));
+    for (int s = 0; s < options.warmup; ++s) step_all(engine, batch);
+    for (int s = 0; s < options.steps; ++s) {
+      const auto start = Clock::now();
+      step_all(engine, batch);  // step() ends with its one synchronisation, so wall time is the step
+      step_ms.push_back(ms_since(start));
+    }
+  } catch (const Error& e) {
+    remove_all(engine, sequences);
+    report.skip(label, row, e.what());
+    return;
+  }
+  remove_all(engine, sequences);
+
+  const EngineStats stats = engine.stats();
+  const double ms = median(step_ms);
+  const size_t kv_bytes = kv_bytes_read_per_step(config, batch, context);
+  const double roofline_ms = static_cast<double>(stats.weight_bytes + kv_bytes) / copy_bytes_per_s * 1e3;
+  const double percent = 100.0 * roofline_ms / ms;
+  report.decode.add({arch, std::to_string(batch), std::to_string(context), format_fixed(ms, 3),
+                     format_fixed(1e3 / ms, 1), format_fixed(batch * 1e3 / ms, 1), format_fixed(roofline_ms, 3),
+                     format_fixed(percent, 1), std::to_string(stats.launches_per_decode_step),
+                     format_fixed(stats.gpu_memory_used / 1e9, 1)});
+  row.update({{"ms_per_step", ms},
+              {"ms_per_step_mean", mean(step_ms)},
+              {"ms_per_step_min", *std::min_element(step_ms.begin(), step_ms.end())},
+              {"tokens_per_s_per_sequence", 1e3 / ms},
+              {"tokens_per_s", batch * 1e3 / ms},
+              {"weight_bytes", stats.weight_bytes},
+              {"kv_bytes_per_step", kv_bytes},
+              {"roofline_ms", roofline_ms},
+              {"pct_roofline", percent},
+              {"launches_per_step", stats.launches_per_decode_step},
+              {"launches_per_layer", stats.launches_per_layer},
+              {"gpu_memory_bytes", stats.gpu_memory_used}});
+  report.rows.push_back(row);
+}
+
+// add_sequence + step() until the sequence's first token, at batch 1 (the engine is otherwise idle).
+double time_to_first_token_ms(Engine& engine, const std::vector<int32_t>& prompt) {
+  SequenceRequest request;
+  request.prompt = prompt;
+  request.max_new_tokens = 1;  // finishes with its first token and leaves the engine by itself
+  const auto start = Clock::now();
+  const SequenceId sequence = engine.add_sequence(request);
+  for (int idle = 0;; ++idle) {
+    for (const StepToken& token : engine.step())
+      if (token.sequence == sequence) return ms_since(start);
+    DF_CHECK(idle < 16, "no first token after 16 steps");
+  }
+}
+
+void run_ttft_case(Engine& engine, const std::string& arch, int prompt_tokens, const DecodeBenchOptions& options,
+                   std::mt19937_64& rng, Report& report) {
+  nlohmann::json row = {{"kind", "ttft"}, {"arch", arch}, {"prompt_tokens", prompt_tokens}};
+  const std::string label = arch + " time to first token at " + std::to_string(prompt_tokens) + " tokens";
+  const EngineStats stats = engine.stats();
+  if (pages_for(prompt_tokens + 1) > stats.kv_pages_free) {
+    report.skip(label, row, "the prompt needs more KV pages than the cache has free");
+    return;
+  }
+  std::uniform_int_distribution<int32_t> any_id(0, engine.config().vocab_size - 1);
+  std::vector<int32_t> prompt(prompt_tokens);
+  for (int32_t& id : prompt) id = any_id(rng);
+  std::vector<double> ms;
+  try {
+    time_to_first_token_ms(engine, prompt);  // warm-up: first prefill at this length
+    for (int rep = 0; rep < options.ttft_repetitions; ++rep) ms.push_back(time_to_first_token_ms(engine, prompt));
+  } catch (const Error& e) {
+    report.skip(label, row, e.what());
+    return;
+  }
+  report.ttft.add({arch, std::to_string(prompt_tokens), format_fixed(median(ms), 2)});
+  row.update({{"ms", median(ms)}, {"ms_min", *std::min_element(ms.begin(), ms.end())}});
+  report.rows.push_back(row);
+}
+
+void run_arch(const std::string& arch, const DecodeBenchOptions& options, double copy_bytes_per_s, Report& report) {
+  const int largest_context = *std::max_element(options.contexts.begin(), options.contexts.end());
+  const int largest_prompt =
+      options.ttft_prompts.empty() ? 0 : *std::max_element(options.ttft_prompts.begin(), options.ttft_prompts.end());
+  EngineOptions engine_options;
+  engine_options.max_batch = *std::max_element(options.batches.begin(), options.batches.end());
+  const int longest = std::max(largest_context + options.warmup + options.steps + 1, largest_prompt + 1);
+  engine_options.max_context = pages_for(longest) * kernels::kKvPageSize;  // whole pages
+  engine_options.kv_cache_bytes = options.kv_cache_bytes;
+  engine_options.cuda_graphs = options.cuda_graphs;
+  engine_options.mlp_variant = options.mlp_variant;
+
+  ModelConfig config = random_arch_config(arch);
+  if (config.max_position_embeddings < engine_options.max_context) {
+    // Random weights: positions past the trained length cost the same and only speed is measured.
+    std::printf("  %s: max_position_embeddings %d raised to %d for the longest case\n", arch.c_str(),
+                config.max_position_embeddings, engine_options.max_context);
+    config.max_position_embeddings = engine_options.max_context;
+  }
+  std::optional<Engine> engine;
+  try {
+    engine.emplace(Engine::with_random_weights(config, engine_options, options.seed));
+  } catch (const Error& e) {
+    report.skip(arch, {{"kind", "engine"}, {"arch", arch}}, e.what());
+    return;
+  }
+  const EngineStats stats = engine->stats();
+  std::fprintf(stderr, "  %s: %.2f GB of weights, %.1f GB KV pool (%d pages), %d launches per step\n", arch.c_str(),
+               stats.weight_bytes / 1e9, stats.kv_cache_bytes / 1e9, stats.kv_pages_total,
+               stats.launches_per_decode_step);
+  for (int context : options.contexts)
+    for (int batch : options.batches) {
+      run_decode_case(*engine, arch, batch, context, options, copy_bytes_per_s, report);
+      std::fprintf(stderr, "  measured %s batch %d context %d\n", arch.c_str(), batch, context);
+    }
+  std::mt19937_64 rng(options.seed);
+  for (int prompt_tokens : options.ttft_prompts) run_ttft_case(*engine, arch, prompt_tokens, options, rng, report);
+}
+
+void check_options(const DecodeBenchOptions& options) {
+  DF_CHECK(!options.archs.empty() && !options.batches.empty() && !options.contexts.empty(),
+           "bench decode: give at least one arch, batch and context");
+  for (int b : options.batches) DF_CHECK(b >= 1, "bench decode: --batches must be at least 1");
+  for (int c : options.contexts) DF_CHECK(c >= 1, "bench decode: --contexts must be at least 1");
+  for (int p : options.ttft_prompts) DF_CHECK(p >= 1, "bench decode: --ttft-prompts must be at least 1");
+  DF_CHECK(options.steps >= 1 && options.warmup >= 0 && options.ttft_repetitions >= 1,
+           "bench decode: --steps and --ttft-reps must be at least 1, --warmup at least 0");
+  const std::vector<std::string> known = random_arch_names();
+  for (const auto& arch : options.archs)
+    DF_CHECK(std::find(known.begin(), known.end(), arch) != known.end(), "bench decode: unknown arch '" + arch + "'");
+}
+
+}  // namespace
+
+int run_decode_bench(const DecodeBenchOptions& options) {
+  check_options(options);
+  DF_CHECK(cuda_device_available(), "bench decode: no CUDA device found (the decode benchmark runs the CUDA engine)");
+  const DeviceInfo device = query_device();
+  const double copy_bw = measure_copy_bandwidth();
+  std::printf("GPU: %s, %d SMs; measured copy bandwidth %.3f TB/s (read+write); CUDA graphs %s, MLP %s\n",
+              device.name.c_str(), device.sm_count, copy_bw / 1e12, options.cuda_graphs ? "on" : "off",
+              mlp_variant_name(options.mlp_variant));
+  Report report;
+  for (const auto& arch : options.archs) run_arch(arch, options, copy_bw, report);
+
+  std::printf("\ndecode step (median of %d; roofline = (weights + KV read) / copy bandwidth)\n", options.steps);
+  std::fputs(report.decode.render().c_str(), stdout);
+  if (!options.ttft_prompts.empty()) {
+    std::printf("\ntime to first token (batch 1, median of %d)\n", options.ttft_repetitions);
+    std::fputs(report.ttft.render().c_str(), stdout);
+  }
+  if (!options.json_path.empty()) {
+    nlohmann::json json = run_header(device.name, copy_bw);
+    json.update({{"suite", "decode"}, {"cuda_graphs", options.cuda_graphs},
+                 {"mlp_variant", mlp_variant_name(options.mlp_variant)}, {"steps", options.steps},
+                 {"warmup", options.warmup}, {"rows", report.rows}});
+    write_json(options.json_path, json);
+  }
+  return 0;
+}
+
+}  // namespace deepfuse::bench

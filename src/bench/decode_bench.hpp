@@ -1,0 +1,44 @@
+// `deepfuse bench decode`: the whole engine's decode step on real-shaped random-weight models,
+// per (architecture, batch, context), against its roofline: the bytes one step must read (every
+// weight once, plus each sequence's K and V up to its context) over the copy bandwidth measured in
+// the same run. Also time to first token for random prompts at batch 1.
+//
+// Long contexts need no prefill: Engine::add_prefilled_for_benchmark gives sequences whose KV
+// pages count as filled, so a 32k-context step costs a 32k-context step and nothing else.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "deepfuse/mlp.hpp"
+
+namespace deepfuse::bench {
+
+struct DecodeBenchOptions {
+  std::vector<std::string> archs;      // names from random_arch_names()
+  std::vector<int> batches;            // sequences decoded together
+  std::vector<int> contexts;           // tokens already in each sequence's KV cache
+  std::vector<int> ttft_prompts;       // prompt lengths for time to first token (batch 1)
+  int steps = 32;                      // timed decode steps per case
+  int warmup = 4;                      // untimed steps first
+  int ttft_repetitions = 3;            // timed first tokens per prompt length (median)
+  bool cuda_graphs = true;
+  MlpVariant mlp_variant = MlpVariant::fused;
+  size_t kv_cache_bytes = 0;           // 0: the engine's default share of free GPU memory
+  uint64_t seed = 1;                   // weights and TTFT prompts
+  std::string json_path;               // empty: no JSON
+};
+
+// llama3-8b, llama3.2-1b, qwen2.5-7b; batches 1, 8, 32; contexts 512, 8192, 32768; TTFT 512, 4096.
+std::vector<std::string> default_decode_bench_archs();
+std::vector<int> default_decode_bench_batches();
+std::vector<int> default_decode_bench_contexts();
+std::vector<int> default_decode_bench_ttft_prompts();
+
+// Needs a CUDA device (throws deepfuse::Error without one). One engine per architecture, built
+// for the largest batch and context; cases that do not fit its KV cache are skipped with the
+// reason printed. Prints the tables to stdout; returns 0.
+int run_decode_bench(const DecodeBenchOptions& options);
+
+}  // namespace deepfuse::bench

@@ -1,0 +1,159 @@
+// `deepfuse generate` and `score` on the cuda backend, end to end through the binary: score's
+// output and --json equal the reference backend's up to bf16 error, greedy generation follows the
+// reference, every engine flag runs, and cuda-only input problems are one-line errors (exit 2).
+// The checkpoint comes from `deepfuse make-model` with head_dim 64 (the kernels' smallest).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_test_util.hpp"
+#include "logits_check.hpp"
+#include "test_util.hpp"
+
+namespace deepfuse {
+namespace {
+
+using testing::expect_bad_input;
+using testing::RunResult;
+using testing::run_cli;
+using testing::ScratchDir;
+using testing::write_file;
+
+// Small KV pools: GPU tests run side by side under ctest -j.
+const std::string kCuda = " --backend cuda --kv-cache-mb 32";
+
+class CliCuda : public ::testing::Test {
+ protected:
+  // Called by each test after DF_REQUIRE_GPU(): a tiny Llama (GQA 2:1, head_dim 64) with its
+  // tokenizer, fresh random weights every run.
+  void make_model() {
+    auto rng = testing::make_rng(31);
+    model_ = scratch_.path() / "model";
+    const RunResult made = run_cli(scratch_, "make-model --out " + model_.string() +
+                                                 " --hidden 128 --heads 2 --kv-heads 1 --intermediate 320 --layers 2"
+                                                 " --seed " + std::to_string(rng() % 1000000));
+    ASSERT_EQ(made.exit_code, 0) << made.err;
+    ids_ = "1";
+    for (int i = 1; i < 40; ++i) ids_ += "," + std::to_string(rng() % 320);
+  }
+  std::string model() const { return " --model " + model_.string(); }
+
+  // score --json's logits, after checking the run succeeded.
+  std::vector<float> score_json(const std::string& flags) {
+    const auto json = scratch_.path() / "score.json";
+    const RunResult scored = run_cli(scratch_, "score" + model() + " --prompt-ids " + ids_ + flags + " --json " + json.string());
+    EXPECT_EQ(scored.exit_code, 0) << flags << ": " << scored.err;
+    if (scored.exit_code != 0) return {};
+    const auto parsed = nlohmann::json::parse(read_text_file(json));
+    std::vector<float> logits;
+    for (const auto& row : parsed["logits"])
+      for (float v : row.get<std::vector<float>>()) logits.push_back(v);
+    return logits;
+  }
+
+  ScratchDir scratch_;
+  std::filesystem::path model_;
+  std::string ids_;  // a 40-token prompt
+};
+
+TEST_F(CliCuda, ScoreMatchesTheReferenceBackendForEveryEngineFlag) {
+  DF_REQUIRE_GPU();
+  ASSERT_NO_FATAL_FAILURE(make_model());
+  const std::vector<float> reference = score_json(" --backend reference");
+  ASSERT_EQ(reference.size(), 40u * 320u);
+  for (const std::string flags : {kCuda, kCuda + " --no-cuda-graphs", kCuda + " --mlp-variant unfused",
+                                   kCuda + " --mlp-variant naive", kCuda + " --max-batch 3 --max-context 64"}) {
+    const std::vector<float> cuda = score_json(flags);
+    ASSERT_EQ(cuda.size(), reference.size()) << flags;
+    const testing::LogitsComparison c = testing::compare_logits(cuda, reference, 320);
+    EXPECT_LT(c.worst_error, 2e-2) << flags << ": " << c.describe();
+    EXPECT_GT(c.top1_agreement(), 0.99) << flags << ": " << c.describe();
+  }
+}
+
+TEST_F(CliCuda, ScorePrintsTheSameTableAsTheReferenceBackend) {
+  DF_REQUIRE_GPU();
+  ASSERT_NO_FATAL_FAILURE(make_model());
+  const RunResult reference = run_cli(scratch_, "score --backend reference" + model() + " --prompt-ids " + ids_);
+  const RunResult cuda = run_cli(scratch_, "score" + kCuda + model() + " --prompt-ids " + ids_);
+  ASSERT_EQ(cuda.exit_code, 0) << cuda.err;
+  auto lines = [](const std::string& text) { return std::count(text.begin(), text.end(), '\n'); };
+  EXPECT_EQ(lines(cuda.out), lines(reference.out));
+  EXPECT_NE(cuda.out.find("tokens scored: 39, mean log-likelihood: "), std::string::npos) << cuda.out;
+}
+
+TEST_F(CliCuda, GreedyGenerationFollowsTheReferenceBackend) {
+  DF_REQUIRE_GPU();
+  ASSERT_NO_FATAL_FAILURE(make_model());
+  std::filesystem::remove(model_ / "tokenizer.json");  // ids out, so they can be compared
+  const std::string args = model() + " --prompt-ids " + ids_ + " --max-tokens 16 --ignore-eos --temperature 0";
+  const RunResult reference = run_cli(scratch_, "generate --backend reference" + args);
+  const RunResult cuda = run_cli(scratch_, "generate" + kCuda + args);
+  ASSERT_EQ(reference.exit_code, 0) << reference.err;
+  ASSERT_EQ(cuda.exit_code, 0) << cuda.err;
+  EXPECT_EQ(testing::stats_line(cuda).rfind("prompt tokens: 40, generated tokens: 16, time to first token: ", 0), 0u)
+      << cuda.out;
+  const std::vector<int> ours = testing::generated_ids(cuda), theirs = testing::generated_ids(reference);
+  ASSERT_EQ(ours.size(), 16u);
+  ASSERT_EQ(theirs.size(), 16u);
+  // Equal up to the first difference, which must be a near tie of the reference's logits there.
+  size_t same = 0;
+  while (same < ours.size() && ours[same] == theirs[same]) ++same;
+  if (same == ours.size()) return;
+  std::string all = ids_;
+  for (size_t i = 0; i < same; ++i) all += "," + std::to_string(theirs[i]);
+  const auto json = scratch_.path() / "diverged.json";
+  ASSERT_EQ(run_cli(scratch_, "score --backend reference" + model() + " --prompt-ids " + all + " --json " + json.string())
+                .exit_code, 0);
+  const auto row = nlohmann::json::parse(read_text_file(json))["logits"].back().get<std::vector<float>>();
+  EXPECT_TRUE(ours[same] >= 0 && ours[same] < 320 && testing::near_tie(row, ours[same], theirs[same]))
+      << "token " << same << ": cuda " << ours[same] << ", reference " << theirs[same];
+}
+
+TEST_F(CliCuda, TextPromptsStreamTextAndMaxContextCapsGeneration) {
+  DF_REQUIRE_GPU();
+  ASSERT_NO_FATAL_FAILURE(make_model());
+  const RunResult text = run_cli(scratch_, "generate" + kCuda + model() +
+                                               " --prompt 'The capital of France is' --max-tokens 8 --ignore-eos");
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(testing::stats_line(text).find("generated tokens: 8,"), std::string::npos) << text.out;
+  // 40 prompt tokens in a 44-token context leave room for 4.
+  const RunResult capped =
+      run_cli(scratch_, "generate" + kCuda + " --max-context 44" + model() + " --prompt-ids " + ids_ +
+                            " --max-tokens 10 --ignore-eos");
+  ASSERT_EQ(capped.exit_code, 0) << capped.err;
+  EXPECT_EQ(testing::stats_line(capped).rfind("prompt tokens: 40, generated tokens: 4,", 0), 0u) << capped.out;
+}
+
+TEST_F(CliCuda, RandomWeightsNeedNoFiles) {
+  DF_REQUIRE_GPU();
+  const RunResult generated = run_cli(scratch_, "generate --random-weights --arch llama3.2-1b --backend cuda "
+                                                "--max-context 64 --kv-cache-mb 64 --prompt-ids 1,2,3 --max-tokens 4 "
+                                                "--ignore-eos");
+  ASSERT_EQ(generated.exit_code, 0) << generated.err;
+  EXPECT_EQ(testing::generated_ids(generated).size(), 4u) << generated.out;
+  const RunResult scored = run_cli(scratch_, "score --random-weights --arch llama3.2-1b --max-context 64 "
+                                             "--kv-cache-mb 64 --prompt-ids 1,2,3");
+  EXPECT_EQ(scored.exit_code, 0) << scored.err;
+  expect_bad_input(run_cli(scratch_, "generate --random-weights --arch llama3.2-1b --prompt hello"),
+                   {"--prompt", "no tokenizer", "--prompt-ids"});
+}
+
+TEST_F(CliCuda, CudaOnlyInputProblems) {
+  DF_REQUIRE_GPU();
+  ASSERT_NO_FATAL_FAILURE(make_model());
+  expect_bad_input(run_cli(scratch_, "score" + kCuda + " --max-context 16" + model() + " --prompt-ids " + ids_),
+                   {"--prompt-ids", "40 tokens", "--max-context (16)"});
+  expect_bad_input(run_cli(scratch_, "generate" + kCuda + model() + " --prompt-ids 1,2 --repetition-penalty 1.3"),
+                   {"--repetition-penalty", "cuda backend"});
+  expect_bad_input(run_cli(scratch_, "generate" + kCuda + model() + " --prompt-ids 1,2 --mlp-variant fastest"),
+                   {"--mlp-variant 'fastest'"});
+  // A checkpoint the engine cannot load: one line naming the problem, nothing on stdout.
+  write_file(model_ / "model.safetensors", "garbage");
+  expect_bad_input(run_cli(scratch_, "score" + kCuda + model() + " --prompt-ids 1,2"), {"model.safetensors"});
+}
+
+}  // namespace
+}  // namespace deepfuse

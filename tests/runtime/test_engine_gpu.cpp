@@ -1,0 +1,348 @@
+// The CUDA engine end to end against the CPU reference decoder, on tiny random checkpoints of each
+// architecture written to a temp dir and loaded the way users load theirs (Engine::from_checkpoint):
+//   - teacher-forced prompt + decode steps (Engine::score): logits per position, top-1 agreement;
+//   - prefill only, longer than prefill_chunk so the prompt is cut into chunks;
+//   - a ragged batch (score_batch: prompts of different lengths decoded together);
+//   - CUDA graphs vs eager launches: the same greedy tokens and (nearly) the same logits;
+//   - greedy generation through step() against the reference's greedy tokens;
+//   - finish reasons, and bad requests rejected by add_sequence with a one-line error.
+// The reference runs in fp32 on exactly the checkpoint's bf16 weights; the engine computes in
+// bf16 with fp32 accumulation, hence 2e-2 relative error per position (logits_check.hpp explains
+// how top-1 near ties are counted).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "deepfuse/engine.hpp"
+#include "deepfuse/make_model.hpp"
+#include "deepfuse/model_weights.hpp"
+#include "deepfuse/reference_decoder.hpp"
+#include "deepfuse/safetensors.hpp"
+#include "logits_check.hpp"
+#include "model/model_test_util.hpp"
+#include "test_util.hpp"
+
+namespace deepfuse {
+namespace {
+
+using testing::compare_logits;
+using testing::ScratchDir;
+
+constexpr double kMaxLogitsError = 2e-2;
+constexpr double kMinTop1Agreement = 0.99;
+
+struct TinyModel {
+  std::string name;
+  ModelConfig config;
+};
+
+ModelConfig tiny_config(Architecture architecture, int vocab, int hidden, int intermediate, int layers, int heads,
+                        int kv_heads, int head_dim, double rope_theta) {
+  ModelConfig c;
+  c.architecture = architecture;
+  c.vocab_size = vocab;
+  c.hidden_size = hidden;
+  c.intermediate_size = intermediate;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = heads;
+  c.num_key_value_heads = kv_heads;
+  c.head_dim = head_dim;
+  c.max_position_embeddings = 256;
+  c.rms_norm_eps = 1e-5;
+  c.rope.head_dim = head_dim;
+  c.rope.theta = rope_theta;
+  c.bos_token_id = 1;
+  c.eos_token_ids = {2};
+  return c;
+}
+
+// One per architecture feature the engine must get right. Vocabularies are odd-sized on purpose.
+std::vector<TinyModel> tiny_models() {
+  using A = Architecture;
+  std::vector<TinyModel> models;
+  // GQA 4:2, head_dim 64.
+  models.push_back({"llama_gqa", tiny_config(A::llama, 512, 256, 512, 2, 4, 2, 64, 10000.0)});
+  // head_dim 128 with q_size 512 != hidden 256, Llama 3 rope scaling with all three wavelength
+  // bands inside theta 500000's spectrum.
+  ModelConfig llama3 = tiny_config(A::llama, 1000, 256, 384, 3, 4, 2, 128, 500000.0);
+  llama3.rope.llama3_scaling = true;
+  llama3.rope.factor = 8.0;
+  llama3.rope.low_freq_factor = 1.0;
+  llama3.rope.high_freq_factor = 4.0;
+  llama3.rope.original_max_position = 64;
+  models.push_back({"llama3_rope_headdim128", llama3});
+  // q/k/v biases, tied embeddings, GQA 4:1.
+  ModelConfig qwen2 = tiny_config(A::qwen2, 997, 256, 448, 2, 4, 1, 64, 1000000.0);
+  qwen2.qkv_bias = true;
+  qwen2.tie_word_embeddings = true;
+  models.push_back({"qwen2_bias_tied", qwen2});
+  // A 24-token sliding window, shorter than the prompts below; GQA 3:1.
+  ModelConfig mistral = tiny_config(A::mistral, 771, 192, 320, 3, 3, 1, 64, 10000.0);
+  mistral.sliding_window = 24;
+  models.push_back({"mistral_window24", mistral});
+  return models;
+}
+
+// Small pools and one or two batch buckets: GPU tests run side by side under ctest -j.
+EngineOptions tiny_engine_options() {
+  EngineOptions options;
+  options.max_batch = 4;
+  options.max_context = 128;
+  options.kv_cache_bytes = size_t{16} << 20;
+  return options;
+}
+
+std::vector<int32_t> random_ids(std::mt19937_64& rng, int count, int vocab) {
+  std::uniform_int_distribution<int32_t> any(0, vocab - 1);
+  std::vector<int32_t> ids(count);
+  for (auto& id : ids) id = any(rng);
+  return ids;
+}
+
+// A checkpoint of the parameter's model with fresh random bf16 weights, and the reference decoder
+// over exactly those weights.
+class EngineVsReference : public ::testing::TestWithParam<int> {
+ protected:
+  void make_model(uint64_t salt) {
+    rng_ = testing::make_rng(salt * 16 + GetParam());
+    const TinyModel model = tiny_models()[GetParam()];
+    MakeModelOptions options;
+    options.seed = rng_();
+    write_random_checkpoint(model.config, scratch_.path(), options);
+    config_ = load_model_config(scratch_.path());
+    reference_ = std::make_unique<reference::Decoder>(config_,
+                                                      load_reference_weights(Checkpoint(scratch_.path()), config_));
+    vocab_ = static_cast<size_t>(config_.vocab_size);
+  }
+
+  Engine load_engine(const EngineOptions& options) {
+    return Engine::from_checkpoint(scratch_.path(), options);
+  }
+
+  // Reference logits [ids.size(), vocab]; its prompt and one-token-at-a-time paths agree exactly.
+  std::vector<float> reference_logits(std::span<const int32_t> ids) const {
+    reference::KvCache cache = reference_->new_cache();
+    return reference_->forward(ids, cache);
+  }
+
+  void expect_matches_reference(const std::vector<float>& logits, std::span<const int32_t> ids,
+                                const std::string& what) const {
+    ASSERT_EQ(logits.size(), ids.size() * vocab_) << what;
+    EXPECT_EQ(testing::count_nan(logits), 0u) << what;
+    const testing::LogitsComparison c = compare_logits(logits, reference_logits(ids), vocab_);
+    std::printf("[ %s ] %s: %s\n", tiny_models()[GetParam()].name.c_str(), what.c_str(), c.describe().c_str());
+    EXPECT_LT(c.worst_error, kMaxLogitsError) << what << ": " << c.describe();
+    EXPECT_GT(c.top1_agreement(), kMinTop1Agreement) << what << ": " << c.describe();
+  }
+
+  ScratchDir scratch_;
+  std::mt19937_64 rng_;
+  ModelConfig config_;
+  std::unique_ptr<reference::Decoder> reference_;
+  size_t vocab_ = 0;
+};
+
+TEST_P(EngineVsReference, TeacherForcedDecodeMatchesReference) {
+  DF_REQUIRE_GPU();
+  make_model(1);
+  Engine engine = load_engine(tiny_engine_options());
+  const int prompt = 40, decode_steps = 32;
+  const std::vector<int32_t> ids = random_ids(rng_, prompt + decode_steps, config_.vocab_size);
+  expect_matches_reference(engine.score(ids, prompt), ids, "prompt 40 + 32 decode steps");
+}
+
+TEST_P(EngineVsReference, ChunkedPrefillMatchesReference) {
+  DF_REQUIRE_GPU();
+  make_model(2);
+  EngineOptions options = tiny_engine_options();
+  options.prefill_chunk = 16;  // 45 tokens: chunks of 16, 16 and 13
+  Engine engine = load_engine(options);
+  const std::vector<int32_t> ids = random_ids(rng_, 45, config_.vocab_size);
+  expect_matches_reference(engine.score(ids, static_cast<int>(ids.size())), ids, "prefill only, chunks of 16");
+  // And chunked prefill followed by decode steps reading the chunked cache.
+  expect_matches_reference(engine.score(ids, 33), ids, "prefill 33 in chunks of 16 + 12 decode steps");
+}
+
+TEST_P(EngineVsReference, RaggedBatchMatchesReferencePerSequence) {
+  DF_REQUIRE_GPU();
+  make_model(3);
+  Engine engine = load_engine(tiny_engine_options());
+  // Three sequences (batch bucket 4, one padded slot) whose prompts and decode lengths all differ,
+  // so some sit out the last steps.
+  const std::vector<int> prompts = {5, 40, 17}, totals = {32, 49, 37};
+  std::vector<std::vector<int32_t>> sequences;
+  for (int total : totals) sequences.push_back(random_ids(rng_, total, config_.vocab_size));
+  const std::vector<std::vector<float>> logits = engine.score_batch(sequences, prompts);
+  ASSERT_EQ(logits.size(), sequences.size());
+  for (size_t s = 0; s < sequences.size(); ++s)
+    expect_matches_reference(logits[s], sequences[s],
+                             "sequence " + std::to_string(s) + " of the ragged batch (prompt " +
+                                 std::to_string(prompts[s]) + ", " + std::to_string(totals[s]) + " tokens)");
+}
+
+// Steps until every one of `sequences` reported its finish (at most max_steps steps); returns
+// what step() produced for each, in order.
+std::map<SequenceId, std::vector<StepToken>> step_until_finished(Engine& engine, const std::vector<SequenceId>& sequences,
+                                                                 int max_steps) {
+  std::map<SequenceId, std::vector<StepToken>> produced;
+  size_t finished = 0;
+  for (int step = 0; step < max_steps && finished < sequences.size(); ++step)
+    for (const StepToken& token : engine.step()) {
+      produced[token.sequence].push_back(token);
+      if (token.finish != FinishReason::none) ++finished;
+    }
+  EXPECT_EQ(finished, sequences.size()) << "sequences still running after " << max_steps << " steps";
+  return produced;
+}
+
+SequenceRequest greedy_request(std::vector<int32_t> prompt, int max_new_tokens) {
+  SequenceRequest request;
+  request.prompt = std::move(prompt);
+  request.max_new_tokens = max_new_tokens;
+  return request;
+}
+
+// Greedy tokens for each prompt (decoded together), in prompt order.
+std::vector<std::vector<int32_t>> generate_greedy(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                                                  int max_new_tokens) {
+  std::vector<SequenceId> sequences;
+  for (const auto& prompt : prompts) sequences.push_back(engine.add_sequence(greedy_request(prompt, max_new_tokens)));
+  auto produced = step_until_finished(engine, sequences, max_new_tokens + 2);
+  EXPECT_EQ(engine.running_sequences(), 0) << "finished sequences must leave the engine";
+  std::vector<std::vector<int32_t>> tokens;
+  for (SequenceId sequence : sequences) {
+    tokens.emplace_back();
+    for (const StepToken& token : produced[sequence]) tokens.back().push_back(token.id);
+  }
+  return tokens;
+}
+
+TEST_P(EngineVsReference, CudaGraphsAndEagerLaunchesAgree) {
+  DF_REQUIRE_GPU();
+  make_model(4);
+  EngineOptions eager_options = tiny_engine_options();
+  eager_options.cuda_graphs = false;
+  Engine graphs = load_engine(tiny_engine_options());
+  Engine eager = load_engine(eager_options);
+  const std::vector<std::vector<int32_t>> prompts = {random_ids(rng_, 7, config_.vocab_size),
+                                                     random_ids(rng_, 33, config_.vocab_size)};
+  const auto graph_tokens = generate_greedy(graphs, prompts, 20);
+  const auto eager_tokens = generate_greedy(eager, prompts, 20);
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    EXPECT_EQ(graph_tokens[s].size(), 20u) << "sequence " << s;
+    EXPECT_EQ(graph_tokens[s], eager_tokens[s]) << "greedy tokens of sequence " << s;
+  }
+  // The fused MLP reduces partial sums with fp32 atomics, so the two runs may differ in the last
+  // bits (not bitwise equal), far below 1e-3.
+  const std::vector<int32_t> ids = random_ids(rng_, 40, config_.vocab_size);
+  const std::vector<float> with_graphs = graphs.score(ids, 30), without = eager.score(ids, 30);
+  ASSERT_EQ(with_graphs.size(), without.size());
+  ASSERT_EQ(with_graphs.size(), ids.size() * vocab_);
+  for (size_t p = 0; p < ids.size(); ++p) {
+    const std::span<const float> a(with_graphs.data() + p * vocab_, vocab_), b(without.data() + p * vocab_, vocab_);
+    EXPECT_LT(testing::row_relative_error(a, b), 1e-3) << "position " << p;
+  }
+}
+
+TEST_P(EngineVsReference, GreedyGenerationFollowsReference) {
+  DF_REQUIRE_GPU();
+  make_model(5);
+  Engine engine = load_engine(tiny_engine_options());
+  const int new_tokens = 24;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int length : {1, 20, 45}) prompts.push_back(random_ids(rng_, length, config_.vocab_size));
+  const auto generated = generate_greedy(engine, prompts, new_tokens);
+  int compared = 0;
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    const std::vector<int32_t>& ours = generated[s];
+    ASSERT_EQ(ours.size(), static_cast<size_t>(new_tokens)) << "sequence " << s;
+    // Reference greedy decode, one token at a time; the first divergence must be a near tie of
+    // the reference, after which the two continue from different text and are not compared.
+    reference::KvCache cache = reference_->new_cache();
+    std::vector<float> logits = reference_->forward(prompts[s], cache);
+    for (int t = 0; t < new_tokens; ++t) {
+      const std::span<const float> row(logits.data() + logits.size() - vocab_, vocab_);
+      const auto best = static_cast<int32_t>(testing::argmax(row));
+      if (ours[t] != best) {
+        EXPECT_TRUE(ours[t] >= 0 && ours[t] < config_.vocab_size && testing::near_tie(row, ours[t], best))
+            << "sequence " << s << " token " << t << ": engine " << ours[t] << ", reference " << best
+            << " (logits " << (ours[t] >= 0 && ours[t] < config_.vocab_size ? row[ours[t]] : 0.0f) << " vs "
+            << row[best] << ", row RMS " << testing::rms(row) << ")";
+        break;
+      }
+      ++compared;
+      logits = reference_->forward(std::span(&ours[t], 1), cache);
+    }
+  }
+  std::printf("[ %s ] greedy tokens equal to the reference: %d of %d\n", tiny_models()[GetParam()].name.c_str(),
+              compared, new_tokens * static_cast<int>(prompts.size()));
+}
+
+TEST_P(EngineVsReference, FinishReasons) {
+  DF_REQUIRE_GPU();
+  make_model(6);
+  Engine engine = load_engine(tiny_engine_options());
+  const std::vector<int32_t> prompt = random_ids(rng_, 12, config_.vocab_size);
+  const std::vector<int32_t> greedy = generate_greedy(engine, {prompt}, 6)[0];
+  ASSERT_EQ(greedy.size(), 6u);
+
+  // max_new_tokens: exactly that many tokens, only the last one marked, then the sequence is gone.
+  const SequenceId counted = engine.add_sequence(greedy_request(prompt, 6));
+  std::vector<StepToken> seen = step_until_finished(engine, {counted}, 8)[counted];
+  ASSERT_EQ(seen.size(), 6u);
+  for (size_t i = 0; i < seen.size(); ++i)
+    EXPECT_EQ(seen[i].finish, i + 1 < seen.size() ? FinishReason::none : FinishReason::max_tokens) << "token " << i;
+  EXPECT_EQ(engine.running_sequences(), 0);
+
+  // A stop id ends the sequence at its first occurrence (greedy reproduces the same tokens).
+  SequenceRequest request = greedy_request(prompt, 6);
+  request.stop_ids = {greedy[3]};
+  const size_t stop_at = std::find(greedy.begin(), greedy.end(), greedy[3]) - greedy.begin();
+  const SequenceId stopped = engine.add_sequence(request);
+  seen = step_until_finished(engine, {stopped}, 8)[stopped];
+  ASSERT_EQ(seen.size(), stop_at + 1);
+  EXPECT_EQ(seen.back().id, greedy[3]);
+  EXPECT_EQ(seen.back().finish, FinishReason::stop_token);
+  EXPECT_EQ(engine.running_sequences(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyModels, EngineVsReference, ::testing::Range(0, static_cast<int>(tiny_models().size())),
+                         [](const ::testing::TestParamInfo<int>& info) { return tiny_models()[info.param].name; });
+
+TEST(EngineRequests, BadRequestsAreRejectedAndTheEngineStillWorks) {
+  DF_REQUIRE_GPU();
+  auto rng = testing::make_rng(7);
+  const ScratchDir scratch;
+  const ModelConfig config = tiny_models()[0].config;
+  MakeModelOptions make;
+  make.seed = rng();
+  write_random_checkpoint(config, scratch.path(), make);
+  EngineOptions options = tiny_engine_options();
+  // A pool of 4 pages of 16 tokens: enough for short prompts, not for 80 tokens.
+  const size_t bytes_per_token = size_t{2} * config.num_hidden_layers * config.kv_size() * sizeof(uint16_t);
+  options.kv_cache_bytes = 4 * 16 * bytes_per_token;
+  Engine engine = Engine::from_checkpoint(scratch.path(), options);
+
+  const int vocab = config.vocab_size;
+  testing::expect_error([&] { engine.add_sequence(greedy_request({}, 4)); }, {});
+  testing::expect_error([&] { engine.add_sequence(greedy_request({1, vocab, 3}, 4)); }, {std::to_string(vocab)});
+  testing::expect_error([&] { engine.add_sequence(greedy_request({1, -1, 3}, 4)); }, {"-1"});
+  // 129 tokens: longer than max_context (128) by itself; 120 + 9 only together.
+  testing::expect_error([&] { engine.add_sequence(greedy_request(random_ids(rng, 129, vocab), 1)); }, {"129"});
+  testing::expect_error([&] { engine.add_sequence(greedy_request(random_ids(rng, 120, vocab), 9)); }, {"120"});
+  // Fits max_context but not the KV pool.
+  testing::expect_error([&] { engine.add_sequence(greedy_request(random_ids(rng, 80, vocab), 4)); }, {});
+  EXPECT_EQ(engine.running_sequences(), 0);
+
+  const SequenceId fine = engine.add_sequence(greedy_request(random_ids(rng, 10, vocab), 2));
+  const std::vector<StepToken> first = engine.step();
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].sequence, fine);
+  EXPECT_TRUE(first[0].id >= 0 && first[0].id < vocab) << first[0].id;
+}
+
+}  // namespace
+}  // namespace deepfuse
