@@ -1,0 +1,3 @@
+list(APPEND DEEPFUSE_SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/kv_page_table.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/kv_cache.cpp)
