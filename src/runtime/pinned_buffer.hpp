@@ -43,10 +43,11 @@ class PinnedBuffer {
   size_t bytes_ = 0;
 };
 
-// A CUDA event without timing, owned. Marks "the copy that last read this staging memory".
+// A CUDA event without timing, owned; made on the first record() (on the device current then).
+// Marks "the copy that last read this staging memory".
 class CopyEvent {
  public:
-  CopyEvent() { DF_CHECK_CUDA(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  CopyEvent() = default;
   ~CopyEvent() {
     if (event_) cudaEventDestroy(event_);
   }
@@ -61,9 +62,14 @@ class CopyEvent {
   CopyEvent(const CopyEvent&) = delete;
   CopyEvent& operator=(const CopyEvent&) = delete;
 
-  void record(cudaStream_t stream) { DF_CHECK_CUDA(cudaEventRecord(event_, stream)); }
+  void record(cudaStream_t stream) {
+    if (!event_) DF_CHECK_CUDA(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    DF_CHECK_CUDA(cudaEventRecord(event_, stream));
+  }
   // Blocks the host until the work recorded last has run (at once if nothing was recorded).
-  void wait() { DF_CHECK_CUDA(cudaEventSynchronize(event_)); }
+  void wait() {
+    if (event_) DF_CHECK_CUDA(cudaEventSynchronize(event_));
+  }
 
  private:
   cudaEvent_t event_ = nullptr;
