@@ -1,6 +1,6 @@
 // The architectures `--random-weights --arch` offers: make-model's presets at full size, plus
-// Llama 3.1 70B, which no single GPU holds in bf16 (the engine reports that as an error, which is
-// the point of having it: multi-GPU work starts from the same names).
+// Llama 3.1 70B: 141 GB of bf16 weights, just inside one H200 and beyond any smaller GPU (where
+// the engine reports the bytes needed and free before allocating anything).
 #include <string>
 #include <vector>
 
