@@ -2,6 +2,7 @@
 // validation, and the step loop: prefill queued sequences chunk by chunk, then one decode step
 // for every running sequence through the bucket's CUDA graph. Scoring lives in score.cpp.
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <string>
 
