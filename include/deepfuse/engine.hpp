@@ -91,19 +91,25 @@ class Engine {
   SequenceId add_sequence(const SequenceRequest& request);
   // Benchmarks: a running sequence whose first `context` positions count as already in the KV
   // cache (pages allocated, contents whatever they hold, last token id 0), so decode at 32k
-  // context needs no 32k prefill. Greedy sampling.
+  // context needs no 32k prefill. Greedy sampling. Its first step() decodes at position
+  // `context`; needs a free decode row and context + 1 + max_new_tokens <= max_context.
   SequenceId add_prefilled_for_benchmark(int context, int max_new_tokens);
   // Drops a sequence (finished or not) and frees its pages.
   void remove_sequence(SequenceId sequence);
+  // Sequences added and not yet finished, queued ones included: step() while this is > 0.
   int running_sequences() const;
 
   // Prefills queued sequences, then one decode step for every running sequence. Finished
-  // sequences are reported once and then removed automatically.
+  // sequences are reported once and then removed automatically. A sequence prefilled in this
+  // step reports two tokens, in order: its first (sampled from the prefill) and its second (from
+  // the decode step), unless the first already finished it. At most max_batch sequences run;
+  // the rest wait in the queue (first in, first out).
   std::vector<StepToken> step();
 
   // Teacher forcing, for tests and `score`: runs `ids` through a fresh sequence (prefill of
   // ids[0..prefill_tokens), then one decode step per remaining id) and returns fp32 logits
   // [ids.size(), vocab] for every position. prefill_tokens = ids.size(): prefill only.
+  // Needs an engine with no running sequences (queued ones may wait).
   std::vector<float> score(std::span<const int32_t> ids, int prefill_tokens);
 
   // Teacher-forced decode for several sequences at once (tests of ragged batches): each entry of

@@ -5,3 +5,4 @@ deepfuse_test(test_prefill_attention_params ${CMAKE_CURRENT_LIST_DIR}/test_prefi
 deepfuse_test(test_prefill_attention_gpu ${CMAKE_CURRENT_LIST_DIR}/test_prefill_attention_gpu.cpp GPU)
 deepfuse_test(test_decode_attention_plan ${CMAKE_CURRENT_LIST_DIR}/test_decode_attention_plan.cpp)
 deepfuse_test(test_decode_attention_gpu ${CMAKE_CURRENT_LIST_DIR}/test_decode_attention_gpu.cpp GPU)
+deepfuse_test(test_gemm_gpu ${CMAKE_CURRENT_LIST_DIR}/test_gemm_gpu.cpp GPU)

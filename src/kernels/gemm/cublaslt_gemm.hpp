@@ -1,7 +1,8 @@
-// Row-major bf16 GEMM through cuBLASLt: Y[M,N] = X[M,K] · W[N,K]^T (+ C[M,N]), fp32 accumulate.
-// The prefill GEMMs and the unfused baselines use it. Algorithms are chosen by cuBLASLt's
-// heuristic once per (M, N, K, with-C) and cached; the workspace is allocated once, so run() is
-// graph-capturable.
+// Row-major bf16 GEMM through cuBLASLt: Y[M,N] = X[M,K] · W[N,K]^T (+ bias[N]) (+ C[M,N]), fp32
+// accumulate. The prefill GEMMs, the engine's attention projections, the lm_head (fp32 logits) and
+// the unfused baselines use it. Algorithms are chosen by cuBLASLt's heuristic once per
+// (M, N, K, epilogue, output type) and cached; the workspace is allocated once, so every run
+// after the first of its shape is graph-capturable (the first only adds a host-side plan).
 #pragma once
 
 #include <cublasLt.h>
@@ -25,17 +26,35 @@ class CublasLtGemm {
   void run(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* addend, __nv_bfloat16* y, int m,
            int n, int k, cudaStream_t stream);
 
+  // y = x·w^T + bias + addend, bias [n] broadcast over the m rows in cuBLASLt's epilogue (no
+  // extra launch); bias may be null (then this is run()), addend as in run().
+  void run_with_bias(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
+                     const __nv_bfloat16* addend, __nv_bfloat16* y, int m, int n, int k, cudaStream_t stream);
+
+  // y = x·w^T with fp32 output (logits: no rounding of the scores to bf16 before sampling).
+  void run_fp32_out(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int m, int n, int k,
+                    cudaStream_t stream);
+
  private:
+  struct Shape {
+    int m = 0, n = 0, k = 0;
+    bool with_addend = false;
+    bool with_bias = false;
+    bool fp32_out = false;
+    auto key() const { return std::make_tuple(m, n, k, with_addend, with_bias, fp32_out); }
+  };
   struct Plan {
     cublasLtMatmulDesc_t operation = nullptr;
     cublasLtMatrixLayout_t w_layout = nullptr, x_layout = nullptr, y_layout = nullptr;
     cublasLtMatmulAlgo_t algorithm{};
   };
-  const Plan& plan_for(int m, int n, int k, bool with_addend);
+  const Plan& plan_for(const Shape& shape);
+  void matmul(const Shape& shape, const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
+              const void* addend, void* y, cudaStream_t stream);
 
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer workspace_;
-  std::map<std::tuple<int, int, int, bool>, Plan> plans_;
+  std::map<std::tuple<int, int, int, bool, bool, bool>, Plan> plans_;
 };
 
 }  // namespace deepfuse::kernels

@@ -1,0 +1,448 @@
+// Engine: construction (weights, workspaces, KV cache sized from what memory is left), request
+// validation, and the step loop: prefill queued sequences chunk by chunk, then one decode step
+// for every running sequence through the bucket's CUDA graph. Scoring lives in score.cpp.
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <string>
+
+#include "deepfuse/error.hpp"
+#include "deepfuse/model_weights.hpp"
+#include "deepfuse/safetensors.hpp"
+#include "runtime/engine_impl.hpp"
+
+namespace deepfuse {
+
+using runtime::KvPageTable;
+using runtime::Sequence;
+
+namespace {
+
+// Left free when sizing the KV cache from free memory: graph instantiation and libraries
+// allocate a little lazily after start-up.
+constexpr size_t kMemoryReserve = size_t{256} << 20;
+// fp32 logits rows one lm_head call may produce when score() needs every position.
+constexpr int kScoreLogitRows = 64;
+
+std::string str(size_t value) { return std::to_string(value); }
+
+// Host-side checks of options and of the model against what the kernels support.
+void validate_engine_setup(const ModelConfig& c, EngineOptions& o) {
+  DF_CHECK(o.max_batch >= 1, "max_batch is " + std::to_string(o.max_batch) + "; it must be at least 1");
+  DF_CHECK(o.prefill_chunk >= 1, "prefill_chunk is " + std::to_string(o.prefill_chunk) + "; it must be at least 1");
+  DF_CHECK(o.kv_memory_fraction > 0 && o.kv_memory_fraction <= 1,
+           "kv_memory_fraction is " + std::to_string(o.kv_memory_fraction) + "; it must be in (0, 1]");
+  if (o.max_context == 0) o.max_context = c.max_position_embeddings;
+  DF_CHECK(o.max_context >= 1 && o.max_context <= c.max_position_embeddings,
+           "max_context " + std::to_string(o.max_context) + " is outside 1.." +
+               std::to_string(c.max_position_embeddings) + " (the model's max_position_embeddings)");
+  DF_CHECK(c.head_dim == 64 || c.head_dim == 128,
+           "GPU engine: head_dim " + std::to_string(c.head_dim) + " is not supported (attention handles 64 and 128)");
+  DF_CHECK(c.hidden_size % 64 == 0 && c.intermediate_size % 64 == 0,
+           "GPU engine: hidden_size " + std::to_string(c.hidden_size) + " and intermediate_size " +
+               std::to_string(c.intermediate_size) + " must be multiples of 64 (the MLP kernels' tile)");
+  DF_CHECK(c.num_key_value_heads >= 1 && c.num_attention_heads % c.num_key_value_heads == 0,
+           "GPU engine: num_attention_heads " + std::to_string(c.num_attention_heads) +
+               " is not a multiple of num_key_value_heads " + std::to_string(c.num_key_value_heads));
+  DF_CHECK(c.num_hidden_layers >= 1 && c.vocab_size >= 1, "GPU engine: the model has no layers or no vocabulary");
+}
+
+std::string describe_model(const ModelConfig& c) {
+  return std::string(architecture_name(c.architecture)) + " with " + std::to_string(c.num_hidden_layers) +
+         " layers, hidden " + std::to_string(c.hidden_size) + ", vocab " + std::to_string(c.vocab_size);
+}
+
+}  // namespace
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::none: return "none";
+    case FinishReason::stop_token: return "stop_token";
+    case FinishReason::max_tokens: return "max_tokens";
+    case FinishReason::context_length: return "context_length";
+    case FinishReason::kv_cache_full: return "kv_cache_full";
+  }
+  return "?";
+}
+
+namespace runtime {
+
+StreamOwner::~StreamOwner() {
+  if (stream_) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+void StreamOwner::create() { DF_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+
+}  // namespace runtime
+
+// ---- construction
+
+Engine::Impl::Impl(ModelConfig model_config, const EngineOptions& engine_options)
+    : config(std::move(model_config)), options(engine_options) {
+  validate_engine_setup(config, options);
+  int devices = 0;
+  DF_CHECK_CUDA(cudaGetDeviceCount(&devices));
+  DF_CHECK(options.device >= 0 && options.device < devices,
+           "device " + std::to_string(options.device) + " does not exist (" + std::to_string(devices) +
+               " CUDA devices)");
+  activate_device();
+  DF_CHECK_CUDA(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, options.device));
+  stream_owner.create();
+}
+
+// Work still queued on the stream may read any buffer: drain it before members are freed.
+Engine::Impl::~Impl() {
+  if (stream()) cudaStreamSynchronize(stream());
+}
+
+void Engine::Impl::activate_device() const { DF_CHECK_CUDA(cudaSetDevice(options.device)); }
+
+void Engine::Impl::finish_setup() {
+  const int max_batch = options.max_batch;
+  const std::vector<int> buckets = runtime::decode_buckets(max_batch);
+  size_t attention_workspace = 0;
+  for (int bucket : buckets) {
+    decode_plans.push_back(kernels::plan_decode_attention(bucket, config.num_attention_heads,
+                                                          config.num_key_value_heads, config.head_dim,
+                                                          options.max_context, num_sms));
+    attention_workspace = std::max(attention_workspace, decode_plans.back().workspace_bytes);
+  }
+  gemm = std::make_unique<kernels::CublasLtGemm>();
+  buffers = std::make_unique<runtime::StepBuffers>(config, max_tokens(), max_batch,
+                                                   std::max(max_batch, kScoreLogitRows), attention_workspace, stream());
+  decode_host = runtime::PinnedBuffer(3 * static_cast<size_t>(max_batch) * sizeof(int32_t));
+  sampled_host = runtime::PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t));
+  prefill_host = runtime::PinnedBuffer(3 * static_cast<size_t>(max_tokens()) * sizeof(int32_t));
+  slot_host = runtime::PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(kernels::SamplingSlot));
+  running.reserve(max_batch);
+
+  // The KV cache takes what is left: never more pages than max_batch sequences at max_context use.
+  const runtime::KvGeometry geometry{config.num_hidden_layers, config.num_key_value_heads, config.head_dim};
+  const int max_pages_per_sequence = KvPageTable::pages_for(options.max_context);
+  const size_t useful_pages = static_cast<size_t>(max_batch) * max_pages_per_sequence;
+  DF_CHECK_CUDA(cudaStreamSynchronize(stream()));
+  size_t free_bytes = 0, total_bytes = 0;
+  DF_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const size_t available = free_bytes > kMemoryReserve ? free_bytes - kMemoryReserve : 0;
+  size_t budget = 0;
+  if (options.kv_cache_bytes > 0) {
+    DF_CHECK(options.kv_cache_bytes <= available,
+             "kv_cache_bytes " + str(options.kv_cache_bytes) + " exceeds the " + str(available) +
+                 " bytes of GPU memory free after the weights and workspaces");
+    budget = options.kv_cache_bytes;
+  } else {
+    budget = static_cast<size_t>(options.kv_memory_fraction * static_cast<double>(available));
+  }
+  const size_t pages = std::min(budget / geometry.page_bytes(), useful_pages);
+  DF_CHECK(pages >= 1, "the KV cache budget of " + str(budget) + " bytes holds no page (one page of " +
+                           std::to_string(kernels::kKvPageSize) + " tokens over all layers is " +
+                           str(geometry.page_bytes()) + " bytes)");
+  DF_CHECK(pages <= static_cast<size_t>(INT32_MAX), "KV cache of " + str(pages) + " pages exceeds int32 page ids");
+  kv = std::make_unique<runtime::KvCache>(geometry, static_cast<int>(pages), max_batch, max_pages_per_sequence,
+                                          stream());
+  forward = std::make_unique<runtime::ForwardPass>(config, *weights, *kv, *buffers, *gemm);
+  graphs = std::make_unique<runtime::DecodeGraphCache>(max_batch, options.cuda_graphs);
+  DF_CHECK_CUDA(cudaStreamSynchronize(stream()));
+}
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() = default;
+Engine::Engine(Engine&&) noexcept = default;
+Engine& Engine::operator=(Engine&&) noexcept = default;
+
+Engine Engine::from_checkpoint(const std::filesystem::path& model_dir, const EngineOptions& options,
+                               const LoadProgress& progress) {
+  ModelConfig config = load_model_config(model_dir);
+  const Checkpoint checkpoint(model_dir);
+  validate_checkpoint(checkpoint, config);
+  auto impl = std::make_unique<Impl>(std::move(config), options);
+  runtime::check_weights_fit(impl->config, model_dir.string());
+  impl->weights = std::make_unique<runtime::GpuWeights>(runtime::load_checkpoint_weights(
+      checkpoint, impl->config, options.mlp_variant, impl->max_tokens(), impl->stream(), progress));
+  impl->finish_setup();
+  return Engine(std::move(impl));
+}
+
+Engine Engine::with_random_weights(const ModelConfig& config, const EngineOptions& options, uint64_t seed) {
+  auto impl = std::make_unique<Impl>(config, options);
+  runtime::check_weights_fit(impl->config, "random weights for a " + describe_model(config));
+  impl->weights = std::make_unique<runtime::GpuWeights>(
+      runtime::make_random_weights(impl->config, options.mlp_variant, impl->max_tokens(), seed, impl->stream()));
+  impl->finish_setup();
+  return Engine(std::move(impl));
+}
+
+const ModelConfig& Engine::config() const { return impl_->config; }
+const EngineOptions& Engine::options() const { return impl_->options; }
+
+EngineStats Engine::stats() const {
+  const Impl& s = *impl_;
+  s.activate_device();
+  EngineStats stats;
+  stats.weight_bytes = runtime::decode_weight_bytes(s.config);
+  stats.kv_cache_bytes = s.kv->pool_bytes();
+  stats.kv_pages_total = s.kv->table().total_pages();
+  stats.kv_pages_free = s.kv->table().free_pages();
+  size_t free_bytes = 0, total_bytes = 0;
+  DF_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  stats.gpu_memory_used = total_bytes - free_bytes;
+  const kernels::DecodeAttentionPlan& largest = s.decode_plans.back();
+  stats.launches_per_decode_step = s.forward->launches_per_decode_step(largest);
+  stats.launches_per_layer = s.forward->launches_per_layer(kernels::decode_attention_launches(largest));
+  return stats;
+}
+
+// ---- requests
+
+void Engine::Impl::validate_ids(std::span<const int32_t> ids, const std::string& what) const {
+  DF_CHECK(!ids.empty(), what + " is empty (at least one token id is needed)");
+  for (size_t i = 0; i < ids.size(); ++i)
+    DF_CHECK(ids[i] >= 0 && ids[i] < config.vocab_size,
+             what + " token " + std::to_string(i) + " is id " + std::to_string(ids[i]) +
+                 ", outside the vocabulary [0, " + std::to_string(config.vocab_size) + ")");
+}
+
+void Engine::Impl::validate_request(const SequenceRequest& r) const {
+  validate_ids(r.prompt, "prompt");
+  const int prompt = static_cast<int>(r.prompt.size());
+  DF_CHECK(r.max_new_tokens >= 1, "max_new_tokens is " + std::to_string(r.max_new_tokens) + "; it must be at least 1");
+  DF_CHECK(static_cast<int64_t>(prompt) + r.max_new_tokens <= options.max_context,
+           "prompt of " + std::to_string(prompt) + " tokens + max_new_tokens " + std::to_string(r.max_new_tokens) +
+               " exceeds max_context " + std::to_string(options.max_context) +
+               " (the model's max_position_embeddings is " + std::to_string(config.max_position_embeddings) + ")");
+  // The last sampled token is never fed back, so the cache holds prompt + max_new_tokens - 1 positions.
+  const int pages = KvPageTable::pages_for(prompt + r.max_new_tokens - 1);
+  DF_CHECK(pages <= kv->table().total_pages(),
+           "prompt + max_new_tokens need " + std::to_string(pages) + " KV pages of " +
+               std::to_string(kernels::kKvPageSize) + " tokens, the whole cache holds " +
+               std::to_string(kv->table().total_pages()));
+  const reference::SamplingParams& p = r.sampling;
+  DF_CHECK(p.repetition_penalty == 1.0f, "repetition_penalty " + std::to_string(p.repetition_penalty) +
+                                             " is not supported by the GPU engine (it must be 1)");
+  DF_CHECK(std::isfinite(p.temperature), "temperature must be a finite number");
+  DF_CHECK(p.top_k >= 0, "top_k is " + std::to_string(p.top_k) + "; it must be >= 0 (0: off)");
+  DF_CHECK(p.top_p > 0.0f && p.top_p <= 1.0f, "top_p is " + std::to_string(p.top_p) + "; it must be in (0, 1]");
+  DF_CHECK(p.min_p >= 0.0f && p.min_p <= 1.0f, "min_p is " + std::to_string(p.min_p) + "; it must be in [0, 1]");
+}
+
+SequenceId Engine::add_sequence(const SequenceRequest& request) {
+  Impl& s = *impl_;
+  s.validate_request(request);
+  Sequence sequence;
+  sequence.id = s.next_id++;
+  sequence.prompt = request.prompt;
+  sequence.sampling = request.sampling;
+  sequence.max_new_tokens = request.max_new_tokens;
+  sequence.stop_ids = request.stop_ids;
+  s.queued.push_back(std::move(sequence));
+  return s.queued.back().id;
+}
+
+SequenceId Engine::add_prefilled_for_benchmark(int context, int max_new_tokens) {
+  Impl& s = *impl_;
+  s.activate_device();
+  DF_CHECK(context >= 0, "benchmark context is " + std::to_string(context) + "; it must be >= 0");
+  DF_CHECK(max_new_tokens >= 1, "max_new_tokens is " + std::to_string(max_new_tokens) + "; it must be at least 1");
+  // Like a prompt of context + 1 tokens (the last, id 0, not yet fed) with context prefilled.
+  DF_CHECK(static_cast<int64_t>(context) + 1 + max_new_tokens <= s.options.max_context,
+           "benchmark context " + std::to_string(context) + " + 1 pending token + max_new_tokens " +
+               std::to_string(max_new_tokens) + " exceeds max_context " + std::to_string(s.options.max_context));
+  DF_CHECK(static_cast<int>(s.running.size()) < s.options.max_batch,
+           "all " + std::to_string(s.options.max_batch) + " decode rows (max_batch) are running");
+  const int pages = KvPageTable::pages_for(context + 1);
+  DF_CHECK(pages <= s.kv->table().free_pages(), "benchmark context " + std::to_string(context) + " needs " +
+                                                    std::to_string(pages) + " KV pages, " +
+                                                    std::to_string(s.kv->table().free_pages()) + " are free");
+  Sequence sequence;
+  sequence.id = s.next_id++;
+  sequence.max_new_tokens = max_new_tokens;
+  sequence.context = context;
+  sequence.next_token = 0;
+  const int row = s.kv->add_row();
+  s.kv->reserve(row, context);
+  s.upload_slot(row, sequence.sampling);  // default SamplingParams: greedy
+  s.running.push_back(std::move(sequence));
+  return s.running.back().id;
+}
+
+void Engine::remove_sequence(SequenceId sequence) {
+  Impl& s = *impl_;
+  s.activate_device();
+  for (size_t row = 0; row < s.running.size(); ++row)
+    if (s.running[row].id == sequence) return s.remove_running(static_cast<int>(row));
+  for (auto it = s.queued.begin(); it != s.queued.end(); ++it)
+    if (it->id == sequence) {
+      s.queued.erase(it);
+      return;
+    }
+  // Finished sequences were removed when their last token was reported: nothing to do.
+  DF_CHECK(sequence >= 1 && sequence < s.next_id, "unknown sequence id " + std::to_string(sequence));
+}
+
+int Engine::running_sequences() const { return static_cast<int>(impl_->queued.size() + impl_->running.size()); }
+
+// ---- the step
+
+std::vector<StepToken> Engine::step() {
+  Impl& s = *impl_;
+  s.activate_device();
+  std::vector<StepToken> out;
+  s.prefill_queued(out);
+  s.decode_running(out);
+  return out;
+}
+
+void Engine::Impl::upload_slot(int row, const reference::SamplingParams& sampling) {
+  slot_host_read.wait();  // slot_host may still be the source of an earlier upload
+  kernels::SamplingSlot& slot = slot_host.as<kernels::SamplingSlot>()[row];
+  slot = kernels::SamplingSlot{};
+  slot.temperature = sampling.temperature;
+  slot.top_k = sampling.top_k;
+  slot.top_p = sampling.top_p;
+  slot.min_p = sampling.min_p;
+  slot.seed = sampling.seed;
+  slot.step = 0;  // draws count tokens generated so far, as reference::sample's step does
+  DF_CHECK_CUDA(cudaMemcpyAsync(buffers->slots() + row, &slot, sizeof slot, cudaMemcpyHostToDevice, stream()));
+  slot_host_read.record(stream());
+}
+
+void Engine::Impl::remove_running(int row) {
+  const int moved_from = kv->remove_row(row);
+  if (moved_from >= 0) {
+    running[row] = std::move(running[moved_from]);
+    DF_CHECK_CUDA(cudaMemcpyAsync(buffers->slots() + row, buffers->slots() + moved_from,
+                                  sizeof(kernels::SamplingSlot), cudaMemcpyDeviceToDevice, stream()));
+  }
+  running.pop_back();
+}
+
+FinishReason Engine::Impl::finish_reason(const Sequence& sequence) const {
+  if (std::find(sequence.stop_ids.begin(), sequence.stop_ids.end(), sequence.next_token) != sequence.stop_ids.end())
+    return FinishReason::stop_token;
+  if (sequence.generated >= sequence.max_new_tokens) return FinishReason::max_tokens;
+  // Feeding next_token would make the sequence longer than max_context.
+  if (sequence.context + 1 >= options.max_context) return FinishReason::context_length;
+  return FinishReason::none;
+}
+
+void Engine::Impl::prefill(int row, std::span<const int32_t> ids, int start,
+                           const std::function<void(int, int)>& after_chunk) {
+  const int total = static_cast<int>(ids.size());
+  const size_t stride = max_tokens();
+  for (int done = 0; done < total; done += options.prefill_chunk) {
+    const int tokens = std::min(options.prefill_chunk, total - done);
+    prefill_host_read.wait();  // the previous chunk's inputs have been copied out
+    int32_t* host = prefill_host.as<int32_t>();
+    for (int t = 0; t < tokens; ++t) {
+      host[t] = ids[done + t];
+      host[stride + t] = start + done + t;
+      host[2 * stride + t] = row;
+    }
+    DF_CHECK_CUDA(cudaMemcpyAsync(buffers->prefill_inputs.data(), host, prefill_host.bytes(), cudaMemcpyHostToDevice,
+                                  stream()));
+    prefill_host_read.record(stream());
+    forward->prefill_chunk(row, start + done, tokens, stream());
+    if (after_chunk) after_chunk(start + done, tokens);
+  }
+}
+
+// Admits queued sequences while decode rows and pages for their prompts are free (FIFO: the
+// first that does not fit waits, and so do those behind it), prefills each, and samples its first
+// token from the last prompt position into its decode slot. One download reports them all.
+void Engine::Impl::prefill_queued(std::vector<StepToken>& out) {
+  std::vector<int> fresh_rows;
+  while (!queued.empty() && static_cast<int>(running.size()) < options.max_batch) {
+    const int prompt = static_cast<int>(queued.front().prompt.size());
+    if (KvPageTable::pages_for(prompt) > kv->table().free_pages()) {
+      DF_CHECK(!running.empty(), "internal: an idle KV cache cannot hold a validated prompt");
+      break;
+    }
+    const int row = kv->add_row();
+    kv->reserve(row, prompt);
+    running.push_back(std::move(queued.front()));
+    queued.pop_front();
+    upload_slot(row, running[row].sampling);
+    prefill(row, running[row].prompt, 0, [&](int first, int tokens) {
+      if (first + tokens < prompt) return;
+      forward->final_norm(tokens - 1, 1, stream());
+      forward->lm_head(0, 1, stream());
+      forward->sample(row, 1, stream());
+    });
+    fresh_rows.push_back(row);
+  }
+  if (fresh_rows.empty()) return;
+  DF_CHECK_CUDA(cudaMemcpyAsync(sampled_host.data(), buffers->decode_ids(), running.size() * sizeof(int32_t),
+                                cudaMemcpyDeviceToHost, stream()));
+  DF_CHECK_CUDA(cudaStreamSynchronize(stream()));
+  std::vector<int> finished;
+  for (int row : fresh_rows) {
+    Sequence& sequence = running[row];
+    sequence.context = static_cast<int>(sequence.prompt.size());
+    sequence.generated = 1;
+    sequence.next_token = sampled_id(row);
+    const FinishReason reason = finish_reason(sequence);
+    out.push_back({sequence.id, sequence.next_token, reason});
+    if (reason != FinishReason::none) finished.push_back(row);
+  }
+  // Highest rows first: a removal moves the last row, which is then already handled.
+  std::sort(finished.rbegin(), finished.rend());
+  for (int row : finished) remove_running(row);
+}
+
+void Engine::Impl::run_decode_step(int sequences,
+                                   const std::function<bool(int row, int32_t& id, int& position)>& input) {
+  const int bucket_index = graphs->bucket_index(sequences);
+  const int max_batch = options.max_batch;
+  int32_t* ids = decode_host.as<int32_t>();
+  int32_t* positions = ids + max_batch;
+  int32_t* seq_lens = ids + 2 * max_batch;
+  for (int row = 0; row < max_batch; ++row) {
+    int32_t id = -1;
+    int position = -1;
+    const bool active = row < sequences && input(row, id, position);
+    ids[row] = active ? id : -1;
+    positions[row] = active ? position : -1;
+    seq_lens[row] = active ? position + 1 : 0;
+  }
+  DF_CHECK_CUDA(cudaMemcpyAsync(buffers->decode_inputs.data(), ids, decode_host.bytes(), cudaMemcpyHostToDevice,
+                                stream()));
+  const kernels::DecodeAttentionPlan& plan = decode_plans[bucket_index];
+  graphs->run(bucket_index, stream(), [&](cudaStream_t s) { forward->decode_step(plan, s); });
+}
+
+void Engine::Impl::decode_running(std::vector<StepToken>& out) {
+  // Room for this step's token; a sequence that needs a page when none is left ends here (its
+  // pages go back at once, so the sequences below it in the loop may still grow).
+  for (int row = static_cast<int>(running.size()) - 1; row >= 0; --row) {
+    if (kv->reserve(row, running[row].context + 1)) continue;
+    out.push_back({running[row].id, -1, FinishReason::kv_cache_full});
+    remove_running(row);
+  }
+  const int sequences = static_cast<int>(running.size());
+  if (sequences == 0) return;
+  run_decode_step(sequences, [&](int row, int32_t& id, int& position) {
+    id = running[row].next_token;
+    position = running[row].context;
+    return true;
+  });
+  DF_CHECK_CUDA(cudaMemcpyAsync(sampled_host.data(), buffers->decode_ids(), sequences * sizeof(int32_t),
+                                cudaMemcpyDeviceToHost, stream()));
+  DF_CHECK_CUDA(cudaStreamSynchronize(stream()));  // the step's one synchronisation
+  std::vector<int> finished;
+  for (int row = 0; row < sequences; ++row) {
+    Sequence& sequence = running[row];
+    sequence.context += 1;
+    sequence.generated += 1;
+    sequence.next_token = sampled_id(row);
+    const FinishReason reason = finish_reason(sequence);
+    out.push_back({sequence.id, sequence.next_token, reason});
+    if (reason != FinishReason::none) finished.push_back(row);
+  }
+  std::sort(finished.rbegin(), finished.rend());
+  for (int row : finished) remove_running(row);
+}
+
+}  // namespace deepfuse

@@ -1,0 +1,122 @@
+// The Engine's state and the steps it is built from (include/deepfuse/engine.hpp is the contract).
+//
+// Sequences live in two places: `queued` (added, nothing run yet, no pages) and `running`, where
+// index i is block-table row i and decode-batch entry i (kept compact by KvCache::remove_row).
+// A running sequence has `context` positions in the KV cache and one sampled token not yet fed
+// (`next_token`); a decode step feeds it at position `context` and samples the next.
+//
+// Host/device traffic: every per-step input goes through pinned buffers, each rewritten only
+// once the copy that last read it has run (after the step's one stream synchronisation, or
+// after waiting on the event recorded behind that copy).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "deepfuse/engine.hpp"
+#include "kernels/attention/decode_attention.cuh"
+#include "kernels/gemm/cublaslt_gemm.hpp"
+#include "runtime/forward.hpp"
+#include "runtime/gpu_weights.hpp"
+#include "runtime/graph_cache.hpp"
+#include "runtime/kv_cache.hpp"
+#include "runtime/pinned_buffer.hpp"
+
+namespace deepfuse {
+
+namespace runtime {
+
+struct Sequence {
+  SequenceId id = 0;
+  std::vector<int32_t> prompt;
+  reference::SamplingParams sampling;
+  int max_new_tokens = 0;
+  std::vector<int32_t> stop_ids;
+  int context = 0;          // positions whose keys and values are in the cache
+  int generated = 0;        // tokens sampled so far
+  int32_t next_token = -1;  // the latest sampled token, fed by the next decode step
+};
+
+// Owns the engine's stream; waits for it before destroying it.
+class StreamOwner {
+ public:
+  StreamOwner() = default;
+  ~StreamOwner();
+  StreamOwner(const StreamOwner&) = delete;
+  StreamOwner& operator=(const StreamOwner&) = delete;
+  void create();
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace runtime
+
+struct Engine::Impl {
+  Impl(ModelConfig model_config, const EngineOptions& engine_options);
+  ~Impl();
+
+  // Everything after the weights: workspaces, decode plans, KV cache (sized from what is left), graphs.
+  void finish_setup();
+
+  int max_tokens() const { return std::max(options.prefill_chunk, options.max_batch); }
+  cudaStream_t stream() const { return stream_owner.get(); }
+  void activate_device() const;
+
+  // ---- requests
+  void validate_request(const SequenceRequest& request) const;
+  void validate_ids(std::span<const int32_t> ids, const std::string& what) const;
+
+  // ---- steps (engine.cpp)
+  void prefill_queued(std::vector<StepToken>& out);
+  void decode_running(std::vector<StepToken>& out);
+  // Runs `ids` through the sequence on block-table row `row` from position `start`, in chunks of
+  // at most prefill_chunk tokens; after each chunk, after_chunk(first_position, tokens) may use
+  // the chunk's final hidden states (residual rows 0..tokens-1).
+  void prefill(int row, std::span<const int32_t> ids, int start, const std::function<void(int, int)>& after_chunk);
+  // Decode inputs for rows 0..bucket-1 (-1 / -1 / 0 where `active` is false) -> device, then the step.
+  void run_decode_step(int sequences, const std::function<bool(int row, int32_t& id, int& position)>& input);
+  void upload_slot(int row, const reference::SamplingParams& sampling);
+  void remove_running(int row);
+  FinishReason finish_reason(const runtime::Sequence& sequence) const;
+  int sampled_id(int row) const { return sampled_host.as<int32_t>()[row]; }
+
+  // ---- scoring (score.cpp)
+  std::vector<std::vector<float>> score_batch(const std::vector<std::vector<int32_t>>& sequences,
+                                              const std::vector<int>& prefill_tokens);
+  // Final norm + lm_head of residual rows 0..tokens-1, fp32 logits to `out` (tokens x vocab).
+  void logits_of_chunk(int tokens, float* out);
+
+  ModelConfig config;
+  EngineOptions options;  // max_context resolved
+  int num_sms = 0;
+  runtime::StreamOwner stream_owner;  // declared first: destroyed last, after everything using it
+
+  std::unique_ptr<runtime::GpuWeights> weights;
+  std::unique_ptr<kernels::CublasLtGemm> gemm;
+  std::vector<kernels::DecodeAttentionPlan> decode_plans;  // one per bucket
+  std::unique_ptr<runtime::StepBuffers> buffers;
+  std::unique_ptr<runtime::KvCache> kv;
+  std::unique_ptr<runtime::ForwardPass> forward;
+  std::unique_ptr<runtime::DecodeGraphCache> graphs;
+
+  runtime::PinnedBuffer decode_host;   // int32 [3, max_batch]: ids | positions | seq_lens
+  runtime::PinnedBuffer sampled_host;  // int32 [max_batch]
+  runtime::PinnedBuffer prefill_host;  // int32 [3, max_tokens]: ids | positions | rows
+  runtime::CopyEvent prefill_host_read;
+  runtime::PinnedBuffer slot_host;     // kernels::SamplingSlot [max_batch]
+  runtime::CopyEvent slot_host_read;
+
+  std::deque<runtime::Sequence> queued;
+  std::vector<runtime::Sequence> running;
+  SequenceId next_id = 1;
+};
+
+}  // namespace deepfuse

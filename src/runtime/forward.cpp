@@ -1,0 +1,204 @@
+#include "runtime/forward.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "deepfuse/error.hpp"
+#include "kernels/attention/prefill_attention.cuh"
+#include "kernels/embedding/embedding.cuh"
+#include "kernels/norm/rms_norm.cuh"
+#include "kernels/rope_kv/rope_kv_append.cuh"
+
+namespace deepfuse::runtime {
+
+namespace {
+
+size_t bf16_bytes(size_t elements) { return elements * sizeof(__nv_bfloat16); }
+
+// Launchers may legitimately need no workspace; a small allocation keeps the pointer non-null.
+constexpr size_t kMinWorkspaceBytes = 256;
+
+}  // namespace
+
+StepBuffers::StepBuffers(const ModelConfig& c, int max_tokens_in, int max_batch_in, int logits_rows_in,
+                         size_t attention_workspace_bytes, cudaStream_t stream)
+    : max_tokens(max_tokens_in),
+      max_batch(max_batch_in),
+      logits_rows(logits_rows_in),
+      residual(bf16_bytes(static_cast<size_t>(max_tokens) * c.hidden_size)),
+      normed(bf16_bytes(static_cast<size_t>(max_tokens) * c.hidden_size)),
+      qkv(bf16_bytes(static_cast<size_t>(max_tokens) * (c.q_size() + 2 * c.kv_size()))),
+      q_rot(bf16_bytes(static_cast<size_t>(max_tokens) * c.q_size())),
+      attention_out(bf16_bytes(static_cast<size_t>(max_tokens) * c.q_size())),
+      logits(static_cast<size_t>(logits_rows) * c.vocab_size * sizeof(float)),
+      decode_inputs(3 * static_cast<size_t>(max_batch) * sizeof(int32_t)),
+      decode_rows(static_cast<size_t>(max_batch) * sizeof(int32_t)),
+      prefill_inputs(3 * static_cast<size_t>(max_tokens) * sizeof(int32_t)),
+      sampling_slots(static_cast<size_t>(max_batch) * sizeof(kernels::SamplingSlot)),
+      sampling_workspace(std::max({kernels::sampling_workspace_bytes(max_batch, c.vocab_size),
+                                   kernels::sampling_workspace_bytes(1, c.vocab_size), kMinWorkspaceBytes})),
+      attention_workspace(std::max(attention_workspace_bytes, kMinWorkspaceBytes)) {
+  attention_workspace.zero(stream);  // the decode attention kernel expects zero counters on first use
+  sampling_slots.zero(stream);       // all-zero slots: greedy, valid for padded entries
+  decode_inputs.zero(stream);
+  std::vector<int32_t> rows(max_batch);
+  std::iota(rows.begin(), rows.end(), 0);
+  decode_rows.upload(rows.data(), rows.size() * sizeof(int32_t));
+}
+
+ForwardPass::ForwardPass(const ModelConfig& config, const GpuWeights& weights, const KvCache& kv,
+                         const StepBuffers& buffers, kernels::CublasLtGemm& gemm)
+    : config_(config),
+      weights_(weights),
+      kv_(kv),
+      buffers_(buffers),
+      gemm_(gemm),
+      attention_scale_(1.0f / std::sqrt(static_cast<float>(config.head_dim))) {}
+
+void ForwardPass::embed(const int32_t* ids, int tokens, cudaStream_t stream) {
+  kernels::EmbeddingParams p;
+  p.table = weights_.embed_tokens.as<__nv_bfloat16>();
+  p.ids = ids;
+  p.out = buffers_.residual.as<__nv_bfloat16>();
+  p.vocab = config_.vocab_size;
+  p.hidden = config_.hidden_size;
+  p.tokens = tokens;
+  DF_CHECK_CUDA(kernels::launch_embedding(p, stream));
+}
+
+void ForwardPass::rms_norm(const __nv_bfloat16* weight, int first_row, int rows, cudaStream_t stream) {
+  kernels::RmsNormParams p;
+  p.residual = buffers_.residual.as<__nv_bfloat16>() + static_cast<size_t>(first_row) * config_.hidden_size;
+  p.weight = weight;
+  p.out = buffers_.normed.as<__nv_bfloat16>();
+  p.rows = rows;
+  p.hidden = config_.hidden_size;
+  p.eps = static_cast<float>(config_.rms_norm_eps);
+  DF_CHECK_CUDA(kernels::launch_rms_norm(p, stream));
+}
+
+void ForwardPass::layer(int index, int tokens, const int32_t* positions, const int32_t* rows,
+                        const Attention& attention, cudaStream_t stream) {
+  const GpuLayerWeights& w = weights_.layers[index];
+  const int hidden = config_.hidden_size, q_size = config_.q_size();
+  const int qkv_width = q_size + 2 * config_.kv_size();
+  auto* residual = buffers_.residual.as<__nv_bfloat16>();
+  auto* normed = buffers_.normed.as<__nv_bfloat16>();
+  auto* attention_out = buffers_.attention_out.as<__nv_bfloat16>();
+  const kernels::PagedKv kv = kv_.layer(index);
+
+  // 1. input RMSNorm
+  rms_norm(w.input_norm.as<__nv_bfloat16>(), 0, tokens, stream);
+
+  // 2. merged QKV projection
+  gemm_.run(normed, w.qkv.as<__nv_bfloat16>(), nullptr, buffers_.qkv.as<__nv_bfloat16>(), tokens, qkv_width, hidden,
+            stream);
+
+  // 3. bias, RoPE, and the keys and values appended to the cache
+  kernels::RopeKvAppendParams rope;
+  rope.qkv = buffers_.qkv.as<__nv_bfloat16>();
+  rope.qkv_bias = w.qkv_bias.empty() ? nullptr : w.qkv_bias.as<__nv_bfloat16>();
+  rope.inv_freq = weights_.rope_inv_freq.as<float>();
+  rope.positions = positions;
+  rope.sequences = rows;
+  rope.q_out = buffers_.q_rot.as<__nv_bfloat16>();
+  rope.kv = kv;
+  rope.tokens = tokens;
+  rope.q_heads = config_.num_attention_heads;
+  DF_CHECK_CUDA(kernels::launch_rope_kv_append(rope, stream));
+
+  // 4. attention over the paged cache
+  if (attention.decode_plan) {
+    kernels::DecodeAttentionParams p;
+    p.q = buffers_.q_rot.as<__nv_bfloat16>();
+    p.out = attention_out;
+    p.kv = kv;
+    p.seq_lens = buffers_.decode_seq_lens();
+    p.workspace = buffers_.attention_workspace.data();
+    p.scale = attention_scale_;
+    p.sliding_window = config_.sliding_window;
+    DF_CHECK_CUDA(kernels::launch_decode_attention(*attention.decode_plan, p, stream));
+  } else {
+    kernels::PrefillAttentionParams p;
+    p.q = buffers_.q_rot.as<__nv_bfloat16>();
+    p.out = attention_out;
+    p.kv = kv;
+    p.sequence = attention.prefill_row;
+    p.q_start = attention.prefill_start;
+    p.q_len = tokens;
+    p.q_heads = config_.num_attention_heads;
+    p.scale = attention_scale_;
+    p.sliding_window = config_.sliding_window;
+    DF_CHECK_CUDA(kernels::launch_prefill_attention(p, stream));
+  }
+
+  // 5. output projection, added into the residual stream in place (+ Llama's o_proj bias)
+  gemm_.run_with_bias(attention_out, w.o_proj.as<__nv_bfloat16>(),
+                      w.o_bias.empty() ? nullptr : w.o_bias.as<__nv_bfloat16>(), residual, residual, tokens, hidden,
+                      q_size, stream);
+
+  // 6. post-attention RMSNorm
+  rms_norm(w.post_attention_norm.as<__nv_bfloat16>(), 0, tokens, stream);
+
+  // 7. SwiGLU MLP, added into the residual stream in place
+  w.mlp->run(normed, residual, residual, tokens, stream);
+}
+
+void ForwardPass::decode_step(const kernels::DecodeAttentionPlan& plan, cudaStream_t stream) {
+  const int batch = plan.batch;
+  DF_CHECK(batch >= 1 && batch <= buffers_.max_batch && batch <= buffers_.logits_rows,
+           "decode step batch " + std::to_string(batch) + " outside 1.." + std::to_string(buffers_.max_batch));
+  embed(buffers_.decode_ids(), batch, stream);
+  const Attention attention{&plan};
+  for (int l = 0; l < config_.num_hidden_layers; ++l)
+    layer(l, batch, buffers_.decode_positions(), buffers_.decode_rows.as<int32_t>(), attention, stream);
+  final_norm(0, batch, stream);
+  lm_head(0, batch, stream);
+  sample(0, batch, stream);
+}
+
+void ForwardPass::prefill_chunk(int row, int start, int tokens, cudaStream_t stream) {
+  DF_CHECK(tokens >= 1 && tokens <= buffers_.max_tokens,
+           "prefill chunk of " + std::to_string(tokens) + " tokens outside 1.." + std::to_string(buffers_.max_tokens));
+  embed(buffers_.prefill_ids(), tokens, stream);
+  const Attention attention{nullptr, row, start};
+  for (int l = 0; l < config_.num_hidden_layers; ++l)
+    layer(l, tokens, buffers_.prefill_positions(), buffers_.prefill_rows(), attention, stream);
+}
+
+void ForwardPass::final_norm(int first_row, int rows, cudaStream_t stream) {
+  rms_norm(weights_.final_norm.as<__nv_bfloat16>(), first_row, rows, stream);
+}
+
+void ForwardPass::lm_head(int first_row, int rows, cudaStream_t stream) {
+  DF_CHECK(rows >= 1 && rows <= buffers_.logits_rows,
+           "lm_head of " + std::to_string(rows) + " rows outside 1.." + std::to_string(buffers_.logits_rows));
+  const auto* normed = buffers_.normed.as<__nv_bfloat16>() + static_cast<size_t>(first_row) * config_.hidden_size;
+  gemm_.run_fp32_out(normed, weights_.lm_head_weights(), buffers_.logits.as<float>(), rows, config_.vocab_size,
+                     config_.hidden_size, stream);
+}
+
+void ForwardPass::sample(int first_entry, int batch, cudaStream_t stream) {
+  kernels::SamplingParams p;
+  p.logits = buffers_.logits.as<float>();
+  p.slots = buffers_.slots() + first_entry;
+  p.ids = buffers_.decode_ids() + first_entry;
+  p.workspace = buffers_.sampling_workspace.data();
+  p.batch = batch;
+  p.vocab = config_.vocab_size;
+  DF_CHECK_CUDA(kernels::launch_sampling(p, stream));
+}
+
+int ForwardPass::launches_per_layer(int attention_launches) const {
+  // norm, QKV GEMM, rope_kv_append, attention, o_proj GEMM, norm, MLP
+  return 1 + 1 + 1 + attention_launches + 1 + 1 + weights_.layers.front().mlp->launches_per_call(true);
+}
+
+int ForwardPass::launches_per_decode_step(const kernels::DecodeAttentionPlan& plan) const {
+  // embedding, the layers, final norm, lm_head, sampling
+  return 1 + config_.num_hidden_layers * launches_per_layer(kernels::decode_attention_launches(plan)) + 3;
+}
+
+}  // namespace deepfuse::runtime

@@ -1,0 +1,110 @@
+// The ops of one forward pass, in launch order. Two passes share one per-layer op list:
+//   decode step   one token for each of `batch` sequences (a batch bucket; padded entries have
+//                 id -1, position -1, length 0), paged split-KV decode attention, then final norm,
+//                 lm_head to fp32 logits and GPU sampling straight into the ids buffer;
+//   prefill chunk `tokens` consecutive prompt tokens of one sequence, causal prefill attention;
+//                 the caller then asks for logits of the rows it needs (the last one to sample the
+//                 first token, or all of them for score()).
+// Per layer (residual stream bf16 [tokens, H], updated in place):
+//   1 rms_norm(residual; input_norm)                   -> normed
+//   2 GEMM normed · Wqkv^T                             -> qkv [tokens, q | k | v]
+//   3 rope_kv_append (qkv bias, RoPE, K/V into pages)  -> q_rot, KV cache
+//   4 decode or prefill attention                      -> attention_out
+//   5 GEMM attention_out · Wo^T + o_bias + residual    -> residual (bias in cuBLASLt's epilogue)
+//   6 rms_norm(residual; post_attention_norm)          -> normed
+//   7 MlpLayer::run(normed, residual)                  -> residual
+// Nothing here allocates or synchronises: a decode step is captured into a CUDA graph as is.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "deepfuse/model_config.hpp"
+#include "deepfuse/tensor.hpp"
+#include "kernels/attention/decode_attention.cuh"
+#include "kernels/gemm/cublaslt_gemm.hpp"
+#include "kernels/sampling/sampling.cuh"
+#include "runtime/gpu_weights.hpp"
+#include "runtime/kv_cache.hpp"
+
+namespace deepfuse::runtime {
+
+// Every device buffer a pass reads or writes, allocated once at engine start, so a captured
+// decode step replays against the same addresses with new contents.
+struct StepBuffers {
+  StepBuffers(const ModelConfig& config, int max_tokens, int max_batch, int logits_rows,
+              size_t attention_workspace_bytes, cudaStream_t stream);
+
+  int max_tokens;   // rows of the activation buffers: max(prefill_chunk, max_batch)
+  int max_batch;    // decode entries (= block-table rows)
+  int logits_rows;  // rows of fp32 logits one lm_head call may produce
+
+  DeviceBuffer residual, normed;  // bf16 [max_tokens, H]
+  DeviceBuffer qkv;               // bf16 [max_tokens, q_size + 2 kv_size]
+  DeviceBuffer q_rot;             // bf16 [max_tokens, q_size]
+  DeviceBuffer attention_out;     // bf16 [max_tokens, q_size]
+  DeviceBuffer logits;            // fp32 [logits_rows, vocab]
+  DeviceBuffer decode_inputs;     // int32 [3, max_batch]: ids | positions | seq_lens (upload_decode_inputs order)
+  DeviceBuffer decode_rows;       // int32 [max_batch] = 0, 1, ...: decode entry i is block-table row i
+  DeviceBuffer prefill_inputs;    // int32 [3, max_tokens]: ids | positions | block-table rows
+  DeviceBuffer sampling_slots;    // kernels::SamplingSlot [max_batch], entry i belongs to row i
+  DeviceBuffer sampling_workspace;
+  DeviceBuffer attention_workspace;  // decode attention partials, zeroed once
+
+  int32_t* decode_ids() const { return decode_inputs.as<int32_t>(); }
+  int32_t* decode_positions() const { return decode_inputs.as<int32_t>() + max_batch; }
+  int32_t* decode_seq_lens() const { return decode_inputs.as<int32_t>() + 2 * max_batch; }
+  int32_t* prefill_ids() const { return prefill_inputs.as<int32_t>(); }
+  int32_t* prefill_positions() const { return prefill_inputs.as<int32_t>() + max_tokens; }
+  int32_t* prefill_rows() const { return prefill_inputs.as<int32_t>() + 2 * max_tokens; }
+  kernels::SamplingSlot* slots() const { return sampling_slots.as<kernels::SamplingSlot>(); }
+};
+
+class ForwardPass {
+ public:
+  ForwardPass(const ModelConfig& config, const GpuWeights& weights, const KvCache& kv, const StepBuffers& buffers,
+              kernels::CublasLtGemm& gemm);
+
+  // A decode step for plan.batch entries read from buffers.decode_inputs; ends with their
+  // logits in rows 0..batch-1 and the sampled ids in decode_ids (sampling slots advanced).
+  void decode_step(const kernels::DecodeAttentionPlan& plan, cudaStream_t stream);
+
+  // Tokens [start, start + tokens) of the sequence on block-table row `row`, inputs in
+  // buffers.prefill_inputs: their keys and values go to the cache, their final hidden states
+  // stay in residual rows 0..tokens-1.
+  void prefill_chunk(int row, int start, int tokens, cudaStream_t stream);
+
+  // Final RMSNorm of residual rows [first_row, first_row + rows) -> normed rows 0..rows-1.
+  void final_norm(int first_row, int rows, cudaStream_t stream);
+  // lm_head of normed rows [first_row, first_row + rows) -> fp32 logits rows 0..rows-1.
+  void lm_head(int first_row, int rows, cudaStream_t stream);
+  // Samples logits rows 0..batch-1 with the slots of entries first_entry.. and writes the ids
+  // into decode_ids[first_entry..].
+  void sample(int first_entry, int batch, cudaStream_t stream);
+
+  // Kernel launches (cuBLASLt GEMMs count one each) of one layer and of a whole decode step.
+  int launches_per_layer(int attention_launches) const;
+  int launches_per_decode_step(const kernels::DecodeAttentionPlan& plan) const;
+
+ private:
+  // Decode (decode_plan set) or prefill attention of one layer.
+  struct Attention {
+    const kernels::DecodeAttentionPlan* decode_plan = nullptr;
+    int prefill_row = 0;
+    int prefill_start = 0;
+  };
+  void embed(const int32_t* ids, int tokens, cudaStream_t stream);
+  void layer(int index, int tokens, const int32_t* positions, const int32_t* rows, const Attention& attention,
+             cudaStream_t stream);
+  void rms_norm(const __nv_bfloat16* weight, int first_row, int rows, cudaStream_t stream);
+
+  const ModelConfig& config_;
+  const GpuWeights& weights_;
+  const KvCache& kv_;
+  const StepBuffers& buffers_;
+  kernels::CublasLtGemm& gemm_;
+  float attention_scale_;
+};
+
+}  // namespace deepfuse::runtime

@@ -1,0 +1,300 @@
+#include "runtime/gpu_weights.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "deepfuse/bf16.hpp"
+#include "deepfuse/error.hpp"
+#include "deepfuse/model_weights.hpp"
+#include "deepfuse/reference.hpp"
+#include "kernels/fill.cuh"
+#include "model/float16.hpp"
+#include "runtime/pinned_buffer.hpp"
+
+namespace deepfuse::runtime {
+
+namespace {
+
+size_t bf16_bytes(size_t elements) { return elements * sizeof(__nv_bfloat16); }
+
+// Element counts of one layer's tensors.
+struct LayerSizes {
+  size_t hidden, q, kv, intermediate;
+  bool qkv_bias, o_bias;
+
+  explicit LayerSizes(const ModelConfig& c)
+      : hidden(c.hidden_size), q(c.q_size()), kv(c.kv_size()), intermediate(c.intermediate_size),
+        qkv_bias(c.qkv_bias), o_bias(c.o_proj_bias) {}
+  size_t qkv_rows() const { return q + 2 * kv; }
+  size_t elements() const {
+    return 2 * hidden + qkv_rows() * hidden + (qkv_bias ? qkv_rows() : 0) + hidden * q + (o_bias ? hidden : 0) +
+           3 * hidden * intermediate;
+  }
+};
+
+MlpShape mlp_shape(const ModelConfig& c) { return {c.hidden_size, c.intermediate_size}; }
+
+std::string layer_prefix(int layer) { return "model.layers." + std::to_string(layer) + "."; }
+
+std::string gib(size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f GiB", static_cast<double>(bytes) / (1 << 30));
+  return text;
+}
+
+// Every buffer of a layer except the MLP, allocated in its final size (contents undefined).
+GpuLayerWeights allocate_layer(const ModelConfig& config) {
+  const LayerSizes s(config);
+  GpuLayerWeights layer;
+  layer.input_norm = DeviceBuffer(bf16_bytes(s.hidden));
+  layer.qkv = DeviceBuffer(bf16_bytes(s.qkv_rows() * s.hidden));
+  if (s.qkv_bias) layer.qkv_bias = DeviceBuffer(bf16_bytes(s.qkv_rows()));
+  layer.o_proj = DeviceBuffer(bf16_bytes(s.hidden * s.q));
+  if (s.o_bias) layer.o_bias = DeviceBuffer(bf16_bytes(s.hidden));
+  layer.post_attention_norm = DeviceBuffer(bf16_bytes(s.hidden));
+  return layer;
+}
+
+// One layer's gate, up and down in Hugging Face layout: what MlpLayer::load_weights copies or
+// packs from. Reused by every layer (stream order keeps a layer's packing ahead of the next
+// layer's uploads).
+struct MlpStaging {
+  DeviceBuffer gate, up, down;
+
+  explicit MlpStaging(MlpShape shape)
+      : gate(shape.weight_bytes() / 3), up(shape.weight_bytes() / 3), down(shape.weight_bytes() / 3) {}
+  MlpHfWeights view() const {
+    return {gate.as<__nv_bfloat16>(), up.as<__nv_bfloat16>(), down.as<__nv_bfloat16>()};
+  }
+};
+
+DeviceBuffer rope_table(const ModelConfig& config) {
+  const std::vector<double> inv_freq = reference::rope_inverse_frequencies(config.rope);
+  DF_CHECK(static_cast<int>(inv_freq.size()) * 2 == config.head_dim,
+           "rope head_dim " + std::to_string(config.rope.head_dim) + " differs from the model's head_dim " +
+               std::to_string(config.head_dim));
+  return DeviceBuffer::from_host(std::vector<float>(inv_freq.begin(), inv_freq.end()));
+}
+
+// ---- checkpoint -> device
+
+// n elements of `dtype` (BF16, F16 or F32, possibly unaligned in the mapping) -> bf16 bits.
+void convert_to_bf16(const std::byte* source, SafetensorsDType dtype, size_t n, uint16_t* out) {
+  switch (dtype) {
+    case SafetensorsDType::BF16:
+      std::memcpy(out, source, n * 2);
+      return;
+    case SafetensorsDType::F16:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t bits;
+        std::memcpy(&bits, source + 2 * i, 2);
+        out[i] = float_to_bf16_bits(half_bits_to_float(bits));
+      }
+      return;
+    case SafetensorsDType::F32:
+      for (size_t i = 0; i < n; ++i) {
+        float value;
+        std::memcpy(&value, source + 4 * i, 4);
+        out[i] = float_to_bf16_bits(value);
+      }
+      return;
+    default:
+      throw Error(std::string("cannot load a ") + dtype_name(dtype) + " tensor as bf16");
+  }
+}
+
+// Copies checkpoint tensors to device memory as bf16, chunk by chunk through two pinned buffers
+// used in turn: the host fills one while the previous chunk's copy from the other runs.
+class StagedUploader {
+ public:
+  StagedUploader(const Checkpoint& checkpoint, size_t total_bytes, cudaStream_t stream, const LoadProgress& progress)
+      : checkpoint_(checkpoint), stream_(stream), progress_(progress), total_(total_bytes) {
+    for (PinnedBuffer& buffer : staging_) buffer = PinnedBuffer(bf16_bytes(kChunkElements));
+    if (progress_) progress_(0, total_);
+  }
+  // Pending copies read the staging buffers: let them finish before the buffers are freed.
+  ~StagedUploader() { cudaStreamSynchronize(stream_); }
+  StagedUploader(const StagedUploader&) = delete;
+  StagedUploader& operator=(const StagedUploader&) = delete;
+
+  // Tensor `name` -> destination, which holds its element count of bf16.
+  void upload(const std::string& name, void* destination) {
+    const Checkpoint::Entry* entry = checkpoint_.find(name);
+    DF_CHECK(entry != nullptr, "checkpoint is missing tensor '" + name + "'");
+    const std::span<const std::byte> source = checkpoint_.data(*entry);
+    const SafetensorsDType dtype = entry->info->dtype;
+    const size_t source_element_bytes = dtype_size(dtype);
+    const size_t elements = source.size() / source_element_bytes;
+    auto* out = static_cast<uint16_t*>(destination);
+    for (size_t first = 0; first < elements; first += kChunkElements) {
+      const size_t count = std::min(kChunkElements, elements - first);
+      staging_read_[next_].wait();  // the copy that last read this buffer is done
+      convert_to_bf16(source.data() + first * source_element_bytes, dtype, count, staging_[next_].as<uint16_t>());
+      DF_CHECK_CUDA(cudaMemcpyAsync(out + first, staging_[next_].data(), bf16_bytes(count), cudaMemcpyHostToDevice,
+                                    stream_));
+      staging_read_[next_].record(stream_);
+      next_ ^= 1;
+    }
+    done_ += source.size();
+    if (progress_) progress_(done_, total_);
+  }
+
+  // Uploads into `buffer` at element `offset` (one of q/k/v into the merged qkv).
+  void upload(const std::string& name, DeviceBuffer& buffer, size_t offset = 0) {
+    upload(name, buffer.as<uint16_t>() + offset);
+  }
+
+ private:
+  static constexpr size_t kChunkElements = size_t{8} << 20;  // 16 MiB of bf16 per staging buffer
+
+  const Checkpoint& checkpoint_;
+  cudaStream_t stream_;
+  const LoadProgress& progress_;
+  size_t done_ = 0;
+  size_t total_;
+  PinnedBuffer staging_[2];
+  CopyEvent staging_read_[2];
+  int next_ = 0;
+};
+
+// ---- random weights
+
+class RandomFiller {
+ public:
+  RandomFiller(uint64_t seed, int hidden, cudaStream_t stream)
+      : seed_(seed), ones_(static_cast<size_t>(hidden), float_to_bf16_bits(1.0f)), stream_(stream) {}
+
+  // uniform(-scale, scale), a fresh stream of numbers per tensor.
+  void uniform(DeviceBuffer& buffer, float scale) {
+    const uint64_t tensor_seed = seed_ + (++tensors_) * 0x9e3779b97f4a7c15ull;
+    DF_CHECK_CUDA(kernels::fill_uniform_bf16(buffer.as<__nv_bfloat16>(), buffer.bytes() / sizeof(__nv_bfloat16),
+                                             tensor_seed, scale, stream_));
+  }
+  // Std 1/sqrt(fan_in), as a trained Linear roughly has: activations keep their scale.
+  void linear(DeviceBuffer& buffer, int fan_in) { uniform(buffer, std::sqrt(3.0f / static_cast<float>(fan_in))); }
+  // Norm weights: exactly 1.
+  void ones(DeviceBuffer& buffer) {
+    // ones_ never changes and outlives the copies (the caller synchronises before returning).
+    DF_CHECK_CUDA(cudaMemcpyAsync(buffer.data(), ones_.data(), buffer.bytes(), cudaMemcpyHostToDevice, stream_));
+  }
+
+ private:
+  uint64_t seed_;
+  uint64_t tensors_ = 0;
+  std::vector<uint16_t> ones_;
+  cudaStream_t stream_;
+};
+
+}  // namespace
+
+size_t gpu_weight_bytes(const ModelConfig& c) {
+  const size_t vocab_hidden = static_cast<size_t>(c.vocab_size) * c.hidden_size;
+  const size_t elements = vocab_hidden + c.num_hidden_layers * LayerSizes(c).elements() + c.hidden_size +
+                          (c.tie_word_embeddings ? 0 : vocab_hidden);
+  return bf16_bytes(elements);
+}
+
+size_t decode_weight_bytes(const ModelConfig& c) {
+  const size_t embedding = bf16_bytes(static_cast<size_t>(c.vocab_size) * c.hidden_size);
+  return gpu_weight_bytes(c) - (c.tie_word_embeddings ? 0 : embedding);
+}
+
+void check_weights_fit(const ModelConfig& config, const std::string& what) {
+  size_t free_bytes = 0, total_bytes = 0;
+  DF_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const size_t weights = gpu_weight_bytes(config);
+  const size_t staging = mlp_shape(config).weight_bytes();
+  if (weights + staging > free_bytes) {
+    int device = 0;
+    DF_CHECK_CUDA(cudaGetDevice(&device));
+    throw Error(what + ": the weights need " + std::to_string(weights) + " bytes (" + gib(weights) + ") plus " +
+                std::to_string(staging) + " bytes of load staging, but only " + std::to_string(free_bytes) +
+                " bytes (" + gib(free_bytes) + ") of GPU memory are free on device " + std::to_string(device));
+  }
+}
+
+GpuWeights load_checkpoint_weights(const Checkpoint& checkpoint, const ModelConfig& config, MlpVariant mlp_variant,
+                                   int mlp_max_tokens, cudaStream_t stream, const LoadProgress& progress) {
+  validate_checkpoint(checkpoint, config);
+  size_t total_bytes = 0;
+  for (const ExpectedTensor& tensor : expected_tensors(config)) total_bytes += checkpoint.find(tensor.name)->info->byte_size();
+  const LayerSizes s(config);
+  MlpStaging staging(mlp_shape(config));  // declared first: freed after the uploader has synchronised
+  StagedUploader uploader(checkpoint, total_bytes, stream, progress);
+
+  GpuWeights w;
+  w.embed_tokens = DeviceBuffer(bf16_bytes(static_cast<size_t>(config.vocab_size) * s.hidden));
+  uploader.upload("model.embed_tokens.weight", w.embed_tokens);
+  for (int l = 0; l < config.num_hidden_layers; ++l) {
+    const std::string p = layer_prefix(l);
+    GpuLayerWeights layer = allocate_layer(config);
+    uploader.upload(p + "input_layernorm.weight", layer.input_norm);
+    uploader.upload(p + "self_attn.q_proj.weight", layer.qkv, 0);
+    uploader.upload(p + "self_attn.k_proj.weight", layer.qkv, s.q * s.hidden);
+    uploader.upload(p + "self_attn.v_proj.weight", layer.qkv, (s.q + s.kv) * s.hidden);
+    if (s.qkv_bias) {
+      uploader.upload(p + "self_attn.q_proj.bias", layer.qkv_bias, 0);
+      uploader.upload(p + "self_attn.k_proj.bias", layer.qkv_bias, s.q);
+      uploader.upload(p + "self_attn.v_proj.bias", layer.qkv_bias, s.q + s.kv);
+    }
+    uploader.upload(p + "self_attn.o_proj.weight", layer.o_proj);
+    if (s.o_bias) uploader.upload(p + "self_attn.o_proj.bias", layer.o_bias);
+    uploader.upload(p + "post_attention_layernorm.weight", layer.post_attention_norm);
+    uploader.upload(p + "mlp.gate_proj.weight", staging.gate);
+    uploader.upload(p + "mlp.up_proj.weight", staging.up);
+    uploader.upload(p + "mlp.down_proj.weight", staging.down);
+    layer.mlp = std::make_unique<MlpLayer>(mlp_variant, mlp_shape(config), mlp_max_tokens);
+    layer.mlp->load_weights(staging.view(), stream);
+    w.layers.push_back(std::move(layer));
+  }
+  w.final_norm = DeviceBuffer(bf16_bytes(s.hidden));
+  uploader.upload("model.norm.weight", w.final_norm);
+  if (!config.tie_word_embeddings) {
+    w.lm_head = DeviceBuffer(bf16_bytes(static_cast<size_t>(config.vocab_size) * s.hidden));
+    uploader.upload("lm_head.weight", w.lm_head);
+  }
+  w.rope_inv_freq = rope_table(config);
+  DF_CHECK_CUDA(cudaStreamSynchronize(stream));
+  return w;
+}
+
+GpuWeights make_random_weights(const ModelConfig& config, MlpVariant mlp_variant, int mlp_max_tokens, uint64_t seed,
+                               cudaStream_t stream) {
+  const LayerSizes s(config);
+  RandomFiller fill(seed, config.hidden_size, stream);
+  MlpStaging staging(mlp_shape(config));
+  constexpr float kBiasScale = 0.1f;
+
+  GpuWeights w;
+  w.embed_tokens = DeviceBuffer(bf16_bytes(static_cast<size_t>(config.vocab_size) * s.hidden));
+  fill.uniform(w.embed_tokens, 1.0f);
+  for (int l = 0; l < config.num_hidden_layers; ++l) {
+    GpuLayerWeights layer = allocate_layer(config);
+    fill.ones(layer.input_norm);
+    fill.linear(layer.qkv, config.hidden_size);
+    if (s.qkv_bias) fill.uniform(layer.qkv_bias, kBiasScale);
+    fill.linear(layer.o_proj, config.q_size());
+    if (s.o_bias) fill.uniform(layer.o_bias, kBiasScale);
+    fill.ones(layer.post_attention_norm);
+    fill.linear(staging.gate, config.hidden_size);
+    fill.linear(staging.up, config.hidden_size);
+    fill.linear(staging.down, config.intermediate_size);
+    layer.mlp = std::make_unique<MlpLayer>(mlp_variant, mlp_shape(config), mlp_max_tokens);
+    layer.mlp->load_weights(staging.view(), stream);
+    w.layers.push_back(std::move(layer));
+  }
+  w.final_norm = DeviceBuffer(bf16_bytes(s.hidden));
+  fill.ones(w.final_norm);
+  if (!config.tie_word_embeddings) {
+    w.lm_head = DeviceBuffer(bf16_bytes(static_cast<size_t>(config.vocab_size) * s.hidden));
+    fill.linear(w.lm_head, config.hidden_size);
+  }
+  w.rope_inv_freq = rope_table(config);
+  DF_CHECK_CUDA(cudaStreamSynchronize(stream));
+  return w;
+}
+
+}  // namespace deepfuse::runtime

@@ -1,0 +1,72 @@
+// Model weights in the device layouts the decode and prefill steps read, made from a Hugging Face
+// checkpoint or from seeded random values (benchmarks of real shapes without files).
+//
+// Layouts (all bf16 unless noted):
+//   embed_tokens [V, H]; final_norm [H]; lm_head [V, H] (absent when tied: embed_tokens is used)
+//   per layer: input_norm [H]; qkv [q_size + 2 kv_size, H] = q_proj rows, then k_proj, then v_proj,
+//   so one GEMM yields the q | k | v row rope_kv_append expects; qkv_bias likewise merged (Qwen2,
+//   Llama attention_bias); o_proj [H, q_size]; o_bias [H]; post_attention_norm [H]; the MLP in
+//   MlpLayer's layout for the chosen variant (fragment-packed for fused).
+//   rope_inv_freq: fp32 [head_dim / 2], reference::rope_inverse_frequencies (llama3 scaling included).
+//
+// Checkpoint tensors go straight to the device through two pinned staging buffers used in turn,
+// so reading (and F16/F32 -> bf16 conversion) of one chunk overlaps the copy of the previous one.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "deepfuse/engine.hpp"
+#include "deepfuse/mlp.hpp"
+#include "deepfuse/model_config.hpp"
+#include "deepfuse/safetensors.hpp"
+#include "deepfuse/tensor.hpp"
+
+namespace deepfuse::runtime {
+
+struct GpuLayerWeights {
+  DeviceBuffer input_norm;
+  DeviceBuffer qkv;
+  DeviceBuffer qkv_bias;  // empty when the architecture has none
+  DeviceBuffer o_proj;
+  DeviceBuffer o_bias;    // empty when the architecture has none
+  DeviceBuffer post_attention_norm;
+  std::unique_ptr<MlpLayer> mlp;
+};
+
+struct GpuWeights {
+  DeviceBuffer embed_tokens;
+  std::vector<GpuLayerWeights> layers;
+  DeviceBuffer final_norm;
+  DeviceBuffer lm_head;  // empty when tie_word_embeddings
+  DeviceBuffer rope_inv_freq;
+
+  const __nv_bfloat16* lm_head_weights() const {
+    return lm_head.empty() ? embed_tokens.as<__nv_bfloat16>() : lm_head.as<__nv_bfloat16>();
+  }
+};
+
+// Bytes of every weight on the device (bf16), and the subset one decode step reads (all but the
+// embedding table, of which a step gathers only a few rows, unless it doubles as the lm_head).
+size_t gpu_weight_bytes(const ModelConfig& config);
+size_t decode_weight_bytes(const ModelConfig& config);
+
+// Throws deepfuse::Error naming the bytes needed and free when the weights (plus the staging that
+// loading them needs) cannot fit the current device's free memory. `what` names the model.
+void check_weights_fit(const ModelConfig& config, const std::string& what);
+
+// Validates the checkpoint against the config, then loads it. MLP layers are built for up to
+// mlp_max_tokens tokens per call. progress (may be empty) gets checkpoint bytes done / total.
+GpuWeights load_checkpoint_weights(const Checkpoint& checkpoint, const ModelConfig& config, MlpVariant mlp_variant,
+                                   int mlp_max_tokens, cudaStream_t stream, const LoadProgress& progress);
+
+// Uniform random weights at ~1/sqrt(fan_in) scale (norm weights 1, biases small, embedding ±1),
+// the statistics of trained weights closely enough that activations stay finite over 80 layers.
+GpuWeights make_random_weights(const ModelConfig& config, MlpVariant mlp_variant, int mlp_max_tokens, uint64_t seed,
+                               cudaStream_t stream);
+
+}  // namespace deepfuse::runtime

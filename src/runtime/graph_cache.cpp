@@ -1,0 +1,70 @@
+#include "runtime/graph_cache.hpp"
+
+#include <string>
+
+#include "deepfuse/error.hpp"
+
+namespace deepfuse::runtime {
+
+std::vector<int> decode_buckets(int max_batch) {
+  DF_CHECK(max_batch >= 1, "max_batch must be at least 1 (got " + std::to_string(max_batch) + ")");
+  std::vector<int> buckets;
+  for (int size = 1; size < max_batch; size *= 2) buckets.push_back(size);
+  buckets.push_back(max_batch);
+  return buckets;
+}
+
+DecodeGraphCache::DecodeGraphCache(int max_batch, bool use_graphs)
+    : use_graphs_(use_graphs), buckets_(decode_buckets(max_batch)), state_(buckets_.size()) {}
+
+DecodeGraphCache::~DecodeGraphCache() {
+  for (Bucket& bucket : state_)
+    if (bucket.graph) cudaGraphExecDestroy(bucket.graph);
+}
+
+int DecodeGraphCache::bucket_index(int sequences) const {
+  for (size_t i = 0; i < buckets_.size(); ++i)
+    if (buckets_[i] >= sequences) return static_cast<int>(i);
+  throw Error("decode step of " + std::to_string(sequences) + " sequences exceeds max_batch " +
+              std::to_string(buckets_.back()));
+}
+
+void DecodeGraphCache::capture(Bucket& bucket, cudaStream_t stream,
+                               const std::function<void(cudaStream_t)>& enqueue) {
+  DF_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  try {
+    enqueue(stream);
+  } catch (...) {
+    // Leave the stream usable: end (and drop) the half-made capture before reporting.
+    cudaGraph_t partial = nullptr;
+    cudaStreamEndCapture(stream, &partial);
+    if (partial) cudaGraphDestroy(partial);
+    throw;
+  }
+  cudaGraph_t graph = nullptr;
+  DF_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  const cudaError_t instantiated = cudaGraphInstantiate(&bucket.graph, graph, 0);
+  cudaGraphDestroy(graph);
+  DF_CHECK_CUDA(instantiated);
+}
+
+void DecodeGraphCache::run(int index, cudaStream_t stream, const std::function<void(cudaStream_t)>& enqueue) {
+  DF_CHECK(index >= 0 && index < static_cast<int>(buckets_.size()), "no decode bucket " + std::to_string(index));
+  Bucket& bucket = state_[index];
+  if (!use_graphs_ || !bucket.warmed_up) {
+    enqueue(stream);
+    if (!use_graphs_) return;
+    capture(bucket, stream, enqueue);  // records only: nothing runs twice
+    bucket.warmed_up = true;
+    return;
+  }
+  DF_CHECK_CUDA(cudaGraphLaunch(bucket.graph, stream));
+}
+
+int DecodeGraphCache::graphs_captured() const {
+  int count = 0;
+  for (const Bucket& bucket : state_) count += bucket.graph ? 1 : 0;
+  return count;
+}
+
+}  // namespace deepfuse::runtime

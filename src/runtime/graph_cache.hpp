@@ -1,0 +1,49 @@
+// One CUDA graph per decode batch bucket.
+//
+// Buckets are 1, 2, 4, ... below max_batch, and max_batch itself; a step with n running sequences
+// runs the smallest bucket >= n with the surplus entries padded. A bucket's first step runs its
+// ops eagerly: that initialises whatever the ops set up lazily on the host (cuBLASLt plans, kernel
+// attributes) outside any capture; the same op list is then captured (global capture mode, on the
+// engine's non-default stream) and every later step of that bucket is one cudaGraphLaunch.
+// With graphs off, every step runs eagerly: the same launches in the same order, so the same results.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <functional>
+#include <vector>
+
+namespace deepfuse::runtime {
+
+// Buckets for max_batch: powers of two below it, then max_batch.
+std::vector<int> decode_buckets(int max_batch);
+
+class DecodeGraphCache {
+ public:
+  DecodeGraphCache(int max_batch, bool use_graphs);
+  ~DecodeGraphCache();
+  DecodeGraphCache(const DecodeGraphCache&) = delete;
+  DecodeGraphCache& operator=(const DecodeGraphCache&) = delete;
+
+  const std::vector<int>& buckets() const { return buckets_; }
+  // Index into buckets() of the smallest bucket holding `sequences` entries.
+  int bucket_index(int sequences) const;
+
+  // Enqueues the step of bucket `index` on `stream`: `enqueue` (the ops) eagerly, or the graph.
+  void run(int index, cudaStream_t stream, const std::function<void(cudaStream_t)>& enqueue);
+
+  int graphs_captured() const;
+
+ private:
+  struct Bucket {
+    bool warmed_up = false;
+    cudaGraphExec_t graph = nullptr;
+  };
+  void capture(Bucket& bucket, cudaStream_t stream, const std::function<void(cudaStream_t)>& enqueue);
+
+  bool use_graphs_;
+  std::vector<int> buckets_;
+  std::vector<Bucket> state_;
+};
+
+}  // namespace deepfuse::runtime

@@ -1,0 +1,59 @@
+// The paged KV cache on the device: one allocation holding every layer's key and value pools
+// (layout: src/kernels/attention/paged_kv.cuh), the device block table, and the host
+// KvPageTable whose changes it mirrors to the device with small stream-ordered copies:
+//   - a row gains pages: only the new entries are copied up (from pinned staging);
+//   - a row is removed: the last row is moved into the hole device-to-device.
+// Whole tables are never uploaded per step. The pools are zeroed once, so pages that were never
+// written (benchmark contexts) hold finite values.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "deepfuse/tensor.hpp"
+#include "kernels/attention/paged_kv.cuh"
+#include "runtime/kv_page_table.hpp"
+#include "runtime/pinned_buffer.hpp"
+
+namespace deepfuse::runtime {
+
+struct KvGeometry {
+  int layers = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+
+  // Elements of one layer's key (or value) pool of `pages` pages.
+  size_t pool_elements(int pages) const;
+  // Bytes one page costs across all layers, keys and values.
+  size_t page_bytes() const;
+};
+
+class KvCache {
+ public:
+  KvCache(const KvGeometry& geometry, int pages, int max_rows, int max_pages_per_row, cudaStream_t stream);
+
+  // Layer `layer`'s pools and the shared block table, as the kernels take them.
+  kernels::PagedKv layer(int layer) const;
+
+  const KvPageTable& table() const { return table_; }
+  size_t pool_bytes() const { return pool_.bytes(); }
+
+  int add_row() { return table_.add_row(); }
+  // KvPageTable::reserve, with the row's new entries copied to the device block table.
+  bool reserve(int row, int tokens);
+  // KvPageTable::remove_row, with the moved row copied device-to-device; returns where it came from.
+  int remove_row(int row);
+
+ private:
+  KvGeometry geometry_;
+  int pages_;
+  cudaStream_t stream_;
+  DeviceBuffer pool_;              // [layer][K, V][pages][kv_heads][kKvPageSize][head_dim] bf16
+  DeviceBuffer block_table_;       // int32 [max_rows, max_pages_per_row]
+  KvPageTable table_;
+  PinnedBuffer staging_;           // int32 [max_rows, max_pages_per_row]: source of entry uploads
+  CopyEvent staging_read_;         // recorded after the last upload from staging_
+};
+
+}  // namespace deepfuse::runtime

@@ -1,0 +1,120 @@
+// cuBLASLt GEMM modes the engine relies on, against an fp64 CPU reference on fresh random inputs:
+// bf16 output with an in-place residual addend and a bias in the epilogue (o_proj with Llama's
+// attention_bias), and fp32 output (lm_head logits). Outputs are poisoned with NaN first.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "deepfuse/bf16.hpp"
+#include "deepfuse/error.hpp"
+#include "deepfuse/tensor.hpp"
+#include "kernels/gemm/cublaslt_gemm.hpp"
+#include "test_util.hpp"
+
+namespace deepfuse {
+namespace {
+
+constexpr uint16_t kNanBits = 0x7fc0;
+constexpr double kTolerance = 1e-2;
+
+struct GemmShape {
+  int n, k;
+};
+const std::vector<GemmShape> kShapes = {{200, 72}, {1000, 136}, {1024, 512}};
+const std::vector<int> kRowCounts = {1, 3, 8, 17, 100};
+
+// bf16-representable random values, on the host (floats) and the device (bf16 bits).
+std::vector<float> random_bf16(std::mt19937_64& rng, size_t count, float scale, DeviceBuffer& device) {
+  std::vector<float> values = testing::random_uniform(rng, count, scale);
+  for (float& v : values) v = round_to_bf16(v);
+  device = DeviceBuffer::from_host(to_bf16_bits(values));
+  return values;
+}
+
+// y[t, o] = x[t, :]·w[o, :] (+ bias[o]) (+ addend[t, o]) in fp64.
+std::vector<double> reference_gemm(const std::vector<float>& x, const std::vector<float>& w,
+                                   const std::vector<float>* bias, const std::vector<float>* addend, int m, int n,
+                                   int k) {
+  std::vector<double> y(static_cast<size_t>(m) * n);
+  for (int t = 0; t < m; ++t)
+    for (int o = 0; o < n; ++o) {
+      double sum = 0;
+      for (int i = 0; i < k; ++i) sum += static_cast<double>(x[static_cast<size_t>(t) * k + i]) * w[static_cast<size_t>(o) * k + i];
+      if (bias) sum += (*bias)[o];
+      if (addend) sum += (*addend)[static_cast<size_t>(t) * n + o];
+      y[static_cast<size_t>(t) * n + o] = sum;
+    }
+  return y;
+}
+
+TEST(CublasLtGemm, BiasAndInPlaceAddendInTheEpilogue) {
+  DF_REQUIRE_GPU();
+  auto rng = testing::make_rng(41);
+  kernels::CublasLtGemm gemm;
+  for (const GemmShape& shape : kShapes) {
+    const int n = shape.n, k = shape.k, max_m = kRowCounts.back();
+    DeviceBuffer x_dev, w_dev, bias_dev, addend_dev;
+    const auto x = random_bf16(rng, static_cast<size_t>(max_m) * k, 1.0f, x_dev);
+    const auto w = random_bf16(rng, static_cast<size_t>(n) * k, 1.0f / std::sqrt(static_cast<float>(k)), w_dev);
+    const auto bias = random_bf16(rng, n, 0.5f, bias_dev);
+    const auto addend = random_bf16(rng, static_cast<size_t>(max_m) * n, 1.0f, addend_dev);
+    for (int m : kRowCounts) {
+      for (bool with_bias : {false, true}) {
+        for (bool with_addend : {false, true}) {
+          // In place, as o_proj adds into the residual stream: y starts as the addend (or NaN).
+          const size_t count = static_cast<size_t>(m) * n;
+          std::vector<uint16_t> initial(count, kNanBits);
+          if (with_addend) initial = to_bf16_bits(std::vector<float>(addend.begin(), addend.begin() + count));
+          DeviceBuffer y = DeviceBuffer::from_host(initial);
+          auto* y_ptr = y.as<__nv_bfloat16>();
+          gemm.run_with_bias(x_dev.as<__nv_bfloat16>(), w_dev.as<__nv_bfloat16>(),
+                             with_bias ? bias_dev.as<__nv_bfloat16>() : nullptr, with_addend ? y_ptr : nullptr, y_ptr,
+                             m, n, k, nullptr);
+          DF_CHECK_CUDA(cudaDeviceSynchronize());
+          const auto out = bf16_bits_to_floats(y.to_host<uint16_t>(count));
+          const auto ref = reference_gemm(x, w, with_bias ? &bias : nullptr, with_addend ? &addend : nullptr, m, n, k);
+          EXPECT_EQ(testing::count_nan(out), 0u) << "M=" << m << " N=" << n << " K=" << k;
+          EXPECT_LT(testing::relative_error(out, ref), kTolerance)
+              << "M=" << m << " N=" << n << " K=" << k << " bias=" << with_bias << " addend=" << with_addend;
+        }
+      }
+    }
+  }
+}
+
+TEST(CublasLtGemm, Fp32Output) {
+  DF_REQUIRE_GPU();
+  auto rng = testing::make_rng(42);
+  kernels::CublasLtGemm gemm;
+  for (const GemmShape& shape : kShapes) {
+    const int n = shape.n, k = shape.k, max_m = kRowCounts.back();
+    DeviceBuffer x_dev, w_dev;
+    const auto x = random_bf16(rng, static_cast<size_t>(max_m) * k, 1.0f, x_dev);
+    const auto w = random_bf16(rng, static_cast<size_t>(n) * k, 1.0f / std::sqrt(static_cast<float>(k)), w_dev);
+    for (int m : kRowCounts) {
+      const size_t count = static_cast<size_t>(m) * n;
+      DeviceBuffer y = DeviceBuffer::from_host(std::vector<float>(count, std::nanf("")));
+      gemm.run_fp32_out(x_dev.as<__nv_bfloat16>(), w_dev.as<__nv_bfloat16>(), y.as<float>(), m, n, k, nullptr);
+      DF_CHECK_CUDA(cudaDeviceSynchronize());
+      const auto out = y.to_host<float>(count);
+      const auto ref = reference_gemm(x, w, nullptr, nullptr, m, n, k);
+      EXPECT_EQ(testing::count_nan(out), 0u) << "M=" << m << " N=" << n << " K=" << k;
+      // fp32 output of bf16 inputs with fp32 accumulation: far tighter than a bf16 result.
+      EXPECT_LT(testing::relative_error(out, ref), 1e-4) << "M=" << m << " N=" << n << " K=" << k;
+    }
+  }
+}
+
+TEST(CublasLtGemm, RejectsBadArguments) {
+  DF_REQUIRE_GPU();
+  kernels::CublasLtGemm gemm;
+  DeviceBuffer buffer(1024);
+  auto* p = buffer.as<__nv_bfloat16>();
+  EXPECT_THROW(gemm.run(p, p, nullptr, p, 0, 8, 8, nullptr), Error);
+  EXPECT_THROW(gemm.run(nullptr, p, nullptr, p + 64, 1, 8, 8, nullptr), Error);
+  EXPECT_THROW(gemm.run_fp32_out(p, p, nullptr, 1, 8, 8, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace deepfuse

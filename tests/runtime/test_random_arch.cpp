@@ -1,0 +1,60 @@
+// The architectures --random-weights offers: make-model's presets plus llama3-70b at its real shape.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "deepfuse/engine.hpp"
+#include "deepfuse/error.hpp"
+#include "deepfuse/make_model.hpp"
+#include "runtime/gpu_weights.hpp"
+
+namespace deepfuse {
+namespace {
+
+TEST(RandomArch, NamesAreThePresetsPlusLlama70b) {
+  const std::vector<std::string> names = random_arch_names();
+  for (const char* expected : {"llama3-8b", "llama3.2-1b", "qwen2.5-7b", "mistral-7b", "llama3-70b"})
+    EXPECT_NE(std::find(names.begin(), names.end(), expected), names.end()) << expected;
+  for (const std::string& name : names) EXPECT_NO_THROW(random_arch_config(name)) << name;
+  EXPECT_EQ(random_arch_config("qwen2.5-7b").hidden_size, model_preset("qwen2.5-7b").hidden_size);
+}
+
+TEST(RandomArch, Llama70bHasItsRealShape) {
+  const ModelConfig c = random_arch_config("llama3-70b");
+  EXPECT_EQ(c.architecture, Architecture::llama);
+  EXPECT_EQ(c.num_hidden_layers, 80);
+  EXPECT_EQ(c.hidden_size, 8192);
+  EXPECT_EQ(c.intermediate_size, 28672);
+  EXPECT_EQ(c.num_attention_heads, 64);
+  EXPECT_EQ(c.num_key_value_heads, 8);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.vocab_size, 128256);
+  EXPECT_EQ(c.max_position_embeddings, 131072);
+  EXPECT_DOUBLE_EQ(c.rope.theta, 500000.0);
+  EXPECT_TRUE(c.rope.llama3_scaling);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(runtime::gpu_weight_bytes(c), size_t{70553706496} * 2);  // Llama 3.1 70B's 70.55e9 parameters
+}
+
+TEST(RandomArch, WeightBytesCountEveryTensorOnce) {
+  // Llama 3 8B has 8.03e9 parameters; the decode step reads all but the embedding table.
+  const ModelConfig c = random_arch_config("llama3-8b");
+  EXPECT_EQ(runtime::gpu_weight_bytes(c), size_t{8030261248} * 2);
+  EXPECT_EQ(runtime::decode_weight_bytes(c), runtime::gpu_weight_bytes(c) - size_t{128256} * 4096 * 2);
+  // Tied embeddings (Llama 3.2 1B, 1.236e9 parameters): the table is the lm_head, read every step.
+  const ModelConfig tied = random_arch_config("llama3.2-1b");
+  EXPECT_EQ(runtime::gpu_weight_bytes(tied), size_t{1235814400} * 2);
+  EXPECT_EQ(runtime::decode_weight_bytes(tied), runtime::gpu_weight_bytes(tied));
+}
+
+TEST(RandomArch, UnknownNamesListTheKnownOnes) {
+  try {
+    random_arch_config("gpt-5");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("llama3-70b"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace deepfuse
