@@ -159,7 +159,7 @@ Engine Engine::from_checkpoint(const std::filesystem::path& model_dir, const Eng
   const Checkpoint checkpoint(model_dir);
   validate_checkpoint(checkpoint, config);
   auto impl = std::make_unique<Impl>(std::move(config), options);
-  runtime::check_weights_fit(impl->config, model_dir.string());
+  runtime::check_weights_fit(impl->config, options.mlp_variant, model_dir.string());
   impl->weights = std::make_unique<runtime::GpuWeights>(runtime::load_checkpoint_weights(
       checkpoint, impl->config, options.mlp_variant, impl->max_tokens(), impl->stream(), progress));
   impl->finish_setup();
@@ -168,7 +168,7 @@ Engine Engine::from_checkpoint(const std::filesystem::path& model_dir, const Eng
 
 Engine Engine::with_random_weights(const ModelConfig& config, const EngineOptions& options, uint64_t seed) {
   auto impl = std::make_unique<Impl>(config, options);
-  runtime::check_weights_fit(impl->config, "random weights for a " + describe_model(config));
+  runtime::check_weights_fit(impl->config, options.mlp_variant, "random weights for a " + describe_model(config));
   impl->weights = std::make_unique<runtime::GpuWeights>(
       runtime::make_random_weights(impl->config, options.mlp_variant, impl->max_tokens(), seed, impl->stream()));
   impl->finish_setup();

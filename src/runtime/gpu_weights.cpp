@@ -10,6 +10,7 @@
 #include "deepfuse/error.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "deepfuse/reference.hpp"
+#include "kernels/qkv/qkv_rope_fused.cuh"
 #include "kernels/fill.cuh"
 #include "model/float16.hpp"
 #include "runtime/pinned_buffer.hpp"
@@ -43,6 +44,13 @@ std::string gib(size_t bytes) {
   char text[32];
   std::snprintf(text, sizeof text, "%.1f GiB", static_cast<double>(bytes) / (1 << 30));
   return text;
+}
+
+// The fused decode kernel's copy of the merged qkv rows (stream-ordered after their upload).
+void pack_qkv(GpuLayerWeights& layer, const LayerSizes& s, cudaStream_t stream) {
+  layer.qkv_packed = DeviceBuffer(layer.qkv.bytes());
+  DF_CHECK_CUDA(kernels::pack_qkv_weights(layer.qkv.as<__nv_bfloat16>(), layer.qkv_packed.as<uint4>(),
+                                          static_cast<int>(s.qkv_rows()), static_cast<int>(s.hidden), stream));
 }
 
 // Every buffer of a layer except the MLP, allocated in its final size (contents undefined).
@@ -190,22 +198,28 @@ class RandomFiller {
 
 }  // namespace
 
-size_t gpu_weight_bytes(const ModelConfig& c) {
+bool uses_fused_qkv(const ModelConfig& c, MlpVariant mlp_variant) {
+  return mlp_variant == MlpVariant::fused && (c.head_dim == 64 || c.head_dim == 128) && c.hidden_size % 64 == 0;
+}
+
+size_t gpu_weight_bytes(const ModelConfig& c, MlpVariant mlp_variant) {
   const size_t vocab_hidden = static_cast<size_t>(c.vocab_size) * c.hidden_size;
-  const size_t elements = vocab_hidden + c.num_hidden_layers * LayerSizes(c).elements() + c.hidden_size +
+  const LayerSizes s(c);
+  const size_t packed_qkv = uses_fused_qkv(c, mlp_variant) ? s.qkv_rows() * s.hidden : 0;
+  const size_t elements = vocab_hidden + c.num_hidden_layers * (s.elements() + packed_qkv) + c.hidden_size +
                           (c.tie_word_embeddings ? 0 : vocab_hidden);
   return bf16_bytes(elements);
 }
 
 size_t decode_weight_bytes(const ModelConfig& c) {
   const size_t embedding = bf16_bytes(static_cast<size_t>(c.vocab_size) * c.hidden_size);
-  return gpu_weight_bytes(c) - (c.tie_word_embeddings ? 0 : embedding);
+  return gpu_weight_bytes(c, MlpVariant::unfused) - (c.tie_word_embeddings ? 0 : embedding);
 }
 
-void check_weights_fit(const ModelConfig& config, const std::string& what) {
+void check_weights_fit(const ModelConfig& config, MlpVariant mlp_variant, const std::string& what) {
   size_t free_bytes = 0, total_bytes = 0;
   DF_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const size_t weights = gpu_weight_bytes(config);
+  const size_t weights = gpu_weight_bytes(config, mlp_variant);
   const size_t staging = mlp_shape(config).weight_bytes();
   if (weights + staging > free_bytes) {
     int device = 0;
@@ -248,6 +262,7 @@ GpuWeights load_checkpoint_weights(const Checkpoint& checkpoint, const ModelConf
     uploader.upload(p + "mlp.down_proj.weight", staging.down);
     layer.mlp = std::make_unique<MlpLayer>(mlp_variant, mlp_shape(config), mlp_max_tokens);
     layer.mlp->load_weights(staging.view(), stream);
+    if (uses_fused_qkv(config, mlp_variant)) pack_qkv(layer, s, stream);
     w.layers.push_back(std::move(layer));
   }
   w.final_norm = DeviceBuffer(bf16_bytes(s.hidden));
@@ -284,6 +299,7 @@ GpuWeights make_random_weights(const ModelConfig& config, MlpVariant mlp_variant
     fill.linear(staging.down, config.intermediate_size);
     layer.mlp = std::make_unique<MlpLayer>(mlp_variant, mlp_shape(config), mlp_max_tokens);
     layer.mlp->load_weights(staging.view(), stream);
+    if (uses_fused_qkv(config, mlp_variant)) pack_qkv(layer, s, stream);
     w.layers.push_back(std::move(layer));
   }
   w.final_norm = DeviceBuffer(bf16_bytes(s.hidden));

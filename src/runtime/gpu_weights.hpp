@@ -7,6 +7,8 @@
 //   so one GEMM yields the q | k | v row rope_kv_append expects; qkv_bias likewise merged (Qwen2,
 //   Llama attention_bias); o_proj [H, q_size]; o_bias [H]; post_attention_norm [H]; the MLP in
 //   MlpLayer's layout for the chosen variant (fragment-packed for fused).
+//   qkv_packed: with the fused MLP variant, the same qkv rows fragment-packed for the fused decode
+//   kernel (kernels/qkv/qkv_rope_fused.cuh); prefill keeps using the row-major copy with cuBLASLt.
 //   rope_inv_freq: fp32 [head_dim / 2], reference::rope_inverse_frequencies (llama3 scaling included).
 //
 // Checkpoint tensors go straight to the device through two pinned staging buffers used in turn,
@@ -32,6 +34,7 @@ struct GpuLayerWeights {
   DeviceBuffer input_norm;
   DeviceBuffer qkv;
   DeviceBuffer qkv_bias;  // empty when the architecture has none
+  DeviceBuffer qkv_packed;  // fused decode path only (empty otherwise)
   DeviceBuffer o_proj;
   DeviceBuffer o_bias;    // empty when the architecture has none
   DeviceBuffer post_attention_norm;
@@ -52,12 +55,16 @@ struct GpuWeights {
 
 // Bytes of every weight on the device (bf16), and the subset one decode step reads (all but the
 // embedding table, of which a step gathers only a few rows, unless it doubles as the lm_head).
-size_t gpu_weight_bytes(const ModelConfig& config);
+size_t gpu_weight_bytes(const ModelConfig& config, MlpVariant mlp_variant);
 size_t decode_weight_bytes(const ModelConfig& config);
 
 // Throws deepfuse::Error naming the bytes needed and free when the weights (plus the staging that
 // loading them needs) cannot fit the current device's free memory. `what` names the model.
-void check_weights_fit(const ModelConfig& config, const std::string& what);
+void check_weights_fit(const ModelConfig& config, MlpVariant mlp_variant, const std::string& what);
+
+// Whether decode steps run the fused front half (input norm + QKV + RoPE + KV append, one launch):
+// with the fused MLP variant, on shapes the kernel supports.
+bool uses_fused_qkv(const ModelConfig& config, MlpVariant mlp_variant);
 
 // Validates the checkpoint against the config, then loads it. MLP layers are built for up to
 // mlp_max_tokens tokens per call. progress (may be empty) gets checkpoint bytes done / total.

@@ -33,18 +33,18 @@ TEST(RandomArch, Llama70bHasItsRealShape) {
   EXPECT_DOUBLE_EQ(c.rope.theta, 500000.0);
   EXPECT_TRUE(c.rope.llama3_scaling);
   EXPECT_FALSE(c.tie_word_embeddings);
-  EXPECT_EQ(runtime::gpu_weight_bytes(c), size_t{70553706496} * 2);  // Llama 3.1 70B's 70.55e9 parameters
+  EXPECT_EQ(runtime::gpu_weight_bytes(c, MlpVariant::unfused), size_t{70553706496} * 2);  // Llama 3.1 70B's 70.55e9 parameters
 }
 
 TEST(RandomArch, WeightBytesCountEveryTensorOnce) {
   // Llama 3 8B has 8.03e9 parameters; the decode step reads all but the embedding table.
   const ModelConfig c = random_arch_config("llama3-8b");
-  EXPECT_EQ(runtime::gpu_weight_bytes(c), size_t{8030261248} * 2);
-  EXPECT_EQ(runtime::decode_weight_bytes(c), runtime::gpu_weight_bytes(c) - size_t{128256} * 4096 * 2);
+  EXPECT_EQ(runtime::gpu_weight_bytes(c, MlpVariant::unfused), size_t{8030261248} * 2);
+  EXPECT_EQ(runtime::decode_weight_bytes(c), runtime::gpu_weight_bytes(c, MlpVariant::unfused) - size_t{128256} * 4096 * 2);
   // Tied embeddings (Llama 3.2 1B, 1.236e9 parameters): the table is the lm_head, read every step.
   const ModelConfig tied = random_arch_config("llama3.2-1b");
-  EXPECT_EQ(runtime::gpu_weight_bytes(tied), size_t{1235814400} * 2);
-  EXPECT_EQ(runtime::decode_weight_bytes(tied), runtime::gpu_weight_bytes(tied));
+  EXPECT_EQ(runtime::gpu_weight_bytes(tied, MlpVariant::unfused), size_t{1235814400} * 2);
+  EXPECT_EQ(runtime::decode_weight_bytes(tied), runtime::gpu_weight_bytes(tied, MlpVariant::unfused));
 }
 
 TEST(RandomArch, UnknownNamesListTheKnownOnes) {
