@@ -1,2 +1,7 @@
 deepfuse_test(test_mlp_shape_checks ${CMAKE_CURRENT_LIST_DIR}/test_mlp_shape_checks.cpp)
 deepfuse_test(test_mlp_gpu ${CMAKE_CURRENT_LIST_DIR}/test_mlp_gpu.cpp GPU)
+deepfuse_test(test_small_kernel_checks ${CMAKE_CURRENT_LIST_DIR}/test_small_kernel_checks.cpp)
+deepfuse_test(test_embedding_gpu ${CMAKE_CURRENT_LIST_DIR}/test_embedding_gpu.cpp GPU)
+deepfuse_test(test_rms_norm_gpu ${CMAKE_CURRENT_LIST_DIR}/test_rms_norm_gpu.cpp GPU)
+deepfuse_test(test_rope_kv_append_gpu ${CMAKE_CURRENT_LIST_DIR}/test_rope_kv_append_gpu.cpp GPU)
+deepfuse_test(test_sampling_gpu ${CMAKE_CURRENT_LIST_DIR}/test_sampling_gpu.cpp GPU)
