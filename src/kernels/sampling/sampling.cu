@@ -4,8 +4,8 @@
 // id order. Greedy (temperature <= 0) is the argmax, lowest id on ties. Design notes, passes and
 // bytes: docs/kernels/sampling.md.
 //
-// Work split. Each sequence gets a cluster of C blocks (C = 16 where the GPU allows it, else 8;
-// C = 1 before Hopper). Block r of the cluster owns 1/C of the vocabulary, split further into one
+// Work split. Each sequence gets a cluster of C blocks (C = 16 while batch x 16 blocks fit in one
+// wave, else 8; C = 1 before Hopper). Block r of the cluster owns 1/C of the vocabulary, split further into one
 // contiguous segment per warp, read in rows of 32 consecutive ids (coalesced). The logits are
 // read from L2 once and then stay in L1 (38 KB per block at 152k / 16): every pass below re-reads
 // them on-chip. Blocks combine results through distributed shared memory and cluster barriers,
@@ -31,23 +31,22 @@
 // fp32 would drift by more than the gap between neighbouring tokens' boundaries.
 #include "kernels/sampling/sampling.cuh"
 
-#include <cooperative_groups.h>
-
 #include <cmath>
 #include <mutex>
 #include <unordered_map>
 
+#include "kernels/sampling/sampling_primitives.cuh"
+
 namespace deepfuse::kernels {
 namespace {
 
-namespace cg = cooperative_groups;
+using namespace sampling_detail;
 
 constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
 constexpr int kBins = 256;
 constexpr float kLevel0BinsPerNat = 8.0f;
 constexpr float kLevel0Nats = kBins / kLevel0BinsPerNat;  // tokens further below the max share the last bin
-constexpr unsigned kFullMask = 0xffffffffu;
 
 struct HistogramBin {
   double mass;  // sum of w over the bin (top-p levels only)
@@ -80,71 +79,6 @@ struct SharedStorage {
   int search_warp;
   double search_warp_goal;
 };
-
-// ---- Cluster plumbing (C = 1: the block itself).
-template <int C, typename T>
-__device__ __forceinline__ T* in_block(T* local, int rank) {
-  if constexpr (C == 1) {
-    return local;
-  } else {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    return cg::this_cluster().map_shared_rank(local, rank);
-#else
-    __trap();  // the launcher asks for clusters only on sm_90+
-    return local;
-#endif
-  }
-}
-
-template <int C>
-__device__ __forceinline__ void cluster_barrier() {
-  if constexpr (C == 1) {
-    __syncthreads();
-  } else {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    cg::this_cluster().sync();
-#else
-    __trap();
-#endif
-  }
-}
-
-// ---- Values.
-// -0 and +0 are one value (the reference compares doubles): give them one key.
-__device__ __forceinline__ float canonical(float v) { return v == 0.0f ? 0.0f : v; }
-
-// Order-preserving map of non-NaN floats onto uint32: a < b  <=>  key(a) < key(b).
-__device__ __forceinline__ uint32_t order_key(float v) {
-  const uint32_t bits = __float_as_uint(v);
-  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
-__device__ __forceinline__ float key_value(uint32_t key) {
-  return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
-}
-
-// reference::sampling_uniform: splitmix64 of seed + (step + 1) * golden gamma, top 53 bits.
-__device__ __forceinline__ double sampling_uniform(uint64_t seed, uint64_t step) {
-  uint64_t z = seed + (step + 1) * 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return static_cast<double>(z >> 11) * 0x1.0p-53;
-}
-
-__device__ __forceinline__ double warp_sum(double value) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(kFullMask, value, offset);
-  return value;
-}
-
-__device__ __forceinline__ double warp_inclusive_scan(double value, int lane) {
-#pragma unroll
-  for (int offset = 1; offset < 32; offset *= 2) {
-    const double other = __shfl_up_sync(kFullMask, value, offset);
-    if (lane >= offset) value += other;
-  }
-  return value;
-}
 
 // (value, id) pairs: the larger value wins, the lower id on ties; id < 0 is "none".
 __device__ __forceinline__ bool beats(float value, int id, float other_value, int other_id) {
@@ -544,6 +478,7 @@ bool cluster_runs() {
 struct ClusterSupport {
   bool eight = false;
   bool sixteen = false;
+  int sm_count = 0;
 };
 
 cudaError_t cluster_support(ClusterSupport& out) {
@@ -556,11 +491,13 @@ cudaError_t cluster_support(ClusterSupport& out) {
     out = it->second;
     return cudaSuccess;
   }
+  ClusterSupport support;
   if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device); e != cudaSuccess)
+    return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&support.sm_count, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess)
     return e;
   // The logits stay in L1 between passes: a small shared-memory carveout leaves L1 the room.
   (void)cudaFuncSetAttribute(sampling_kernel<1>, cudaFuncAttributePreferredSharedMemoryCarveout, 25);
-  ClusterSupport support;
   if (major >= 9) {
     (void)cudaFuncSetAttribute(sampling_kernel<8>, cudaFuncAttributePreferredSharedMemoryCarveout, 25);
     (void)cudaFuncSetAttribute(sampling_kernel<16>, cudaFuncAttributePreferredSharedMemoryCarveout, 25);
@@ -586,7 +523,11 @@ cudaError_t launch_sampling(const SamplingParams& params, cudaStream_t stream) {
   if (!valid(params)) return cudaErrorInvalidValue;
   ClusterSupport support;
   if (cudaError_t e = cluster_support(support); e != cudaSuccess) return e;
-  return launch_sampling_with_cluster_size(params, support.sixteen ? 16 : support.eight ? 8 : 1, stream);
+  // 16 blocks per sequence while the whole batch fits in one wave (one block per SM at 512
+  // threads), else 8: more waves of smaller clusters beat fewer waves of larger ones.
+  const bool one_wave_of_16 = static_cast<long>(params.batch) * 16 <= support.sm_count;
+  const int cluster = support.sixteen && one_wave_of_16 ? 16 : support.eight ? 8 : support.sixteen ? 16 : 1;
+  return launch_sampling_with_cluster_size(params, cluster, stream);
 }
 
 cudaError_t launch_sampling_with_cluster_size(const SamplingParams& params, int cluster_size, cudaStream_t stream) {
