@@ -64,7 +64,7 @@ void run_case(const RopeCase& c, uint64_t salt) {
   const int count = static_cast<int>(tokens.size());
 
   std::vector<float> qkv = testing::random_uniform(rng, static_cast<size_t>(count) * width, 2.0f);
-  std::vector<float> bias = testing::random_uniform(rng, width, c.bias ? 0.5f : 0.0f);
+  std::vector<float> bias = c.bias ? testing::random_uniform(rng, width, 0.5f) : std::vector<float>(width, 0.0f);
   for (float& v : qkv) v = round_to_bf16(v);
   for (float& v : bias) v = round_to_bf16(v);
   std::vector<int32_t> block_table(num_pages);
