@@ -4,8 +4,8 @@
 // id order. Greedy (temperature <= 0) is the argmax, lowest id on ties. Design notes, passes and
 // bytes: docs/kernels/sampling.md.
 //
-// Work split. Each sequence gets a cluster of C blocks (C = 16 while batch x 16 blocks fit in one
-// wave, else 8; C = 1 before Hopper). Block r of the cluster owns 1/C of the vocabulary, split further into one
+// Work split. Each sequence gets a cluster of C blocks (C = 16 while the batch's clusters of 16
+// fit on the GPU at once, else 8; C = 1 before Hopper). Block r of the cluster owns 1/C of the vocabulary, split further into one
 // contiguous segment per warp, read in rows of 32 consecutive ids (coalesced). The logits are
 // read from L2 once and then stay in L1 (38 KB per block at 152k / 16): every pass below re-reads
 // them on-chip. Blocks combine results through distributed shared memory and cluster barriers,
@@ -453,12 +453,12 @@ cudaError_t launch_with_cluster(const SamplingParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// Whether clusters of C blocks of the sampling kernel can be resident on the current device.
+// How many clusters of C blocks of the sampling kernel can be resident at once (0: none).
 template <int C>
-bool cluster_runs() {
+int resident_clusters() {
   auto kernel = sampling_kernel<C>;
   if (C > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
-    return false;
+    return 0;
   cudaLaunchAttribute cluster_shape{};
   cluster_shape.id = cudaLaunchAttributeClusterDimension;
   cluster_shape.val.clusterDim.x = C;
@@ -470,15 +470,14 @@ bool cluster_runs() {
   config.attrs = &cluster_shape;
   config.numAttrs = 1;
   int clusters = 0;
-  return cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters >= 1;
+  return cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess ? clusters : 0;
 }
 
 // What the current device supports, probed once per device (not during a launch of a captured
 // graph's later replays: the first launch pays for it).
 struct ClusterSupport {
-  bool eight = false;
-  bool sixteen = false;
-  int sm_count = 0;
+  int clusters_of_8 = 0;  // resident at once; 0: unsupported
+  int clusters_of_16 = 0;
 };
 
 cudaError_t cluster_support(ClusterSupport& out) {
@@ -494,15 +493,13 @@ cudaError_t cluster_support(ClusterSupport& out) {
   ClusterSupport support;
   if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device); e != cudaSuccess)
     return e;
-  if (cudaError_t e = cudaDeviceGetAttribute(&support.sm_count, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess)
-    return e;
   // The logits stay in L1 between passes: a small shared-memory carveout leaves L1 the room.
   (void)cudaFuncSetAttribute(sampling_kernel<1>, cudaFuncAttributePreferredSharedMemoryCarveout, 25);
   if (major >= 9) {
     (void)cudaFuncSetAttribute(sampling_kernel<8>, cudaFuncAttributePreferredSharedMemoryCarveout, 25);
     (void)cudaFuncSetAttribute(sampling_kernel<16>, cudaFuncAttributePreferredSharedMemoryCarveout, 25);
-    support.eight = cluster_runs<8>();
-    support.sixteen = cluster_runs<16>();
+    support.clusters_of_8 = resident_clusters<8>();
+    support.clusters_of_16 = resident_clusters<16>();
   }
   (void)cudaGetLastError();  // a refused probe must not surface as the next launch's error
   by_device[device] = support;
@@ -523,10 +520,12 @@ cudaError_t launch_sampling(const SamplingParams& params, cudaStream_t stream) {
   if (!valid(params)) return cudaErrorInvalidValue;
   ClusterSupport support;
   if (cudaError_t e = cluster_support(support); e != cudaSuccess) return e;
-  // 16 blocks per sequence while the whole batch fits in one wave (one block per SM at 512
-  // threads), else 8: more waves of smaller clusters beat fewer waves of larger ones.
-  const bool one_wave_of_16 = static_cast<long>(params.batch) * 16 <= support.sm_count;
-  const int cluster = support.sixteen && one_wave_of_16 ? 16 : support.eight ? 8 : support.sixteen ? 16 : 1;
+  // 16 blocks per sequence while the whole batch fits in one wave of them, else 8: more waves of
+  // smaller clusters beat fewer waves of larger ones.
+  const int cluster = params.batch <= support.clusters_of_16 ? 16
+                      : support.clusters_of_8 > 0         ? 8
+                      : support.clusters_of_16 > 0        ? 16
+                                                          : 1;
   return launch_sampling_with_cluster_size(params, cluster, stream);
 }
 
@@ -535,8 +534,8 @@ cudaError_t launch_sampling_with_cluster_size(const SamplingParams& params, int 
   ClusterSupport support;
   if (cudaError_t e = cluster_support(support); e != cudaSuccess) return e;
   if (cluster_size == 1) return launch_with_cluster<1>(params, stream);
-  if (cluster_size == 8 && support.eight) return launch_with_cluster<8>(params, stream);
-  if (cluster_size == 16 && support.sixteen) return launch_with_cluster<16>(params, stream);
+  if (cluster_size == 8 && support.clusters_of_8 > 0) return launch_with_cluster<8>(params, stream);
+  if (cluster_size == 16 && support.clusters_of_16 > 0) return launch_with_cluster<16>(params, stream);
   return cudaErrorNotSupported;
 }
 
