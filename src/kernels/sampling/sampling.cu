@@ -493,15 +493,21 @@ cudaError_t cluster_support(ClusterSupport& out) {
   ClusterSupport support;
   if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device); e != cudaSuccess)
     return e;
-  // The logits stay in L1 between passes: a small shared-memory carveout leaves L1 the room.
-  (void)cudaFuncSetAttribute(sampling_kernel<1>, cudaFuncAttributePreferredSharedMemoryCarveout, 25);
+  // The logits stay in L1 between passes: a small shared-memory carveout (in percent) leaves L1
+  // the room.
+  constexpr int kCarveout = 25;
+  if (cudaError_t e = cudaFuncSetAttribute(sampling_kernel<1>, cudaFuncAttributePreferredSharedMemoryCarveout, kCarveout);
+      e != cudaSuccess)
+    return e;
   if (major >= 9) {
-    (void)cudaFuncSetAttribute(sampling_kernel<8>, cudaFuncAttributePreferredSharedMemoryCarveout, 25);
-    (void)cudaFuncSetAttribute(sampling_kernel<16>, cudaFuncAttributePreferredSharedMemoryCarveout, 25);
+    for (auto kernel : {sampling_kernel<8>, sampling_kernel<16>})
+      if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, kCarveout);
+          e != cudaSuccess)
+        return e;
     support.clusters_of_8 = resident_clusters<8>();
     support.clusters_of_16 = resident_clusters<16>();
+    (void)cudaGetLastError();  // a refused cluster probe means "unsupported", not the next launch's error
   }
-  (void)cudaGetLastError();  // a refused probe must not surface as the next launch's error
   by_device[device] = support;
   out = support;
   return cudaSuccess;
