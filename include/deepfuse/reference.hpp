@@ -37,8 +37,10 @@ void embedding(const float* table, int vocab, int hidden, const int32_t* ids, in
 void rms_norm(const float* x, const float* weight, int rows, int hidden, float eps, float* out);
 
 // The fused form the GPU runs between blocks: residual += x (in place), out = rms_norm(residual).
+// `round_residual_to_bf16` rounds the updated residual through bf16 before its norm is taken, as
+// the bf16 GPU kernel (and Hugging Face in bf16) stores it.
 void add_rms_norm(float* residual, const float* x, const float* weight, int rows, int hidden, float eps,
-                  float* out);
+                  float* out, bool round_residual_to_bf16 = false);
 
 // Rotary position embedding parameters (the Hugging Face "default" and "llama3" rope types).
 struct RopeParams {

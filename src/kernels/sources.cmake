@@ -1,9 +1,13 @@
 list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/attention/prefill_attention.cu
   ${CMAKE_CURRENT_LIST_DIR}/attention/decode_attention.cu
+  ${CMAKE_CURRENT_LIST_DIR}/embedding/embedding.cu
   ${CMAKE_CURRENT_LIST_DIR}/fill.cu
   ${CMAKE_CURRENT_LIST_DIR}/gemm/cublaslt_gemm.cpp
   ${CMAKE_CURRENT_LIST_DIR}/mlp/mlp_layer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/mlp/swiglu_elementwise.cu
   ${CMAKE_CURRENT_LIST_DIR}/mlp/swiglu_fused.cu
-  ${CMAKE_CURRENT_LIST_DIR}/qkv/qkv_rope_fused.cu)
+  ${CMAKE_CURRENT_LIST_DIR}/qkv/qkv_rope_fused.cu
+  ${CMAKE_CURRENT_LIST_DIR}/norm/rms_norm.cu
+  ${CMAKE_CURRENT_LIST_DIR}/rope_kv/rope_kv_append.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sampling/sampling.cu)

@@ -7,6 +7,7 @@
 #include <numbers>
 #include <string>
 
+#include "deepfuse/bf16.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/reference.hpp"
 
@@ -33,9 +34,12 @@ void rms_norm(const float* x, const float* weight, int rows, int hidden, float e
 }
 
 void add_rms_norm(float* residual, const float* x, const float* weight, int rows, int hidden, float eps,
-                  float* out) {
+                  float* out, bool round_residual_to_bf16) {
   const size_t count = static_cast<size_t>(rows) * hidden;
-  for (size_t i = 0; i < count; ++i) residual[i] += x[i];
+  for (size_t i = 0; i < count; ++i) {
+    residual[i] += x[i];
+    if (round_residual_to_bf16) residual[i] = round_to_bf16(residual[i]);
+  }
   rms_norm(residual, weight, rows, hidden, eps, out);
 }
 

@@ -6,3 +6,8 @@ deepfuse_test(test_prefill_attention_gpu ${CMAKE_CURRENT_LIST_DIR}/test_prefill_
 deepfuse_test(test_decode_attention_plan ${CMAKE_CURRENT_LIST_DIR}/test_decode_attention_plan.cpp)
 deepfuse_test(test_decode_attention_gpu ${CMAKE_CURRENT_LIST_DIR}/test_decode_attention_gpu.cpp GPU)
 deepfuse_test(test_gemm_gpu ${CMAKE_CURRENT_LIST_DIR}/test_gemm_gpu.cpp GPU)
+deepfuse_test(test_small_kernel_checks ${CMAKE_CURRENT_LIST_DIR}/test_small_kernel_checks.cpp)
+deepfuse_test(test_embedding_gpu ${CMAKE_CURRENT_LIST_DIR}/test_embedding_gpu.cpp GPU)
+deepfuse_test(test_rms_norm_gpu ${CMAKE_CURRENT_LIST_DIR}/test_rms_norm_gpu.cpp GPU)
+deepfuse_test(test_rope_kv_append_gpu ${CMAKE_CURRENT_LIST_DIR}/test_rope_kv_append_gpu.cpp GPU)
+deepfuse_test(test_sampling_gpu ${CMAKE_CURRENT_LIST_DIR}/test_sampling_gpu.cpp GPU)

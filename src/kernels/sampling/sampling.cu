@@ -1,0 +1,548 @@
+// GPU sampling: one token id per sequence from fp32 logits, with the CPU reference's semantics
+// (reference::sample; Hugging Face's processors): temperature, then top-k, then top-p, then min-p,
+// then the inverse CDF at u = sampling_uniform(seed, step) walking the kept tokens in ascending
+// id order. Greedy (temperature <= 0) is the argmax, lowest id on ties. Design notes, passes and
+// bytes: docs/kernels/sampling.md.
+//
+// Work split. Each sequence gets a cluster of C blocks (C = 16 while the batch's clusters of 16
+// fit on the GPU at once, else 8; C = 1 before Hopper). Block r of the cluster owns 1/C of the vocabulary, split further into one
+// contiguous segment per warp, read in rows of 32 consecutive ids (coalesced). The logits are
+// read from L2 once and then stay in L1 (38 KB per block at 152k / 16): every pass below re-reads
+// them on-chip. Blocks combine results through distributed shared memory and cluster barriers,
+// so one launch does everything with no host synchronisation and a fixed grid (batch x C).
+//
+// Passes (each a sweep over the block's logits, then a cluster exchange):
+//  1. argmax: the max logit M and its lowest id. Greedy slots stop here.
+//  2. top-k and top-p thresholds by a radix descent: a histogram of 256 bins over the candidates,
+//     summed over the cluster; the bin holding the boundary (k-th largest by count, or the
+//     descending mass reaching top_p * Z by mass) becomes the next level's candidate range.
+//     Level 0 bins are linear in d = (M - l) / T (1/8 nat wide over 32 nats; below that one bin):
+//     logits cluster in a few float exponents, so bins on the float bits would put most tokens in
+//     one bin. Deeper levels bin 8 bits of an order-preserving 32-bit key of the logit, starting
+//     at the highest bit where the bin's smallest and largest keys differ, so each level splits
+//     the bin's actual range; the descent ends when the bin holds a single value (usually after
+//     one or two levels). Bins also track counts, masses (fp64), and min / max keys.
+//  3. top-p ties: tokens equal to the boundary value are ordered by id (the reference's stable
+//     sort); when only some of them stay, the id of the first kept one is found by the same
+//     id-order search as the draw.
+//  4. the draw: the kept mass of each block, a prefix over the cluster to find the block where
+//     u * W falls, then a warp-by-warp scan inside that block, in ascending id order.
+// Kept mass is w = exp(-(M - l) / T) in fp32, summed in fp64: a CDF over 150k tokens summed in
+// fp32 would drift by more than the gap between neighbouring tokens' boundaries.
+#include "kernels/sampling/sampling.cuh"
+
+#include <cmath>
+#include <mutex>
+#include <unordered_map>
+
+#include "kernels/sampling/sampling_primitives.cuh"
+
+namespace deepfuse::kernels {
+namespace {
+
+using namespace sampling_detail;
+
+constexpr int kWarps = 16;
+constexpr int kThreads = kWarps * 32;
+constexpr int kBins = 256;
+constexpr float kLevel0BinsPerNat = 8.0f;
+constexpr float kLevel0Nats = kBins / kLevel0BinsPerNat;  // tokens further below the max share the last bin
+
+struct HistogramBin {
+  double mass;  // sum of w over the bin (top-p levels only)
+  uint32_t count;
+  uint32_t key_min;
+  uint32_t key_max;
+};
+
+template <int C>
+struct SharedStorage {
+  HistogramBin local[kBins];      // this block's histogram of the current level
+  HistogramBin owned[kBins / C];  // bins rank, rank + C, ... summed over the cluster
+  HistogramBin merged[kBins];     // the whole cluster histogram, gathered for the walk
+  double warp_totals[kWarps];     // id-order search: each warp's weight
+  float warp_best[kWarps];
+  int warp_best_id[kWarps];
+  // Mailboxes the other blocks of the cluster read.
+  float best_value;
+  int best_id;
+  double block_total;
+  int found_id;
+  // Block-wide broadcasts.
+  float max_logit;
+  int argmax_id;
+  int chosen_bin;
+  double chosen_above;  // metric of the bins before the chosen one
+  double level_goal;
+  int search_owner;
+  double search_goal;
+  int search_warp;
+  double search_warp_goal;
+};
+
+// (value, id) pairs: the larger value wins, the lower id on ties; id < 0 is "none".
+__device__ __forceinline__ bool beats(float value, int id, float other_value, int other_id) {
+  if (id < 0) return false;
+  if (other_id < 0) return true;
+  return value > other_value || (value == other_value && id < other_id);
+}
+
+// One sequence as this thread sees it: its warp's segment of the vocabulary, in rows of 32 ids.
+struct Sequence {
+  const float* logits;
+  int vocab;
+  int warp_begin;  // first id of this warp's segment
+  int rows;
+  int lane, warp, rank;
+  float max_logit;
+  float temperature;
+
+  // Nats below the max after temperature, >= 0; monotone (non-increasing) in the logit.
+  __device__ __forceinline__ float distance(float v) const { return (max_logit - v) / temperature; }
+  // Unnormalised probability, in (0, 1].
+  __device__ __forceinline__ float mass(float v) const { return expf(-distance(v)); }
+
+  template <typename F>
+  __device__ __forceinline__ void for_each_logit(F f) const {
+#pragma unroll 4
+    for (int i = 0; i < rows; ++i) {
+      const int id = warp_begin + i * 32 + lane;
+      if (id < vocab) f(id, __ldg(logits + id));
+    }
+  }
+};
+
+// ---- Pass 1: argmax over the cluster; every block gets (max_logit, argmax_id).
+template <int C>
+__device__ void find_argmax(SharedStorage<C>& s, const Sequence& q) {
+  float best = 0.0f;
+  int best_id = -1;
+  q.for_each_logit([&](int id, float v) {  // ids ascend per thread: ties keep the first
+    if (!isnan(v) && (best_id < 0 || v > best)) best = v, best_id = id;
+  });
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other = __shfl_xor_sync(kFullMask, best, offset);
+    const int other_id = __shfl_xor_sync(kFullMask, best_id, offset);
+    if (beats(other, other_id, best, best_id)) best = other, best_id = other_id;
+  }
+  if (q.lane == 0) s.warp_best[q.warp] = best, s.warp_best_id[q.warp] = best_id;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < kWarps; ++w)
+      if (beats(s.warp_best[w], s.warp_best_id[w], best, best_id)) best = s.warp_best[w], best_id = s.warp_best_id[w];
+    s.best_value = best, s.best_id = best_id;
+  }
+  cluster_barrier<C>();
+  if (threadIdx.x == 0) {
+    for (int r = 0; r < C; ++r) {
+      const float value = *in_block<C>(&s.best_value, r);
+      const int id = *in_block<C>(&s.best_id, r);
+      if (beats(value, id, best, best_id)) best = value, best_id = id;
+    }
+    s.max_logit = best, s.argmax_id = best_id;
+  }
+  __syncthreads();
+}
+
+// ---- Pass 2: radix descent.
+struct Level {
+  bool linear;         // level 0: bins over distance(); else 8 key bits from `shift`
+  bool by_mass;        // top-p: bins carry masses and the walk follows them
+  uint32_t key_floor;  // candidates: key >= key_floor (top-p runs on top-k's survivors)
+  uint32_t key_lo, key_hi;
+  int shift;
+};
+
+// This block's histogram of the level's candidates. Each thread folds runs of equal bins in
+// registers before one set of shared atomics, so a bin that takes most tokens costs one atomic
+// per thread rather than one per token.
+template <int C>
+__device__ void build_histogram(SharedStorage<C>& s, const Sequence& q, const Level& level) {
+  for (int b = threadIdx.x; b < kBins; b += kThreads) s.local[b] = HistogramBin{0.0, 0u, 0xffffffffu, 0u};
+  __syncthreads();
+  int run_bin = -1;
+  uint32_t run_count = 0, run_min = 0, run_max = 0;
+  double run_mass = 0.0;
+  auto flush = [&] {
+    if (run_count == 0) return;
+    HistogramBin& bin = s.local[run_bin];
+    atomicAdd(&bin.count, run_count);
+    if (level.by_mass) atomicAdd(&bin.mass, run_mass);
+    atomicMin(&bin.key_min, run_min);
+    atomicMax(&bin.key_max, run_max);
+  };
+  q.for_each_logit([&](int, float v) {
+    if (isnan(v)) return;
+    v = canonical(v);
+    const uint32_t key = order_key(v);
+    if (key < level.key_floor || key < level.key_lo || key > level.key_hi) return;
+    const float d = q.distance(v);
+    const int bin = level.linear ? (d < kLevel0Nats ? static_cast<int>(d * kLevel0BinsPerNat) : kBins - 1)
+                                 : kBins - 1 - static_cast<int>((key >> level.shift) & 0xffu);
+    if (bin != run_bin) {
+      flush();
+      run_bin = bin, run_count = 0, run_mass = 0.0, run_min = key, run_max = key;
+    }
+    ++run_count;
+    if (level.by_mass) run_mass += expf(-d);
+    run_min = min(run_min, key), run_max = max(run_max, key);
+  });
+  flush();
+  __syncthreads();
+}
+
+// Sums the cluster's histograms: block r sums bins r, r + C, ... over all blocks (a fixed order,
+// so every run adds the same way), then every block gathers the sums into `merged`.
+template <int C>
+__device__ void merge_histograms(SharedStorage<C>& s, int rank) {
+  cluster_barrier<C>();  // every local histogram is complete
+  for (int m = threadIdx.x; m < kBins / C; m += kThreads) {
+    HistogramBin sum{0.0, 0u, 0xffffffffu, 0u};
+    for (int source = 0; source < C; ++source) {
+      const HistogramBin* bin = in_block<C>(&s.local[rank + C * m], source);
+      sum.mass += bin->mass;
+      sum.count += bin->count;
+      sum.key_min = min(sum.key_min, bin->key_min);
+      sum.key_max = max(sum.key_max, bin->key_max);
+    }
+    s.owned[m] = sum;
+  }
+  cluster_barrier<C>();  // every owned sum is complete (and no one reads `local` any more)
+  for (int b = threadIdx.x; b < kBins; b += kThreads) s.merged[b] = *in_block<C>(&s.owned[b / C], b % C);
+  __syncthreads();
+}
+
+// Warp 0 walks the merged bins from the top (bin 0 holds the largest values) and picks the first
+// non-empty bin where the cumulative metric (count, or mass) reaches the goal; if rounding leaves
+// the goal unreached, the last non-empty bin. goal_is_fraction: goal *= the level's total.
+template <int C>
+__device__ void choose_bin(SharedStorage<C>& s, bool by_mass, double goal, bool goal_is_fraction) {
+  if (threadIdx.x < 32) {
+    constexpr int kPerLane = kBins / 32;
+    const int lane = threadIdx.x;
+    double values[kPerLane];
+    double lane_sum = 0.0;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const HistogramBin& bin = s.merged[lane * kPerLane + j];
+      values[j] = by_mass ? bin.mass : static_cast<double>(bin.count);
+      lane_sum += values[j];
+    }
+    const double inclusive = warp_inclusive_scan(lane_sum, lane);
+    const double total = __shfl_sync(kFullMask, inclusive, 31);
+    const double exclusive_raw = __shfl_up_sync(kFullMask, inclusive, 1);
+    if (goal_is_fraction) goal *= total;
+    double running = lane == 0 ? 0.0 : exclusive_raw;
+    int hit = -1, last = -1;
+    double hit_above = 0.0, last_above = 0.0;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int b = lane * kPerLane + j;
+      if (s.merged[b].count > 0) {
+        if (hit < 0 && running + values[j] >= goal) hit = b, hit_above = running;
+        last = b, last_above = running;
+      }
+      running += values[j];
+    }
+    const unsigned hits = __ballot_sync(kFullMask, hit >= 0);
+    const unsigned nonempty = __ballot_sync(kFullMask, last >= 0);
+    const int source = hits ? __ffs(hits) - 1 : nonempty ? 31 - __clz(nonempty) : 0;
+    const int chosen = __shfl_sync(kFullMask, hits ? hit : last, source);
+    const double above = __shfl_sync(kFullMask, hits ? hit_above : last_above, source);
+    if (lane == 0) s.chosen_bin = chosen, s.chosen_above = above, s.level_goal = goal;
+  }
+  __syncthreads();
+}
+
+// The boundary value (as a key) and what is left of the goal once every candidate above it is
+// counted: `ties` tokens hold exactly that value.
+struct Boundary {
+  uint32_t key;
+  uint32_t ties;
+  double remaining;
+};
+
+// by_mass = false: goal is k, the boundary is the k-th largest logit. by_mass = true: goal is
+// top_p (a fraction of the candidates' total mass), the boundary is the value at which the mass
+// taken from the top first reaches it.
+template <int C>
+__device__ Boundary descend(SharedStorage<C>& s, const Sequence& q, bool by_mass, double goal, uint32_t key_floor) {
+  Level level{true, by_mass, key_floor, 0u, 0xffffffffu, 0};
+  bool goal_is_fraction = by_mass;
+  for (;;) {
+    build_histogram(s, q, level);
+    merge_histograms(s, q.rank);
+    choose_bin(s, by_mass, goal, goal_is_fraction);
+    const int chosen = s.chosen_bin;
+    if (chosen < 0) return Boundary{key_floor, 0u, 0.0};  // no candidates: cannot happen (M is one)
+    goal = s.level_goal - s.chosen_above;
+    goal_is_fraction = false;
+    const HistogramBin bin = s.merged[chosen];
+    if (bin.key_min == bin.key_max) return Boundary{bin.key_min, bin.count, goal};
+    level.linear = false;
+    level.key_lo = bin.key_min, level.key_hi = bin.key_max;
+    level.shift = max(0, 31 - __clz(bin.key_min ^ bin.key_max) - 7);  // 8 bits ending at the top differing bit
+  }
+}
+
+// ---- Passes 3 and 4: the first id (ascending) at which the running sum of weight(id, logit)
+// exceeds offset + fraction * total; when rounding leaves it unreached, the last id with weight
+// > 0; -1 when every weight is 0. Every block of the cluster gets the answer.
+template <int C, typename Weight>
+__device__ int find_in_id_order(SharedStorage<C>& s, const Sequence& q, Weight weight, double fraction,
+                                double offset) {
+  double lane_sum = 0.0;
+  q.for_each_logit([&](int id, float v) { lane_sum += weight(id, v); });
+  const double warp_total = warp_sum(lane_sum);
+  if (q.lane == 0) s.warp_totals[q.warp] = warp_total;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int w = 0; w < kWarps; ++w) total += s.warp_totals[w];
+    s.block_total = total;
+  }
+  cluster_barrier<C>();
+
+  // Which block: a prefix over the cluster's block totals (C <= 32: one lane per block).
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    const double mine = lane < C ? *in_block<C>(&s.block_total, lane) : 0.0;
+    const double inclusive = warp_inclusive_scan(mine, lane);
+    const double goal = offset + fraction * __shfl_sync(kFullMask, inclusive, 31);
+    const double exclusive_raw = __shfl_up_sync(kFullMask, inclusive, 1);
+    const double exclusive = lane == 0 ? 0.0 : exclusive_raw;
+    const unsigned over = __ballot_sync(kFullMask, mine > 0.0 && inclusive > goal);
+    const unsigned positive = __ballot_sync(kFullMask, mine > 0.0);
+    const int owner = over ? __ffs(over) - 1 : positive ? 31 - __clz(positive) : -1;
+    const double owner_exclusive = __shfl_sync(kFullMask, exclusive, owner < 0 ? 0 : owner);
+    if (lane == 0) s.search_owner = owner, s.search_goal = goal - owner_exclusive;
+  }
+  __syncthreads();
+  const int owner = s.search_owner;
+
+  if (owner == q.rank) {  // uniform over the block
+    if (threadIdx.x == 0) {
+      double before = 0.0, chosen_before = 0.0, last_before = 0.0;
+      int chosen = -1, last = -1;
+      for (int w = 0; w < kWarps; ++w) {
+        const double t = s.warp_totals[w];
+        if (t > 0.0) {
+          if (chosen < 0 && before + t > s.search_goal) chosen = w, chosen_before = before;
+          last = w, last_before = before;
+        }
+        before += t;
+      }
+      if (chosen < 0) chosen = last, chosen_before = last_before;
+      s.search_warp = chosen;
+      s.search_warp_goal = s.search_goal - chosen_before;
+      s.found_id = -1;
+    }
+    __syncthreads();
+    if (q.warp == s.search_warp) {
+      const double goal = s.search_warp_goal;
+      double carry = 0.0;
+      int found = -1, last_positive = -1;
+      for (int i = 0; i < q.rows && found < 0; ++i) {  // `found` is warp-uniform
+        const int row_begin = q.warp_begin + i * 32;
+        const int id = row_begin + q.lane;
+        const double x = id < q.vocab ? weight(id, __ldg(q.logits + id)) : 0.0;
+        const double inclusive = warp_inclusive_scan(x, q.lane);
+        const unsigned over = __ballot_sync(kFullMask, x > 0.0 && carry + inclusive > goal);
+        const unsigned positive = __ballot_sync(kFullMask, x > 0.0);
+        if (over) found = row_begin + __ffs(over) - 1;
+        if (positive) last_positive = row_begin + 31 - __clz(positive);
+        carry += __shfl_sync(kFullMask, inclusive, 31);
+      }
+      if (q.lane == 0) s.found_id = found >= 0 ? found : last_positive;
+    }
+  }
+  cluster_barrier<C>();  // the owner's found_id is written
+  return owner >= 0 ? *in_block<C>(&s.found_id, owner) : -1;
+}
+
+template <int C>
+__global__ void __launch_bounds__(kThreads) sampling_kernel(SamplingParams p) {
+  __shared__ SharedStorage<C> s;
+  const int sequence = blockIdx.x / C;
+  const SamplingSlot slot = p.slots[sequence];  // read before the first barrier: the step is bumped after
+
+  Sequence q;
+  q.logits = p.logits + static_cast<size_t>(sequence) * p.vocab;
+  q.vocab = p.vocab;
+  q.lane = threadIdx.x % 32, q.warp = threadIdx.x / 32, q.rank = blockIdx.x % C;
+  const int segments = C * kWarps;
+  const int segment = ((p.vocab + segments - 1) / segments + 31) / 32 * 32;
+  q.warp_begin = (q.rank * kWarps + q.warp) * segment;
+  q.rows = segment / 32;
+  q.temperature = slot.temperature;
+  q.max_logit = 0.0f;
+
+  find_argmax(s, q);
+  const float max_logit = s.max_logit;
+  const int argmax_id = s.argmax_id;
+  q.max_logit = max_logit;
+  int chosen = argmax_id;
+
+  // Every branch below depends only on the slot and on cluster-wide results: all blocks of the
+  // cluster take it together and meet the same barriers.
+  const bool greedy = !(slot.temperature > 0.0f) || argmax_id < 0 || isinf(max_logit);
+  if (!greedy) {
+    uint32_t top_k_key = 0;  // keep key >= top_k_key
+    if (slot.top_k > 0 && slot.top_k < p.vocab)
+      top_k_key = descend(s, q, false, static_cast<double>(slot.top_k), 0u).key;
+
+    uint32_t top_p_key = 0;  // keep key > top_p_key, and key == top_p_key from id top_p_first_id on
+    int top_p_first_id = 0;
+    if (slot.top_p < 1.0f) {
+      const Boundary boundary = descend(s, q, true, static_cast<double>(slot.top_p), top_k_key);
+      top_p_key = boundary.key;
+      // Tied tokens sort by id in the reference (stable sort, ascending), so the tail keeps the
+      // highest ids: as many as it takes to reach the goal, at least one.
+      const float tie_mass = q.mass(key_value(boundary.key));
+      uint32_t keep = boundary.ties;
+      if (tie_mass > 0.0f) {
+        const double needed = ceil(boundary.remaining / tie_mass);
+        keep = needed <= 1.0 ? 1u : needed >= boundary.ties ? boundary.ties : static_cast<uint32_t>(needed);
+      }
+      if (keep < boundary.ties) {
+        const uint32_t key = boundary.key;
+        top_p_first_id = find_in_id_order(
+            s, q, [key](int, float v) { return !isnan(v) && order_key(canonical(v)) == key ? 1.0 : 0.0; }, 0.0,
+            static_cast<double>(boundary.ties - keep));
+      }
+    }
+
+    const bool use_min_p = slot.min_p > 0.0f;
+    const float min_p = slot.min_p;
+    auto kept_mass = [&q, top_k_key, top_p_key, top_p_first_id, use_min_p, min_p](int id, float v) -> double {
+      if (isnan(v)) return 0.0;
+      v = canonical(v);
+      const uint32_t key = order_key(v);
+      if (key < top_k_key || key < top_p_key || (key == top_p_key && id < top_p_first_id)) return 0.0;
+      const float w = q.mass(v);  // min-p: p < min_p * p_max  <=>  w < min_p, as p_max has w = 1
+      return use_min_p && w < min_p ? 0.0 : static_cast<double>(w);
+    };
+    const int drawn = find_in_id_order(s, q, kept_mass, sampling_uniform(slot.seed, slot.step), 0.0);
+    if (drawn >= 0) chosen = drawn;
+  }
+
+  if (q.rank == 0 && threadIdx.x == 0) {
+    p.ids[sequence] = chosen >= 0 ? chosen : 0;
+    p.slots[sequence].step = slot.step + 1;
+  }
+  cluster_barrier<C>();  // no block leaves while another may still read its shared memory
+}
+
+// ---- Host side.
+template <int C>
+cudaError_t launch_with_cluster(const SamplingParams& p, cudaStream_t stream) {
+  cudaLaunchAttribute cluster_shape{};
+  cluster_shape.id = cudaLaunchAttributeClusterDimension;
+  cluster_shape.val.clusterDim.x = C;
+  cluster_shape.val.clusterDim.y = 1;
+  cluster_shape.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(p.batch) * C, 1, 1);
+  config.blockDim = dim3(kThreads, 1, 1);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = C > 1 ? &cluster_shape : nullptr;
+  config.numAttrs = C > 1 ? 1 : 0;
+  if (cudaError_t e = cudaLaunchKernelEx(&config, sampling_kernel<C>, p); e != cudaSuccess) return e;
+  return cudaGetLastError();
+}
+
+// How many clusters of C blocks of the sampling kernel can be resident at once (0: none).
+template <int C>
+int resident_clusters() {
+  auto kernel = sampling_kernel<C>;
+  if (C > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
+    return 0;
+  cudaLaunchAttribute cluster_shape{};
+  cluster_shape.id = cudaLaunchAttributeClusterDimension;
+  cluster_shape.val.clusterDim.x = C;
+  cluster_shape.val.clusterDim.y = 1;
+  cluster_shape.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(C, 1, 1);
+  config.blockDim = dim3(kThreads, 1, 1);
+  config.attrs = &cluster_shape;
+  config.numAttrs = 1;
+  int clusters = 0;
+  return cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess ? clusters : 0;
+}
+
+// What the current device supports, probed once per device (not during a launch of a captured
+// graph's later replays: the first launch pays for it).
+struct ClusterSupport {
+  int clusters_of_8 = 0;  // resident at once; 0: unsupported
+  int clusters_of_16 = 0;
+};
+
+cudaError_t cluster_support(ClusterSupport& out) {
+  static std::mutex mutex;
+  static std::unordered_map<int, ClusterSupport> by_device;
+  int device = 0, major = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = by_device.find(device); it != by_device.end()) {
+    out = it->second;
+    return cudaSuccess;
+  }
+  ClusterSupport support;
+  if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device); e != cudaSuccess)
+    return e;
+  // The logits stay in L1 between passes: a small shared-memory carveout (in percent) leaves L1
+  // the room.
+  constexpr int kCarveout = 25;
+  if (cudaError_t e = cudaFuncSetAttribute(sampling_kernel<1>, cudaFuncAttributePreferredSharedMemoryCarveout, kCarveout);
+      e != cudaSuccess)
+    return e;
+  if (major >= 9) {
+    for (auto kernel : {sampling_kernel<8>, sampling_kernel<16>})
+      if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, kCarveout);
+          e != cudaSuccess)
+        return e;
+    support.clusters_of_8 = resident_clusters<8>();
+    support.clusters_of_16 = resident_clusters<16>();
+    (void)cudaGetLastError();  // a refused cluster probe means "unsupported", not the next launch's error
+  }
+  by_device[device] = support;
+  out = support;
+  return cudaSuccess;
+}
+
+bool valid(const SamplingParams& p) {
+  return p.logits && p.slots && p.ids && p.batch >= 1 && p.batch <= (1 << 24) && p.vocab >= 1 &&
+         p.vocab <= (1 << 30);
+}
+
+}  // namespace
+
+size_t sampling_workspace_bytes(int /*batch*/, int /*vocab*/) { return 0; }  // blocks share through DSMEM
+
+cudaError_t launch_sampling(const SamplingParams& params, cudaStream_t stream) {
+  if (!valid(params)) return cudaErrorInvalidValue;
+  ClusterSupport support;
+  if (cudaError_t e = cluster_support(support); e != cudaSuccess) return e;
+  // 16 blocks per sequence while the whole batch fits in one wave of them, else 8: more waves of
+  // smaller clusters beat fewer waves of larger ones.
+  const int cluster = params.batch <= support.clusters_of_16 ? 16
+                      : support.clusters_of_8 > 0         ? 8
+                      : support.clusters_of_16 > 0        ? 16
+                                                          : 1;
+  return launch_sampling_with_cluster_size(params, cluster, stream);
+}
+
+cudaError_t launch_sampling_with_cluster_size(const SamplingParams& params, int cluster_size, cudaStream_t stream) {
+  if (!valid(params) || (cluster_size != 1 && cluster_size != 8 && cluster_size != 16)) return cudaErrorInvalidValue;
+  ClusterSupport support;
+  if (cudaError_t e = cluster_support(support); e != cudaSuccess) return e;
+  if (cluster_size == 1) return launch_with_cluster<1>(params, stream);
+  if (cluster_size == 8 && support.clusters_of_8 > 0) return launch_with_cluster<8>(params, stream);
+  if (cluster_size == 16 && support.clusters_of_16 > 0) return launch_with_cluster<16>(params, stream);
+  return cudaErrorNotSupported;
+}
+
+}  // namespace deepfuse::kernels

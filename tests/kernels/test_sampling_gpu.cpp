@@ -1,0 +1,348 @@
+// GPU sampling against the CPU reference (reference::sample, reference::sampling_distribution)
+// on fresh random logits: greedy exactly (ties included) over 152064 and 128256 tokens, and for
+// temperature / top-k / top-p / min-p (alone, combined, different per sequence of one batch)
+// over many steps: every GPU id must have nonzero reference probability, and at least 99% of the
+// ids must equal the reference's draw with the same seed and step (they differ only when u lands
+// within rounding of a CDF boundary). Every cluster size the device runs is tested; the slots'
+// steps must advance by one per launch, and a captured graph must keep drawing the next steps.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "deepfuse/bf16.hpp"
+#include "deepfuse/error.hpp"
+#include "deepfuse/reference.hpp"
+#include "deepfuse/tensor.hpp"
+#include "kernels/sampling/sampling.cuh"
+#include "test_util.hpp"
+
+namespace deepfuse {
+namespace {
+
+using kernels::SamplingSlot;
+
+constexpr int32_t kPoisonId = -12345;
+constexpr int kAutoCluster = 0;  // launch_sampling's own choice
+
+struct Spec {
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+};
+
+std::string describe(const Spec& s) {
+  return "T=" + std::to_string(s.temperature) + " top_k=" + std::to_string(s.top_k) +
+         " top_p=" + std::to_string(s.top_p) + " min_p=" + std::to_string(s.min_p);
+}
+
+SamplingSlot make_slot(const Spec& s, uint64_t seed, uint64_t step) {
+  SamplingSlot slot;
+  slot.temperature = s.temperature, slot.top_k = s.top_k, slot.top_p = s.top_p, slot.min_p = s.min_p;
+  slot.seed = seed, slot.step = step;
+  return slot;
+}
+
+reference::SamplingParams reference_params(const SamplingSlot& slot) {
+  reference::SamplingParams p;
+  p.temperature = slot.temperature, p.top_k = slot.top_k, p.top_p = slot.top_p, p.min_p = slot.min_p;
+  p.seed = slot.seed;
+  return p;
+}
+
+// The reference's inverse CDF (the loop of reference::sample) over a precomputed distribution,
+// so many steps cost one distribution; checked against reference::sample itself below.
+int32_t draw_from(const std::vector<double>& probs, double u) {
+  double cumulative = 0;
+  int32_t last_possible = 0;
+  for (size_t id = 0; id < probs.size(); ++id) {
+    if (probs[id] == 0.0) continue;
+    last_possible = static_cast<int32_t>(id);
+    cumulative += probs[id];
+    if (u < cumulative) return last_possible;
+  }
+  return last_possible;
+}
+
+// Logits shaped like a language model's: a broad bulk and a few dozen strong candidates.
+std::vector<float> llm_like_logits(std::mt19937_64& rng, int vocab, int candidates = 40) {
+  std::normal_distribution<float> bulk(0.0f, 2.0f), boost(9.0f, 2.5f);
+  std::vector<float> logits(vocab);
+  for (float& l : logits) l = bulk(rng);
+  std::uniform_int_distribution<int> pick(0, vocab - 1);
+  for (int i = 0; i < candidates; ++i) logits[pick(rng)] += boost(rng);
+  return logits;
+}
+
+// Logits that went through bf16 (an lm_head with bf16 output): many exact ties.
+std::vector<float> bf16_logits(std::mt19937_64& rng, int vocab) {
+  std::vector<float> logits = llm_like_logits(rng, vocab, 200);
+  for (float& l : logits) l = round_to_bf16(l);
+  return logits;
+}
+
+std::vector<float> flat_logits(std::mt19937_64& rng, int vocab) { return testing::random_uniform(rng, vocab, 3.0f); }
+
+struct Draws {
+  bool supported = true;
+  std::vector<int32_t> ids;  // [steps][batch]
+  std::vector<SamplingSlot> slots;
+};
+
+// `steps` launches over the same logits, each writing its own row of ids.
+Draws run_draws(const std::vector<float>& logits, int vocab, const std::vector<SamplingSlot>& slots, int steps,
+                int cluster) {
+  const int batch = static_cast<int>(slots.size());
+  DeviceBuffer logits_dev = DeviceBuffer::from_host(logits);
+  DeviceBuffer slots_dev = DeviceBuffer::from_host(slots);
+  DeviceBuffer ids_dev = DeviceBuffer::from_host(std::vector<int32_t>(static_cast<size_t>(steps) * batch, kPoisonId));
+  DeviceBuffer workspace(std::max<size_t>(kernels::sampling_workspace_bytes(batch, vocab), 1));
+  kernels::SamplingParams params;
+  params.logits = logits_dev.as<float>();
+  params.slots = slots_dev.as<SamplingSlot>();
+  params.workspace = workspace.data();
+  params.batch = batch;
+  params.vocab = vocab;
+  Draws draws;
+  for (int s = 0; s < steps; ++s) {
+    params.ids = ids_dev.as<int32_t>() + static_cast<size_t>(s) * batch;
+    const cudaError_t e = cluster == kAutoCluster ? kernels::launch_sampling(params, nullptr)
+                                                  : kernels::launch_sampling_with_cluster_size(params, cluster, nullptr);
+    if (e == cudaErrorNotSupported) {
+      draws.supported = false;
+      return draws;
+    }
+    DF_CHECK_CUDA(e);
+  }
+  DF_CHECK_CUDA(cudaDeviceSynchronize());
+  draws.ids = ids_dev.to_host<int32_t>(static_cast<size_t>(steps) * batch);
+  draws.slots = slots_dev.to_host<SamplingSlot>(batch);
+  return draws;
+}
+
+const std::vector<int> kClusterSizes = {1, 8, 16};
+
+// Runs `steps` draws per slot for every cluster size and checks them against the reference.
+void expect_matches_reference(const std::vector<float>& logits, int vocab, const std::vector<SamplingSlot>& slots,
+                              int steps, const std::string& what) {
+  const int batch = static_cast<int>(slots.size());
+  std::vector<std::vector<double>> probs(batch);
+  for (int b = 0; b < batch; ++b) {
+    const std::span<const float> row(logits.data() + static_cast<size_t>(b) * vocab, vocab);
+    const reference::SamplingParams params = reference_params(slots[b]);
+    probs[b] = reference::sampling_distribution(row, params, {});
+    for (uint64_t step = slots[b].step; step < slots[b].step + 3; ++step)  // the shortcut is reference::sample
+      ASSERT_EQ(draw_from(probs[b], reference::sampling_uniform(params.seed, step)),
+                reference::sample(row, params, {}, step));
+  }
+  for (int cluster : kClusterSizes) {
+    const Draws draws = run_draws(logits, vocab, slots, steps, cluster);
+    if (!draws.supported) {
+      std::printf("[ note     ] %s: cluster size %d not supported here, skipped\n", what.c_str(), cluster);
+      continue;
+    }
+    for (int b = 0; b < batch; ++b) {
+      int matches = 0;
+      for (int s = 0; s < steps; ++s) {
+        const int32_t id = draws.ids[static_cast<size_t>(s) * batch + b];
+        const uint64_t step = slots[b].step + s;
+        const int32_t expected = draw_from(probs[b], reference::sampling_uniform(slots[b].seed, step));
+        ASSERT_TRUE(id >= 0 && id < vocab) << what << " cluster " << cluster << " row " << b << " step " << step
+                                           << ": id " << id;
+        EXPECT_GT(probs[b][id], 0.0) << what << " cluster " << cluster << " row " << b << " (" << describe(Spec{
+                                            slots[b].temperature, slots[b].top_k, slots[b].top_p, slots[b].min_p})
+                                     << ") step " << step << ": id " << id << " has reference probability 0 (expected "
+                                     << expected << ")";
+        matches += id == expected;
+      }
+      EXPECT_GE(matches, (steps * 99 + 99) / 100)
+          << what << " cluster " << cluster << " row " << b << " ("
+          << describe(Spec{slots[b].temperature, slots[b].top_k, slots[b].top_p, slots[b].min_p}) << "): " << matches
+          << " of " << steps << " draws equal the reference's";
+      EXPECT_EQ(draws.slots[b].step, slots[b].step + steps) << what << " cluster " << cluster << " row " << b;
+    }
+  }
+}
+
+std::vector<SamplingSlot> slots_for(std::mt19937_64& rng, const std::vector<Spec>& specs) {
+  std::vector<SamplingSlot> slots;
+  std::uniform_int_distribution<uint64_t> step(0, 100000);
+  for (const Spec& s : specs) slots.push_back(make_slot(s, rng(), step(rng)));
+  return slots;
+}
+
+TEST(SamplingGpu, GreedyIsTheArgmaxWithTheLowestIdOnTies) {
+  DF_REQUIRE_GPU();
+  auto rng = testing::make_rng(701);
+  for (int vocab : {152064, 128256}) {
+    for (int batch : {1, 3, 8}) {
+      std::vector<float> logits;
+      for (int b = 0; b < batch; ++b) {
+        std::vector<float> row = llm_like_logits(rng, vocab);
+        std::uniform_int_distribution<int> pick(0, vocab - 1);
+        const float top = 40.0f;
+        switch (b % 4) {
+          case 0: row[pick(rng)] = top; break;                                       // one maximum
+          case 1: for (int i = 0; i < 3; ++i) row[pick(rng)] = top; break;           // tied maxima
+          case 2: row[vocab - 1] = top, row[pick(rng) / 2] = top; break;            // ties far apart
+          case 3: row[0] = top, row[vocab - 1] = top, row[vocab / 2] = -std::numeric_limits<float>::infinity(); break;
+        }
+        logits.insert(logits.end(), row.begin(), row.end());
+      }
+      std::vector<SamplingSlot> slots;
+      for (int b = 0; b < batch; ++b) slots.push_back(make_slot(Spec{b == 1 ? -1.0f : 0.0f, 50, 0.9f, 0.1f}, rng(), 7));
+      for (int cluster : {kAutoCluster, 1, 8, 16}) {
+        const Draws draws = run_draws(logits, vocab, slots, 2, cluster);
+        if (!draws.supported) continue;
+        for (int s = 0; s < 2; ++s) {
+          for (int b = 0; b < batch; ++b) {
+            const std::span<const float> row(logits.data() + static_cast<size_t>(b) * vocab, vocab);
+            EXPECT_EQ(draws.ids[s * batch + b], reference::sample(row, reference_params(slots[b]), {}, 7 + s))
+                << "vocab " << vocab << " batch " << batch << " row " << b << " cluster " << cluster << " step " << s;
+          }
+        }
+        for (int b = 0; b < batch; ++b) EXPECT_EQ(draws.slots[b].step, 9u) << "row " << b;
+      }
+    }
+  }
+}
+
+// One batch, a different processor chain per sequence, 152064 tokens.
+TEST(SamplingGpu, PerSequenceParametersMatchTheReference) {
+  DF_REQUIRE_GPU();
+  auto rng = testing::make_rng(702);
+  const int vocab = 152064;
+  const std::vector<Spec> specs = {
+      {0.7f, 0, 1.0f, 0.0f},    {0.7f, 50, 1.0f, 0.0f},  {0.7f, 0, 0.9f, 0.0f},   {0.7f, 0, 1.0f, 0.05f},
+      {0.7f, 50, 0.9f, 0.05f},  {1.0f, 1, 1.0f, 0.0f},   {1.3f, 200, 0.5f, 0.0f}, {0.9f, 0, 0.95f, 0.02f},
+  };
+  std::vector<float> logits;
+  for (size_t b = 0; b < specs.size(); ++b) {
+    const std::vector<float> row = b >= 6 ? bf16_logits(rng, vocab) : llm_like_logits(rng, vocab);
+    logits.insert(logits.end(), row.begin(), row.end());
+  }
+  expect_matches_reference(logits, vocab, slots_for(rng, specs), 200, "llm-like 152064");
+}
+
+// Flat logits keep tens of thousands of tokens: the hardest case for the CDF's precision.
+TEST(SamplingGpu, FlatDistributionsMatchTheReference) {
+  DF_REQUIRE_GPU();
+  auto rng = testing::make_rng(703);
+  const int vocab = 128256;
+  const std::vector<Spec> specs = {{1.0f, 0, 1.0f, 0.0f}, {1.0f, 0, 0.9f, 0.0f}, {0.7f, 1000, 1.0f, 0.0f},
+                                   {1.0f, 0, 1.0f, 0.3f}};
+  std::vector<float> logits;
+  for (size_t b = 0; b < specs.size(); ++b) {
+    const std::vector<float> row = flat_logits(rng, vocab);
+    logits.insert(logits.end(), row.begin(), row.end());
+  }
+  expect_matches_reference(logits, vocab, slots_for(rng, specs), 200, "flat 128256");
+}
+
+// Odd and tiny vocabularies (fewer tokens than the blocks have threads).
+TEST(SamplingGpu, OddAndSmallVocabularies) {
+  DF_REQUIRE_GPU();
+  auto rng = testing::make_rng(704);
+  const std::vector<Spec> specs = {{0.8f, 0, 0.9f, 0.0f}, {1.0f, 3, 1.0f, 0.0f}, {0.6f, 20, 0.8f, 0.05f}};
+  for (int vocab : {7, 320, 50257}) {
+    std::vector<float> logits;
+    for (size_t b = 0; b < specs.size(); ++b) {
+      const std::vector<float> row = llm_like_logits(rng, vocab, std::max(1, vocab / 50));
+      logits.insert(logits.end(), row.begin(), row.end());
+    }
+    expect_matches_reference(logits, vocab, slots_for(rng, specs), 100, "vocab " + std::to_string(vocab));
+  }
+}
+
+// Equal logits: top-p's boundary falls inside one group of ties, which the reference's stable
+// sort orders by id, so exactly the highest ids stay; top-k keeps every tie.
+TEST(SamplingGpu, TiesAtTheTopPAndTopKBoundaries) {
+  DF_REQUIRE_GPU();
+  auto rng = testing::make_rng(705);
+  const int vocab = 1000;
+  std::vector<float> logits(static_cast<size_t>(vocab) * 3, 1.5f);
+  for (int i = 0; i < 100; ++i) logits[2 * vocab + i] = 2.5f;  // row 2: 100 high ties, then 900 low ones
+  // Row 0: keep 501 of 1000 equal tokens (ids 499..999); row 1: top_k 5 keeps all 1000 ties;
+  // row 2: the top 100 ties hold ~23% of the mass, so top_p 0.3 cuts into the low group.
+  const std::vector<Spec> specs = {{1.0f, 0, 0.5005f, 0.0f}, {1.0f, 5, 1.0f, 0.0f}, {1.0f, 0, 0.3f, 0.0f}};
+  const std::vector<SamplingSlot> slots = slots_for(rng, specs);
+  const auto probs0 = reference::sampling_distribution(std::span<const float>(logits.data(), vocab),
+                                                       reference_params(slots[0]), {});
+  ASSERT_EQ(std::count_if(probs0.begin(), probs0.end(), [](double p) { return p > 0; }), 501);
+  ASSERT_GT(probs0[499], 0.0);
+  expect_matches_reference(logits, vocab, slots, 300, "ties");
+}
+
+// Captured once, replayed: each replay draws the next step, and slot changes made between
+// replays (in device memory) take effect.
+TEST(SamplingGpu, GraphReplayDrawsTheNextSteps) {
+  DF_REQUIRE_GPU();
+  auto rng = testing::make_rng(706);
+  const int vocab = 32000, batch = 2, replays = 100;
+  std::vector<float> logits = llm_like_logits(rng, vocab);
+  const std::vector<float> second = llm_like_logits(rng, vocab);
+  logits.insert(logits.end(), second.begin(), second.end());
+  std::vector<SamplingSlot> slots = slots_for(rng, {{0.8f, 40, 0.9f, 0.0f}, {1.1f, 0, 0.95f, 0.05f}});
+  std::vector<std::vector<double>> probs;
+  for (int b = 0; b < batch; ++b)
+    probs.push_back(reference::sampling_distribution(
+        std::span<const float>(logits.data() + static_cast<size_t>(b) * vocab, vocab), reference_params(slots[b]), {}));
+
+  DeviceBuffer logits_dev = DeviceBuffer::from_host(logits);
+  DeviceBuffer slots_dev = DeviceBuffer::from_host(slots);
+  DeviceBuffer ids_dev = DeviceBuffer::from_host(std::vector<int32_t>(batch, kPoisonId));
+  kernels::SamplingParams params;
+  params.logits = logits_dev.as<float>();
+  params.slots = slots_dev.as<SamplingSlot>();
+  params.ids = ids_dev.as<int32_t>();
+  params.batch = batch;
+  params.vocab = vocab;
+  cudaStream_t stream;
+  DF_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  DF_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  DF_CHECK_CUDA(kernels::launch_sampling(params, stream));
+  DF_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  DF_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+
+  std::vector<int> matches(batch, 0);
+  for (int r = 0; r < replays; ++r) {
+    DF_CHECK_CUDA(cudaMemsetAsync(ids_dev.data(), 0xff, batch * sizeof(int32_t), stream));  // -1: poisoned
+    DF_CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    DF_CHECK_CUDA(cudaStreamSynchronize(stream));
+    const auto ids = ids_dev.to_host<int32_t>(batch);
+    for (int b = 0; b < batch; ++b) {
+      ASSERT_TRUE(ids[b] >= 0 && ids[b] < vocab) << "replay " << r << " row " << b << ": id " << ids[b];
+      EXPECT_GT(probs[b][ids[b]], 0.0) << "replay " << r << " row " << b;
+      matches[b] += ids[b] == draw_from(probs[b], reference::sampling_uniform(slots[b].seed, slots[b].step + r));
+    }
+  }
+  for (int b = 0; b < batch; ++b) EXPECT_GE(matches[b], 99) << "row " << b << ": of " << replays << " replays";
+
+  // Row 1 turns greedy in device memory; the same graph now returns its argmax.
+  SamplingSlot greedy = slots[1];
+  greedy.temperature = 0.0f;
+  greedy.step = slots[1].step + replays;
+  DF_CHECK_CUDA(cudaMemcpyAsync(params.slots + 1, &greedy, sizeof greedy, cudaMemcpyHostToDevice, stream));
+  DF_CHECK_CUDA(cudaGraphLaunch(exec, stream));
+  DF_CHECK_CUDA(cudaStreamSynchronize(stream));
+  const auto ids = ids_dev.to_host<int32_t>(batch);
+  const auto row1 = std::span<const float>(logits.data() + vocab, vocab);
+  EXPECT_EQ(ids[1], static_cast<int32_t>(std::max_element(row1.begin(), row1.end()) - row1.begin()));
+  const auto final_slots = slots_dev.to_host<SamplingSlot>(batch);
+  EXPECT_EQ(final_slots[0].step, slots[0].step + replays + 1);
+  EXPECT_EQ(final_slots[1].step, slots[1].step + replays + 1);
+
+  DF_CHECK_CUDA(cudaGraphExecDestroy(exec));
+  DF_CHECK_CUDA(cudaGraphDestroy(graph));
+  DF_CHECK_CUDA(cudaStreamDestroy(stream));
+}
+
+}  // namespace
+}  // namespace deepfuse
