@@ -65,7 +65,7 @@ struct EngineStats {
   int kv_pages_total = 0;
   int kv_pages_free = 0;
   size_t gpu_memory_used = 0;            // by this process, from cudaMemGetInfo
-  int launches_per_decode_step = 0;      // kernels in one captured decode step (largest bucket)
+  int launches_per_decode_step = 0;      // kernels in one captured decode step (see stats())
   int launches_per_layer = 0;
 };
 
@@ -84,7 +84,8 @@ class Engine {
 
   const ModelConfig& config() const;
   const EngineOptions& options() const;
-  EngineStats stats() const;
+  // Launch counts are those of the graph bucket serving `decode_batch` sequences (0: the largest).
+  EngineStats stats(int decode_batch = 0) const;
 
   // Validates (ids in range, prompt + max_new_tokens within max_context, enough KV pages for
   // the prompt in an empty cache) and queues. Throws deepfuse::Error with a one-line reason.

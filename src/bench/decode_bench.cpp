@@ -115,7 +115,7 @@ void run_decode_case(Engine& engine, const std::string& arch, int batch, int con
   }
   remove_all(engine, sequences);
 
-  const EngineStats stats = engine.stats();
+  const EngineStats stats = engine.stats(batch);
   const double ms = median(step_ms);
   const size_t kv_bytes = kv_bytes_read_per_step(config, batch, context);
   const double roofline_ms = static_cast<double>(stats.weight_bytes + kv_bytes) / copy_bytes_per_s * 1e3;

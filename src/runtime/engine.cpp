@@ -178,7 +178,7 @@ Engine Engine::with_random_weights(const ModelConfig& config, const EngineOption
 const ModelConfig& Engine::config() const { return impl_->config; }
 const EngineOptions& Engine::options() const { return impl_->options; }
 
-EngineStats Engine::stats() const {
+EngineStats Engine::stats(int decode_batch) const {
   const Impl& s = *impl_;
   s.activate_device();
   EngineStats stats;
@@ -189,9 +189,14 @@ EngineStats Engine::stats() const {
   size_t free_bytes = 0, total_bytes = 0;
   DF_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
   stats.gpu_memory_used = total_bytes - free_bytes;
-  const kernels::DecodeAttentionPlan& largest = s.decode_plans.back();
-  stats.launches_per_decode_step = s.forward->launches_per_decode_step(largest);
-  stats.launches_per_layer = s.forward->launches_per_layer(kernels::decode_attention_launches(largest));
+  const kernels::DecodeAttentionPlan* plan = &s.decode_plans.back();
+  for (const kernels::DecodeAttentionPlan& p : s.decode_plans)
+    if (p.batch >= decode_batch) {
+      plan = &p;
+      break;
+    }
+  stats.launches_per_decode_step = s.forward->launches_per_decode_step(*plan);
+  stats.launches_per_layer = s.forward->launches_per_layer(kernels::decode_attention_launches(*plan), plan->batch);
   return stats;
 }
 

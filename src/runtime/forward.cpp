@@ -9,6 +9,7 @@
 #include "kernels/attention/prefill_attention.cuh"
 #include "kernels/embedding/embedding.cuh"
 #include "kernels/norm/rms_norm.cuh"
+#include "kernels/qkv/qkv_rope_fused.cuh"
 #include "kernels/rope_kv/rope_kv_append.cuh"
 
 namespace deepfuse::runtime {
@@ -83,12 +84,48 @@ void ForwardPass::layer(int index, int tokens, const int32_t* positions, const i
                         const Attention& attention, cudaStream_t stream) {
   const GpuLayerWeights& w = weights_.layers[index];
   const int hidden = config_.hidden_size, q_size = config_.q_size();
-  const int qkv_width = q_size + 2 * config_.kv_size();
   auto* residual = buffers_.residual.as<__nv_bfloat16>();
-  auto* normed = buffers_.normed.as<__nv_bfloat16>();
   auto* attention_out = buffers_.attention_out.as<__nv_bfloat16>();
   const kernels::PagedKv kv = kv_.layer(index);
 
+  if (attention.decode_plan && !w.qkv_packed.empty() && tokens <= kernels::kQkvFusedMaxTokens) {
+    // 1-3 fused: input RMSNorm, QKV (+bias), RoPE and the KV append in one launch.
+    kernels::QkvRopeFusedParams p;
+    p.x = residual;
+    p.norm_weight = w.input_norm.as<__nv_bfloat16>();
+    p.norm_eps = static_cast<float>(config_.rms_norm_eps);
+    p.weights = w.qkv_packed.as<uint4>();
+    p.bias = w.qkv_bias.empty() ? nullptr : w.qkv_bias.as<__nv_bfloat16>();
+    p.inv_freq = weights_.rope_inv_freq.as<float>();
+    p.positions = positions;
+    p.sequences = rows;
+    p.q_out = buffers_.q_rot.as<__nv_bfloat16>();
+    p.kv = kv;
+    p.tokens = tokens;
+    p.hidden = hidden;
+    p.q_heads = config_.num_attention_heads;
+    DF_CHECK_CUDA(kernels::launch_qkv_rope_fused(p, stream));
+  } else {
+    unfused_qkv(w, tokens, positions, rows, kv, stream);
+  }
+  attend(kv, tokens, attention, stream);
+
+  // 5. output projection, added into the residual stream in place (+ Llama's o_proj bias)
+  gemm_.run_with_bias(attention_out, w.o_proj.as<__nv_bfloat16>(),
+                      w.o_bias.empty() ? nullptr : w.o_bias.as<__nv_bfloat16>(), residual, residual, tokens, hidden,
+                      q_size, stream);
+
+  // 6-7. post-attention RMSNorm and the SwiGLU MLP, added into the residual stream in place (the
+  // fused variant folds the norm into its one launch).
+  w.mlp->run(residual, residual, residual, tokens, stream,
+             MlpNorm{w.post_attention_norm.as<__nv_bfloat16>(), static_cast<float>(config_.rms_norm_eps)});
+}
+
+void ForwardPass::unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_t* positions, const int32_t* rows,
+                              const kernels::PagedKv& kv, cudaStream_t stream) {
+  const int hidden = config_.hidden_size;
+  const int qkv_width = config_.q_size() + 2 * config_.kv_size();
+  auto* normed = buffers_.normed.as<__nv_bfloat16>();
   // 1. input RMSNorm
   rms_norm(w.input_norm.as<__nv_bfloat16>(), 0, tokens, stream);
 
@@ -108,7 +145,10 @@ void ForwardPass::layer(int index, int tokens, const int32_t* positions, const i
   rope.tokens = tokens;
   rope.q_heads = config_.num_attention_heads;
   DF_CHECK_CUDA(kernels::launch_rope_kv_append(rope, stream));
+}
 
+void ForwardPass::attend(const kernels::PagedKv& kv, int tokens, const Attention& attention, cudaStream_t stream) {
+  auto* attention_out = buffers_.attention_out.as<__nv_bfloat16>();
   // 4. attention over the paged cache
   if (attention.decode_plan) {
     kernels::DecodeAttentionParams p;
@@ -133,17 +173,6 @@ void ForwardPass::layer(int index, int tokens, const int32_t* positions, const i
     p.sliding_window = config_.sliding_window;
     DF_CHECK_CUDA(kernels::launch_prefill_attention(p, stream));
   }
-
-  // 5. output projection, added into the residual stream in place (+ Llama's o_proj bias)
-  gemm_.run_with_bias(attention_out, w.o_proj.as<__nv_bfloat16>(),
-                      w.o_bias.empty() ? nullptr : w.o_bias.as<__nv_bfloat16>(), residual, residual, tokens, hidden,
-                      q_size, stream);
-
-  // 6. post-attention RMSNorm
-  rms_norm(w.post_attention_norm.as<__nv_bfloat16>(), 0, tokens, stream);
-
-  // 7. SwiGLU MLP, added into the residual stream in place
-  w.mlp->run(normed, residual, residual, tokens, stream);
 }
 
 void ForwardPass::decode_step(const kernels::DecodeAttentionPlan& plan, cudaStream_t stream) {
@@ -191,14 +220,17 @@ void ForwardPass::sample(int first_entry, int batch, cudaStream_t stream) {
   DF_CHECK_CUDA(kernels::launch_sampling(p, stream));
 }
 
-int ForwardPass::launches_per_layer(int attention_launches) const {
-  // norm, QKV GEMM, rope_kv_append, attention, o_proj GEMM, norm, MLP
-  return 1 + 1 + 1 + attention_launches + 1 + 1 + weights_.layers.front().mlp->launches_per_call(true);
+int ForwardPass::launches_per_layer(int attention_launches, int decode_batch) const {
+  // [norm, QKV GEMM, rope_kv_append] or the fused QKV kernel, attention, o_proj GEMM, MLP (+ its norm)
+  const GpuLayerWeights& w = weights_.layers.front();
+  const bool fused_front = !w.qkv_packed.empty() && decode_batch >= 1 && decode_batch <= kernels::kQkvFusedMaxTokens;
+  const int front = fused_front ? 1 : 3;
+  return front + attention_launches + 1 + w.mlp->launches_per_call(true, true);
 }
 
 int ForwardPass::launches_per_decode_step(const kernels::DecodeAttentionPlan& plan) const {
   // embedding, the layers, final norm, lm_head, sampling
-  return 1 + config_.num_hidden_layers * launches_per_layer(kernels::decode_attention_launches(plan)) + 3;
+  return 1 + config_.num_hidden_layers * launches_per_layer(kernels::decode_attention_launches(plan), plan.batch) + 3;
 }
 
 }  // namespace deepfuse::runtime

@@ -11,8 +11,11 @@
 //   3 rope_kv_append (qkv bias, RoPE, K/V into pages)  -> q_rot, KV cache
 //   4 decode or prefill attention                      -> attention_out
 //   5 GEMM attention_out · Wo^T + o_bias + residual    -> residual (bias in cuBLASLt's epilogue)
-//   6 rms_norm(residual; post_attention_norm)          -> normed
-//   7 MlpLayer::run(normed, residual)                  -> residual
+//   6 rms_norm(residual; post_attention_norm)          -> MLP input
+//   7 SwiGLU MLP + residual                            -> residual
+// With the fused MLP variant a decode step of up to 32 tokens runs 1-3 as one kernel
+// (kernels/qkv/qkv_rope_fused.cuh) and 6-7 as one (the norm folded into the fused MLP): four
+// launches per layer with single-launch attention.
 // Nothing here allocates or synchronises: a decode step is captured into a CUDA graph as is.
 #pragma once
 
@@ -83,8 +86,9 @@ class ForwardPass {
   // into decode_ids[first_entry..].
   void sample(int first_entry, int batch, cudaStream_t stream);
 
-  // Kernel launches (cuBLASLt GEMMs count one each) of one layer and of a whole decode step.
-  int launches_per_layer(int attention_launches) const;
+  // Kernel launches (cuBLASLt GEMMs count one each) of one layer and of a whole decode step;
+  // decode_batch 0 means a prefill chunk.
+  int launches_per_layer(int attention_launches, int decode_batch) const;
   int launches_per_decode_step(const kernels::DecodeAttentionPlan& plan) const;
 
  private:
@@ -97,6 +101,9 @@ class ForwardPass {
   void embed(const int32_t* ids, int tokens, cudaStream_t stream);
   void layer(int index, int tokens, const int32_t* positions, const int32_t* rows, const Attention& attention,
              cudaStream_t stream);
+  void unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_t* positions, const int32_t* rows,
+                   const kernels::PagedKv& kv, cudaStream_t stream);
+  void attend(const kernels::PagedKv& kv, int tokens, const Attention& attention, cudaStream_t stream);
   void rms_norm(const __nv_bfloat16* weight, int first_row, int rows, cudaStream_t stream);
 
   const ModelConfig& config_;
