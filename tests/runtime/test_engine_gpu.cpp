@@ -223,27 +223,38 @@ std::vector<std::vector<int32_t>> generate_greedy(Engine& engine, const std::vec
 TEST_P(EngineVsReference, CudaGraphsAndEagerLaunchesAgree) {
   DF_REQUIRE_GPU();
   make_model(4);
-  EngineOptions eager_options = tiny_engine_options();
-  eager_options.cuda_graphs = false;
-  Engine graphs = load_engine(tiny_engine_options());
-  Engine eager = load_engine(eager_options);
-  const std::vector<std::vector<int32_t>> prompts = {random_ids(rng_, 7, config_.vocab_size),
-                                                     random_ids(rng_, 33, config_.vocab_size)};
-  const auto graph_tokens = generate_greedy(graphs, prompts, 20);
-  const auto eager_tokens = generate_greedy(eager, prompts, 20);
-  for (size_t s = 0; s < prompts.size(); ++s) {
-    EXPECT_EQ(graph_tokens[s].size(), 20u) << "sequence " << s;
-    EXPECT_EQ(graph_tokens[s], eager_tokens[s]) << "greedy tokens of sequence " << s;
-  }
-  // The fused MLP reduces partial sums with fp32 atomics, so the two runs may differ in the last
-  // bits (not bitwise equal), far below 1e-3.
-  const std::vector<int32_t> ids = random_ids(rng_, 40, config_.vocab_size);
-  const std::vector<float> with_graphs = graphs.score(ids, 30), without = eager.score(ids, 30);
-  ASSERT_EQ(with_graphs.size(), without.size());
-  ASSERT_EQ(with_graphs.size(), ids.size() * vocab_);
-  for (size_t p = 0; p < ids.size(); ++p) {
-    const std::span<const float> a(with_graphs.data() + p * vocab_, vocab_), b(without.data() + p * vocab_, vocab_);
-    EXPECT_LT(testing::row_relative_error(a, b), 1e-3) << "position " << p;
+  // Every kernel of the unfused engine is deterministic, so there graphs and eager launches must
+  // agree bit for bit. The fused MLP sums partial products with fp32 atomics in whatever order
+  // blocks arrive, so two runs of the same engine (graphs or not) can round the bf16 residual
+  // stream differently in a few elements: there the greedy tokens must agree and the logits stay
+  // within the bf16 rounding of the stream.
+  for (MlpVariant variant : {MlpVariant::unfused, MlpVariant::fused}) {
+    SCOPED_TRACE(mlp_variant_name(variant));
+    EngineOptions graph_options = tiny_engine_options(), eager_options = tiny_engine_options();
+    graph_options.mlp_variant = eager_options.mlp_variant = variant;
+    eager_options.cuda_graphs = false;
+    Engine graphs = load_engine(graph_options);
+    Engine eager = load_engine(eager_options);
+    const std::vector<std::vector<int32_t>> prompts = {random_ids(rng_, 7, config_.vocab_size),
+                                                       random_ids(rng_, 33, config_.vocab_size)};
+    const auto graph_tokens = generate_greedy(graphs, prompts, 20);
+    const auto eager_tokens = generate_greedy(eager, prompts, 20);
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      EXPECT_EQ(graph_tokens[s].size(), 20u) << "sequence " << s;
+      EXPECT_EQ(graph_tokens[s], eager_tokens[s]) << "greedy tokens of sequence " << s;
+    }
+    const std::vector<int32_t> ids = random_ids(rng_, 40, config_.vocab_size);
+    const std::vector<float> with_graphs = graphs.score(ids, 30), without = eager.score(ids, 30);
+    ASSERT_EQ(with_graphs.size(), without.size());
+    ASSERT_EQ(with_graphs.size(), ids.size() * vocab_);
+    if (variant == MlpVariant::unfused) {
+      EXPECT_EQ(with_graphs, without) << "unfused engine: graph and eager logits differ";
+      continue;
+    }
+    for (size_t p = 0; p < ids.size(); ++p) {
+      const std::span<const float> a(with_graphs.data() + p * vocab_, vocab_), b(without.data() + p * vocab_, vocab_);
+      EXPECT_LT(testing::row_relative_error(a, b), 1e-2) << "position " << p;
+    }
   }
 }
 
@@ -338,10 +349,15 @@ TEST(EngineRequests, BadRequestsAreRejectedAndTheEngineStillWorks) {
   EXPECT_EQ(engine.running_sequences(), 0);
 
   const SequenceId fine = engine.add_sequence(greedy_request(random_ids(rng, 10, vocab), 2));
+  // The step that prefills a sequence reports its first token and, from the decode that follows
+  // in the same step, its second.
   const std::vector<StepToken> first = engine.step();
-  ASSERT_EQ(first.size(), 1u);
-  EXPECT_EQ(first[0].sequence, fine);
-  EXPECT_TRUE(first[0].id >= 0 && first[0].id < vocab) << first[0].id;
+  ASSERT_GE(first.size(), 1u);
+  ASSERT_LE(first.size(), 2u);
+  for (const StepToken& token : first) {
+    EXPECT_EQ(token.sequence, fine);
+    EXPECT_TRUE(token.id >= 0 && token.id < vocab) << token.id;
+  }
 }
 
 }  // namespace
