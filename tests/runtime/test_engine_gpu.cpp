@@ -241,7 +241,22 @@ TEST_P(EngineVsReference, CudaGraphsAndEagerLaunchesAgree) {
     const auto eager_tokens = generate_greedy(eager, prompts, 20);
     for (size_t s = 0; s < prompts.size(); ++s) {
       EXPECT_EQ(graph_tokens[s].size(), 20u) << "sequence " << s;
-      EXPECT_EQ(graph_tokens[s], eager_tokens[s]) << "greedy tokens of sequence " << s;
+      if (variant == MlpVariant::unfused) {
+        EXPECT_EQ(graph_tokens[s], eager_tokens[s]) << "greedy tokens of sequence " << s;
+        continue;
+      }
+      // Fused: equal up to the first difference, and that difference only where the eager
+      // engine's own logits rate both picks a near tie.
+      const auto diverged = std::mismatch(graph_tokens[s].begin(), graph_tokens[s].end(), eager_tokens[s].begin(),
+                                          eager_tokens[s].end());
+      if (diverged.first == graph_tokens[s].end()) continue;
+      std::vector<int32_t> ids = prompts[s];
+      ids.insert(ids.end(), graph_tokens[s].begin(), diverged.first);
+      const std::vector<float> logits = eager.score(ids, static_cast<int>(ids.size()));
+      const std::span<const float> last(logits.data() + (ids.size() - 1) * vocab_, vocab_);
+      EXPECT_TRUE(testing::near_tie(last, *diverged.first, *diverged.second))
+          << "sequence " << s << ": graph and eager greedy tokens differ at step "
+          << (diverged.first - graph_tokens[s].begin()) << " without a near tie";
     }
     const std::vector<int32_t> ids = random_ids(rng_, 40, config_.vocab_size);
     const std::vector<float> with_graphs = graphs.score(ids, 30), without = eager.score(ids, 30);
