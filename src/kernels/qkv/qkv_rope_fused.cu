@@ -14,11 +14,11 @@
 //
 // RMSNorm folded in: norm(x)·W^T = (1/rms(x)) · ((x∘w)·W^T). Each block stages x∘w for its k
 // range in shared memory (bf16, rows padded so B-fragment loads are conflict-free) and adds
-// sum(x^2) over that range into the leader's per-token total; the leader scales by 1/rms.
-// Partial sums of the head's outputs meet in the leader block's shared memory through
-// distributed-shared-memory atomics; after one cluster barrier the leader adds the bias, rotates
-// q and k (Hugging Face rotate-half pairs (i, i + d/2), angle = position * inv_freq[i] in fp32,
-// as rope_kv_append) and writes q_out or the cache. Without clusters (pre-Hopper) C = 1: one block
+// sum(x^2) over that range. Partial sums stay in each block's shared memory; after one cluster
+// barrier, block r reads the C partials of its 1/C of the rotation pairs (i, i + d/2) through
+// distributed shared memory, scales by 1/rms, adds the bias, rotates q and k (Hugging Face
+// rotate-half, angle = position * inv_freq[i] in fp32, as rope_kv_append) and writes q_out or the
+// cache. (v1 sent every partial to the leader with remote atomics: 30-110 µs, growing with M.) Without clusters (pre-Hopper) C = 1: one block
 // does the whole k range, when its x slice fits in shared memory.
 #include "kernels/qkv/qkv_rope_fused.cuh"
 
@@ -32,7 +32,12 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kStages = 6;      // cp.async ring depth per thread (16 B per stage)
+// cp.async ring depth per thread (16 B per stage): ~130 KB in flight per SM with 3 blocks each;
+// 32-token launches stage 4x the x rows, so their ring is shorter to keep 3 blocks per SM.
+template <int NT>
+constexpr int ring_stages() {
+  return NT == 4 ? 6 : 12;
+}
 constexpr int kMaxCluster = 8;
 constexpr int kMaxSharedBytes = 200 * 1024;
 
@@ -41,12 +46,12 @@ struct SharedLayout {
   int x_stride = 0;  // bf16 per staged x row: k range + 8 (padding: conflict-free B fragments)
   size_t ring = 0, sums = 0, squares = 0, x = 0, total = 0;
 
-  __host__ __device__ SharedLayout(int max_ksteps, int token_rows, int head_dim) {
+  __host__ __device__ SharedLayout(int stages, int max_ksteps, int token_rows, int head_dim) {
     x_stride = max_ksteps * 16 + 8;
     ring = 0;
-    sums = ring + sizeof(uint4) * kStages * kThreads;
+    sums = ring + sizeof(uint4) * stages * kThreads;
     squares = sums + sizeof(float) * head_dim * token_rows;
-    x = squares + sizeof(float) * kQkvFusedMaxTokens;
+    x = squares + sizeof(float) * 2 * kQkvFusedMaxTokens;
     total = x + sizeof(__nv_bfloat16) * static_cast<size_t>(token_rows) * x_stride;
   }
 };
@@ -57,10 +62,12 @@ __global__ void __launch_bounds__(kThreads) qkv_rope_fused_kernel(const QkvRopeF
   constexpr int kTiles = HD / 16;          // 16-row tiles per head unit
   constexpr int kWarpsPerTile = kWarps / kTiles;
   extern __shared__ __align__(16) unsigned char shared_raw[];
-  const SharedLayout layout(max_ksteps, kRows, HD);
+  constexpr int kStages = ring_stages<NT>();
+  const SharedLayout layout(kStages, max_ksteps, kRows, HD);
   auto* ring = reinterpret_cast<uint4(*)[kThreads]>(shared_raw + layout.ring);
   float* sums = reinterpret_cast<float*>(shared_raw + layout.sums);        // [HD rows][kRows tokens]
-  float* squares = reinterpret_cast<float*>(shared_raw + layout.squares);  // [tokens] sum of x^2
+  float* squares = reinterpret_cast<float*>(shared_raw + layout.squares);  // [tokens] this block's sum of x^2
+  float* inverse_rms = squares + kQkvFusedMaxTokens;                        // [tokens] 1/rms over the cluster
   auto* xs = reinterpret_cast<__nv_bfloat16*>(shared_raw + layout.x);      // [kRows][x_stride] x∘w
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -73,8 +80,6 @@ __global__ void __launch_bounds__(kThreads) qkv_rope_fused_kernel(const QkvRopeF
   const uint4* tile_weights = p.weights + static_cast<size_t>(unit * kTiles + tile) * ksteps * 32 + lane;
 
   for (int i = tid; i < HD * kRows; i += kThreads) sums[i] = 0.0f;
-  if (tid < kQkvFusedMaxTokens) squares[tid] = 0.0f;
-  cluster_barrier<C>();  // the leader's sums are zero before anyone adds into them
 
   auto issue = [&](int k, int stage, int) { copy16_async(&ring[stage][tid], tile_weights + static_cast<size_t>(k) * 32); };
   ring_prime<kStages, 1>(warp_begin, warp_end, issue);
@@ -101,9 +106,9 @@ __global__ void __launch_bounds__(kThreads) qkv_rope_fused_kernel(const QkvRopeF
     }
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) row_squares += __shfl_xor_sync(0xffffffffu, row_squares, offset);
-    if (lane == 0 && row < p.tokens) atomicAdd(in_block<C>(squares + row, 0), row_squares);
+    if (lane == 0 && row < kQkvFusedMaxTokens) squares[row] = row_squares;
   }
-  __syncthreads();  // xs complete
+  __syncthreads();  // xs complete, sums zeroed
 
   float acc[NT][4] = {};
   ring_run<kStages, 1>(warp_begin, warp_end, issue, [&](int k, int stage, int) {
@@ -115,33 +120,48 @@ __global__ void __launch_bounds__(kThreads) qkv_rope_fused_kernel(const QkvRopeF
       mma_bf16_m16n8k16(acc[nt], a, *reinterpret_cast<const uint32_t*>(b), *reinterpret_cast<const uint32_t*>(b + 8));
     }
   });
-  float* leader_sums = in_block<C>(sums, 0);
+  // Partial sums stay in this block (two warps share a tile at head_dim 64: shared atomics).
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int row = tile * 16 + g + (c >= 2 ? 8 : 0), token = nt * 8 + 2 * t + (c & 1);
-      if (token < p.tokens) atomicAdd(&leader_sums[row * kRows + token], acc[nt][c]);
+      if (token < p.tokens) atomicAdd(&sums[row * kRows + token], acc[nt][c]);
     }
-  cluster_barrier<C>();  // every partial sum has reached the leader
-  if (rank != 0) return;
+  cluster_barrier<C>();  // every block's partial sums and squares are complete
 
-  // Epilogue (leader): scale, bias, rotate, scatter. Units: q heads, then k heads, then v heads.
+  // Each block reduces the C partials of its own slice of rotation pairs (i, i + head_dim/2)
+  // through distributed shared memory, and finishes them: the epilogue runs on all C blocks.
+  if (tid < p.tokens) {
+    float total = 0.0f;
+#pragma unroll
+    for (int b = 0; b < C; ++b) total += in_block<C>(squares, b)[tid];
+    inverse_rms[tid] = rsqrtf(total / p.hidden + p.norm_eps);
+  }
+  __syncthreads();
+  // Epilogue: scale, bias, rotate, scatter. Units: q heads, then k heads, then v heads.
   const int kv_heads = p.kv.kv_heads;
   const bool is_q = unit < p.q_heads, is_k = !is_q && unit < p.q_heads + kv_heads;
   const int head = is_q ? unit : is_k ? unit - p.q_heads : unit - p.q_heads - kv_heads;
   constexpr int kHalf = HD / 2;
-  for (int item = tid; item < p.tokens * kHalf; item += kThreads) {
-    const int token = item / kHalf, i = item % kHalf;
+  const int pair_begin = split_point(kHalf, C, rank), pairs = split_point(kHalf, C, rank + 1) - pair_begin;
+  for (int item = tid; item < p.tokens * pairs; item += kThreads) {
+    const int token = item / pairs, i = pair_begin + item % pairs;
     const int position = p.positions[token];
-    const float inverse_rms = rsqrtf(squares[token] / p.hidden + p.norm_eps);
-    float low = sums[i * kRows + token] * inverse_rms, high = sums[(i + kHalf) * kRows + token] * inverse_rms;
+    float low = 0.0f, high = 0.0f;
+#pragma unroll
+    for (int b = 0; b < C; ++b) {
+      const float* partial = in_block<C>(sums, b);
+      low += partial[i * kRows + token];
+      high += partial[(i + kHalf) * kRows + token];
+    }
+    low *= inverse_rms[token];
+    high *= inverse_rms[token];
     if (p.bias) {
       low += __bfloat162float(p.bias[unit * HD + i]);
       high += __bfloat162float(p.bias[unit * HD + i + kHalf]);
     }
-    if (!is_q && !is_k) {  // v: no rotation
-    } else if (position >= 0) {
+    if ((is_q || is_k) && position >= 0) {  // v is not rotated
       float sine, cosine;
       sincosf(static_cast<float>(position) * p.inv_freq[i], &sine, &cosine);
       const float rotated_low = low * cosine - high * sine;
@@ -159,6 +179,7 @@ __global__ void __launch_bounds__(kThreads) qkv_rope_fused_kernel(const QkvRopeF
     destination[i] = __float2bfloat16(low);
     destination[i + kHalf] = __float2bfloat16(high);
   }
+  cluster_barrier<C>();  // no block leaves while another still reads its partial sums
 }
 
 __global__ void pack_rows_kernel(const __nv_bfloat16* weights, uint4* packed, int rows, int hidden) {
@@ -176,7 +197,7 @@ __global__ void pack_rows_kernel(const __nv_bfloat16* weights, uint4* packed, in
 template <int NT, int HD, int C>
 cudaError_t launch_instance(const QkvRopeFusedParams& p, int units, cudaStream_t stream) {
   const int max_ksteps = (p.hidden / 16 + C - 1) / C;
-  const SharedLayout layout(max_ksteps, 8 * NT, HD);
+  const SharedLayout layout(ring_stages<NT>(), max_ksteps, 8 * NT, HD);
   if (layout.total > static_cast<size_t>(kMaxSharedBytes)) return cudaErrorNotSupported;
   auto kernel = qkv_rope_fused_kernel<NT, HD, C>;
   static const cudaError_t attribute =
