@@ -13,7 +13,7 @@
 //   5 GEMM attention_out · Wo^T + o_bias + residual    -> residual (bias in cuBLASLt's epilogue)
 //   6 rms_norm(residual; post_attention_norm)          -> MLP input
 //   7 SwiGLU MLP + residual                            -> residual
-// With the fused MLP variant a decode step of up to 32 tokens runs 1-3 as one kernel
+// With the fused MLP variant a decode step of up to 16 tokens runs 1-3 as one kernel
 // (kernels/qkv/qkv_rope_fused.cuh) and 6-7 as one (the norm folded into the fused MLP): four
 // launches per layer with single-launch attention.
 // Nothing here allocates or synchronises: a decode step is captured into a CUDA graph as is.
@@ -101,6 +101,8 @@ class ForwardPass {
   void embed(const int32_t* ids, int tokens, cudaStream_t stream);
   void layer(int index, int tokens, const int32_t* positions, const int32_t* rows, const Attention& attention,
              cudaStream_t stream);
+  // Whether a decode step of this many tokens runs the fused norm + QKV + RoPE + KV-append kernel.
+  bool uses_fused_front(int decode_tokens) const;
   void unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_t* positions, const int32_t* rows,
                    const kernels::PagedKv& kv, cudaStream_t stream);
   void attend(const kernels::PagedKv& kv, int tokens, const Attention& attention, cudaStream_t stream);
