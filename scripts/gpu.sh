@@ -23,8 +23,8 @@ has() { [[ " $steps " == *" $1 "* ]]; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >"$out/gpu.txt" 2>&1
 note "gpu: $(tail -n 1 "$out/gpu.txt")"
-# Without .git (a copied tree) the caller passes DEEPFUSE_COMMIT; CMake embeds it in the binaries.
-commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo "${DEEPFUSE_COMMIT:-unknown}")
+# A copied tree may carry no .git or a stale one: the caller's DEEPFUSE_COMMIT wins; CMake embeds it.
+commit=${DEEPFUSE_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 export DEEPFUSE_COMMIT=$commit
 note "commit: $commit"
 

@@ -6,10 +6,11 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/qkv_bench.cpp)
 
 # The commit benchmarks report; refreshed on every configure (scripts/build.sh configures).
-execute_process(COMMAND git rev-parse --short=12 HEAD WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
-                OUTPUT_VARIABLE DEEPFUSE_GIT_COMMIT OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-if(NOT DEEPFUSE_GIT_COMMIT AND DEFINED ENV{DEEPFUSE_COMMIT})
-  set(DEEPFUSE_GIT_COMMIT $ENV{DEEPFUSE_COMMIT})  # a copy of the tree without .git (GPU machine)
+if(DEFINED ENV{DEEPFUSE_COMMIT})
+  set(DEEPFUSE_GIT_COMMIT $ENV{DEEPFUSE_COMMIT})  # a copied tree (GPU machine): its .git may be stale
+else()
+  execute_process(COMMAND git rev-parse --short=12 HEAD WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
+                  OUTPUT_VARIABLE DEEPFUSE_GIT_COMMIT OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
 endif()
 if(NOT DEEPFUSE_GIT_COMMIT)
   set(DEEPFUSE_GIT_COMMIT unknown)
