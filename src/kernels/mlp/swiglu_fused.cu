@@ -37,6 +37,7 @@
 #include <unordered_map>
 
 #include "kernels/common/async_ring.cuh"
+#include "kernels/common/cluster_launch.hpp"
 #include "kernels/mlp/fragment.cuh"
 
 namespace deepfuse::kernels {
@@ -383,24 +384,9 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
 
 // The launch configuration of `blocks` blocks of the (NT, C) instance, in clusters of C.
 template <int NT, int C>
-struct FusedLaunch {
-  cudaLaunchAttribute cluster_shape{};
-  cudaLaunchConfig_t config{};
-
-  FusedLaunch(int blocks, cudaStream_t stream) {
-    cluster_shape.id = cudaLaunchAttributeClusterDimension;
-    cluster_shape.val.clusterDim.x = C;
-    cluster_shape.val.clusterDim.y = 1;
-    cluster_shape.val.clusterDim.z = 1;
-    config.gridDim = dim3(blocks, 1, 1);
-    config.blockDim = dim3(kThreads, 1, 1);
-    config.dynamicSmemBytes = sizeof(SharedStorage<NT, C>);
-    config.stream = stream;
-    config.attrs = C > 1 ? &cluster_shape : nullptr;
-    config.numAttrs = C > 1 ? 1 : 0;
-  }
-  FusedLaunch(const FusedLaunch&) = delete;  // config points into this object
-  FusedLaunch& operator=(const FusedLaunch&) = delete;
+struct FusedLaunch : ClusterLaunch {
+  FusedLaunch(int blocks, cudaStream_t stream)
+      : ClusterLaunch(static_cast<unsigned>(blocks), kThreads, sizeof(SharedStorage<NT, C>), C, stream) {}
 };
 
 // How many blocks can be resident at once for one (NT, C) instantiation on this device: the

@@ -25,6 +25,7 @@
 #include <algorithm>
 
 #include "kernels/common/async_ring.cuh"
+#include "kernels/common/cluster_launch.hpp"
 #include "kernels/mlp/fragment.cuh"
 
 namespace deepfuse::kernels {
@@ -203,19 +204,8 @@ cudaError_t launch_instance(const QkvRopeFusedParams& p, int units, cudaStream_t
   static const cudaError_t attribute =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSharedBytes);
   if (attribute != cudaSuccess) return attribute;
-  cudaLaunchAttribute cluster_shape{};
-  cluster_shape.id = cudaLaunchAttributeClusterDimension;
-  cluster_shape.val.clusterDim.x = C;
-  cluster_shape.val.clusterDim.y = 1;
-  cluster_shape.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(units * C, 1, 1);
-  config.blockDim = dim3(kThreads, 1, 1);
-  config.dynamicSmemBytes = layout.total;
-  config.stream = stream;
-  config.attrs = C > 1 ? &cluster_shape : nullptr;
-  config.numAttrs = C > 1 ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, p, max_ksteps);
+  const ClusterLaunch launch(static_cast<unsigned>(units * C), kThreads, layout.total, C, stream);
+  return cudaLaunchKernelEx(&launch.config, kernel, p, max_ksteps);
 }
 
 template <int NT, int HD>

@@ -35,6 +35,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "kernels/common/cluster_launch.hpp"
 #include "kernels/sampling/sampling_primitives.cuh"
 
 namespace deepfuse::kernels {
@@ -437,19 +438,8 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(SamplingParams p) {
 // ---- Host side.
 template <int C>
 cudaError_t launch_with_cluster(const SamplingParams& p, cudaStream_t stream) {
-  cudaLaunchAttribute cluster_shape{};
-  cluster_shape.id = cudaLaunchAttributeClusterDimension;
-  cluster_shape.val.clusterDim.x = C;
-  cluster_shape.val.clusterDim.y = 1;
-  cluster_shape.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(p.batch) * C, 1, 1);
-  config.blockDim = dim3(kThreads, 1, 1);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  config.attrs = C > 1 ? &cluster_shape : nullptr;
-  config.numAttrs = C > 1 ? 1 : 0;
-  if (cudaError_t e = cudaLaunchKernelEx(&config, sampling_kernel<C>, p); e != cudaSuccess) return e;
+  const ClusterLaunch launch(static_cast<unsigned>(p.batch) * C, kThreads, 0, C, stream);
+  if (cudaError_t e = cudaLaunchKernelEx(&launch.config, sampling_kernel<C>, p); e != cudaSuccess) return e;
   return cudaGetLastError();
 }
 
@@ -459,18 +449,9 @@ int resident_clusters() {
   auto kernel = sampling_kernel<C>;
   if (C > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
     return 0;
-  cudaLaunchAttribute cluster_shape{};
-  cluster_shape.id = cudaLaunchAttributeClusterDimension;
-  cluster_shape.val.clusterDim.x = C;
-  cluster_shape.val.clusterDim.y = 1;
-  cluster_shape.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(C, 1, 1);
-  config.blockDim = dim3(kThreads, 1, 1);
-  config.attrs = &cluster_shape;
-  config.numAttrs = 1;
+  const ClusterLaunch probe(C, kThreads, 0, C, nullptr);
   int clusters = 0;
-  return cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess ? clusters : 0;
+  return cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe.config) == cudaSuccess ? clusters : 0;
 }
 
 // What the current device supports, probed once per device (not during a launch of a captured

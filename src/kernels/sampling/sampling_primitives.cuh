@@ -3,41 +3,16 @@
 // order-preserving key of a float logit.
 #pragma once
 
-#include <cooperative_groups.h>
-
 #include <cstdint>
+
+#include "kernels/common/async_ring.cuh"
 
 namespace deepfuse::kernels::sampling_detail {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
-// ---- Cluster plumbing (C = 1: the block itself).
-template <int C, typename T>
-__device__ __forceinline__ T* in_block(T* local, int rank) {
-  if constexpr (C == 1) {
-    return local;
-  } else {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    return cooperative_groups::this_cluster().map_shared_rank(local, rank);
-#else
-    __trap();  // the launcher asks for clusters only on sm_90+
-    return local;
-#endif
-  }
-}
-
-template <int C>
-__device__ __forceinline__ void cluster_barrier() {
-  if constexpr (C == 1) {
-    __syncthreads();
-  } else {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    cooperative_groups::this_cluster().sync();
-#else
-    __trap();
-#endif
-  }
-}
+// Cluster plumbing (in_block, cluster_barrier; C = 1: the block itself) is in
+// kernels/common/async_ring.cuh.
 
 // ---- Values.
 // -0 and +0 are one value (the reference compares doubles): give them one key.
