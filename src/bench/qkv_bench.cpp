@@ -13,6 +13,8 @@
 #include "deepfuse/tensor.hpp"
 #include "kernels/fill.cuh"
 #include "kernels/gemm/cublaslt_gemm.hpp"
+#include "kernels/gemv/gemv_residual.cuh"
+#include "kernels/gemv/packing.cuh"
 #include "kernels/norm/rms_norm.cuh"
 #include "kernels/qkv/qkv_rope_fused.cuh"
 #include "kernels/rope_kv/rope_kv_append.cuh"
@@ -134,6 +136,57 @@ int run_shape(const QkvBenchShape& s, const QkvBenchOptions& options, const Devi
   return copies;
 }
 
+// The output projection with the residual: cuBLASLt (residual as the GEMM's addend) vs the
+// cluster GEMV, rows = hidden, inner = q_heads * head_dim.
+void run_output_projection(const QkvBenchShape& s, const QkvBenchOptions& options, const DeviceInfo& device,
+                           double copy_bw, cudaStream_t stream, Table& table, nlohmann::json& json_rows) {
+  const int rows = s.hidden, inner = s.q_heads * s.head_dim;
+  const size_t bytes = static_cast<size_t>(rows) * inner * 2;
+  const int copies = std::max(2, static_cast<int>(std::ceil(options.l2_multiple * device.l2_bytes / bytes)));
+  std::vector<DeviceBuffer> row_major, packed;
+  for (int c = 0; c < copies; ++c) {
+    row_major.emplace_back(bytes);
+    packed.emplace_back(bytes);
+    DF_CHECK_CUDA(kernels::fill_uniform_bf16(row_major.back().as<__nv_bfloat16>(), bytes / 2, 200 + c,
+                                             1.0f / std::sqrt(float(inner)), stream));
+    DF_CHECK_CUDA(kernels::pack_rows_fragments(row_major.back().as<__nv_bfloat16>(), packed.back().as<uint4>(), rows,
+                                               inner, stream));
+  }
+  const int max_tokens = *std::max_element(options.token_counts.begin(), options.token_counts.end());
+  DeviceBuffer x(static_cast<size_t>(max_tokens) * inner * 2), residual(static_cast<size_t>(max_tokens) * rows * 2);
+  DF_CHECK_CUDA(kernels::fill_uniform_bf16(x.as<__nv_bfloat16>(), x.bytes() / 2, 300, 1.0f, stream));
+  DF_CHECK_CUDA(kernels::fill_uniform_bf16(residual.as<__nv_bfloat16>(), residual.bytes() / 2, 301, 1.0f, stream));
+  kernels::CublasLtGemm gemm;
+  const std::string name = s.name + " o_proj";
+  for (int tokens : options.token_counts) {
+    auto* y = residual.as<__nv_bfloat16>();
+    auto unfused = [&](int rep) {
+      gemm.run(x.as<__nv_bfloat16>(), row_major[rep % copies].as<__nv_bfloat16>(), y, y, tokens, rows, inner, stream);
+    };
+    auto fused = [&](int rep) {
+      kernels::GemvResidualParams p;
+      p.x = x.as<__nv_bfloat16>();
+      p.weights = packed[rep % copies].as<uint4>();
+      p.residual = y;
+      p.y = y;
+      p.tokens = tokens;
+      p.rows = rows;
+      p.inner = inner;
+      DF_CHECK_CUDA(kernels::launch_gemv_residual(p, stream));
+    };
+    const double unfused_us = median_call_us(unfused, options.warmup, options.repetitions, stream);
+    const double fused_us = median_call_us(fused, options.warmup, options.repetitions, stream);
+    for (const auto& [variant, us] : {std::pair{"cublaslt", unfused_us}, std::pair{"fused", fused_us}}) {
+      const double tbps = bytes / (us * 1e-6) / 1e12, pct = 100.0 * tbps * 1e12 / copy_bw;
+      const std::string speedup = std::string(variant) == "fused" ? format_fixed(unfused_us / us, 2) + "x" : "";
+      table.add({name, std::to_string(tokens), variant, format_fixed(us, 1), format_fixed(tbps, 2), format_fixed(pct, 1),
+                 "1", speedup});
+      json_rows.push_back({{"shape", name}, {"m", tokens}, {"variant", variant}, {"us", us}, {"tbps", tbps},
+                           {"pct_copy", pct}, {"speedup_vs_unfused", unfused_us / us}});
+    }
+  }
+}
+
 }  // namespace
 
 int run_qkv_bench(const QkvBenchOptions& options) {
@@ -152,6 +205,7 @@ int run_qkv_bench(const QkvBenchOptions& options) {
   json["rows"] = nlohmann::json::array();
   for (const QkvBenchShape& s : options.shapes) {
     const int copies = run_shape(s, options, device, copy_bw, stream, table, json["rows"]);
+    run_output_projection(s, options, device, copy_bw, stream, table, json["rows"]);
     std::fprintf(stderr, "  measured %s (%d weight copies)\n", s.name.c_str(), copies);
   }
   DF_CHECK_CUDA(cudaStreamDestroy(stream));

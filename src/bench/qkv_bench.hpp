@@ -1,6 +1,7 @@
-// `deepfuse bench qkv`: the attention block's front half for decode, fused (input RMSNorm + QKV
-// + RoPE + KV append in one launch) against the unfused path (rms_norm, cuBLASLt GEMM,
-// rope_kv_append: three launches), as a fraction of the copy bandwidth measured in the same run.
+// `deepfuse bench qkv`: the attention block's two projections for decode, fused against the
+// unfused path, as a fraction of the copy bandwidth measured in the same run: the front half
+// (input RMSNorm + QKV + RoPE + KV append in one launch vs rms_norm, cuBLASLt GEMM and
+// rope_kv_append) and the output projection with the residual (cluster GEMV vs cuBLASLt).
 #pragma once
 
 #include <string>

@@ -8,6 +8,7 @@
 #include "deepfuse/error.hpp"
 #include "kernels/attention/prefill_attention.cuh"
 #include "kernels/embedding/embedding.cuh"
+#include "kernels/gemv/gemv_residual.cuh"
 #include "kernels/norm/rms_norm.cuh"
 #include "kernels/qkv/qkv_rope_fused.cuh"
 #include "kernels/rope_kv/rope_kv_append.cuh"
@@ -111,9 +112,22 @@ void ForwardPass::layer(int index, int tokens, const int32_t* positions, const i
   attend(kv, tokens, attention, stream);
 
   // 5. output projection, added into the residual stream in place (+ Llama's o_proj bias)
-  gemm_.run_with_bias(attention_out, w.o_proj.as<__nv_bfloat16>(),
-                      w.o_bias.empty() ? nullptr : w.o_bias.as<__nv_bfloat16>(), residual, residual, tokens, hidden,
-                      q_size, stream);
+  const __nv_bfloat16* o_bias = w.o_bias.empty() ? nullptr : w.o_bias.as<__nv_bfloat16>();
+  if (attention.decode_plan && uses_fused_front(tokens)) {
+    kernels::GemvResidualParams p;
+    p.x = attention_out;
+    p.weights = w.o_proj_packed.as<uint4>();
+    p.bias = o_bias;
+    p.residual = residual;
+    p.y = residual;
+    p.tokens = tokens;
+    p.rows = hidden;
+    p.inner = q_size;
+    DF_CHECK_CUDA(kernels::launch_gemv_residual(p, stream));
+  } else {
+    gemm_.run_with_bias(attention_out, w.o_proj.as<__nv_bfloat16>(), o_bias, residual, residual, tokens, hidden,
+                        q_size, stream);
+  }
 
   // 6-7. post-attention RMSNorm and the SwiGLU MLP, added into the residual stream in place (the
   // fused variant folds the norm into its one launch).
@@ -228,7 +242,8 @@ void ForwardPass::sample(int first_entry, int batch, cudaStream_t stream) {
 }
 
 int ForwardPass::launches_per_layer(int attention_launches, int decode_batch) const {
-  // [norm, QKV GEMM, rope_kv_append] or the fused QKV kernel, attention, o_proj GEMM, MLP (+ its norm)
+  // [norm, QKV GEMM, rope_kv_append] or the fused QKV kernel, attention, o_proj (cluster GEMV, or a
+  // cuBLASLt GEMM counted as one although a split-K algorithm adds a reduction kernel), MLP (+ its norm)
   const GpuLayerWeights& w = weights_.layers.front();
   const bool fused_front = decode_batch >= 1 && uses_fused_front(decode_batch);
   const int front = fused_front ? 1 : 3;

@@ -11,3 +11,4 @@ deepfuse_test(test_embedding_gpu ${CMAKE_CURRENT_LIST_DIR}/test_embedding_gpu.cp
 deepfuse_test(test_rms_norm_gpu ${CMAKE_CURRENT_LIST_DIR}/test_rms_norm_gpu.cpp GPU)
 deepfuse_test(test_rope_kv_append_gpu ${CMAKE_CURRENT_LIST_DIR}/test_rope_kv_append_gpu.cpp GPU)
 deepfuse_test(test_sampling_gpu ${CMAKE_CURRENT_LIST_DIR}/test_sampling_gpu.cpp GPU)
+deepfuse_test(test_gemv_residual_gpu ${CMAKE_CURRENT_LIST_DIR}/test_gemv_residual_gpu.cpp GPU)

@@ -1,0 +1,30 @@
+// y = x · W^T (+ bias) + residual for decode (up to 32 tokens), in one launch: the attention
+// block's output projection with the residual add, on the cluster GEMV weight stream
+// (cluster_gemv.cuh). Prefill and larger batches use cuBLASLt with the residual in its epilogue.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace deepfuse::kernels {
+
+inline constexpr int kGemvResidualMaxTokens = 32;
+
+struct GemvResidualParams {
+  const __nv_bfloat16* x = nullptr;         // [tokens, inner]; must not alias y
+  const uint4* weights = nullptr;           // [rows, inner] packed by pack_rows_fragments
+  const __nv_bfloat16* bias = nullptr;      // [rows] or null
+  const __nv_bfloat16* residual = nullptr;  // [tokens, rows] or null; may alias y
+  __nv_bfloat16* y = nullptr;               // [tokens, rows]
+  int tokens = 0;                           // 1 .. kGemvResidualMaxTokens
+  int rows = 0;                             // multiple of 64
+  int inner = 0;                            // multiple of 64
+};
+
+// cudaErrorInvalidValue on bad params; cudaErrorNotSupported when the device cannot run the
+// shape (no clusters and an inner dimension too large for one block's shared memory).
+cudaError_t launch_gemv_residual(const GemvResidualParams& params, cudaStream_t stream);
+
+}  // namespace deepfuse::kernels
