@@ -15,7 +15,8 @@
 //   7 SwiGLU MLP + residual                            -> residual
 // With the fused MLP variant a decode step of up to 16 tokens runs 1-3 as one kernel
 // (kernels/qkv/qkv_rope_fused.cuh) and 6-7 as one (the norm folded into the fused MLP): four
-// launches per layer with single-launch attention.
+// launches per layer with single-launch attention (five kernels when cuBLASLt picks a split-K
+// algorithm for o_proj, as it does at small batch).
 // Nothing here allocates or synchronises: a decode step is captured into a CUDA graph as is.
 #pragma once
 

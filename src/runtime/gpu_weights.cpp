@@ -10,7 +10,6 @@
 #include "deepfuse/error.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "deepfuse/reference.hpp"
-#include "kernels/gemv/packing.cuh"
 #include "kernels/qkv/qkv_rope_fused.cuh"
 #include "kernels/fill.cuh"
 #include "model/float16.hpp"
@@ -47,15 +46,11 @@ std::string gib(size_t bytes) {
   return text;
 }
 
-// The fused decode kernels' copies of the merged qkv rows and of o_proj (stream-ordered after
-// their upload).
+// The fused decode kernel's copy of the merged qkv rows (stream-ordered after their upload).
 void pack_qkv(GpuLayerWeights& layer, const LayerSizes& s, cudaStream_t stream) {
   layer.qkv_packed = DeviceBuffer(layer.qkv.bytes());
   DF_CHECK_CUDA(kernels::pack_qkv_weights(layer.qkv.as<__nv_bfloat16>(), layer.qkv_packed.as<uint4>(),
                                           static_cast<int>(s.qkv_rows()), static_cast<int>(s.hidden), stream));
-  layer.o_proj_packed = DeviceBuffer(layer.o_proj.bytes());
-  DF_CHECK_CUDA(kernels::pack_rows_fragments(layer.o_proj.as<__nv_bfloat16>(), layer.o_proj_packed.as<uint4>(),
-                                             static_cast<int>(s.hidden), static_cast<int>(s.q), stream));
 }
 
 // Every buffer of a layer except the MLP, allocated in its final size (contents undefined).
@@ -210,7 +205,7 @@ bool uses_fused_qkv(const ModelConfig& c, MlpVariant mlp_variant) {
 size_t gpu_weight_bytes(const ModelConfig& c, MlpVariant mlp_variant) {
   const size_t vocab_hidden = static_cast<size_t>(c.vocab_size) * c.hidden_size;
   const LayerSizes s(c);
-  const size_t packed = uses_fused_qkv(c, mlp_variant) ? (s.qkv_rows() + s.q) * s.hidden : 0;  // qkv, o_proj
+  const size_t packed = uses_fused_qkv(c, mlp_variant) ? s.qkv_rows() * s.hidden : 0;
   const size_t elements = vocab_hidden + c.num_hidden_layers * (s.elements() + packed) + c.hidden_size +
                           (c.tie_word_embeddings ? 0 : vocab_hidden);
   return bf16_bytes(elements);

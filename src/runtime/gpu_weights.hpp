@@ -8,8 +8,7 @@
 //   Llama attention_bias); o_proj [H, q_size]; o_bias [H]; post_attention_norm [H]; the MLP in
 //   MlpLayer's layout for the chosen variant (fragment-packed for fused).
 //   qkv_packed: with the fused MLP variant, the same qkv rows fragment-packed for the fused decode
-//   kernel (kernels/qkv/qkv_rope_fused.cuh), and o_proj_packed for the fused output projection
-//   (kernels/gemv/gemv_residual.cuh); prefill keeps using the row-major copies with cuBLASLt.
+//   kernel (kernels/qkv/qkv_rope_fused.cuh); prefill keeps using the row-major copy with cuBLASLt.
 //   rope_inv_freq: fp32 [head_dim / 2], reference::rope_inverse_frequencies (llama3 scaling included).
 //
 // Checkpoint tensors go straight to the device through two pinned staging buffers used in turn,
@@ -36,7 +35,6 @@ struct GpuLayerWeights {
   DeviceBuffer qkv;
   DeviceBuffer qkv_bias;  // empty when the architecture has none
   DeviceBuffer qkv_packed;  // fused decode path only (empty otherwise)
-  DeviceBuffer o_proj_packed;  // likewise, for the fused output projection + residual
   DeviceBuffer o_proj;
   DeviceBuffer o_bias;    // empty when the architecture has none
   DeviceBuffer post_attention_norm;
