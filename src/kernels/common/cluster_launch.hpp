@@ -1,5 +1,7 @@
 // The launch configuration of a 1-D grid in thread-block clusters (cluster 1: no cluster
-// attribute, a plain launch), for cudaLaunchKernelEx and cudaOccupancyMaxActiveClusters.
+// attribute, a plain launch), for cudaLaunchKernelEx and cudaOccupancyMaxActiveClusters;
+// optionally a programmatic dependent launch (the kernel overlaps its prologue with the previous
+// kernel's tail: see wait_for_upstream_grids in async_ring.cuh).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,21 +10,35 @@
 
 namespace deepfuse::kernels {
 
+// Whether the fused decode kernels launch as programmatic dependents; DEEPFUSE_PDL=0 turns it
+// off (A/B measurements). Read once.
+bool programmatic_launches_enabled();
+
 struct ClusterLaunch {
-  cudaLaunchAttribute cluster_shape{};
+  cudaLaunchAttribute attributes[2]{};
   cudaLaunchConfig_t config{};
 
-  ClusterLaunch(unsigned blocks, unsigned threads, size_t shared_bytes, int cluster, cudaStream_t stream) {
-    cluster_shape.id = cudaLaunchAttributeClusterDimension;
-    cluster_shape.val.clusterDim.x = static_cast<unsigned>(cluster);
-    cluster_shape.val.clusterDim.y = 1;
-    cluster_shape.val.clusterDim.z = 1;
+  ClusterLaunch(unsigned blocks, unsigned threads, size_t shared_bytes, int cluster, cudaStream_t stream,
+                bool programmatic = false) {
+    unsigned count = 0;
+    if (cluster > 1) {
+      cudaLaunchAttribute& shape = attributes[count++];
+      shape.id = cudaLaunchAttributeClusterDimension;
+      shape.val.clusterDim.x = static_cast<unsigned>(cluster);
+      shape.val.clusterDim.y = 1;
+      shape.val.clusterDim.z = 1;
+    }
+    if (programmatic) {
+      cudaLaunchAttribute& overlap = attributes[count++];
+      overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      overlap.val.programmaticStreamSerializationAllowed = 1;
+    }
     config.gridDim = dim3(blocks, 1, 1);
     config.blockDim = dim3(threads, 1, 1);
     config.dynamicSmemBytes = shared_bytes;
     config.stream = stream;
-    config.attrs = cluster > 1 ? &cluster_shape : nullptr;
-    config.numAttrs = cluster > 1 ? 1 : 0;
+    config.attrs = count > 0 ? attributes : nullptr;
+    config.numAttrs = count;
   }
   ClusterLaunch(const ClusterLaunch&) = delete;  // config points into this object
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;

@@ -1,6 +1,9 @@
 // Packing for the cluster GEMV weight stream (cluster_gemv.cuh).
 #include "kernels/gemv/cluster_gemv.cuh"
 
+#include <cstdlib>
+#include <string>
+
 namespace deepfuse::kernels {
 namespace {
 
@@ -22,6 +25,18 @@ cudaError_t pack_rows_fragments(const __nv_bfloat16* weights, uint4* packed, int
   if (!weights || !packed || rows < 16 || rows % 16 != 0 || inner < 16 || inner % 16 != 0) return cudaErrorInvalidValue;
   pack_rows_kernel<<<1024, 256, 0, stream>>>(weights, packed, rows, inner);
   return cudaGetLastError();
+}
+
+}  // namespace deepfuse::kernels
+
+namespace deepfuse::kernels {
+
+bool programmatic_launches_enabled() {
+  static const bool enabled = [] {
+    const char* setting = std::getenv("DEEPFUSE_PDL");
+    return !(setting && std::string(setting) == "0");
+  }();
+  return enabled;
 }
 
 }  // namespace deepfuse::kernels

@@ -109,7 +109,9 @@ __device__ Partials<NT, C> stream_unit(const Inputs& in, int unit, int rank, uns
   for (int i = tid; i < kUnitRows * kRows; i += kThreads) sums[i] = 0.0f;
 
   auto issue = [&](int k, int stage, int) { copy16_async(&ring[stage][tid], tile_weights + static_cast<size_t>(k) * 32); };
-  ring_prime<kStages, 1>(warp_begin, warp_end, issue);
+  ring_prime<kStages, 1>(warp_begin, warp_end, issue);  // constant weights: before the upstream wait
+  wait_for_upstream_grids();
+  allow_downstream_launch();
 
   // Stage x (∘ w) for this block's k range (one warp per token row) while the first weights fly.
   const int vectors = k_count * 2;  // 8-column vectors
@@ -182,7 +184,8 @@ cudaError_t launch(void (*kernel)(Params, int), const Params& params, int units,
   static const cudaError_t attribute =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSharedBytes);
   if (attribute != cudaSuccess) return attribute;
-  const ClusterLaunch launch(static_cast<unsigned>(units * C), kThreads, layout.total, C, stream);
+  const ClusterLaunch launch(static_cast<unsigned>(units * C), kThreads, layout.total, C, stream,
+                            programmatic_launches_enabled());
   return cudaLaunchKernelEx(&launch.config, kernel, params, max_ksteps);
 }
 
