@@ -455,7 +455,7 @@ cudaError_t launch_instance(const SwigluFusedParams& p, const SwigluFusedTuning&
   if (blocks < C || (i_tiles + blocks - 1) / blocks > kMaxTilesPerBlock) return cudaErrorInvalidConfiguration;
   const int finishers = std::max(1, std::min({kMaxFinishers, blocks / 2, resident / 2}));
 
-  const FusedLaunch<NT, C> launch(blocks, stream, programmatic_launches_enabled());
+  const FusedLaunch<NT, C> launch(blocks, stream, programmatic_mlp_enabled());
   return cudaLaunchKernelEx(&launch.config, swiglu_fused_kernel<NT, C>, p, finishers, tuning.skip_reduction);
 }
 
