@@ -110,8 +110,5 @@ __device__ __forceinline__ void allow_downstream_launch() {
   asm volatile("griddepcontrol.launch_dependents;");
 #endif
 }
-__device__ __forceinline__ void prefetch_to_l2(const void* global) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(global));
-}
 
 }  // namespace deepfuse::kernels

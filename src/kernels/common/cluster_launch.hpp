@@ -10,10 +10,9 @@
 
 namespace deepfuse::kernels {
 
-// Whether the fused decode kernels launch as programmatic dependents; DEEPFUSE_PDL=0 turns it
-// off (A/B measurements). Read once.
+// Whether the cluster GEMV kernels (fused QKV, o_proj + residual) launch as programmatic
+// dependents; DEEPFUSE_PDL=0 turns it off (A/B measurements). Read once.
 bool programmatic_launches_enabled();
-bool programmatic_mlp_enabled();
 
 struct ClusterLaunch {
   cudaLaunchAttribute attributes[2]{};

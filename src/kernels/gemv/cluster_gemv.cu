@@ -34,15 +34,7 @@ namespace deepfuse::kernels {
 bool programmatic_launches_enabled() {
   static const bool enabled = [] {
     const char* setting = std::getenv("DEEPFUSE_PDL");
-    return !(setting && std::string(setting) == "0") && !(setting && std::string(setting) == "mlp");
-  }();
-  return enabled;
-}
-
-bool programmatic_mlp_enabled() {
-  static const bool enabled = [] {
-    const char* setting = std::getenv("DEEPFUSE_PDL");
-    return !(setting && std::string(setting) == "0") && !(setting && std::string(setting) == "qkv");
+    return !(setting && std::string(setting) == "0");
   }();
   return enabled;
 }

@@ -209,14 +209,6 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
   for (int i = tid; i < Config::kSumFloats; i += kThreads) shared.sums[i] = 0.0f;
   if (tid < 8 * NT) shared.norm_squares[tid] = 0.0f;
   const bool normalize = p.norm_weight != nullptr;
-  // Launched as a programmatic dependent: while the previous kernel finishes, pull this thread's
-  // first phase-1 weights into L2 (weights are constant), then wait for x and the residual.
-  for (int f = f1_begin; f < f1_end && f < f1_begin + (S - 1) * Config::kSteps1; ++f) {
-    prefetch_to_l2(gate_up + static_cast<size_t>(f) * 64);
-    prefetch_to_l2(gate_up + static_cast<size_t>(f) * 64 + 32);
-  }
-  wait_for_upstream_grids();
-  allow_downstream_launch();
   cluster_barrier<C>();  // every block's sums are zero before anyone adds into them
 
   for (int token0 = 0; token0 < p.tokens; token0 += Config::kTokensPerPass) {
@@ -393,8 +385,8 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
 // The launch configuration of `blocks` blocks of the (NT, C) instance, in clusters of C.
 template <int NT, int C>
 struct FusedLaunch : ClusterLaunch {
-  FusedLaunch(int blocks, cudaStream_t stream, bool programmatic)
-      : ClusterLaunch(static_cast<unsigned>(blocks), kThreads, sizeof(SharedStorage<NT, C>), C, stream, programmatic) {}
+  FusedLaunch(int blocks, cudaStream_t stream)
+      : ClusterLaunch(static_cast<unsigned>(blocks), kThreads, sizeof(SharedStorage<NT, C>), C, stream) {}
 };
 
 // How many blocks can be resident at once for one (NT, C) instantiation on this device: the
@@ -429,7 +421,7 @@ cudaError_t residency_for(Residency& out) {
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); e != cudaSuccess) return e;
   if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.max_blocks_per_sm, kernel, kThreads, smem); e != cudaSuccess) return e;
   if (C > 1) {
-    const FusedLaunch<NT, C> probe(C * r.sm_count, nullptr, false);
+    const FusedLaunch<NT, C> probe(C * r.sm_count, nullptr);
     if (cudaError_t e = cudaOccupancyMaxActiveClusters(&r.max_clusters, kernel, &probe.config); e != cudaSuccess) return e;
   }
   by_device[device] = r;
@@ -455,7 +447,9 @@ cudaError_t launch_instance(const SwigluFusedParams& p, const SwigluFusedTuning&
   if (blocks < C || (i_tiles + blocks - 1) / blocks > kMaxTilesPerBlock) return cudaErrorInvalidConfiguration;
   const int finishers = std::max(1, std::min({kMaxFinishers, blocks / 2, resident / 2}));
 
-  const FusedLaunch<NT, C> launch(blocks, stream, programmatic_mlp_enabled());
+  // Not a programmatic dependent launch: measured 15-47% slower decode steps that way (see the
+  // kernel notes); the cluster GEMV kernels gain 0.5-1.6% from it.
+  const FusedLaunch<NT, C> launch(blocks, stream);
   return cudaLaunchKernelEx(&launch.config, swiglu_fused_kernel<NT, C>, p, finishers, tuning.skip_reduction);
 }
 
