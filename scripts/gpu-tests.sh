@@ -10,13 +10,7 @@ memcheck=0
 [[ ${1:-} == --memcheck ]] && memcheck=1 && shift
 export PATH=/usr/local/cuda/bin:$PATH
 mkdir -p "$out"
-prefix_args=()
-if compgen -G ".debs/*.deb" >/dev/null; then
-  rm -rf .deps && mkdir -p .deps/root
-  for deb in .debs/*.deb; do dpkg -x "$deb" .deps/root; done
-  prefix_args=(-DCMAKE_PREFIX_PATH="$PWD/.deps/root/usr")
-  export LD_LIBRARY_PATH="$PWD/.deps/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-fi
+source scripts/unpack-device-debs.sh
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDEEPFUSE_CUDA_ARCHS=90a "${prefix_args[@]}" >"$out/configure.log" 2>&1
 if ! cmake --build build-gpu --target "$@" -j "$(nproc)" >"$out/build.log" 2>&1; then
   grep -E "error|FAILED" "$out/build.log" | head -n 30; exit 1

@@ -28,13 +28,7 @@ commit=${DEEPFUSE_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo un
 export DEEPFUSE_COMMIT=$commit
 note "commit: $commit"
 
-prefix_args=()
-if compgen -G ".debs/*.deb" >/dev/null; then
-  rm -rf .deps && mkdir -p .deps/root
-  for deb in .debs/*.deb; do dpkg -x "$deb" .deps/root; done
-  prefix_args=(-DCMAKE_PREFIX_PATH="$PWD/.deps/root/usr")
-  export LD_LIBRARY_PATH="$PWD/.deps/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-fi
+source scripts/unpack-device-debs.sh
 
 if has build; then
   start=$SECONDS
