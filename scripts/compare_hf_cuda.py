@@ -19,7 +19,6 @@ Prints a table; exits 1 when a model fails, 2 when deepfuse itself fails to run.
 """
 import argparse
 import json
-import math
 import os
 import pathlib
 import subprocess
@@ -28,6 +27,8 @@ import tempfile
 
 import torch
 import transformers
+
+from make_hf_fixtures import randomize  # trained-like random weights, the fixtures' recipe
 
 MAX_ERROR = 2e-2
 MIN_TOP1_AGREEMENT = 0.99
@@ -72,27 +73,11 @@ def dtype_kwarg(dtype):
     return dict(dtype=dtype) if TRANSFORMERS_MAJOR >= 5 else dict(torch_dtype=dtype)
 
 
-def randomize(model, generator):
-    """Weights with trained-like statistics (HF init leaves biases 0 and norms 1), rounded to bf16."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=generator)
-            if "norm" in name:
-                value = 1.0 + 0.1 * noise
-            elif name.endswith("bias"):
-                value = 0.2 * noise
-            elif "embed_tokens" in name:
-                value = noise
-            else:
-                value = noise / math.sqrt(p.shape[-1])
-            p.copy_(value.to(torch.bfloat16).to(torch.float32))
-
-
 def hf_logits(config_class, fields, directory, ids, generator):
     config = config_class(**COMMON, **fields)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager",
                                                           **dtype_kwarg(torch.float32)).eval()
-    randomize(model, generator)
+    randomize(model, torch.bfloat16, generator)
     model.to(torch.bfloat16).save_pretrained(directory)
     # Reloaded as a user loads it, in fp32 from the bf16 file (casting `model` back would also
     # round the rotary inv_freq buffer to bf16, which no loader does).
