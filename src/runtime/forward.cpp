@@ -230,8 +230,8 @@ void ForwardPass::sample(int first_entry, int batch, cudaStream_t stream) {
 }
 
 int ForwardPass::launches_per_layer(int attention_launches, int decode_batch) const {
-  // [norm, QKV GEMM, rope_kv_append] or the fused QKV kernel, attention, o_proj (cluster GEMV, or a
-  // cuBLASLt GEMM counted as one although a split-K algorithm adds a reduction kernel), MLP (+ its norm)
+  // [norm, QKV GEMM, rope_kv_append] or the fused QKV kernel, attention, the o_proj GEMM (counted
+  // as one although a cuBLASLt split-K algorithm adds a reduction kernel), MLP (+ its norm)
   const GpuLayerWeights& w = weights_.layers.front();
   const bool fused_front = decode_batch >= 1 && uses_fused_front(decode_batch);
   const int front = fused_front ? 1 : 3;

@@ -10,10 +10,6 @@
 
 namespace deepfuse::kernels {
 
-// Whether the cluster GEMV kernels (fused QKV, o_proj + residual) launch as programmatic
-// dependents; DEEPFUSE_PDL=0 turns it off (A/B measurements). Read once.
-bool programmatic_launches_enabled();
-
 struct ClusterLaunch {
   cudaLaunchAttribute attributes[2]{};
   cudaLaunchConfig_t config{};

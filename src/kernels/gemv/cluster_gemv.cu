@@ -29,7 +29,7 @@ cudaError_t pack_rows_fragments(const __nv_bfloat16* weights, uint4* packed, int
 
 }  // namespace deepfuse::kernels
 
-namespace deepfuse::kernels {
+namespace deepfuse::kernels::cluster_gemv {
 
 bool programmatic_launches_enabled() {
   static const bool enabled = [] {
@@ -39,4 +39,4 @@ bool programmatic_launches_enabled() {
   return enabled;
 }
 
-}  // namespace deepfuse::kernels
+}  // namespace deepfuse::kernels::cluster_gemv

@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/async_ring.cuh"
 #include "kernels/common/cluster_launch.hpp"
@@ -33,6 +34,10 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kMaxTokens = 32;
 constexpr int kMaxCluster = 8;
 constexpr int kMaxSharedBytes = 200 * 1024;
+
+// Whether the kernels launch as programmatic dependents (their weight ring primed before the
+// upstream wait); DEEPFUSE_PDL=0 turns it off for A/B measurements. Read once.
+bool programmatic_launches_enabled();
 
 // cp.async ring depth per thread (16 B per stage): ~130 KB in flight per SM with 3 blocks each;
 // 32-token launches stage 4x the x rows, so their ring is shorter to keep 3 blocks per SM.
@@ -189,14 +194,22 @@ cudaError_t launch(void (*kernel)(Params, int), const Params& params, int units,
   return cudaLaunchKernelEx(&launch.config, kernel, params, max_ksteps);
 }
 
-// Whether this device runs clusters of kMaxCluster (Hopper and later) for an inner dimension
-// with at least one k-step per block.
-inline cudaError_t use_clusters(int inner, bool& clusters) {
+// Calls launch_instance(nt, c) with std::integral_constant values: nt the n-tiles of 8 tokens
+// `tokens` needs (1, 2 or 4), c the cluster size this device runs for `inner` (kMaxCluster on
+// Hopper and later when every block gets a k-step, else 1).
+template <typename LaunchInstance>
+cudaError_t dispatch(int tokens, int inner, LaunchInstance&& launch_instance) {
   int device = 0, major = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device); e != cudaSuccess) return e;
-  clusters = major >= 9 && inner / 16 >= kMaxCluster;
-  return cudaSuccess;
+  const bool clusters = major >= 9 && inner / 16 >= kMaxCluster;
+  auto with_tiles = [&](auto nt) {
+    return clusters ? launch_instance(nt, std::integral_constant<int, kMaxCluster>{})
+                    : launch_instance(nt, std::integral_constant<int, 1>{});
+  };
+  if (tokens <= 8) return with_tiles(std::integral_constant<int, 1>{});
+  if (tokens <= 16) return with_tiles(std::integral_constant<int, 2>{});
+  return with_tiles(std::integral_constant<int, 4>{});
 }
 
 }  // namespace deepfuse::kernels::cluster_gemv

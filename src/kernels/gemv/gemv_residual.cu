@@ -32,23 +32,13 @@ __global__ void __launch_bounds__(kThreads) gemv_residual_kernel(const GemvResid
   cluster_barrier<C>();  // no block leaves while another still reads its partial sums
 }
 
-template <int NT, int kUnitRows>
+template <int kUnitRows>
 cudaError_t launch_for_unit(const GemvResidualParams& p, cudaStream_t stream) {
-  const int units = p.rows / kUnitRows;
-  bool clusters = false;
-  if (cudaError_t e = cluster_gemv::use_clusters(p.inner, clusters); e != cudaSuccess) return e;
-  if (clusters)
-    return cluster_gemv::launch<NT, kUnitRows, cluster_gemv::kMaxCluster>(
-        gemv_residual_kernel<NT, kUnitRows, cluster_gemv::kMaxCluster>, p, units, p.inner, stream);
-  return cluster_gemv::launch<NT, kUnitRows, 1>(gemv_residual_kernel<NT, kUnitRows, 1>, p, units, p.inner, stream);
-}
-
-template <int NT>
-cudaError_t launch_for_tokens(const GemvResidualParams& p, cudaStream_t stream) {
-  // 128-row units (one tile per warp) when that still gives ~2 clusters of 8 per SM-pair on a
-  // large GPU; 64-row units otherwise, so small projections still spread over every SM.
-  if (p.rows % 128 == 0 && p.rows >= 4096) return launch_for_unit<NT, 128>(p, stream);
-  return launch_for_unit<NT, 64>(p, stream);
+  return cluster_gemv::dispatch(p.tokens, p.inner, [&](auto nt, auto c) {
+    constexpr int NT = decltype(nt)::value, C = decltype(c)::value;
+    return cluster_gemv::launch<NT, kUnitRows, C>(gemv_residual_kernel<NT, kUnitRows, C>, p, p.rows / kUnitRows,
+                                                  p.inner, stream);
+  });
 }
 
 }  // namespace
@@ -57,9 +47,10 @@ cudaError_t launch_gemv_residual(const GemvResidualParams& p, cudaStream_t strea
   if (!p.x || !p.weights || !p.y || p.tokens < 1 || p.tokens > kGemvResidualMaxTokens || p.rows < 64 ||
       p.rows % 64 != 0 || p.inner < 64 || p.inner % 64 != 0 || static_cast<const void*>(p.x) == p.y)
     return cudaErrorInvalidValue;
-  if (p.tokens <= 8) return launch_for_tokens<1>(p, stream);
-  if (p.tokens <= 16) return launch_for_tokens<2>(p, stream);
-  return launch_for_tokens<4>(p, stream);
+  // 128-row units (one tile per warp) when that still gives ~2 clusters of 8 per SM-pair on a
+  // large GPU; 64-row units otherwise, so small projections still spread over every SM.
+  if (p.rows % 128 == 0 && p.rows >= 4096) return launch_for_unit<128>(p, stream);
+  return launch_for_unit<64>(p, stream);
 }
 
 }  // namespace deepfuse::kernels

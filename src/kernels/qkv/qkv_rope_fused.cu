@@ -20,8 +20,9 @@
 // barrier, block r reads the C partials of its 1/C of the rotation pairs (i, i + d/2) through
 // distributed shared memory, scales by 1/rms, adds the bias, rotates q and k (Hugging Face
 // rotate-half, angle = position * inv_freq[i] in fp32, as rope_kv_append) and writes q_out or the
-// cache. (v1 sent every partial to the leader with remote atomics: 30-110 µs, growing with M.) Without clusters (pre-Hopper) C = 1: one block
-// does the whole k range, when its x slice fits in shared memory.
+// cache. (v1 sent every partial to the leader with remote atomics: 30-110 µs, growing with M.)
+// Without clusters (pre-Hopper) C = 1: one block does the whole k range, when its x slice fits
+// in shared memory.
 #include "kernels/qkv/qkv_rope_fused.cuh"
 
 #include "kernels/gemv/cluster_gemv.cuh"
@@ -75,21 +76,12 @@ __global__ void __launch_bounds__(kThreads) qkv_rope_fused_kernel(const QkvRopeF
   cluster_barrier<C>();  // no block leaves while another still reads its partial sums
 }
 
-template <int NT, int HD>
-cudaError_t launch_for_head_dim(const QkvRopeFusedParams& p, int units, cudaStream_t stream) {
-  bool clusters = false;
-  if (cudaError_t e = cluster_gemv::use_clusters(p.hidden, clusters); e != cudaSuccess) return e;
-  if (clusters)
-    return cluster_gemv::launch<NT, HD, cluster_gemv::kMaxCluster>(
-        qkv_rope_fused_kernel<NT, HD, cluster_gemv::kMaxCluster>, p, units, p.hidden, stream);
-  return cluster_gemv::launch<NT, HD, 1>(qkv_rope_fused_kernel<NT, HD, 1>, p, units, p.hidden, stream);
-}
-
 template <int HD>
-cudaError_t launch_for_tokens(const QkvRopeFusedParams& p, int units, cudaStream_t stream) {
-  if (p.tokens <= 8) return launch_for_head_dim<1, HD>(p, units, stream);
-  if (p.tokens <= 16) return launch_for_head_dim<2, HD>(p, units, stream);
-  return launch_for_head_dim<4, HD>(p, units, stream);
+cudaError_t launch_for_head_dim(const QkvRopeFusedParams& p, int units, cudaStream_t stream) {
+  return cluster_gemv::dispatch(p.tokens, p.hidden, [&](auto nt, auto c) {
+    constexpr int NT = decltype(nt)::value, C = decltype(c)::value;
+    return cluster_gemv::launch<NT, HD, C>(qkv_rope_fused_kernel<NT, HD, C>, p, units, p.hidden, stream);
+  });
 }
 
 }  // namespace
@@ -102,7 +94,7 @@ cudaError_t launch_qkv_rope_fused(const QkvRopeFusedParams& p, cudaStream_t stre
       (head_dim != 64 && head_dim != 128))
     return cudaErrorInvalidValue;
   const int units = p.q_heads + 2 * p.kv.kv_heads;
-  return head_dim == 64 ? launch_for_tokens<64>(p, units, stream) : launch_for_tokens<128>(p, units, stream);
+  return head_dim == 64 ? launch_for_head_dim<64>(p, units, stream) : launch_for_head_dim<128>(p, units, stream);
 }
 
 cudaError_t pack_qkv_weights(const __nv_bfloat16* weights, uint4* packed, int rows, int hidden, cudaStream_t stream) {
