@@ -38,8 +38,6 @@
 #include <memory>
 #include <string>
 
-#include "deepfuse/l2_prefetch.hpp"
-
 namespace deepfuse {
 
 enum class MlpVariant { naive, unfused, fused };
@@ -91,11 +89,9 @@ class MlpLayer {
   void load_weights(const MlpHfWeights& weights, cudaStream_t stream);
 
   // y = mlp(x) (+ residual when residual != nullptr). Throws deepfuse::Error on bad arguments
-  // (tokens outside 1..max_tokens, null pointers) and on launch failures. The fused variant asks
-  // L2 for `prefetch_after` (the next op's weights) as its blocks finish streaming; the others
-  // ignore it.
+  // (tokens outside 1..max_tokens, null pointers) and on launch failures.
   void run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
-           cudaStream_t stream, const MlpNorm& norm = {}, const L2PrefetchRange& prefetch_after = {});
+           cudaStream_t stream, const MlpNorm& norm = {});
 
   void set_fused_tuning(const FusedMlpTuning& tuning);
 

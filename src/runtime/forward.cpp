@@ -2,9 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <numeric>
-#include <string>
 #include <vector>
 
 #include "deepfuse/error.hpp"
@@ -58,15 +56,7 @@ ForwardPass::ForwardPass(const ModelConfig& config, const GpuWeights& weights, c
       kv_(kv),
       buffers_(buffers),
       gemm_(gemm),
-      attention_scale_(1.0f / std::sqrt(static_cast<float>(config.head_dim))),
-      prefetch_(Prefetch::from_attention) {
-  if (const char* mode = std::getenv("DEEPFUSE_L2_PREFETCH")) {
-    const std::string m = mode;
-    DF_CHECK(m == "off" || m == "attention" || m == "qkv",
-             "DEEPFUSE_L2_PREFETCH must be off, attention or qkv, not '" + m + "'");
-    prefetch_ = m == "off" ? Prefetch::off : m == "qkv" ? Prefetch::from_qkv : Prefetch::from_attention;
-  }
-}
+      attention_scale_(1.0f / std::sqrt(static_cast<float>(config.head_dim))) {}
 
 void ForwardPass::embed(const int32_t* ids, int tokens, cudaStream_t stream) {
   kernels::EmbeddingParams p;
@@ -97,11 +87,8 @@ void ForwardPass::layer(int index, int tokens, const int32_t* positions, const i
   auto* residual = buffers_.residual.as<__nv_bfloat16>();
   auto* attention_out = buffers_.attention_out.as<__nv_bfloat16>();
   const kernels::PagedKv kv = kv_.layer(index);
-  const bool decode = attention.decode_plan != nullptr;
-  const bool prefetching = decode && prefetch_ != Prefetch::off;
-  const L2PrefetchRange o_proj_weights{w.o_proj.data(), w.o_proj.bytes()};
 
-  if (decode && uses_fused_front(tokens)) {
+  if (attention.decode_plan && uses_fused_front(tokens)) {
     // 1-3 fused: input RMSNorm, QKV (+bias), RoPE and the KV append in one launch.
     kernels::QkvRopeFusedParams p;
     p.x = residual;
@@ -117,13 +104,11 @@ void ForwardPass::layer(int index, int tokens, const int32_t* positions, const i
     p.tokens = tokens;
     p.hidden = hidden;
     p.q_heads = config_.num_attention_heads;
-    if (prefetching && prefetch_ == Prefetch::from_qkv) p.prefetch_after = o_proj_weights;
     DF_CHECK_CUDA(kernels::launch_qkv_rope_fused(p, stream));
   } else {
     unfused_qkv(w, tokens, positions, rows, kv, stream);
   }
-  attend(kv, tokens, attention, prefetching && prefetch_ == Prefetch::from_attention ? o_proj_weights : L2PrefetchRange{},
-         stream);
+  attend(kv, tokens, attention, stream);
 
   // 5. output projection, added into the residual stream in place (+ Llama's o_proj bias)
   // cuBLASLt, not the cluster GEMV (kernels/gemv/gemv_residual.cuh): bench qkv measured that
@@ -134,16 +119,8 @@ void ForwardPass::layer(int index, int tokens, const int32_t* positions, const i
 
   // 6-7. post-attention RMSNorm and the SwiGLU MLP, added into the residual stream in place (the
   // fused variant folds the norm into its one launch).
-  const bool last = index + 1 == config_.num_hidden_layers;
   w.mlp->run(residual, residual, residual, tokens, stream,
-             MlpNorm{w.post_attention_norm.as<__nv_bfloat16>(), static_cast<float>(config_.rms_norm_eps)},
-             prefetching && !last ? front_weights(index + 1, tokens) : L2PrefetchRange{});
-}
-
-L2PrefetchRange ForwardPass::front_weights(int index, int decode_tokens) const {
-  const GpuLayerWeights& w = weights_.layers[index];
-  const DeviceBuffer& weights = uses_fused_front(decode_tokens) ? w.qkv_packed : w.qkv;
-  return {weights.data(), weights.bytes()};
+             MlpNorm{w.post_attention_norm.as<__nv_bfloat16>(), static_cast<float>(config_.rms_norm_eps)});
 }
 
 bool ForwardPass::uses_fused_front(int decode_tokens) const {
@@ -179,8 +156,7 @@ void ForwardPass::unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_
   DF_CHECK_CUDA(kernels::launch_rope_kv_append(rope, stream));
 }
 
-void ForwardPass::attend(const kernels::PagedKv& kv, int tokens, const Attention& attention,
-                         const L2PrefetchRange& prefetch_after, cudaStream_t stream) {
+void ForwardPass::attend(const kernels::PagedKv& kv, int tokens, const Attention& attention, cudaStream_t stream) {
   auto* attention_out = buffers_.attention_out.as<__nv_bfloat16>();
   // 4. attention over the paged cache
   if (attention.decode_plan) {
@@ -192,7 +168,6 @@ void ForwardPass::attend(const kernels::PagedKv& kv, int tokens, const Attention
     p.workspace = buffers_.attention_workspace.data();
     p.scale = attention_scale_;
     p.sliding_window = config_.sliding_window;
-    p.prefetch_after = prefetch_after;
     DF_CHECK_CUDA(kernels::launch_decode_attention(*attention.decode_plan, p, stream));
   } else {
     kernels::PrefillAttentionParams p;

@@ -106,10 +106,7 @@ class ForwardPass {
   bool uses_fused_front(int decode_tokens) const;
   void unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_t* positions, const int32_t* rows,
                    const kernels::PagedKv& kv, cudaStream_t stream);
-  void attend(const kernels::PagedKv& kv, int tokens, const Attention& attention, const L2PrefetchRange& prefetch_after,
-              cudaStream_t stream);
-  // The weights the front half of layer `index` streams first (fused QKV or the QKV GEMM).
-  L2PrefetchRange front_weights(int index, int decode_tokens) const;
+  void attend(const kernels::PagedKv& kv, int tokens, const Attention& attention, cudaStream_t stream);
   void rms_norm(const __nv_bfloat16* weight, int first_row, int rows, cudaStream_t stream);
 
   const ModelConfig& config_;
@@ -118,10 +115,6 @@ class ForwardPass {
   const StepBuffers& buffers_;
   kernels::CublasLtGemm& gemm_;
   float attention_scale_;
-  // Decode steps hand the next weight stream to L2 (deepfuse/l2_prefetch.hpp): o_proj's from
-  // attention_prefetch_ (or the fused QKV kernel), the next layer's QKV from the fused MLP.
-  // DEEPFUSE_L2_PREFETCH=off|attention|qkv picks (default attention); for A/B measurements.
-  enum class Prefetch { off, from_attention, from_qkv } prefetch_;
 };
 
 }  // namespace deepfuse::runtime

@@ -56,7 +56,6 @@
 
 #include "deepfuse/error.hpp"
 #include "kernels/attention/warp_tiles.cuh"
-#include "kernels/common/l2_prefetch.cuh"
 #include "kernels/mlp/fragment.cuh"
 
 namespace deepfuse::kernels {
@@ -129,7 +128,6 @@ struct KernelArgs {
   int max_context;
   int sliding_window;
   float scale_log2;  // scale * log2(e): softmax in base 2
-  L2PrefetchRange prefetch_after;  // each block's share goes out once its own keys are read
 };
 
 // The keys a (sequence, split) block attends to. Every block of a sequence computes the same
@@ -254,23 +252,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_attention_kerne
     }
   }
 
-  // The next op's weights, this block's share, once its own loads are out (or at once if it has none).
-  auto prefetch_share = [&] {
-    if (threadIdx.x == 0)
-      prefetch_l2_share(a.prefetch_after, (sequence * gridDim.y + kv_head) * gridDim.x + split,
-                        gridDim.x * gridDim.y * gridDim.z);
-  };
   const SplitRange range = split_range(a, sequence, split);
   if (range.length == 0) {  // padded batch slot: zeros, once
     if (split == 0)
       for (int i = threadIdx.x; i < a.group * D / 8; i += kThreads) reinterpret_cast<uint4*>(out)[i] = make_uint4(0, 0, 0, 0);
-    prefetch_share();
     return;
   }
-  if (split >= range.active) {
-    prefetch_share();
-    return;
-  }
+  if (split >= range.active) return;
 
   // ---- This warp's pages: range.page_begin + warp + kWarps * j, j < my_pages. Their ids come
   // 32 at a time (lane l holds entry j = 32c + l), the next 32 fetched a chunk ahead.
@@ -392,7 +380,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_attention_kerne
     consume(j);
   }
   wait_async<0>();
-  prefetch_share();
 #pragma unroll
   for (int ht = 0; ht < HT; ++ht)
 #pragma unroll
@@ -590,7 +577,6 @@ cudaError_t launch_decode_attention(const DecodeAttentionPlan& plan, const Decod
   args.max_context = plan.max_context;
   args.sliding_window = params.sliding_window;
   args.scale_log2 = params.scale * kLog2e;
-  args.prefetch_after = params.prefetch_after;
 
   const dim3 grid(plan.splits_per_sequence, plan.kv_heads, plan.batch);
   if (plan.head_dim == 64) {

@@ -16,7 +16,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "deepfuse/l2_prefetch.hpp"
 #include "kernels/attention/paged_kv.cuh"
 
 namespace deepfuse::kernels {
@@ -46,7 +45,6 @@ struct DecodeAttentionParams {
                                         // kernel leaves its counters zero again
   float scale = 0.0f;                   // usually 1/sqrt(head_dim)
   int sliding_window = 0;               // > 0: only the last `sliding_window` keys (Mistral)
-  L2PrefetchRange prefetch_after;       // optional: the next op's weights (deepfuse/l2_prefetch.hpp)
 };
 
 // cudaErrorInvalidValue when params do not match the plan (sizes, nulls, a length beyond

@@ -136,7 +136,7 @@ void MlpLayer::load_weights(const MlpHfWeights& w, cudaStream_t stream) {
 }
 
 void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
-                   cudaStream_t stream, const MlpNorm& norm, const L2PrefetchRange& prefetch_after) {
+                   cudaStream_t stream, const MlpNorm& norm) {
   Impl& s = *impl_;
   DF_CHECK(tokens >= 1 && tokens <= s.max_tokens, "MLP tokens " + std::to_string(tokens) +
                                                       " outside 1.." + std::to_string(s.max_tokens));
@@ -192,7 +192,6 @@ void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_b
       p.tokens = tokens;
       p.hidden = H;
       p.intermediate = I;
-      p.prefetch_after = prefetch_after;
       DF_CHECK_CUDA(kernels::launch_swiglu_fused(p, s.fused_tuning, stream));
       break;
     }

@@ -38,7 +38,6 @@
 
 #include "kernels/common/async_ring.cuh"
 #include "kernels/common/cluster_launch.hpp"
-#include "kernels/common/l2_prefetch.cuh"
 #include "kernels/mlp/fragment.cuh"
 
 namespace deepfuse::kernels {
@@ -338,9 +337,6 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
     if (token0 + Config::kTokensPerPass < p.tokens)
       cluster_barrier<C>();  // the next pass pushes into act, which other blocks may still read
   }
-
-  // The next op's weights: this block's share goes to L2 while the stragglers finish.
-  if (tid == 0) prefetch_l2_share(p.prefetch_after, blockIdx.x, gridDim.x);
 
   // ---------------- Finish: the last `finishers` blocks to arrive write y.
   __threadfence();  // this thread's reductions are visible before the block's arrival counts

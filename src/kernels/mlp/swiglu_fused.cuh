@@ -7,8 +7,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "deepfuse/l2_prefetch.hpp"
-
 namespace deepfuse::kernels {
 
 struct SwigluFusedParams {
@@ -27,7 +25,6 @@ struct SwigluFusedParams {
   int tokens = 0;
   int hidden = 0;
   int intermediate = 0;
-  L2PrefetchRange prefetch_after;  // optional: each block asks L2 for its share once its loads are done
 };
 
 inline constexpr int kSwigluFusedCounters = 2;

@@ -25,7 +25,6 @@
 // in shared memory.
 #include "kernels/qkv/qkv_rope_fused.cuh"
 
-#include "kernels/common/l2_prefetch.cuh"
 #include "kernels/gemv/cluster_gemv.cuh"
 
 namespace deepfuse::kernels {
@@ -39,7 +38,6 @@ __global__ void __launch_bounds__(kThreads) qkv_rope_fused_kernel(const QkvRopeF
   const int unit = blockIdx.x / C, rank = blockIdx.x % C;
   const cluster_gemv::Inputs inputs{p.x, p.norm_weight, p.norm_eps, p.weights, p.tokens, p.hidden};
   const auto partials = cluster_gemv::stream_unit<NT, HD, C>(inputs, unit, rank, shared_raw, max_ksteps);
-  if (threadIdx.x == 0) prefetch_l2_share(p.prefetch_after, blockIdx.x, gridDim.x);
 
   // Epilogue over this block's slice of rotation pairs (i, i + head_dim/2): scale, bias, rotate,
   // scatter. Units: q heads, then k heads, then v heads.

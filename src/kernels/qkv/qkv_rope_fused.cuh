@@ -10,7 +10,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "deepfuse/l2_prefetch.hpp"
 #include "kernels/attention/paged_kv.cuh"
 
 namespace deepfuse::kernels {
@@ -31,7 +30,6 @@ struct QkvRopeFusedParams {
   int tokens = 0;                              // 1 .. kQkvFusedMaxTokens
   int hidden = 0;                              // multiple of 64
   int q_heads = 0;
-  L2PrefetchRange prefetch_after;  // optional: each block asks L2 for its share once its weights are read
 };
 
 // cudaErrorInvalidValue on bad params; cudaErrorNotSupported when this device cannot run the
