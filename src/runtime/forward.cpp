@@ -2,15 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <numeric>
-#include <string>
 #include <vector>
 
 #include "deepfuse/error.hpp"
 #include "kernels/attention/prefill_attention.cuh"
 #include "kernels/embedding/embedding.cuh"
-#include "kernels/gemv/gemv_residual.cuh"
 #include "kernels/norm/rms_norm.cuh"
 #include "kernels/qkv/qkv_rope_fused.cuh"
 #include "kernels/rope_kv/rope_kv_append.cuh"
@@ -117,22 +114,8 @@ void ForwardPass::layer(int index, int tokens, const int32_t* positions, const i
   // cuBLASLt, not the cluster GEMV (kernels/gemv/gemv_residual.cuh): bench qkv measured that
   // 0.58-0.97x as fast on H200, even counting cuBLASLt's split-K reduction kernel.
   const __nv_bfloat16* o_bias = w.o_bias.empty() ? nullptr : w.o_bias.as<__nv_bfloat16>();
-  static const bool gemv_o_proj = std::getenv("DEEPFUSE_OPROJ") && std::string(std::getenv("DEEPFUSE_OPROJ")) == "gemv";
-  if (gemv_o_proj && attention.decode_plan && uses_fused_front(tokens) && !w.o_proj_packed.empty()) {
-    kernels::GemvResidualParams g;
-    g.x = attention_out;
-    g.weights = w.o_proj_packed.as<uint4>();
-    g.bias = o_bias;
-    g.residual = residual;
-    g.y = residual;
-    g.tokens = tokens;
-    g.rows = hidden;
-    g.inner = q_size;
-    DF_CHECK_CUDA(kernels::launch_gemv_residual(g, stream));
-  } else {
-    gemm_.run_with_bias(attention_out, w.o_proj.as<__nv_bfloat16>(), o_bias, residual, residual, tokens, hidden,
-                        q_size, stream);
-  }
+  gemm_.run_with_bias(attention_out, w.o_proj.as<__nv_bfloat16>(), o_bias, residual, residual, tokens, hidden,
+                      q_size, stream);
 
   // 6-7. post-attention RMSNorm and the SwiGLU MLP, added into the residual stream in place (the
   // fused variant folds the norm into its one launch).

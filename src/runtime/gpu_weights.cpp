@@ -10,7 +10,6 @@
 #include "deepfuse/error.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "deepfuse/reference.hpp"
-#include "kernels/gemv/packing.cuh"
 #include "kernels/qkv/qkv_rope_fused.cuh"
 #include "kernels/fill.cuh"
 #include "model/float16.hpp"
@@ -52,9 +51,6 @@ void pack_qkv(GpuLayerWeights& layer, const LayerSizes& s, cudaStream_t stream) 
   layer.qkv_packed = DeviceBuffer(layer.qkv.bytes());
   DF_CHECK_CUDA(kernels::pack_qkv_weights(layer.qkv.as<__nv_bfloat16>(), layer.qkv_packed.as<uint4>(),
                                           static_cast<int>(s.qkv_rows()), static_cast<int>(s.hidden), stream));
-  layer.o_proj_packed = DeviceBuffer(layer.o_proj.bytes());
-  DF_CHECK_CUDA(kernels::pack_rows_fragments(layer.o_proj.as<__nv_bfloat16>(), layer.o_proj_packed.as<uint4>(),
-                                             static_cast<int>(s.hidden), static_cast<int>(s.q), stream));
 }
 
 // Every buffer of a layer except the MLP, allocated in its final size (contents undefined).

@@ -36,7 +36,6 @@ struct GpuLayerWeights {
   DeviceBuffer qkv_bias;  // empty when the architecture has none
   DeviceBuffer qkv_packed;  // fused decode path only (empty otherwise)
   DeviceBuffer o_proj;
-  DeviceBuffer o_proj_packed;  // fused decode path only (empty otherwise)
   DeviceBuffer o_bias;    // empty when the architecture has none
   DeviceBuffer post_attention_norm;
   std::unique_ptr<MlpLayer> mlp;
