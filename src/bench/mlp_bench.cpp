@@ -72,7 +72,9 @@ int run_gpu(const MlpBenchOptions& options) {
     DF_CHECK_CUDA(kernels::fill_uniform_bf16(up.as<__nv_bfloat16>(), hi, 2, w_scale, stream));
     DF_CHECK_CUDA(kernels::fill_uniform_bf16(down.as<__nv_bfloat16>(), hi, 3, w_scale, stream));
     const size_t th = static_cast<size_t>(max_tokens) * shape.hidden;
-    DeviceBuffer x(th * 2), residual(th * 2), y(th * 2);
+    DeviceBuffer x(th * 2), residual(th * 2), y(th * 2), norm_weight(static_cast<size_t>(shape.hidden) * 2);
+    DF_CHECK_CUDA(kernels::fill_uniform_bf16(norm_weight.as<__nv_bfloat16>(), shape.hidden, 6, 1.0f, stream));
+    const MlpNorm norm{options.norm ? norm_weight.as<__nv_bfloat16>() : nullptr, 1e-5f};
     DF_CHECK_CUDA(kernels::fill_uniform_bf16(x.as<__nv_bfloat16>(), th, 4, 1.0f, stream));
     DF_CHECK_CUDA(kernels::fill_uniform_bf16(residual.as<__nv_bfloat16>(), th, 5, 1.0f, stream));
     const MlpHfWeights hf{gate.as<__nv_bfloat16>(), up.as<__nv_bfloat16>(), down.as<__nv_bfloat16>()};
@@ -93,10 +95,10 @@ int run_gpu(const MlpBenchOptions& options) {
       for (int tokens : options.token_counts) {
         const __nv_bfloat16* res = options.residual ? residual.as<__nv_bfloat16>() : nullptr;
         auto call = [&](int rep) {
-          layers[rep % copies].run(x.as<__nv_bfloat16>(), res, y.as<__nv_bfloat16>(), tokens, stream);
+          layers[rep % copies].run(x.as<__nv_bfloat16>(), res, y.as<__nv_bfloat16>(), tokens, stream, norm);
         };
         const double us = median_call_us(call, options.warmup, options.repetitions, stream);
-        rows.push_back({shape, tokens, name, us, layers[0].launches_per_call(options.residual)});
+        rows.push_back({shape, tokens, name, us, layers[0].launches_per_call(options.residual, options.norm)});
       }
     }
     std::fprintf(stderr, "  measured %s (%d weight copies)\n", shape_name(shape).c_str(), copies);
@@ -112,6 +114,7 @@ int run_gpu(const MlpBenchOptions& options) {
   nlohmann::json json = run_header(device.name, copy_bw);
   json["suite"] = "mlp";
   json["residual"] = options.residual;
+  json["norm"] = options.norm;
   json["rows"] = nlohmann::json::array();
   for (const Row& r : rows) {
     const double tbps = r.shape.weight_bytes() / (r.us * 1e-6) / 1e12;

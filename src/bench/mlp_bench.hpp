@@ -16,6 +16,7 @@ struct MlpBenchOptions {
   int repetitions = 50;
   int warmup = 5;
   bool residual = true;
+  bool norm = false;         // fold an RMSNorm of x in, as the decode engine does
   double l2_multiple = 4.0;  // weight copies rotated per call cover at least this many L2s
   std::string json_path;     // empty: no JSON
   // Extra fused rows with explicit launch tuning, named like "fused[b2c8]" (see parse below).

@@ -95,6 +95,7 @@ void register_bench(CLI::App& app, Action& action) {
                   "extra fused rows with launch tuning bBcC[-noreduce], e.g. b2c8,b1c8,b2c1-noreduce")
       ->delimiter(',');
   mlp->add_flag("--no-residual", args->no_residual, "time without the fused residual add");
+  mlp->add_flag("--norm", args->options.norm, "fold an RMSNorm of x in (the decode engine's configuration)");
   mlp->add_option("--json", args->options.json_path, "write the rows as JSON to this file");
   mlp->callback([args, &action] {
     action = [args] {
