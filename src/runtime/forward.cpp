@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -17,12 +15,6 @@
 namespace deepfuse::runtime {
 
 namespace {
-
-// DIAGNOSTIC ONLY (not for main): DEEPFUSE_SKIP_OPS=qkv,attention,o_proj,mlp drops those launches.
-bool skipped(const char* op) {
-  const char* list = std::getenv("DEEPFUSE_SKIP_OPS");
-  return list && std::strstr(list, op) != nullptr;
-}
 
 size_t bf16_bytes(size_t elements) { return elements * sizeof(__nv_bfloat16); }
 
@@ -96,8 +88,7 @@ void ForwardPass::layer(int index, int tokens, const int32_t* positions, const i
   auto* attention_out = buffers_.attention_out.as<__nv_bfloat16>();
   const kernels::PagedKv kv = kv_.layer(index);
 
-  if (attention.decode_plan && skipped("qkv")) {
-  } else if (attention.decode_plan && uses_fused_front(tokens)) {
+  if (attention.decode_plan && uses_fused_front(tokens)) {
     // 1-3 fused: input RMSNorm, QKV (+bias), RoPE and the KV append in one launch.
     kernels::QkvRopeFusedParams p;
     p.x = residual;
@@ -117,19 +108,17 @@ void ForwardPass::layer(int index, int tokens, const int32_t* positions, const i
   } else {
     unfused_qkv(w, tokens, positions, rows, kv, stream);
   }
-  if (!(attention.decode_plan && skipped("attention"))) attend(kv, tokens, attention, stream);
+  attend(kv, tokens, attention, stream);
 
   // 5. output projection, added into the residual stream in place (+ Llama's o_proj bias)
   // cuBLASLt, not the cluster GEMV (kernels/gemv/gemv_residual.cuh): bench qkv measured that
   // 0.58-0.97x as fast on H200, even counting cuBLASLt's split-K reduction kernel.
   const __nv_bfloat16* o_bias = w.o_bias.empty() ? nullptr : w.o_bias.as<__nv_bfloat16>();
-  if (!(attention.decode_plan && skipped("o_proj")))
   gemm_.run_with_bias(attention_out, w.o_proj.as<__nv_bfloat16>(), o_bias, residual, residual, tokens, hidden,
                       q_size, stream);
 
   // 6-7. post-attention RMSNorm and the SwiGLU MLP, added into the residual stream in place (the
   // fused variant folds the norm into its one launch).
-  if (!(attention.decode_plan && skipped("mlp")))
   w.mlp->run(residual, residual, residual, tokens, stream,
              MlpNorm{w.post_attention_norm.as<__nv_bfloat16>(), static_cast<float>(config_.rms_norm_eps)});
 }
