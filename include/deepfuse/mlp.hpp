@@ -24,9 +24,11 @@
 // its per-block partial sums with fp32 atomics, so results can differ in the last bits between
 // runs (not bitwise deterministic); the error bound vs the reference is unaffected.
 //
-// RMSNorm folded in (MlpNorm): the MLP runs on rms_norm(x) * weight, as a transformer block's
-// post-attention norm feeds it; fused does it inside its one launch, naive and unfused with one
-// extra norm launch.
+// RMSNorm folded in (MlpNorm, given to load_weights): every run() works on rms_norm(x) * weight,
+// as a transformer block's post-attention norm feeds it. fused multiplies the norm weight into
+// its packed gate/up columns once at load (x·(W∘w)^T = (x∘w)·W^T; one extra bf16 rounding of
+// those weights) and scales the sums by 1/rms(x) inside its one launch; naive and unfused run one
+// extra norm launch. (v1 multiplied x by the weight per k-step: 8-20% slower, bench mlp --norm.)
 //
 // Aliasing: y may alias residual (in-place residual add). x must not alias y, except with an
 // MlpNorm, where x, residual and y may all be the residual stream (y = x + mlp(norm(x))).
@@ -85,20 +87,21 @@ class MlpLayer {
   MlpLayer(MlpLayer&&) noexcept;
   MlpLayer& operator=(MlpLayer&&) noexcept;
 
-  // Copies (naive), merges (unfused) or packs (fused) the given device tensors.
-  void load_weights(const MlpHfWeights& weights, cudaStream_t stream);
+  // Copies (naive), merges (unfused) or packs (fused) the given device tensors. With norm.weight
+  // set, every run() normalises x first (see "RMSNorm folded in" above).
+  void load_weights(const MlpHfWeights& weights, cudaStream_t stream, const MlpNorm& norm = {});
 
-  // y = mlp(x) (+ residual when residual != nullptr). Throws deepfuse::Error on bad arguments
-  // (tokens outside 1..max_tokens, null pointers) and on launch failures.
-  void run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
-           cudaStream_t stream, const MlpNorm& norm = {});
+  // y = mlp(x) (+ residual when residual != nullptr), x normalised first when load_weights had a
+  // norm. Throws deepfuse::Error on bad arguments (tokens outside 1..max_tokens, null pointers)
+  // and on launch failures.
+  void run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens, cudaStream_t stream);
 
   void set_fused_tuning(const FusedMlpTuning& tuning);
 
   MlpVariant variant() const;
   MlpShape shape() const;
   int max_tokens() const;
-  int launches_per_call(bool with_residual, bool with_norm = false) const;
+  int launches_per_call(bool with_residual) const;
 
  private:
   struct Impl;

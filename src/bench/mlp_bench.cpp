@@ -88,17 +88,17 @@ int run_gpu(const MlpBenchOptions& options) {
       std::vector<MlpLayer> layers;
       for (int c = 0; c < copies; ++c) {
         layers.emplace_back(variant, shape, max_tokens);
-        layers.back().load_weights(hf, stream);
+        layers.back().load_weights(hf, stream, norm);
         if (name != mlp_variant_name(variant)) layers.back().set_fused_tuning(parse_fused_tuning(name.substr(6, name.size() - 7)));
       }
       DF_CHECK_CUDA(cudaStreamSynchronize(stream));
       for (int tokens : options.token_counts) {
         const __nv_bfloat16* res = options.residual ? residual.as<__nv_bfloat16>() : nullptr;
         auto call = [&](int rep) {
-          layers[rep % copies].run(x.as<__nv_bfloat16>(), res, y.as<__nv_bfloat16>(), tokens, stream, norm);
+          layers[rep % copies].run(x.as<__nv_bfloat16>(), res, y.as<__nv_bfloat16>(), tokens, stream);
         };
         const double us = median_call_us(call, options.warmup, options.repetitions, stream);
-        rows.push_back({shape, tokens, name, us, layers[0].launches_per_call(options.residual, options.norm)});
+        rows.push_back({shape, tokens, name, us, layers[0].launches_per_call(options.residual)});
       }
     }
     std::fprintf(stderr, "  measured %s (%d weight copies)\n", shape_name(shape).c_str(), copies);

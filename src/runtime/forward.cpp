@@ -119,8 +119,7 @@ void ForwardPass::layer(int index, int tokens, const int32_t* positions, const i
 
   // 6-7. post-attention RMSNorm and the SwiGLU MLP, added into the residual stream in place (the
   // fused variant folds the norm into its one launch).
-  w.mlp->run(residual, residual, residual, tokens, stream,
-             MlpNorm{w.post_attention_norm.as<__nv_bfloat16>(), static_cast<float>(config_.rms_norm_eps)});
+  w.mlp->run(residual, residual, residual, tokens, stream);
 }
 
 bool ForwardPass::uses_fused_front(int decode_tokens) const {
@@ -235,7 +234,7 @@ int ForwardPass::launches_per_layer(int attention_launches, int decode_batch) co
   const GpuLayerWeights& w = weights_.layers.front();
   const bool fused_front = decode_batch >= 1 && uses_fused_front(decode_batch);
   const int front = fused_front ? 1 : 3;
-  return front + attention_launches + 1 + w.mlp->launches_per_call(true, true);
+  return front + attention_launches + 1 + w.mlp->launches_per_call(true);
 }
 
 int ForwardPass::launches_per_decode_step(const kernels::DecodeAttentionPlan& plan) const {

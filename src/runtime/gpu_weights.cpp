@@ -46,6 +46,11 @@ std::string gib(size_t bytes) {
   return text;
 }
 
+// The MLP normalises its input with the layer's post-attention RMSNorm (uploaded before the MLP).
+MlpNorm post_attention_norm(const GpuLayerWeights& layer, const ModelConfig& config) {
+  return {layer.post_attention_norm.as<__nv_bfloat16>(), static_cast<float>(config.rms_norm_eps)};
+}
+
 // The fused decode kernel's copy of the merged qkv rows (stream-ordered after their upload).
 void pack_qkv(GpuLayerWeights& layer, const LayerSizes& s, cudaStream_t stream) {
   layer.qkv_packed = DeviceBuffer(layer.qkv.bytes());
@@ -261,7 +266,7 @@ GpuWeights load_checkpoint_weights(const Checkpoint& checkpoint, const ModelConf
     uploader.upload(p + "mlp.up_proj.weight", staging.up);
     uploader.upload(p + "mlp.down_proj.weight", staging.down);
     layer.mlp = std::make_unique<MlpLayer>(mlp_variant, mlp_shape(config), mlp_max_tokens);
-    layer.mlp->load_weights(staging.view(), stream);
+    layer.mlp->load_weights(staging.view(), stream, post_attention_norm(layer, config));
     if (uses_fused_qkv(config, mlp_variant)) pack_qkv(layer, s, stream);
     w.layers.push_back(std::move(layer));
   }
@@ -298,7 +303,7 @@ GpuWeights make_random_weights(const ModelConfig& config, MlpVariant mlp_variant
     fill.linear(staging.up, config.hidden_size);
     fill.linear(staging.down, config.intermediate_size);
     layer.mlp = std::make_unique<MlpLayer>(mlp_variant, mlp_shape(config), mlp_max_tokens);
-    layer.mlp->load_weights(staging.view(), stream);
+    layer.mlp->load_weights(staging.view(), stream, post_attention_norm(layer, config));
     if (uses_fused_qkv(config, mlp_variant)) pack_qkv(layer, s, stream);
     w.layers.push_back(std::move(layer));
   }

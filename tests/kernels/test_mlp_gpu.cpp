@@ -180,12 +180,12 @@ TEST(MlpLayer, FoldedRmsNormInPlaceOnTheResidualStream) {
       for (MlpVariant v : {MlpVariant::naive, MlpVariant::unfused, MlpVariant::fused}) {
         for (int cluster : v == MlpVariant::fused ? std::vector<int>{1, 4, 8} : std::vector<int>{0}) {
           MlpLayer layer(v, shape, c.max_tokens);
-          layer.load_weights(c.weights(), nullptr);
+          layer.load_weights(c.weights(), nullptr, MlpNorm{norm_dev.as<__nv_bfloat16>(), eps});
           if (cluster) layer.set_fused_tuning({0, cluster, false});
           std::vector<float> stream_values(c.x.begin(), c.x.begin() + normed.size());
           DeviceBuffer stream = DeviceBuffer::from_host(to_bf16_bits(stream_values));
           auto* s = stream.as<__nv_bfloat16>();
-          layer.run(s, s, s, tokens, nullptr, MlpNorm{norm_dev.as<__nv_bfloat16>(), eps});
+          layer.run(s, s, s, tokens, nullptr);
           DF_CHECK_CUDA(cudaDeviceSynchronize());
           const auto y = bf16_bits_to_floats(stream.to_host<uint16_t>(normed.size()));
           EXPECT_EQ(testing::count_nan(y), 0u);

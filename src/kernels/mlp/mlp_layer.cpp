@@ -42,6 +42,9 @@ struct MlpLayer::Impl {
   // Workspace.
   DeviceBuffer intermediate_a, intermediate_b, mlp_out;  // naive/unfused activations
   DeviceBuffer normed;                                   // naive/unfused: rms_norm(x) when asked
+  DeviceBuffer norm_weight;                              // naive/unfused: their norm launch's weight
+  bool normalize = false;
+  float norm_eps = 0.0f;
   DeviceBuffer accumulator, counters;                    // fused reduction state
   std::unique_ptr<kernels::CublasLtGemm> gemm;
   kernels::SwigluFusedTuning fused_tuning;
@@ -103,7 +106,8 @@ MlpVariant MlpLayer::variant() const { return impl_->variant; }
 MlpShape MlpLayer::shape() const { return impl_->shape; }
 int MlpLayer::max_tokens() const { return impl_->max_tokens; }
 
-int MlpLayer::launches_per_call(bool with_residual, bool with_norm) const {
+int MlpLayer::launches_per_call(bool with_residual) const {
+  const bool with_norm = impl_->normalize;
   switch (impl_->variant) {
     case MlpVariant::naive: return (with_residual ? 6 : 5) + (with_norm ? 1 : 0);
     case MlpVariant::unfused: return 3 + (with_norm ? 1 : 0);  // the residual rides in the down GEMM's epilogue
@@ -112,11 +116,17 @@ int MlpLayer::launches_per_call(bool with_residual, bool with_norm) const {
   return 0;
 }
 
-void MlpLayer::load_weights(const MlpHfWeights& w, cudaStream_t stream) {
+void MlpLayer::load_weights(const MlpHfWeights& w, cudaStream_t stream, const MlpNorm& norm) {
   DF_CHECK(w.gate && w.up && w.down, "MlpLayer::load_weights: null weight pointer");
   Impl& s = *impl_;
   const size_t bytes = s.hi_bytes();
   const int H = s.shape.hidden, I = s.shape.intermediate;
+  s.normalize = norm.weight != nullptr;
+  s.norm_eps = norm.eps;
+  if (s.normalize && s.variant != MlpVariant::fused) {
+    s.norm_weight = DeviceBuffer(static_cast<size_t>(H) * sizeof(__nv_bfloat16));
+    DF_CHECK_CUDA(cudaMemcpyAsync(s.norm_weight.data(), norm.weight, s.norm_weight.bytes(), cudaMemcpyDeviceToDevice, stream));
+  }
   switch (s.variant) {
     case MlpVariant::naive:
       DF_CHECK_CUDA(cudaMemcpyAsync(s.gate.data(), w.gate, bytes, cudaMemcpyDeviceToDevice, stream));
@@ -129,29 +139,29 @@ void MlpLayer::load_weights(const MlpHfWeights& w, cudaStream_t stream) {
       DF_CHECK_CUDA(cudaMemcpyAsync(s.down.data(), w.down, bytes, cudaMemcpyDeviceToDevice, stream));
       break;
     case MlpVariant::fused:
-      DF_CHECK_CUDA(kernels::pack_swiglu_gate_up(w.gate, w.up, s.gate_up.as<uint4>(), H, I, stream));
+      DF_CHECK_CUDA(kernels::pack_swiglu_gate_up(w.gate, w.up, norm.weight, s.gate_up.as<uint4>(), H, I, stream));
       DF_CHECK_CUDA(kernels::pack_swiglu_down(w.down, s.down.as<uint4>(), H, I, stream));
       break;
   }
 }
 
 void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
-                   cudaStream_t stream, const MlpNorm& norm) {
+                   cudaStream_t stream) {
   Impl& s = *impl_;
   DF_CHECK(tokens >= 1 && tokens <= s.max_tokens, "MLP tokens " + std::to_string(tokens) +
                                                       " outside 1.." + std::to_string(s.max_tokens));
   DF_CHECK(x && y, "MLP input or output pointer is null");
-  DF_CHECK(norm.weight || static_cast<const void*>(x) != static_cast<const void*>(y),
+  DF_CHECK(s.normalize || static_cast<const void*>(x) != static_cast<const void*>(y),
            "MLP output must not alias its input");
   const int H = s.shape.hidden, I = s.shape.intermediate;
-  if (norm.weight && s.variant != MlpVariant::fused) {  // the baselines normalise in a launch of their own
+  if (s.normalize && s.variant != MlpVariant::fused) {  // the baselines normalise in a launch of their own
     kernels::RmsNormParams n;
     n.residual = const_cast<__nv_bfloat16*>(x);  // only read by launch_rms_norm
-    n.weight = norm.weight;
+    n.weight = s.norm_weight.as<__nv_bfloat16>();
     n.out = s.normed.as<__nv_bfloat16>();
     n.rows = tokens;
     n.hidden = H;
-    n.eps = norm.eps;
+    n.eps = s.norm_eps;
     DF_CHECK_CUDA(kernels::launch_rms_norm(n, stream));
     x = n.out;
   }
@@ -187,8 +197,8 @@ void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_b
       p.y = y;
       p.accumulator = s.accumulator.as<float>();
       p.counters = s.counters.as<unsigned>();
-      p.norm_weight = norm.weight;
-      p.norm_eps = norm.eps;
+      p.rms_normalize = s.normalize;
+      p.norm_eps = s.norm_eps;
       p.tokens = tokens;
       p.hidden = H;
       p.intermediate = I;

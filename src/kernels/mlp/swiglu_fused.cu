@@ -118,13 +118,6 @@ __device__ __forceinline__ void add_tile_to_accumulator(float* accumulator, int 
     red_add_v4(accumulator + static_cast<size_t>(token) * hidden + row, out[0], out[1], out[2], out[3]);
 }
 
-// {a, b} bf16 pair times the bf16 pair at `weight` (the RMSNorm weight of those two columns).
-__device__ __forceinline__ uint32_t scale_bf16_pair(uint32_t pair, const __nv_bfloat16* weight) {
-  const __nv_bfloat162 w = __ldg(reinterpret_cast<const __nv_bfloat162*>(weight));
-  const __nv_bfloat162 scaled = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&pair), w);
-  return *reinterpret_cast<const uint32_t*>(&scaled);
-}
-
 // Adds sum(x^2) over this block's 1/C of the hidden columns, for tokens token0.. of the pass,
 // into norm_squares of every block in the cluster (one warp per token).
 template <int C>
@@ -208,7 +201,7 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
   };
   for (int i = tid; i < Config::kSumFloats; i += kThreads) shared.sums[i] = 0.0f;
   if (tid < 8 * NT) shared.norm_squares[tid] = 0.0f;
-  const bool normalize = p.norm_weight != nullptr;
+  const bool normalize = p.rms_normalize;
   cluster_barrier<C>();  // every block's sums are zero before anyone adds into them
 
   for (int token0 = 0; token0 < p.tokens; token0 += Config::kTokensPerPass) {
@@ -236,21 +229,17 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
       };
       float acc_gate[NT][4] = {}, acc_up[NT][4] = {};
       ring_prime<S, Config::kSteps1>(f1_begin, f1_end, issue);
-      // RMSNorm folded in: the MMAs see x∘weight and the sums are scaled by 1/rms(x) before the
-      // SiLU, so each block only adds x^2 over its 1/C of H while its first loads are in flight.
+      // RMSNorm folded in: the norm weight is in the packed columns, the sums are scaled by
+      // 1/rms(x) before the SiLU, so each block only adds x^2 over its 1/C of H while its first
+      // loads are in flight.
       if (normalize) add_norm_squares<C>(p, shared.norm_squares, token0, 8 * NT, rank, warp, lane);
       ring_run<S, Config::kSteps1>(f1_begin, f1_end, issue, [&](int f, int stage, int step) {
         const uint4 gate = shared.ring16[stage][step * 2][tid];
         const uint4 up = shared.ring16[stage][step * 2 + 1][tid];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          uint32_t b0 = shared.ring4[stage][step * Config::kXWords + nt * 2][tid];
-          uint32_t b1 = shared.ring4[stage][step * Config::kXWords + nt * 2 + 1][tid];
-          if (normalize) {
-            const int column = (f % h_tiles) * 16 + 2 * t;
-            b0 = scale_bf16_pair(b0, p.norm_weight + column);
-            b1 = scale_bf16_pair(b1, p.norm_weight + column + 8);
-          }
+          const uint32_t b0 = shared.ring4[stage][step * Config::kXWords + nt * 2][tid];
+          const uint32_t b1 = shared.ring4[stage][step * Config::kXWords + nt * 2 + 1][tid];
           mma_bf16_m16n8k16(acc_gate[nt], gate, b0, b1);
           mma_bf16_m16n8k16(acc_up[nt], up, b0, b1);
         }
@@ -468,8 +457,17 @@ cudaError_t launch_for_tokens(const SwigluFusedParams& p, const SwigluFusedTunin
   return launch_instance<NT, 1>(p, tuning, stream);
 }
 
-__global__ void pack_gate_up_kernel(const __nv_bfloat16* gate, const __nv_bfloat16* up, uint4* out, int hidden,
-                                    int intermediate) {
+// A packed word (two bf16 of one row, columns c and c + 1) times the weights of those columns,
+// in fp32, rounded once.
+__device__ __forceinline__ uint32_t scale_columns(uint32_t pair, const __nv_bfloat16* weight) {
+  const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pair));
+  const float2 w = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(weight));
+  const __nv_bfloat162 scaled = __floats2bfloat162_rn(v.x * w.x, v.y * w.y);
+  return *reinterpret_cast<const uint32_t*>(&scaled);
+}
+
+__global__ void pack_gate_up_kernel(const __nv_bfloat16* gate, const __nv_bfloat16* up,
+                                    const __nv_bfloat16* norm_weight, uint4* out, int hidden, int intermediate) {
   const size_t h_tiles = hidden / 16;
   const size_t total = static_cast<size_t>(intermediate / 16) * h_tiles * 64;
   for (size_t index = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; index < total;
@@ -479,7 +477,13 @@ __global__ void pack_gate_up_kernel(const __nv_bfloat16* gate, const __nv_bfloat
     const size_t step = index / 64;
     const int k = static_cast<int>(step % h_tiles);
     const int tile = static_cast<int>(step / h_tiles);
-    out[index] = gather_a_fragment(is_up ? up : gate, hidden, tile * 16, k * 16, lane);
+    uint4 fragment = gather_a_fragment(is_up ? up : gate, hidden, tile * 16, k * 16, lane);
+    if (norm_weight) {  // fragment.x/.y: columns 2t, 2t+1 of the step; .z/.w: 2t+8, 2t+9
+      const __nv_bfloat16* columns = norm_weight + k * 16 + 2 * (lane % 4);
+      fragment = make_uint4(scale_columns(fragment.x, columns), scale_columns(fragment.y, columns),
+                            scale_columns(fragment.z, columns + 8), scale_columns(fragment.w, columns + 8));
+    }
+    out[index] = fragment;
   }
 }
 
@@ -514,10 +518,10 @@ cudaError_t launch_swiglu_fused(const SwigluFusedParams& p, const SwigluFusedTun
   return launch_for_tokens<4>(p, tuning, stream);  // passes of 32 tokens
 }
 
-cudaError_t pack_swiglu_gate_up(const __nv_bfloat16* gate, const __nv_bfloat16* up, uint4* gate_up_packed,
-                                int hidden, int intermediate, cudaStream_t stream) {
+cudaError_t pack_swiglu_gate_up(const __nv_bfloat16* gate, const __nv_bfloat16* up, const __nv_bfloat16* norm_weight,
+                                uint4* gate_up_packed, int hidden, int intermediate, cudaStream_t stream) {
   if (!valid_shape(hidden, intermediate)) return cudaErrorInvalidValue;
-  pack_gate_up_kernel<<<1024, 256, 0, stream>>>(gate, up, gate_up_packed, hidden, intermediate);
+  pack_gate_up_kernel<<<1024, 256, 0, stream>>>(gate, up, norm_weight, gate_up_packed, hidden, intermediate);
   return cudaGetLastError();
 }
 

@@ -16,9 +16,10 @@ struct SwigluFusedParams {
   const __nv_bfloat16* residual = nullptr;  // [tokens, hidden] or null
   __nv_bfloat16* y = nullptr;               // [tokens, hidden]; may alias residual
   // Optional RMSNorm of x folded in (the pre-MLP norm of a transformer block): the MLP then
-  // runs on x / rms(x) * norm_weight. x may then alias residual and y: every block has read x
+  // runs on x / rms(x) * norm_weight, the weight multiplied into gate_up when it was packed
+  // (pack_swiglu_gate_up's norm_weight). x may then alias residual and y: every block has read x
   // before the finishers write y.
-  const __nv_bfloat16* norm_weight = nullptr;  // [hidden] or null
+  bool rms_normalize = false;
   float norm_eps = 1e-6f;
   float* accumulator = nullptr;             // [tokens, hidden] fp32 partial sums; zero between calls
   unsigned* counters = nullptr;             // kSwigluFusedCounters; zero between calls
@@ -45,9 +46,10 @@ cudaError_t launch_swiglu_fused(const SwigluFusedParams& params, const SwigluFus
                                 cudaStream_t stream);
 
 // Hugging Face layout (device) -> fragment-packed layout (device). gate/up: [I, H]; down: [H, I].
-// gate_up_packed holds 2*I*H bf16, down_packed H*I.
-cudaError_t pack_swiglu_gate_up(const __nv_bfloat16* gate, const __nv_bfloat16* up, uint4* gate_up_packed,
-                                int hidden, int intermediate, cudaStream_t stream);
+// gate_up_packed holds 2*I*H bf16, down_packed H*I. norm_weight ([H] or null): an RMSNorm weight
+// multiplied into the gate and up columns (fp32 product, rounded once to bf16).
+cudaError_t pack_swiglu_gate_up(const __nv_bfloat16* gate, const __nv_bfloat16* up, const __nv_bfloat16* norm_weight,
+                                uint4* gate_up_packed, int hidden, int intermediate, cudaStream_t stream);
 cudaError_t pack_swiglu_down(const __nv_bfloat16* down, uint4* down_packed, int hidden, int intermediate,
                              cudaStream_t stream);
 
