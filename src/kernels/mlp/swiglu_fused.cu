@@ -201,6 +201,7 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
   };
   for (int i = tid; i < Config::kSumFloats; i += kThreads) shared.sums[i] = 0.0f;
   if (tid < 8 * NT) shared.norm_squares[tid] = 0.0f;
+  if (p.pdl_mode & 1) wait_for_upstream_grids();
   const bool normalize = p.rms_normalize;
   cluster_barrier<C>();  // every block's sums are zero before anyone adds into them
 
@@ -327,6 +328,7 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
       cluster_barrier<C>();  // the next pass pushes into act, which other blocks may still read
   }
 
+  if (p.pdl_mode & 2) allow_downstream_launch();
   // ---------------- Finish: the last `finishers` blocks to arrive write y.
   __threadfence();  // this thread's reductions are visible before the block's arrival counts
   __syncthreads();
@@ -374,8 +376,8 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
 // The launch configuration of `blocks` blocks of the (NT, C) instance, in clusters of C.
 template <int NT, int C>
 struct FusedLaunch : ClusterLaunch {
-  FusedLaunch(int blocks, cudaStream_t stream)
-      : ClusterLaunch(static_cast<unsigned>(blocks), kThreads, sizeof(SharedStorage<NT, C>), C, stream) {}
+  FusedLaunch(int blocks, cudaStream_t stream, bool programmatic)
+      : ClusterLaunch(static_cast<unsigned>(blocks), kThreads, sizeof(SharedStorage<NT, C>), C, stream, programmatic) {}
 };
 
 // How many blocks can be resident at once for one (NT, C) instantiation on this device: the
@@ -438,7 +440,7 @@ cudaError_t launch_instance(const SwigluFusedParams& p, const SwigluFusedTuning&
 
   // Not a programmatic dependent launch: measured 15-47% slower decode steps that way (see the
   // kernel notes); the cluster GEMV kernels gain 0.5-1.6% from it.
-  const FusedLaunch<NT, C> launch(blocks, stream);
+  const FusedLaunch<NT, C> launch(blocks, stream, (p.pdl_mode & 1) != 0);
   return cudaLaunchKernelEx(&launch.config, swiglu_fused_kernel<NT, C>, p, finishers, tuning.skip_reduction);
 }
 
