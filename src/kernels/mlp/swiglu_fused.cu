@@ -376,7 +376,7 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
 // The launch configuration of `blocks` blocks of the (NT, C) instance, in clusters of C.
 template <int NT, int C>
 struct FusedLaunch : ClusterLaunch {
-  FusedLaunch(int blocks, cudaStream_t stream, bool programmatic)
+  FusedLaunch(int blocks, cudaStream_t stream, bool programmatic = false)
       : ClusterLaunch(static_cast<unsigned>(blocks), kThreads, sizeof(SharedStorage<NT, C>), C, stream, programmatic) {}
 };
 
