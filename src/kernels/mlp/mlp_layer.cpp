@@ -1,5 +1,4 @@
 // MlpLayer: one public entry point over the three GPU variants (see include/deepfuse/mlp.hpp).
-#include <cstdlib>
 #include <string>
 
 #include "deepfuse/error.hpp"
@@ -199,7 +198,6 @@ void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_b
       p.accumulator = s.accumulator.as<float>();
       p.counters = s.counters.as<unsigned>();
       p.rms_normalize = s.normalize;
-      p.pdl_mode = std::getenv("DEEPFUSE_MLP_PDL") ? std::atoi(std::getenv("DEEPFUSE_MLP_PDL")) : 0;
       p.norm_eps = s.norm_eps;
       p.tokens = tokens;
       p.hidden = H;

@@ -26,7 +26,6 @@ struct SwigluFusedParams {
   int tokens = 0;
   int hidden = 0;
   int intermediate = 0;
-  int pdl_mode = 0;  // EXPERIMENT: 1 programmatic launch + wait, 2 trigger after phase 2
 };
 
 inline constexpr int kSwigluFusedCounters = 2;
