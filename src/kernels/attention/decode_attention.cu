@@ -49,6 +49,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -56,6 +57,7 @@
 
 #include "deepfuse/error.hpp"
 #include "kernels/attention/warp_tiles.cuh"
+#include "kernels/common/dependent_launch.cuh"
 #include "kernels/mlp/fragment.cuh"
 
 namespace deepfuse::kernels {
@@ -238,22 +240,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_attention_kerne
   const size_t group_row0 = (static_cast<size_t>(sequence) * a.kv_heads + kv_head) * a.group;  // (seq, q head) row
   __nv_bfloat16* out = a.out + group_row0 * D;
 
-  // Q as mma B fragments: b0 = q[head g][16k + 2t, +1], b1 = the same 8 dims later. Issued before
-  // the length is known so the two loads overlap.
-  uint32_t q_frag[HT][Geo::kDimSteps][2];
-#pragma unroll
-  for (int ht = 0; ht < HT; ++ht) {
-    const int head = 8 * ht + g;
-    const __nv_bfloat16* q_row = a.q + (group_row0 + head) * D + 2 * t;
-#pragma unroll
-    for (int k = 0; k < Geo::kDimSteps; ++k) {
-      q_frag[ht][k][0] = head < a.group ? *reinterpret_cast<const uint32_t*>(q_row + 16 * k) : 0u;
-      q_frag[ht][k][1] = head < a.group ? *reinterpret_cast<const uint32_t*>(q_row + 16 * k + 8) : 0u;
-    }
-  }
-
+  // Lengths and page ids come from the host, not from the kernel before this one: they are read
+  // before the upstream wait (a programmatic launch may start while the QKV kernel finishes).
   const SplitRange range = split_range(a, sequence, split);
   if (range.length == 0) {  // padded batch slot: zeros, once
+    wait_for_upstream_grids();
     if (split == 0)
       for (int i = threadIdx.x; i < a.group * D / 8; i += kThreads) reinterpret_cast<uint4*>(out)[i] = make_uint4(0, 0, 0, 0);
     return;
@@ -271,6 +262,21 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_attention_kerne
     return j < my_pages ? table_row[warp_page0 + kWarps * j] : 0;
   };
   int32_t ids_now = page_ids(0), ids_next = page_ids(1);
+
+  // Q (and below, the keys just appended) come from the QKV kernel.
+  wait_for_upstream_grids();
+  // Q as mma B fragments: b0 = q[head g][16k + 2t, +1], b1 = the same 8 dims later.
+  uint32_t q_frag[HT][Geo::kDimSteps][2];
+#pragma unroll
+  for (int ht = 0; ht < HT; ++ht) {
+    const int head = 8 * ht + g;
+    const __nv_bfloat16* q_row = a.q + (group_row0 + head) * D + 2 * t;
+#pragma unroll
+    for (int k = 0; k < Geo::kDimSteps; ++k) {
+      q_frag[ht][k][0] = head < a.group ? *reinterpret_cast<const uint32_t*>(q_row + 16 * k) : 0u;
+      q_frag[ht][k][1] = head < a.group ? *reinterpret_cast<const uint32_t*>(q_row + 16 * k + 8) : 0u;
+    }
+  }
 
   const unsigned ring = shared_address(shared) + warp * kRingBytesPerWarp;
   const size_t page_stride = static_cast<size_t>(a.kv_heads) * kKvPageSize * D;  // elements per page id
@@ -480,8 +486,20 @@ cudaError_t prepare_kernel() {
 template <int D, int HT>
 cudaError_t launch_instance(const KernelArgs& args, dim3 grid, cudaStream_t stream) {
   if (cudaError_t e = prepare_kernel<D, HT>(); e != cudaSuccess) return e;
-  decode_attention_kernel<D, HT><<<grid, kThreads, kSharedBytes, stream>>>(args);
-  return cudaGetLastError();
+  // A programmatic dependent launch: blocks may start (lengths, page ids) while the kernel before
+  // finishes; they wait for it before reading q and the cache.
+  static const bool programmatic = !(std::getenv("DEEPFUSE_ATTN_PDL") && std::string(std::getenv("DEEPFUSE_ATTN_PDL")) == "0");
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads, 1, 1);
+  config.dynamicSmemBytes = kSharedBytes;
+  config.stream = stream;
+  config.attrs = programmatic ? &overlap : nullptr;
+  config.numAttrs = programmatic ? 1 : 0;
+  return cudaLaunchKernelEx(&config, decode_attention_kernel<D, HT>, args);
 }
 
 int pages_for(int context) { return (context + kKvPageSize - 1) / kKvPageSize; }

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "kernels/common/dependent_launch.cuh"
+
 namespace deepfuse::kernels {
 
 // The load ring. Each thread streams its own fragments through its own column of shared
@@ -92,23 +94,6 @@ __device__ __forceinline__ void cluster_barrier() {
     __trap();
 #endif
   }
-}
-
-// Programmatic dependent launch (sm_90+; no-ops below): a kernel launched with
-// ClusterLaunch's programmatic flag may start while the previous kernel in the stream finishes.
-// Before wait_for_upstream_grids() it may only touch what no earlier kernel writes (its own
-// shared memory, constant weights); after it, everything upstream is complete and visible.
-__device__ __forceinline__ void wait_for_upstream_grids() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-// Lets the next programmatic kernel in the stream be scheduled once every block of this one has
-// called it (its blocks then wait for this grid's completion in wait_for_upstream_grids).
-__device__ __forceinline__ void allow_downstream_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;");
-#endif
 }
 
 }  // namespace deepfuse::kernels
