@@ -1,9 +1,6 @@
 // Packing for the cluster GEMV weight stream (cluster_gemv.cuh).
 #include "kernels/gemv/cluster_gemv.cuh"
 
-#include <cstdlib>
-#include <string>
-
 namespace deepfuse::kernels {
 namespace {
 
@@ -28,15 +25,3 @@ cudaError_t pack_rows_fragments(const __nv_bfloat16* weights, uint4* packed, int
 }
 
 }  // namespace deepfuse::kernels
-
-namespace deepfuse::kernels::cluster_gemv {
-
-bool programmatic_launches_enabled() {
-  static const bool enabled = [] {
-    const char* setting = std::getenv("DEEPFUSE_PDL");
-    return !(setting && std::string(setting) == "0");
-  }();
-  return enabled;
-}
-
-}  // namespace deepfuse::kernels::cluster_gemv

@@ -35,10 +35,6 @@ constexpr int kMaxTokens = 32;
 constexpr int kMaxCluster = 8;
 constexpr int kMaxSharedBytes = 200 * 1024;
 
-// Whether the kernels launch as programmatic dependents (their weight ring primed before the
-// upstream wait); DEEPFUSE_PDL=0 turns it off for A/B measurements. Read once.
-bool programmatic_launches_enabled();
-
 // cp.async ring depth per thread (16 B per stage): ~130 KB in flight per SM with 3 blocks each;
 // 32-token launches stage 4x the x rows, so their ring is shorter to keep 3 blocks per SM.
 template <int NT>
