@@ -2,7 +2,7 @@
 # A/B of an environment switch on `deepfuse bench decode`, in one process run per value, the
 # values interleaved twice (a b c a b c) so clock or thermal drift shows up as a spread.
 #   scripts/ab-decode.sh OUT VAR v1,v2,... [bench decode arguments...]
-# e.g. scripts/ab-decode.sh out DEEPFUSE_L2_PREFETCH off,attention,qkv --batches 1 --contexts 512 --no-ttft
+# e.g. scripts/ab-decode.sh out DEEPFUSE_PDL 0,1 --batches 1 --contexts 512 --no-ttft
 # Builds the CLI into build-gpu first (as scripts/gpu-tests.sh). Summary: OUT/ab-VAR.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -11,9 +11,9 @@ from collections import defaultdict
 
 
 def short_name(name):
-    name = re.sub(r"\(.*", "", name)  # drop the argument list
-    name = re.sub(r"<.*", "", name)   # and the template arguments
-    return name.split("::")[-1].replace("void ", "").strip()
+    name = name.replace("void ", "").replace("<unnamed>::", "")
+    name = re.sub(r"\(.*", "", name)  # drop the argument list, keep the template arguments
+    return name.replace("deepfuse::", "").strip()
 
 
 def main():
@@ -26,15 +26,15 @@ def main():
         if row.get("Metric Name") != "gpu__time_duration.sum":
             continue
         value = float(row["Metric Value"].replace(",", ""))
-        scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(row["Metric Unit"], 1.0)
+        scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}.get(row["Metric Unit"], 1.0)
         name = short_name(row["Kernel Name"])
         totals[name] += value * scale
         counts[name] += 1
     total = sum(totals.values())
-    print(f"{'kernel':48s} {'calls':>6s} {'us total':>10s} {'us/call':>9s} {'share':>6s}")
+    print(f"{'kernel':60s} {'calls':>6s} {'us total':>10s} {'us/call':>9s} {'share':>6s}")
     for name, us in sorted(totals.items(), key=lambda kv: -kv[1]):
-        print(f"{name[:48]:48s} {counts[name]:6d} {us:10.1f} {us / counts[name]:9.2f} {100 * us / total:5.1f}%")
-    print(f"{'sum of kernels':48s} {sum(counts.values()):6d} {total:10.1f}")
+        print(f"{name[:60]:60s} {counts[name]:6d} {us:10.1f} {us / counts[name]:9.2f} {100 * us / total:5.1f}%")
+    print(f"{'sum of kernels':60s} {sum(counts.values()):6d} {total:10.1f}")
     if len(sys.argv) > 2:
         rows = [r for r in json.load(open(sys.argv[2]))["rows"] if r.get("kind") == "decode"]
         if rows:
