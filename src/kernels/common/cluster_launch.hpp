@@ -1,7 +1,7 @@
-// The launch configuration of a 1-D grid in thread-block clusters (cluster 1: no cluster
+// The launch configuration of a grid in thread-block clusters along x (cluster 1: no cluster
 // attribute, a plain launch), for cudaLaunchKernelEx and cudaOccupancyMaxActiveClusters;
 // optionally a programmatic dependent launch (the kernel overlaps its prologue with the previous
-// kernel's tail: see wait_for_upstream_grids in async_ring.cuh).
+// kernel's tail: see wait_for_upstream_grids in dependent_launch.cuh).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -18,7 +18,8 @@ struct ClusterLaunch {
   cudaLaunchAttribute attributes[2]{};
   cudaLaunchConfig_t config{};
 
-  ClusterLaunch(unsigned blocks, unsigned threads, size_t shared_bytes, int cluster, cudaStream_t stream,
+  // grid: a block count (1-D) or a dim3; clusters run along x.
+  ClusterLaunch(dim3 grid, unsigned threads, size_t shared_bytes, int cluster, cudaStream_t stream,
                 bool programmatic = false) {
     unsigned count = 0;
     if (cluster > 1) {
@@ -33,7 +34,7 @@ struct ClusterLaunch {
       overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
       overlap.val.programmaticStreamSerializationAllowed = 1;
     }
-    config.gridDim = dim3(blocks, 1, 1);
+    config.gridDim = grid;
     config.blockDim = dim3(threads, 1, 1);
     config.dynamicSmemBytes = shared_bytes;
     config.stream = stream;
