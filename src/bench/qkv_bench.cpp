@@ -48,9 +48,8 @@ int run_shape(const QkvBenchShape& s, const QkvBenchOptions& options, const Devi
     w.norm = DeviceBuffer(static_cast<size_t>(s.hidden) * 2);
     DF_CHECK_CUDA(kernels::fill_uniform_bf16(w.row_major.as<__nv_bfloat16>(), elements, 10 + c,
                                              1.0f / std::sqrt(float(s.hidden)), stream));
+    DF_CHECK_CUDA(kernels::pack_qkv_weights(w.row_major.as<__nv_bfloat16>(), w.packed.as<uint4>(), rows, s.hidden, stream));
     DF_CHECK_CUDA(kernels::fill_uniform_bf16(w.norm.as<__nv_bfloat16>(), s.hidden, 50 + c, 1.0f, stream));
-    DF_CHECK_CUDA(kernels::pack_qkv_weights(w.row_major.as<__nv_bfloat16>(), w.norm.as<__nv_bfloat16>(),
-                                            w.packed.as<uint4>(), rows, s.hidden, s.head_dim, stream));
     if (s.bias) {
       w.bias = DeviceBuffer(static_cast<size_t>(rows) * 2);
       DF_CHECK_CUDA(kernels::fill_uniform_bf16(w.bias.as<__nv_bfloat16>(), rows, 70 + c, 0.1f, stream));
@@ -77,16 +76,14 @@ int run_shape(const QkvBenchShape& s, const QkvBenchOptions& options, const Devi
   const kernels::PagedKv kv{k_pool.as<__nv_bfloat16>(), v_pool.as<__nv_bfloat16>(), table_dev.as<int32_t>(),
                             pages_per_sequence, s.kv_heads, s.head_dim};
   kernels::CublasLtGemm gemm;
-  DeviceBuffer workspace(kernels::qkv_rope_fused_workspace_bytes(s.q_heads, s.kv_heads, s.head_dim));
-  workspace.zero(stream);
 
   for (int tokens : options.token_counts) {
     auto fused = [&](int rep) {
       const QkvWeights& w = weights[rep % copies];
       kernels::QkvRopeFusedParams p;
       p.x = x.as<__nv_bfloat16>();
+      p.norm_weight = w.norm.as<__nv_bfloat16>();
       p.weights = w.packed.as<uint4>();
-      p.workspace = workspace.data();
       p.bias = s.bias ? w.bias.as<__nv_bfloat16>() : nullptr;
       p.inv_freq = inv_freq_dev.as<float>();
       p.positions = positions_dev.as<int32_t>();
@@ -140,7 +137,7 @@ int run_shape(const QkvBenchShape& s, const QkvBenchOptions& options, const Devi
 }
 
 // The output projection with the residual: cuBLASLt (residual as the GEMM's addend) vs the
-// stream-K GEMV, rows = hidden, inner = q_heads * head_dim.
+// cluster GEMV, rows = hidden, inner = q_heads * head_dim.
 void run_output_projection(const QkvBenchShape& s, const QkvBenchOptions& options, const DeviceInfo& device,
                            double copy_bw, cudaStream_t stream, Table& table, nlohmann::json& json_rows) {
   const int rows = s.hidden, inner = s.q_heads * s.head_dim;
@@ -160,8 +157,6 @@ void run_output_projection(const QkvBenchShape& s, const QkvBenchOptions& option
   DF_CHECK_CUDA(kernels::fill_uniform_bf16(x.as<__nv_bfloat16>(), x.bytes() / 2, 300, 1.0f, stream));
   DF_CHECK_CUDA(kernels::fill_uniform_bf16(residual.as<__nv_bfloat16>(), residual.bytes() / 2, 301, 1.0f, stream));
   kernels::CublasLtGemm gemm;
-  DeviceBuffer workspace(kernels::gemv_residual_workspace_bytes(rows));
-  workspace.zero(stream);
   const std::string name = s.name + " o_proj";
   for (int tokens : options.token_counts) {
     auto* y = residual.as<__nv_bfloat16>();
@@ -174,7 +169,6 @@ void run_output_projection(const QkvBenchShape& s, const QkvBenchOptions& option
       p.weights = packed[rep % copies].as<uint4>();
       p.residual = y;
       p.y = y;
-      p.workspace = workspace.data();
       p.tokens = tokens;
       p.rows = rows;
       p.inner = inner;

@@ -20,7 +20,7 @@ struct QkvBenchShape {
 
 struct QkvBenchOptions {
   std::vector<QkvBenchShape> shapes;
-  std::vector<int> token_counts{1, 8, 16};
+  std::vector<int> token_counts{1, 8, 16, 32};
   int repetitions = 100;
   int warmup = 10;
   double l2_multiple = 4.0;

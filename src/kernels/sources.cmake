@@ -5,7 +5,7 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/embedding/embedding.cu
   ${CMAKE_CURRENT_LIST_DIR}/fill.cu
   ${CMAKE_CURRENT_LIST_DIR}/gemm/cublaslt_gemm.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/gemv/packing.cu
+  ${CMAKE_CURRENT_LIST_DIR}/gemv/cluster_gemv.cu
   ${CMAKE_CURRENT_LIST_DIR}/gemv/gemv_residual.cu
   ${CMAKE_CURRENT_LIST_DIR}/mlp/mlp_layer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/mlp/swiglu_elementwise.cu

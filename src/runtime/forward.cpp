@@ -8,7 +8,6 @@
 #include "deepfuse/error.hpp"
 #include "kernels/attention/prefill_attention.cuh"
 #include "kernels/embedding/embedding.cuh"
-#include "kernels/gemv/gemv_residual.cuh"
 #include "kernels/norm/rms_norm.cuh"
 #include "kernels/qkv/qkv_rope_fused.cuh"
 #include "kernels/rope_kv/rope_kv_append.cuh"
@@ -41,12 +40,8 @@ StepBuffers::StepBuffers(const ModelConfig& c, int max_tokens_in, int max_batch_
       sampling_slots(static_cast<size_t>(max_batch) * sizeof(kernels::SamplingSlot)),
       sampling_workspace(std::max({kernels::sampling_workspace_bytes(max_batch, c.vocab_size),
                                    kernels::sampling_workspace_bytes(1, c.vocab_size), kMinWorkspaceBytes})),
-      attention_workspace(std::max(attention_workspace_bytes, kMinWorkspaceBytes)),
-      projection_workspace(std::max(kernels::qkv_rope_fused_workspace_bytes(c.num_attention_heads,
-                                                                            c.num_key_value_heads, c.head_dim),
-                                    kernels::gemv_residual_workspace_bytes(c.hidden_size))) {
-  attention_workspace.zero(stream);
-  projection_workspace.zero(stream);  // the GEMVs leave it zero after every launch  // the decode attention kernel expects zero counters on first use
+      attention_workspace(std::max(attention_workspace_bytes, kMinWorkspaceBytes)) {
+  attention_workspace.zero(stream);  // the decode attention kernel expects zero counters on first use
   sampling_slots.zero(stream);       // all-zero slots: greedy, valid for padded entries
   decode_inputs.zero(stream);
   std::vector<int32_t> rows(max_batch);
@@ -97,9 +92,9 @@ void ForwardPass::layer(int index, int tokens, const int32_t* positions, const i
     // 1-3 fused: input RMSNorm, QKV (+bias), RoPE and the KV append in one launch.
     kernels::QkvRopeFusedParams p;
     p.x = residual;
+    p.norm_weight = w.input_norm.as<__nv_bfloat16>();
     p.norm_eps = static_cast<float>(config_.rms_norm_eps);
     p.weights = w.qkv_packed.as<uint4>();
-    p.workspace = buffers_.projection_workspace.data();
     p.bias = w.qkv_bias.empty() ? nullptr : w.qkv_bias.as<__nv_bfloat16>();
     p.inv_freq = weights_.rope_inv_freq.as<float>();
     p.positions = positions;
@@ -115,26 +110,12 @@ void ForwardPass::layer(int index, int tokens, const int32_t* positions, const i
   }
   attend(kv, tokens, attention, stream);
 
-  // 5. output projection, added into the residual stream in place (+ Llama's o_proj bias): the
-  // stream-K GEMV in decode (one launch; cuBLASLt's small-M choice is a split-K GEMM plus a
-  // reduction kernel), cuBLASLt for prefill.
+  // 5. output projection, added into the residual stream in place (+ Llama's o_proj bias)
+  // cuBLASLt, not the cluster GEMV (kernels/gemv/gemv_residual.cuh): bench qkv measured that
+  // 0.58-0.97x as fast on H200, even counting cuBLASLt's split-K reduction kernel.
   const __nv_bfloat16* o_bias = w.o_bias.empty() ? nullptr : w.o_bias.as<__nv_bfloat16>();
-  if (attention.decode_plan && uses_fused_front(tokens)) {
-    kernels::GemvResidualParams p;
-    p.x = attention_out;
-    p.weights = w.o_proj_packed.as<uint4>();
-    p.bias = o_bias;
-    p.residual = residual;
-    p.y = residual;
-    p.workspace = buffers_.projection_workspace.data();
-    p.tokens = tokens;
-    p.rows = hidden;
-    p.inner = q_size;
-    DF_CHECK_CUDA(kernels::launch_gemv_residual(p, stream));
-  } else {
-    gemm_.run_with_bias(attention_out, w.o_proj.as<__nv_bfloat16>(), o_bias, residual, residual, tokens, hidden,
-                        q_size, stream);
-  }
+  gemm_.run_with_bias(attention_out, w.o_proj.as<__nv_bfloat16>(), o_bias, residual, residual, tokens, hidden,
+                      q_size, stream);
 
   // 6-7. post-attention RMSNorm and the SwiGLU MLP, added into the residual stream in place (the
   // fused variant folds the norm into its one launch).
@@ -142,10 +123,10 @@ void ForwardPass::layer(int index, int tokens, const int32_t* positions, const i
 }
 
 bool ForwardPass::uses_fused_front(int decode_tokens) const {
-  // The decode GEMVs (fused QKV, o_proj + residual) take up to 16 tokens; beyond that cuBLASLt's
-  // GEMMs amortise the weights over more tokens (bench qkv).
-  return !weights_.layers.front().qkv_packed.empty() && decode_tokens <= kernels::kQkvFusedMaxTokens &&
-         decode_tokens <= kernels::kGemvResidualMaxTokens;
+  // Measured on H200 (bench qkv): the fused kernel wins up to 16 tokens (1.0-1.4x) and loses at
+  // 32 (0.5-0.7x), where cuBLASLt's GEMM amortises the weights over more tokens.
+  constexpr int kFusedFrontMaxTokens = 16;
+  return !weights_.layers.front().qkv_packed.empty() && decode_tokens <= kFusedFrontMaxTokens;
 }
 
 void ForwardPass::unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_t* positions, const int32_t* rows,
@@ -248,9 +229,8 @@ void ForwardPass::sample(int first_entry, int batch, cudaStream_t stream) {
 }
 
 int ForwardPass::launches_per_layer(int attention_launches, int decode_batch) const {
-  // [norm, QKV GEMM, rope_kv_append] or the fused QKV kernel, attention, o_proj (the GEMV with the
-  // fused front; otherwise cuBLASLt, counted as one although a split-K algorithm adds a reduction
-  // kernel), MLP (+ its norm)
+  // [norm, QKV GEMM, rope_kv_append] or the fused QKV kernel, attention, the o_proj GEMM (counted
+  // as one although a cuBLASLt split-K algorithm adds a reduction kernel), MLP (+ its norm)
   const GpuLayerWeights& w = weights_.layers.front();
   const bool fused_front = decode_batch >= 1 && uses_fused_front(decode_batch);
   const int front = fused_front ? 1 : 3;

@@ -14,8 +14,9 @@
 //   6 rms_norm(residual; post_attention_norm)          -> MLP input
 //   7 SwiGLU MLP + residual                            -> residual
 // With the fused MLP variant a decode step of up to 16 tokens runs 1-3 as one kernel
-// (kernels/qkv/qkv_rope_fused.cuh), 5 as one GEMV (kernels/gemv/gemv_residual.cuh) and 6-7 as
-// one (the norm folded into the fused MLP): four launches per layer with single-launch attention.
+// (kernels/qkv/qkv_rope_fused.cuh) and 6-7 as one (the norm folded into the fused MLP): four
+// launches per layer with single-launch attention (five kernels when cuBLASLt picks a split-K
+// algorithm for o_proj, as it does at small batch).
 // Nothing here allocates or synchronises: a decode step is captured into a CUDA graph as is.
 #pragma once
 
@@ -54,7 +55,6 @@ struct StepBuffers {
   DeviceBuffer sampling_slots;    // kernels::SamplingSlot [max_batch], entry i belongs to row i
   DeviceBuffer sampling_workspace;
   DeviceBuffer attention_workspace;  // decode attention partials, zeroed once
-  DeviceBuffer projection_workspace;  // the decode QKV and o_proj GEMVs' tile sums, zeroed once
 
   int32_t* decode_ids() const { return decode_inputs.as<int32_t>(); }
   int32_t* decode_positions() const { return decode_inputs.as<int32_t>() + max_batch; }

@@ -14,13 +14,13 @@
 
 namespace deepfuse::kernels {
 
-inline constexpr int kQkvFusedMaxTokens = 16;
+inline constexpr int kQkvFusedMaxTokens = 32;
 
 struct QkvRopeFusedParams {
   const __nv_bfloat16* x = nullptr;            // [tokens, hidden] residual stream (not normalised)
-  float norm_eps = 1e-6f;                      // the input RMSNorm's (its weight is in the packed rows)
+  const __nv_bfloat16* norm_weight = nullptr;  // [hidden] the block's input RMSNorm weight
+  float norm_eps = 1e-6f;
   const uint4* weights = nullptr;              // merged [q | k | v] rows, packed by pack_qkv_weights
-  void* workspace = nullptr;                   // qkv_rope_fused_workspace_bytes(...), zeroed once; left zero
   const __nv_bfloat16* bias = nullptr;         // [(q_heads + 2 * kv_heads) * head_dim] or null
   const float* inv_freq = nullptr;             // [head_dim / 2]
   const int32_t* positions = nullptr;          // [tokens]; < 0: padded slot (q row zeroed, cache untouched)
@@ -32,17 +32,14 @@ struct QkvRopeFusedParams {
   int q_heads = 0;
 };
 
-// Bytes of the workspace (fp32 tile sums and counters). Launches sharing one must not overlap.
-size_t qkv_rope_fused_workspace_bytes(int q_heads, int kv_heads, int head_dim);
-
-// cudaErrorInvalidValue on bad params. Not bitwise deterministic: partial sums of a tile shared
-// by several warps are added with fp32 atomics, in any order.
+// cudaErrorInvalidValue on bad params; cudaErrorNotSupported when this device cannot run the
+// shape (no clusters and a hidden size too large for one block's shared memory): the caller
+// then uses the unfused path.
 cudaError_t launch_qkv_rope_fused(const QkvRopeFusedParams& params, cudaStream_t stream);
 
-// Row-major [rows, hidden] bf16 (q_proj, k_proj, v_proj rows stacked) times the input RMSNorm
-// weight (per column) -> the kernel's layout: pack_rotary_rows_fragments (kernels/gemv/packing.cuh),
-// rotate-half pairs of each head in one 16-row tile. Same byte count as the input.
-cudaError_t pack_qkv_weights(const __nv_bfloat16* weights, const __nv_bfloat16* norm_weight, uint4* packed, int rows,
-                             int hidden, int head_dim, cudaStream_t stream);
+// Row-major [rows, hidden] bf16 (q_proj, k_proj, v_proj rows stacked) -> the fragment-packed
+// layout: for each 16-row tile, for each 16-column k-step, 32 lanes x 16 bytes (see
+// kernels/mlp/fragment.cuh). Same byte count as the input; rows and hidden multiples of 16.
+cudaError_t pack_qkv_weights(const __nv_bfloat16* weights, uint4* packed, int rows, int hidden, cudaStream_t stream);
 
 }  // namespace deepfuse::kernels

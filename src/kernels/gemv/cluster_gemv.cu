@@ -1,0 +1,27 @@
+// Packing for the cluster GEMV weight stream (cluster_gemv.cuh).
+#include "kernels/gemv/cluster_gemv.cuh"
+
+namespace deepfuse::kernels {
+namespace {
+
+__global__ void pack_rows_kernel(const __nv_bfloat16* weights, uint4* packed, int rows, int inner) {
+  const size_t ksteps = inner / 16;
+  const size_t total = static_cast<size_t>(rows / 16) * ksteps * 32;
+  for (size_t index = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; index < total;
+       index += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int lane = index % 32;
+    const int k = static_cast<int>((index / 32) % ksteps);
+    const int tile = static_cast<int>(index / 32 / ksteps);
+    packed[index] = gather_a_fragment(weights, inner, tile * 16, k * 16, lane);
+  }
+}
+
+}  // namespace
+
+cudaError_t pack_rows_fragments(const __nv_bfloat16* weights, uint4* packed, int rows, int inner, cudaStream_t stream) {
+  if (!weights || !packed || rows < 16 || rows % 16 != 0 || inner < 16 || inner % 16 != 0) return cudaErrorInvalidValue;
+  pack_rows_kernel<<<1024, 256, 0, stream>>>(weights, packed, rows, inner);
+  return cudaGetLastError();
+}
+
+}  // namespace deepfuse::kernels

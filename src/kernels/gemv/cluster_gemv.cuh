@@ -1,0 +1,211 @@
+// The weight stream shared by the decode-step projections that end in an epilogue of their own
+// (the fused QKV front half, the o_proj + residual): out[unit rows][tokens] = x · W_unit^T, with
+// an optional RMSNorm of x folded in, for up to 32 tokens.
+//
+// One thread-block cluster of C blocks per "unit" of kUnitRows output rows; the blocks split the
+// inner (k) dimension. Each warp streams one 16-row tile (two warps share a tile when a unit has
+// 4 tiles) through a per-thread cp.async ring, mma.m16n8k16 with the weights on the 16-row side
+// and up to 8 tokens per n-tile; x (times the norm weight) is staged in shared memory for the
+// block's k range, rows padded so B-fragment loads are conflict-free. Partial sums stay in each
+// block's shared memory; after one cluster barrier any block can read the cluster's sum of any
+// (row, token) through distributed shared memory, so the caller's epilogue runs on all C blocks,
+// each over its own slice. Design history and timings: docs/kernels/qkv_rope_fused.md.
+//
+// Weights are fragment-packed by pack_rows_fragments (kernels/mlp/fragment.cuh's A layout): for
+// each 16-row tile, for each 16-column k-step, 32 lanes x 16 bytes.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/common/async_ring.cuh"
+#include "kernels/common/cluster_launch.hpp"
+#include "kernels/gemv/packing.cuh"
+#include "kernels/mlp/fragment.cuh"
+
+namespace deepfuse::kernels::cluster_gemv {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kMaxTokens = 32;
+constexpr int kMaxCluster = 8;
+constexpr int kMaxSharedBytes = 200 * 1024;
+
+// cp.async ring depth per thread (16 B per stage): ~130 KB in flight per SM with 3 blocks each;
+// 32-token launches stage 4x the x rows, so their ring is shorter to keep 3 blocks per SM.
+template <int NT>
+constexpr int ring_stages() {
+  return NT == 4 ? 6 : 12;
+}
+
+// Shared memory, carved from one dynamic allocation (sizes depend on the launch).
+struct SharedLayout {
+  int x_stride = 0;  // bf16 per staged x row: k range + 8 (padding: conflict-free B fragments)
+  size_t ring = 0, sums = 0, squares = 0, x = 0, total = 0;
+
+  __host__ __device__ SharedLayout(int stages, int max_ksteps, int token_rows, int unit_rows) {
+    x_stride = max_ksteps * 16 + 8;
+    ring = 0;
+    sums = ring + sizeof(uint4) * stages * kThreads;
+    squares = sums + sizeof(float) * unit_rows * token_rows;
+    x = squares + sizeof(float) * 2 * kMaxTokens;
+    total = x + sizeof(__nv_bfloat16) * static_cast<size_t>(token_rows) * x_stride;
+  }
+};
+
+struct Inputs {
+  const __nv_bfloat16* x = nullptr;            // [tokens, inner]
+  const __nv_bfloat16* norm_weight = nullptr;  // [inner] or null: no RMSNorm
+  float norm_eps = 1e-6f;
+  const uint4* weights = nullptr;              // fragment-packed [rows, inner]
+  int tokens = 0;
+  int inner = 0;                               // multiple of 16
+};
+
+// The cluster's sums, readable by every block of the cluster until its final cluster barrier.
+template <int NT, int C>
+struct Partials {
+  static constexpr int kRows = 8 * NT;
+  float* sums;         // this block's [unit rows][kRows] partials
+  float* inverse_rms;  // [tokens] 1/rms(x) over the whole row (1 without a norm)
+
+  __device__ float sum(int row, int token) const {
+    float total = 0.0f;
+#pragma unroll
+    for (int b = 0; b < C; ++b) total += in_block<C>(sums, b)[row * kRows + token];
+    return total;
+  }
+};
+
+// Streams unit `unit`'s weights; returns after the cluster barrier that makes all partial sums
+// visible. The caller finishes its slice, then calls cluster_barrier<C>() before returning, so
+// no block leaves while another still reads its shared memory.
+template <int NT, int kUnitRows, int C>
+__device__ Partials<NT, C> stream_unit(const Inputs& in, int unit, int rank, unsigned char* shared_raw,
+                                       int max_ksteps) {
+  constexpr int kRows = 8 * NT;  // token rows of the MMA (tokens padded with zeros)
+  constexpr int kTiles = kUnitRows / 16;
+  constexpr int kWarpsPerTile = kWarps / kTiles;
+  static_assert(kTiles * kWarpsPerTile == kWarps, "a unit is 64 or 128 rows");
+  constexpr int kStages = ring_stages<NT>();
+  const SharedLayout layout(kStages, max_ksteps, kRows, kUnitRows);
+  auto* ring = reinterpret_cast<uint4(*)[kThreads]>(shared_raw + layout.ring);
+  float* sums = reinterpret_cast<float*>(shared_raw + layout.sums);
+  float* squares = reinterpret_cast<float*>(shared_raw + layout.squares);  // this block's sum of x^2
+  float* inverse_rms = squares + kMaxTokens;
+  auto* xs = reinterpret_cast<__nv_bfloat16*>(shared_raw + layout.x);  // [kRows][x_stride] x (∘ w)
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int ksteps = in.inner / 16;
+  const int k_begin = split_point(ksteps, C, rank), k_count = split_point(ksteps, C, rank + 1) - k_begin;
+  const int tile = warp % kTiles, part = warp / kTiles;
+  const int warp_begin = k_begin + split_point(k_count, kWarpsPerTile, part);
+  const int warp_end = k_begin + split_point(k_count, kWarpsPerTile, part + 1);
+  const uint4* tile_weights = in.weights + static_cast<size_t>(unit * kTiles + tile) * ksteps * 32 + lane;
+
+  for (int i = tid; i < kUnitRows * kRows; i += kThreads) sums[i] = 0.0f;
+
+  auto issue = [&](int k, int stage, int) { copy16_async(&ring[stage][tid], tile_weights + static_cast<size_t>(k) * 32); };
+  ring_prime<kStages, 1>(warp_begin, warp_end, issue);  // constant weights: before the upstream wait
+  wait_for_upstream_grids();
+  allow_downstream_launch();
+
+  // Stage x (∘ w) for this block's k range (one warp per token row) while the first weights fly.
+  const int vectors = k_count * 2;  // 8-column vectors
+  for (int row = warp; row < kRows; row += kWarps) {
+    float row_squares = 0.0f;
+    for (int v = lane; v < vectors; v += 32) {
+      const int column = k_begin * 16 + v * 8;
+      uint4 bits = make_uint4(0, 0, 0, 0);
+      if (row < in.tokens) bits = *reinterpret_cast<const uint4*>(in.x + static_cast<size_t>(row) * in.inner + column);
+      if (in.norm_weight) {
+        const uint4 weight = __ldg(reinterpret_cast<const uint4*>(in.norm_weight + column));
+        uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
+        const uint32_t w[4] = {weight.x, weight.y, weight.z, weight.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const __nv_bfloat162 pair = *reinterpret_cast<const __nv_bfloat162*>(&words[j]);
+          const float2 f = __bfloat1622float2(pair);
+          row_squares += f.x * f.x + f.y * f.y;
+          const __nv_bfloat162 scaled = __hmul2(pair, *reinterpret_cast<const __nv_bfloat162*>(&w[j]));
+          words[j] = *reinterpret_cast<const uint32_t*>(&scaled);
+        }
+        bits = make_uint4(words[0], words[1], words[2], words[3]);
+      }
+      *reinterpret_cast<uint4*>(xs + row * layout.x_stride + v * 8) = bits;
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) row_squares += __shfl_xor_sync(0xffffffffu, row_squares, offset);
+    if (lane == 0 && row < kMaxTokens) squares[row] = row_squares;
+  }
+  __syncthreads();  // xs complete, sums zeroed
+
+  float acc[NT][4] = {};
+  ring_run<kStages, 1>(warp_begin, warp_end, issue, [&](int k, int stage, int) {
+    const uint4 a = ring[stage][tid];
+    const int column = (k - k_begin) * 16 + 2 * t;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const __nv_bfloat16* b = xs + (nt * 8 + g) * layout.x_stride + column;
+      mma_bf16_m16n8k16(acc[nt], a, *reinterpret_cast<const uint32_t*>(b), *reinterpret_cast<const uint32_t*>(b + 8));
+    }
+  });
+  // Partial sums stay in this block (two warps share a tile in 64-row units: shared atomics).
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int row = tile * 16 + g + (c >= 2 ? 8 : 0), token = nt * 8 + 2 * t + (c & 1);
+      if (token < in.tokens) atomicAdd(&sums[row * kRows + token], acc[nt][c]);
+    }
+  cluster_barrier<C>();  // every block's partial sums and squares are complete
+
+  if (tid < in.tokens) {
+    float total = 0.0f;
+#pragma unroll
+    for (int b = 0; b < C; ++b) total += in_block<C>(squares, b)[tid];
+    inverse_rms[tid] = in.norm_weight ? rsqrtf(total / in.inner + in.norm_eps) : 1.0f;
+  }
+  __syncthreads();
+  return {sums, inverse_rms};
+}
+
+// Launches kernel<<<units * C blocks in clusters of C>>>(params, max_ksteps) with the shared
+// memory stream_unit<NT, kUnitRows, C> needs; cudaErrorNotSupported when that exceeds what one
+// block may have (no clusters and a large inner dimension: the caller falls back).
+template <int NT, int kUnitRows, int C, typename Params>
+cudaError_t launch(void (*kernel)(Params, int), const Params& params, int units, int inner, cudaStream_t stream) {
+  const int max_ksteps = (inner / 16 + C - 1) / C;
+  const SharedLayout layout(ring_stages<NT>(), max_ksteps, 8 * NT, kUnitRows);
+  if (layout.total > static_cast<size_t>(kMaxSharedBytes)) return cudaErrorNotSupported;
+  static const cudaError_t attribute =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSharedBytes);
+  if (attribute != cudaSuccess) return attribute;
+  const ClusterLaunch launch(static_cast<unsigned>(units * C), kThreads, layout.total, C, stream,
+                            programmatic_launches_enabled());
+  return cudaLaunchKernelEx(&launch.config, kernel, params, max_ksteps);
+}
+
+// Calls launch_instance(nt, c) with std::integral_constant values: nt the n-tiles of 8 tokens
+// `tokens` needs (1, 2 or 4), c the cluster size this device runs for `inner` (kMaxCluster on
+// Hopper and later when every block gets a k-step, else 1).
+template <typename LaunchInstance>
+cudaError_t dispatch(int tokens, int inner, LaunchInstance&& launch_instance) {
+  int device = 0, major = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device); e != cudaSuccess) return e;
+  const bool clusters = major >= 9 && inner / 16 >= kMaxCluster;
+  auto with_tiles = [&](auto nt) {
+    return clusters ? launch_instance(nt, std::integral_constant<int, kMaxCluster>{})
+                    : launch_instance(nt, std::integral_constant<int, 1>{});
+  };
+  if (tokens <= 8) return with_tiles(std::integral_constant<int, 1>{});
+  if (tokens <= 16) return with_tiles(std::integral_constant<int, 2>{});
+  return with_tiles(std::integral_constant<int, 4>{});
+}
+
+}  // namespace deepfuse::kernels::cluster_gemv
