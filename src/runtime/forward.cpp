@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "deepfuse/error.hpp"
 #include "kernels/attention/prefill_attention.cuh"
 #include "kernels/embedding/embedding.cuh"
+#include "kernels/gemv/gemv_residual.cuh"
 #include "kernels/norm/rms_norm.cuh"
 #include "kernels/qkv/qkv_rope_fused.cuh"
 #include "kernels/rope_kv/rope_kv_append.cuh"
@@ -110,12 +113,25 @@ void ForwardPass::layer(int index, int tokens, const int32_t* positions, const i
   }
   attend(kv, tokens, attention, stream);
 
-  // 5. output projection, added into the residual stream in place (+ Llama's o_proj bias)
-  // cuBLASLt, not the cluster GEMV (kernels/gemv/gemv_residual.cuh): bench qkv measured that
-  // 0.58-0.97x as fast on H200, even counting cuBLASLt's split-K reduction kernel.
+  // 5. output projection, added into the residual stream in place (+ Llama's o_proj bias): the
+  // cluster GEMV in small decode steps of large models (one launch; cuBLASLt's small-M choice is
+  // a split-K GEMM plus a reduction kernel), cuBLASLt otherwise.
   const __nv_bfloat16* o_bias = w.o_bias.empty() ? nullptr : w.o_bias.as<__nv_bfloat16>();
-  gemm_.run_with_bias(attention_out, w.o_proj.as<__nv_bfloat16>(), o_bias, residual, residual, tokens, hidden,
-                      q_size, stream);
+  if (attention.decode_plan && uses_gemv_o_proj(tokens)) {
+    kernels::GemvResidualParams p;
+    p.x = attention_out;
+    p.weights = w.o_proj_packed.as<uint4>();
+    p.bias = o_bias;
+    p.residual = residual;
+    p.y = residual;
+    p.tokens = tokens;
+    p.rows = hidden;
+    p.inner = q_size;
+    DF_CHECK_CUDA(kernels::launch_gemv_residual(p, stream));
+  } else {
+    gemm_.run_with_bias(attention_out, w.o_proj.as<__nv_bfloat16>(), o_bias, residual, residual, tokens, hidden,
+                        q_size, stream);
+  }
 
   // 6-7. post-attention RMSNorm and the SwiGLU MLP, added into the residual stream in place (the
   // fused variant folds the norm into its one launch).
@@ -127,6 +143,21 @@ bool ForwardPass::uses_fused_front(int decode_tokens) const {
   // 32 (0.5-0.7x), where cuBLASLt's GEMM amortises the weights over more tokens.
   constexpr int kFusedFrontMaxTokens = 16;
   return !weights_.layers.front().qkv_packed.empty() && decode_tokens <= kFusedFrontMaxTokens;
+}
+
+bool ForwardPass::uses_gemv_o_proj(int decode_tokens) const {
+  // Measured on H200 (scripts/ab-decode.sh, batch 1 and 8, context 512 and 8k, ms per step): the
+  // cluster GEMV equals cuBLASLt on Llama-3-8B and Qwen2.5-7B (-0.3% .. +0.5%) and saves the
+  // split-K reduction launch; on Llama-3.2-1B's 2048 x 2048 it is 2-3% slower, so small o_proj
+  // matrices keep cuBLASLt. DEEPFUSE_OPROJ_GEMV=0 / 1 forces either for A/B measurements.
+  static const int forced = [] {
+    const char* text = std::getenv("DEEPFUSE_OPROJ_GEMV");
+    return text ? std::atoi(text) : -1;
+  }();
+  constexpr long long kMinElements = 12 << 20;
+  const bool large = static_cast<long long>(config_.hidden_size) * config_.q_size() >= kMinElements;
+  const bool wanted = forced >= 0 ? forced != 0 : large;
+  return wanted && uses_fused_front(decode_tokens) && !weights_.layers.front().o_proj_packed.empty();
 }
 
 void ForwardPass::unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_t* positions, const int32_t* rows,
@@ -229,8 +260,8 @@ void ForwardPass::sample(int first_entry, int batch, cudaStream_t stream) {
 }
 
 int ForwardPass::launches_per_layer(int attention_launches, int decode_batch) const {
-  // [norm, QKV GEMM, rope_kv_append] or the fused QKV kernel, attention, the o_proj GEMM (counted
-  // as one although a cuBLASLt split-K algorithm adds a reduction kernel), MLP (+ its norm)
+  // [norm, QKV GEMM, rope_kv_append] or the fused QKV kernel, attention, o_proj (the cluster GEMV,
+  // or cuBLASLt, counted as one although a split-K algorithm adds a reduction kernel), MLP (+ its norm)
   const GpuLayerWeights& w = weights_.layers.front();
   const bool fused_front = decode_batch >= 1 && uses_fused_front(decode_batch);
   const int front = fused_front ? 1 : 3;

@@ -14,9 +14,10 @@
 //   6 rms_norm(residual; post_attention_norm)          -> MLP input
 //   7 SwiGLU MLP + residual                            -> residual
 // With the fused MLP variant a decode step of up to 16 tokens runs 1-3 as one kernel
-// (kernels/qkv/qkv_rope_fused.cuh) and 6-7 as one (the norm folded into the fused MLP): four
-// launches per layer with single-launch attention (five kernels when cuBLASLt picks a split-K
-// algorithm for o_proj, as it does at small batch).
+// (kernels/qkv/qkv_rope_fused.cuh) and 6-7 as one (the norm folded into the fused MLP); o_proj
+// + residual is one cluster GEMV launch (kernels/gemv/gemv_residual.cuh) on models whose o_proj
+// has at least 12M weights: four launches per layer with single-launch attention. Smaller models
+// keep cuBLASLt, which at small batch adds a split-K reduction kernel (five).
 // Nothing here allocates or synchronises: a decode step is captured into a CUDA graph as is.
 #pragma once
 
@@ -104,6 +105,7 @@ class ForwardPass {
              cudaStream_t stream);
   // Whether a decode step of this many tokens runs the fused norm + QKV + RoPE + KV-append kernel.
   bool uses_fused_front(int decode_tokens) const;
+  bool uses_gemv_o_proj(int decode_tokens) const;
   void unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_t* positions, const int32_t* rows,
                    const kernels::PagedKv& kv, cudaStream_t stream);
   void attend(const kernels::PagedKv& kv, int tokens, const Attention& attention, cudaStream_t stream);

@@ -10,6 +10,7 @@
 #include "deepfuse/error.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "deepfuse/reference.hpp"
+#include "kernels/gemv/packing.cuh"
 #include "kernels/qkv/qkv_rope_fused.cuh"
 #include "kernels/fill.cuh"
 #include "model/float16.hpp"
@@ -51,11 +52,14 @@ MlpNorm post_attention_norm(const GpuLayerWeights& layer, const ModelConfig& con
   return {layer.post_attention_norm.as<__nv_bfloat16>(), static_cast<float>(config.rms_norm_eps)};
 }
 
-// The fused decode kernel's copy of the merged qkv rows (stream-ordered after their upload).
-void pack_qkv(GpuLayerWeights& layer, const LayerSizes& s, cudaStream_t stream) {
+// The decode kernels' fragment-packed copies of qkv and o_proj (stream-ordered after their upload).
+void pack_decode_projections(GpuLayerWeights& layer, const LayerSizes& s, cudaStream_t stream) {
   layer.qkv_packed = DeviceBuffer(layer.qkv.bytes());
   DF_CHECK_CUDA(kernels::pack_qkv_weights(layer.qkv.as<__nv_bfloat16>(), layer.qkv_packed.as<uint4>(),
                                           static_cast<int>(s.qkv_rows()), static_cast<int>(s.hidden), stream));
+  layer.o_proj_packed = DeviceBuffer(layer.o_proj.bytes());
+  DF_CHECK_CUDA(kernels::pack_rows_fragments(layer.o_proj.as<__nv_bfloat16>(), layer.o_proj_packed.as<uint4>(),
+                                             static_cast<int>(s.hidden), static_cast<int>(s.q), stream));
 }
 
 // Every buffer of a layer except the MLP, allocated in its final size (contents undefined).
@@ -210,7 +214,7 @@ bool uses_fused_qkv(const ModelConfig& c, MlpVariant mlp_variant) {
 size_t gpu_weight_bytes(const ModelConfig& c, MlpVariant mlp_variant) {
   const size_t vocab_hidden = static_cast<size_t>(c.vocab_size) * c.hidden_size;
   const LayerSizes s(c);
-  const size_t packed = uses_fused_qkv(c, mlp_variant) ? s.qkv_rows() * s.hidden : 0;
+  const size_t packed = uses_fused_qkv(c, mlp_variant) ? (s.qkv_rows() + s.q) * s.hidden : 0;
   const size_t elements = vocab_hidden + c.num_hidden_layers * (s.elements() + packed) + c.hidden_size +
                           (c.tie_word_embeddings ? 0 : vocab_hidden);
   return bf16_bytes(elements);
@@ -267,7 +271,7 @@ GpuWeights load_checkpoint_weights(const Checkpoint& checkpoint, const ModelConf
     uploader.upload(p + "mlp.down_proj.weight", staging.down);
     layer.mlp = std::make_unique<MlpLayer>(mlp_variant, mlp_shape(config), mlp_max_tokens);
     layer.mlp->load_weights(staging.view(), stream, post_attention_norm(layer, config));
-    if (uses_fused_qkv(config, mlp_variant)) pack_qkv(layer, s, stream);
+    if (uses_fused_qkv(config, mlp_variant)) pack_decode_projections(layer, s, stream);
     w.layers.push_back(std::move(layer));
   }
   w.final_norm = DeviceBuffer(bf16_bytes(s.hidden));
@@ -304,7 +308,7 @@ GpuWeights make_random_weights(const ModelConfig& config, MlpVariant mlp_variant
     fill.linear(staging.down, config.intermediate_size);
     layer.mlp = std::make_unique<MlpLayer>(mlp_variant, mlp_shape(config), mlp_max_tokens);
     layer.mlp->load_weights(staging.view(), stream, post_attention_norm(layer, config));
-    if (uses_fused_qkv(config, mlp_variant)) pack_qkv(layer, s, stream);
+    if (uses_fused_qkv(config, mlp_variant)) pack_decode_projections(layer, s, stream);
     w.layers.push_back(std::move(layer));
   }
   w.final_norm = DeviceBuffer(bf16_bytes(s.hidden));

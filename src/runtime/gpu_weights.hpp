@@ -7,8 +7,9 @@
 //   so one GEMM yields the q | k | v row rope_kv_append expects; qkv_bias likewise merged (Qwen2,
 //   Llama attention_bias); o_proj [H, q_size]; o_bias [H]; post_attention_norm [H]; the MLP in
 //   MlpLayer's layout for the chosen variant (fragment-packed for fused).
-//   qkv_packed: with the fused MLP variant, the same qkv rows fragment-packed for the fused decode
-//   kernel (kernels/qkv/qkv_rope_fused.cuh); prefill keeps using the row-major copy with cuBLASLt.
+//   qkv_packed, o_proj_packed: with the fused MLP variant, fragment-packed copies for the decode
+//   kernels (kernels/qkv/qkv_rope_fused.cuh, kernels/gemv/gemv_residual.cuh); prefill keeps using
+//   the row-major copies with cuBLASLt.
 //   rope_inv_freq: fp32 [head_dim / 2], reference::rope_inverse_frequencies (llama3 scaling included).
 //
 // Checkpoint tensors go straight to the device through two pinned staging buffers used in turn,
@@ -36,6 +37,7 @@ struct GpuLayerWeights {
   DeviceBuffer qkv_bias;  // empty when the architecture has none
   DeviceBuffer qkv_packed;  // fused decode path only (empty otherwise)
   DeviceBuffer o_proj;
+  DeviceBuffer o_proj_packed;  // fused decode path only (empty otherwise)
   DeviceBuffer o_bias;    // empty when the architecture has none
   DeviceBuffer post_attention_norm;
   std::unique_ptr<MlpLayer> mlp;
