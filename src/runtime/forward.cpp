@@ -2,9 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <numeric>
-#include <string>
 #include <vector>
 
 #include "deepfuse/error.hpp"
@@ -146,18 +144,8 @@ bool ForwardPass::uses_fused_front(int decode_tokens) const {
 }
 
 bool ForwardPass::uses_gemv_o_proj(int decode_tokens) const {
-  // Measured on H200 (scripts/ab-decode.sh, batch 1 and 8, context 512 and 8k, ms per step): the
-  // cluster GEMV equals cuBLASLt on Llama-3-8B and Qwen2.5-7B (-0.3% .. +0.5%) and saves the
-  // split-K reduction launch; on Llama-3.2-1B's 2048 x 2048 it is 2-3% slower, so small o_proj
-  // matrices keep cuBLASLt. DEEPFUSE_OPROJ_GEMV=0 / 1 forces either for A/B measurements.
-  static const int forced = [] {
-    const char* text = std::getenv("DEEPFUSE_OPROJ_GEMV");
-    return text ? std::atoi(text) : -1;
-  }();
-  constexpr long long kMinElements = 12 << 20;
-  const bool large = static_cast<long long>(config_.hidden_size) * config_.q_size() >= kMinElements;
-  const bool wanted = forced >= 0 ? forced != 0 : large;
-  return wanted && uses_fused_front(decode_tokens) && !weights_.layers.front().o_proj_packed.empty();
+  // The weights hold a packed o_proj exactly when runtime::uses_gemv_o_proj chose the GEMV.
+  return uses_fused_front(decode_tokens) && !weights_.layers.front().o_proj_packed.empty();
 }
 
 void ForwardPass::unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_t* positions, const int32_t* rows,

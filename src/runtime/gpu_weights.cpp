@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -52,11 +53,15 @@ MlpNorm post_attention_norm(const GpuLayerWeights& layer, const ModelConfig& con
   return {layer.post_attention_norm.as<__nv_bfloat16>(), static_cast<float>(config.rms_norm_eps)};
 }
 
-// The decode kernels' fragment-packed copies of qkv and o_proj (stream-ordered after their upload).
-void pack_decode_projections(GpuLayerWeights& layer, const LayerSizes& s, cudaStream_t stream) {
+// The decode kernels' fragment-packed copies of qkv and (when the GEMV runs it) o_proj,
+// stream-ordered after their upload.
+void pack_decode_projections(GpuLayerWeights& layer, const ModelConfig& config, MlpVariant mlp_variant,
+                             cudaStream_t stream) {
+  const LayerSizes s(config);
   layer.qkv_packed = DeviceBuffer(layer.qkv.bytes());
   DF_CHECK_CUDA(kernels::pack_qkv_weights(layer.qkv.as<__nv_bfloat16>(), layer.qkv_packed.as<uint4>(),
                                           static_cast<int>(s.qkv_rows()), static_cast<int>(s.hidden), stream));
+  if (!uses_gemv_o_proj(config, mlp_variant)) return;
   layer.o_proj_packed = DeviceBuffer(layer.o_proj.bytes());
   DF_CHECK_CUDA(kernels::pack_rows_fragments(layer.o_proj.as<__nv_bfloat16>(), layer.o_proj_packed.as<uint4>(),
                                              static_cast<int>(s.hidden), static_cast<int>(s.q), stream));
@@ -207,6 +212,20 @@ class RandomFiller {
 
 }  // namespace
 
+bool uses_gemv_o_proj(const ModelConfig& c, MlpVariant mlp_variant) {
+  // Measured on H200 (scripts/ab-decode.sh, batch 1 and 8, context 512 and 8k, ms per step): the
+  // cluster GEMV equals cuBLASLt on Llama-3-8B and Qwen2.5-7B (-0.5% .. +0.7%) and saves the
+  // split-K reduction launch; on Llama-3.2-1B's 2048 x 2048 it is 2-3% slower, so small o_proj
+  // matrices keep cuBLASLt. DEEPFUSE_OPROJ_GEMV=0 / 1 forces either for A/B measurements.
+  static const int forced = [] {
+    const char* text = std::getenv("DEEPFUSE_OPROJ_GEMV");
+    return text ? std::atoi(text) : -1;
+  }();
+  constexpr long long kMinElements = 12 << 20;
+  const bool large = static_cast<long long>(c.hidden_size) * c.q_size() >= kMinElements;
+  return uses_fused_qkv(c, mlp_variant) && (forced >= 0 ? forced != 0 : large);
+}
+
 bool uses_fused_qkv(const ModelConfig& c, MlpVariant mlp_variant) {
   return mlp_variant == MlpVariant::fused && (c.head_dim == 64 || c.head_dim == 128) && c.hidden_size % 64 == 0;
 }
@@ -214,7 +233,8 @@ bool uses_fused_qkv(const ModelConfig& c, MlpVariant mlp_variant) {
 size_t gpu_weight_bytes(const ModelConfig& c, MlpVariant mlp_variant) {
   const size_t vocab_hidden = static_cast<size_t>(c.vocab_size) * c.hidden_size;
   const LayerSizes s(c);
-  const size_t packed = uses_fused_qkv(c, mlp_variant) ? (s.qkv_rows() + s.q) * s.hidden : 0;
+  const size_t packed = (uses_fused_qkv(c, mlp_variant) ? s.qkv_rows() * s.hidden : 0) +
+                        (uses_gemv_o_proj(c, mlp_variant) ? s.q * s.hidden : 0);
   const size_t elements = vocab_hidden + c.num_hidden_layers * (s.elements() + packed) + c.hidden_size +
                           (c.tie_word_embeddings ? 0 : vocab_hidden);
   return bf16_bytes(elements);
@@ -271,7 +291,7 @@ GpuWeights load_checkpoint_weights(const Checkpoint& checkpoint, const ModelConf
     uploader.upload(p + "mlp.down_proj.weight", staging.down);
     layer.mlp = std::make_unique<MlpLayer>(mlp_variant, mlp_shape(config), mlp_max_tokens);
     layer.mlp->load_weights(staging.view(), stream, post_attention_norm(layer, config));
-    if (uses_fused_qkv(config, mlp_variant)) pack_decode_projections(layer, s, stream);
+    if (uses_fused_qkv(config, mlp_variant)) pack_decode_projections(layer, config, mlp_variant, stream);
     w.layers.push_back(std::move(layer));
   }
   w.final_norm = DeviceBuffer(bf16_bytes(s.hidden));
@@ -308,7 +328,7 @@ GpuWeights make_random_weights(const ModelConfig& config, MlpVariant mlp_variant
     fill.linear(staging.down, config.intermediate_size);
     layer.mlp = std::make_unique<MlpLayer>(mlp_variant, mlp_shape(config), mlp_max_tokens);
     layer.mlp->load_weights(staging.view(), stream, post_attention_norm(layer, config));
-    if (uses_fused_qkv(config, mlp_variant)) pack_decode_projections(layer, s, stream);
+    if (uses_fused_qkv(config, mlp_variant)) pack_decode_projections(layer, config, mlp_variant, stream);
     w.layers.push_back(std::move(layer));
   }
   w.final_norm = DeviceBuffer(bf16_bytes(s.hidden));
