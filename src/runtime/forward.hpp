@@ -105,6 +105,7 @@ class ForwardPass {
              cudaStream_t stream);
   // Whether a decode step of this many tokens runs the fused norm + QKV + RoPE + KV-append kernel.
   bool uses_fused_front(int decode_tokens) const;
+  // Whether it also runs o_proj + residual as one cluster GEMV (the weights hold a packed o_proj).
   bool uses_gemv_o_proj(int decode_tokens) const;
   void unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_t* positions, const int32_t* rows,
                    const kernels::PagedKv& kv, cudaStream_t stream);
