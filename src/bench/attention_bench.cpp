@@ -15,6 +15,11 @@
 #include "kernels/attention/decode_attention.cuh"
 #include "kernels/fill.cuh"
 
+#ifdef DEEPFUSE_ATTENTION_TRACE
+#include <cstdlib>
+#include <fstream>
+namespace deepfuse::kernels { std::vector<unsigned long long> decode_attention_trace(); }
+#endif
 namespace deepfuse::bench {
 
 std::vector<AttentionBenchCase> default_attention_bench_cases() {
@@ -54,10 +59,10 @@ double kv_bytes(const AttentionBenchCase& c, const AttentionBenchOptions& o) {
 
 struct Row {
   AttentionBenchCase shape;
-  int splits;
+  kernels::DecodeAttentionPlan plan;
   int kv_copies;
-  double us;
-  int launches;
+  double graph_us;   // per call, back to back in a CUDA graph (as in the decode step)
+  double stream_us;  // per call, launched one by one from the host with an event between
 };
 
 int run_gpu(const AttentionBenchOptions& o) {
@@ -73,7 +78,7 @@ int run_gpu(const AttentionBenchOptions& o) {
   std::vector<Row> rows;
   for (const AttentionBenchCase& c : o.cases) {
     const kernels::DecodeAttentionPlan plan =
-        kernels::plan_decode_attention(c.batch, o.q_heads, o.kv_heads, o.head_dim, c.context, device.sm_count);
+        kernels::plan_decode_attention(c.batch, o.q_heads, o.kv_heads, o.head_dim, c.context, device.sm_count, o.splits);
     // Enough separate pools of K/V pages (each with its own scattered block table) that the
     // pages a call reads were evicted from L2 since the last call that read them.
     const int pages_per_seq = (c.context + kernels::kKvPageSize - 1) / kernels::kKvPageSize;
@@ -109,29 +114,50 @@ int run_gpu(const AttentionBenchOptions& o) {
       params.kv.block_table = block_tables.as<const int32_t>() + (rep % copies) * pages_per_call;
       DF_CHECK_CUDA(kernels::launch_decode_attention(plan, params, stream));
     };
-    const double us = median_call_us(call, o.warmup, o.repetitions, stream);
+    const double stream_us = median_call_us(call, o.warmup, o.repetitions, stream);
+    const int calls_per_graph = copies * ((20 + copies - 1) / copies);  // every copy equally often
+    const double graph_us = median_graph_call_us(call, calls_per_graph, std::max(5, o.repetitions / 10), stream);
     DF_CHECK_CUDA(cudaStreamSynchronize(stream));
     for (uint16_t bits : out.to_host<uint16_t>(out_elements))
       DF_CHECK((bits & 0x7f80u) != 0x7f80u, "decode attention produced a non-finite output at " + case_name(c));
-    rows.push_back({c, plan.splits_per_sequence, copies, us, kernels::decode_attention_launches(plan)});
+#ifdef DEEPFUSE_ATTENTION_TRACE
+    if (const char* prefix = std::getenv("DEEPFUSE_ATTENTION_TRACE_FILE")) {
+      const auto trace = kernels::decode_attention_trace();
+      std::ofstream file(std::string(prefix) + case_name(c) + ".csv");
+      file << "block,sm,g_start,c_start,c_first,c_stream,c_ticket,c_merge,g_end\n";
+      const int blocks = plan.splits_per_sequence * o.kv_heads * c.batch;
+      for (int b = 0; b < blocks && b < 16384; ++b) {
+        file << b;
+        for (int k = 0; k < 8; ++k) file << "," << trace[b * 8 + k];
+        file << "\n";
+      }
+    }
+#endif
+    rows.push_back({c, plan, copies, graph_us, stream_us});
     std::fprintf(stderr, "  measured %s (%d KV copies, %.0f MB each)\n", case_name(c).c_str(), copies, bytes_per_call / 1e6);
   }
   DF_CHECK_CUDA(cudaStreamDestroy(stream));
 
-  Table table({"batch x context", "q/kv heads", "d", "splits", "us", "TB/s", "%copy", "launches"});
+  Table table({"batch x context", "q/kv heads", "d", "splits", "us graph", "TB/s", "%copy", "us stream",
+               "%copy stream", "launches"});
   nlohmann::json json = run_header(device.name, copy_bw);
   json["suite"] = "attention";
   json["rows"] = nlohmann::json::array();
   for (const Row& r : rows) {
-    const double tbps = kv_bytes(r.shape, o) / (r.us * 1e-6) / 1e12;
+    const double bytes = kv_bytes(r.shape, o);
+    const double tbps = bytes / (r.graph_us * 1e-6) / 1e12;
     const double pct = 100.0 * tbps * 1e12 / copy_bw;
+    const double pct_stream = 100.0 * bytes / (r.stream_us * 1e-6) / copy_bw;
+    const int launches = kernels::decode_attention_launches(r.plan);
     table.add({case_name(r.shape), std::to_string(o.q_heads) + "/" + std::to_string(o.kv_heads),
-               std::to_string(o.head_dim), std::to_string(r.splits), format_fixed(r.us, 1), format_fixed(tbps, 2),
-               format_fixed(pct, 1), std::to_string(r.launches)});
+               std::to_string(o.head_dim), std::to_string(r.plan.splits_per_sequence), format_fixed(r.graph_us, 1), format_fixed(tbps, 2),
+               format_fixed(pct, 1), format_fixed(r.stream_us, 1), format_fixed(pct_stream, 1),
+               std::to_string(launches)});
     json["rows"].push_back({{"batch", r.shape.batch}, {"context", r.shape.context}, {"q_heads", o.q_heads},
-                            {"kv_heads", o.kv_heads}, {"head_dim", o.head_dim}, {"splits", r.splits},
-                            {"kv_copies", r.kv_copies}, {"us", r.us}, {"tbps", tbps}, {"pct_copy", pct},
-                            {"launches", r.launches}});
+                            {"kv_heads", o.kv_heads}, {"head_dim", o.head_dim},
+                            {"splits", r.plan.splits_per_sequence},
+                            {"kv_copies", r.kv_copies}, {"us", r.graph_us}, {"tbps", tbps}, {"pct_copy", pct},
+                            {"us_stream", r.stream_us}, {"pct_copy_stream", pct_stream}, {"launches", launches}});
   }
   std::fputs(table.render().c_str(), stdout);
   if (!o.json_path.empty()) write_json(o.json_path, json);

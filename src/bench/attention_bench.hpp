@@ -19,6 +19,7 @@ struct AttentionBenchOptions {
   int head_dim = 128;
   int repetitions = 100;
   int warmup = 10;
+  int splits = 0;            // > 0: force the split count (compare plans); 0: the plan's choice
   double l2_multiple = 4.0;  // KV copies rotated per call cover at least this many L2s
   std::string json_path;     // empty: no JSON
 };

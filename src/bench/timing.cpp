@@ -40,6 +40,36 @@ double median_call_us(const std::function<void(int rep)>& call, int warmup, int 
   return median(us);
 }
 
+double median_graph_call_us(const std::function<void(int rep)>& call, int calls_per_graph, int replays,
+                            cudaStream_t stream) {
+  DF_CHECK(calls_per_graph >= 1 && replays >= 1, "graph timing needs at least one call and one replay");
+  cudaGraph_t graph = nullptr;
+  DF_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < calls_per_graph; ++i) call(i);
+  DF_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  DF_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  DF_CHECK_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
+  std::vector<cudaEvent_t> events(2 * replays);
+  for (auto& e : events) DF_CHECK_CUDA(cudaEventCreate(&e));
+  for (int r = 0; r < replays; ++r) {
+    DF_CHECK_CUDA(cudaEventRecord(events[2 * r], stream));
+    DF_CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    DF_CHECK_CUDA(cudaEventRecord(events[2 * r + 1], stream));
+  }
+  DF_CHECK_CUDA(cudaEventSynchronize(events.back()));
+  std::vector<double> us(replays);
+  for (int r = 0; r < replays; ++r) {
+    float ms = 0;
+    DF_CHECK_CUDA(cudaEventElapsedTime(&ms, events[2 * r], events[2 * r + 1]));
+    us[r] = ms * 1e3 / calls_per_graph;
+  }
+  for (auto& e : events) cudaEventDestroy(e);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return median(us);
+}
+
 double median_host_call_us(const std::function<void()>& call, int repetitions) {
   std::vector<double> us;
   for (int rep = 0; rep < repetitions; ++rep) {

@@ -17,6 +17,13 @@ namespace deepfuse::bench {
 // the host and each interval includes the launch gaps a real step would see.
 double median_call_us(const std::function<void(int rep)>& call, int warmup, int repetitions, cudaStream_t stream);
 
+// Median device time in microseconds per call when `calls_per_graph` calls (call(0), call(1),
+// ...) are captured into one CUDA graph and replayed `replays` times, one event pair around each
+// replay: the calls run back to back as in the engine's captured decode step (programmatic
+// launches overlap a kernel's start with the previous one's end), without host launch gaps.
+double median_graph_call_us(const std::function<void(int rep)>& call, int calls_per_graph, int replays,
+                            cudaStream_t stream);
+
 // Median wall time in microseconds of a host-side call (CPU reference backend).
 double median_host_call_us(const std::function<void()>& call, int repetitions);
 

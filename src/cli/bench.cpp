@@ -129,6 +129,9 @@ void register_bench(CLI::App& app, Action& action) {
   attention->add_option("--reps", attention_args->options.repetitions, "timed calls per case (median)")
       ->check(CLI::PositiveNumber);
   attention->add_option("--warmup", attention_args->options.warmup, "untimed calls first")->check(CLI::NonNegativeNumber);
+  attention->add_option("--splits", attention_args->options.splits,
+                        "force this many splits per sequence (default: the plan's choice)")
+      ->check(CLI::Range(1, 256));
   attention->add_option("--json", attention_args->options.json_path, "write the rows as JSON to this file");
   attention->callback([attention_args, &action] {
     action = [attention_args] {

@@ -101,6 +101,17 @@ TEST(DecodeAttentionPlan, H200BenchmarkShapes) {
   EXPECT_EQ(many.workspace_bytes, 0u);
 }
 
+// A forced split count is taken as far as distinct, non-empty splits allow.
+TEST(DecodeAttentionPlan, ForcedSplits) {
+  const PlanInput in{1, 32, 8, 128, 8192, 132};
+  for (int forced : {1, 7, 32, 33, 256}) {
+    const auto plan = plan_decode_attention(1, 32, 8, 128, 8192, 132, forced);
+    expect_consistent(in, plan);
+    EXPECT_EQ(plan.splits_per_sequence, forced == 33 ? 32 : forced) << "forced " << forced;
+  }
+  EXPECT_EQ(plan_decode_attention(1, 32, 8, 128, 100, 132, 64).splits_per_sequence, 7) << "100 keys are 7 pages";
+}
+
 TEST(DecodeAttentionPlan, RejectsBadSizes) {
   EXPECT_THROW(plan_decode_attention(0, 32, 8, 128, 4096, 132), Error);
   EXPECT_THROW(plan_decode_attention(1, 32, 0, 128, 4096, 132), Error);
@@ -110,6 +121,8 @@ TEST(DecodeAttentionPlan, RejectsBadSizes) {
   EXPECT_THROW(plan_decode_attention(1, 32, 8, 256, 4096, 132), Error);
   EXPECT_THROW(plan_decode_attention(1, 32, 8, 128, 0, 132), Error);
   EXPECT_THROW(plan_decode_attention(1, 32, 8, 128, 4096, 0), Error);
+  EXPECT_THROW(plan_decode_attention(1, 32, 8, 128, 4096, 132, 257), Error);
+  EXPECT_THROW(plan_decode_attention(1, 32, 8, 128, 4096, 132, -1), Error);
   try {
     plan_decode_attention(1, 32, 8, 96, 4096, 132);
   } catch (const Error& e) {

@@ -323,15 +323,24 @@ TEST_P(EngineVsReference, FinishReasons) {
     EXPECT_EQ(seen[i].finish, i + 1 < seen.size() ? FinishReason::none : FinishReason::max_tokens) << "token " << i;
   EXPECT_EQ(engine.running_sequences(), 0);
 
-  // A stop id ends the sequence at its first occurrence (greedy reproduces the same tokens).
+  // A stop id ends the sequence at its first occurrence. The engine is not bitwise deterministic
+  // (the fused MLP reduces in fp32 in arrival order), so after a near-tie this run's greedy tokens
+  // may differ from the first run's: the rule is checked against this run's own tokens.
   SequenceRequest request = greedy_request(prompt, 6);
-  request.stop_ids = {greedy[3]};
-  const size_t stop_at = std::find(greedy.begin(), greedy.end(), greedy[3]) - greedy.begin();
+  const int32_t stop_id = greedy[3];
+  request.stop_ids = {stop_id};
   const SequenceId stopped = engine.add_sequence(request);
   seen = step_until_finished(engine, {stopped}, 8)[stopped];
-  ASSERT_EQ(seen.size(), stop_at + 1);
-  EXPECT_EQ(seen.back().id, greedy[3]);
-  EXPECT_EQ(seen.back().finish, FinishReason::stop_token);
+  ASSERT_FALSE(seen.empty());
+  const auto first_stop = std::find_if(seen.begin(), seen.end(), [&](const StepToken& s) { return s.id == stop_id; });
+  if (first_stop != seen.end()) {
+    EXPECT_EQ(first_stop + 1, seen.end()) << "tokens after the stop id";
+    EXPECT_EQ(seen.back().finish, FinishReason::stop_token);
+  } else {
+    EXPECT_EQ(seen.size(), 6u) << "without its stop id the sequence runs to max_new_tokens";
+    EXPECT_EQ(seen.back().finish, FinishReason::max_tokens);
+  }
+  for (size_t i = 0; i + 1 < seen.size(); ++i) EXPECT_EQ(seen[i].finish, FinishReason::none) << "token " << i;
   EXPECT_EQ(engine.running_sequences(), 0);
 }
 

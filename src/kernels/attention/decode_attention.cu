@@ -42,6 +42,11 @@
 // trip per chunk that fits in shared memory), weights them by exp2(lse - max lse), writes out, and
 // resets the counter to zero for the next launch. One launch per call, no host synchronisation.
 //
+// Overlap with the kernels around it (programmatic dependent launch): lengths, page ids and the
+// first pages of the cache (all but the newest page, which the QKV kernel before this one writes)
+// are requested before the upstream wait; after its last cache read a block lets the next kernel
+// start. Per-block timelines and versions: docs/kernels/decode_attention.md.
+//
 // Padding and bounds: rows of a page outside [first, len) are zero-filled by cp.async and masked
 // to -inf, so whatever the cache holds there (even NaN) never reaches the output; pages past the
 // sequence's last one are never read; len is clamped to [0, plan.max_context]; len = 0 writes 0.
@@ -73,7 +78,9 @@ constexpr int kSharedBytes = kWarps * kRingBytesPerWarp;
 constexpr int kMaxGroup = 16;                  // query heads per kv head: two 8-wide n-tiles
 constexpr int kMaxSplits = 256;
 // Plan costs in pages a block streams (~0.5 µs each at a 1/264 share of 4.3 TB/s): a block's
-// start (length, then page-table reads) and a split merge each cost about two.
+// start (length, then page-table reads) and a split merge each cost about two. The model fills
+// both resident slots of every SM: plans of one block per SM (16 splits at 1 x 8k) stream as
+// fast alone, but lose 3-35 µs in a graph where the next launch starts early (docs).
 constexpr int kBlockStartPages = 2;
 constexpr int kMergePages = 2;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -263,21 +270,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_attention_kerne
   };
   int32_t ids_now = page_ids(0), ids_next = page_ids(1);
 
-  // Q (and below, the keys just appended) come from the QKV kernel.
-  wait_for_upstream_grids();
-  // Q as mma B fragments: b0 = q[head g][16k + 2t, +1], b1 = the same 8 dims later.
-  uint32_t q_frag[HT][Geo::kDimSteps][2];
-#pragma unroll
-  for (int ht = 0; ht < HT; ++ht) {
-    const int head = 8 * ht + g;
-    const __nv_bfloat16* q_row = a.q + (group_row0 + head) * D + 2 * t;
-#pragma unroll
-    for (int k = 0; k < Geo::kDimSteps; ++k) {
-      q_frag[ht][k][0] = head < a.group ? *reinterpret_cast<const uint32_t*>(q_row + 16 * k) : 0u;
-      q_frag[ht][k][1] = head < a.group ? *reinterpret_cast<const uint32_t*>(q_row + 16 * k + 8) : 0u;
-    }
-  }
-
   const unsigned ring = shared_address(shared) + warp * kRingBytesPerWarp;
   const size_t page_stride = static_cast<size_t>(a.kv_heads) * kKvPageSize * D;  // elements per page id
   const size_t head_offset = static_cast<size_t>(kv_head) * kKvPageSize * D;
@@ -307,6 +299,27 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_attention_kerne
     }
     commit_async();
   };
+
+  // Pages before the newest hold keys of earlier steps, written by kernels long finished: their
+  // copies start before the upstream wait, overlapping the QKV kernel's tail. The newest page
+  // (the current token's key, appended by the QKV kernel) and q wait for it.
+  const int newest_page = (range.length - 1) / kKvPageSize;
+  int primed = 0;
+  while (primed < S - 1 && warp_page0 + kWarps * primed != newest_page) issue(primed++);
+  wait_for_upstream_grids();
+  while (primed < S - 1) issue(primed++);
+  // Q as mma B fragments: b0 = q[head g][16k + 2t, +1], b1 = the same 8 dims later.
+  uint32_t q_frag[HT][Geo::kDimSteps][2];
+#pragma unroll
+  for (int ht = 0; ht < HT; ++ht) {
+    const int head = 8 * ht + g;
+    const __nv_bfloat16* q_row = a.q + (group_row0 + head) * D + 2 * t;
+#pragma unroll
+    for (int k = 0; k < Geo::kDimSteps; ++k) {
+      q_frag[ht][k][0] = head < a.group ? *reinterpret_cast<const uint32_t*>(q_row + 16 * k) : 0u;
+      q_frag[ht][k][1] = head < a.group ? *reinterpret_cast<const uint32_t*>(q_row + 16 * k + 8) : 0u;
+    }
+  }
 
   // ldmatrix row addresses. K (A = keys x dims): matrices {keys 0-7, 8-15} x {dims +0, +8}, lane l
   // points at key l % 16, chunk 2k + l / 16. V^T (A = dims x keys, transposed load): matrices
@@ -375,9 +388,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_attention_kerne
     }
   };
 
-  // ---- The ring: S - 1 pages in flight while one is consumed.
-#pragma unroll
-  for (int j = 0; j < S - 1; ++j) issue(j);
+  // ---- The ring: S - 1 pages in flight while one is consumed (the first S - 1 issued above).
   for (int j = 0; j < my_pages; ++j) {
     __syncwarp();  // every lane has read stage (j - 1) % S before it is refilled
     issue(j + S - 1);
@@ -386,6 +397,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_attention_kerne
     consume(j);
   }
   wait_async<0>();
+  // The cache reads are done: a programmatic next kernel (o_proj) may take the SMs blocks leave
+  // and start its own prologue; it still waits for this whole grid before reading the output.
+  allow_downstream_launch();
 #pragma unroll
   for (int ht = 0; ht < HT; ++ht)
 #pragma unroll
@@ -513,7 +527,7 @@ bool plan_is_consistent(const DecodeAttentionPlan& plan) {
 }  // namespace
 
 DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, int head_dim, int max_context,
-                                          int num_sms) {
+                                          int num_sms, int forced_splits) {
   auto text = [](int v) { return std::to_string(v); };
   DF_CHECK(batch >= 1 && batch <= 65535, "decode attention: batch " + text(batch) + " is outside [1, 65535]");
   DF_CHECK(kv_heads >= 1 && kv_heads <= 65535, "decode attention: kv_heads " + text(kv_heads) + " is outside [1, 65535]");
@@ -524,6 +538,8 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
   DF_CHECK(head_dim == 64 || head_dim == 128, "decode attention: head_dim " + text(head_dim) + " (64 or 128 supported)");
   DF_CHECK(max_context >= 1, "decode attention: max_context " + text(max_context) + " must be at least 1");
   DF_CHECK(num_sms >= 1, "decode attention: num_sms " + text(num_sms) + " must be at least 1");
+  DF_CHECK(forced_splits >= 0 && forced_splits <= kMaxSplits,
+           "decode attention: forced_splits " + text(forced_splits) + " is outside [0, " + text(kMaxSplits) + "]");
 
   // Cost of s splits, in pages streamed by the slowest SM: waves of resident blocks times each
   // block's start and pages, plus the merge. Only s that leave no split empty are distinct.
@@ -538,6 +554,11 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
     const long long waves = (pairs * splits + slots - 1) / slots;
     const long long cost = waves * (kBlockStartPages + per_split) + (splits > 1 ? kMergePages : 0);
     if (cost < best_cost) best_cost = cost, best_splits = splits;
+  }
+
+  if (forced_splits > 0) {  // the count of distinct non-empty splits nearest below the request
+    const int per_split = (max_pages + std::min(forced_splits, max_pages) - 1) / std::min(forced_splits, max_pages);
+    best_splits = (max_pages + per_split - 1) / per_split;
   }
 
   DecodeAttentionPlan plan;

@@ -32,9 +32,11 @@ struct DecodeAttentionPlan {
   size_t workspace_bytes = 0;   // partial outputs, log-sum-exps and merge counters
 };
 
-// Chooses splits so batch * kv_heads * splits blocks cover the SMs a few times over.
+// Chooses splits so batch * kv_heads * splits blocks fill the SMs at the least cost (streaming,
+// block starts, merge). forced_splits > 0 takes that many instead (at most one per page; for
+// benchmarks and tests comparing plans).
 DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, int head_dim, int max_context,
-                                          int num_sms);
+                                          int num_sms, int forced_splits = 0);
 
 struct DecodeAttentionParams {
   const __nv_bfloat16* q = nullptr;     // [batch, q_heads, head_dim], rotated
