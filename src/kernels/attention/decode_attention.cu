@@ -40,8 +40,8 @@
 // and log-sum-exp (fp32) to the workspace and takes a ticket (release + acquire) from the
 // (sequence, kv head) counter; the last block to arrive pulls every split's partials through
 // cp.async (one L2 round trip per chunk that fits in shared memory), weights them by
-// exp2(lse - max lse), writes out, and
-// resets the counter to zero for the next launch. One launch per call, no host synchronisation.
+// exp2(lse - max lse), writes out, and resets the counter to zero for the next launch. One launch
+// per call, no host synchronisation.
 //
 // Overlap with the kernels around it (programmatic dependent launch): lengths, page ids and the
 // first pages of the cache (all but the newest page, which the QKV kernel before this one writes)
