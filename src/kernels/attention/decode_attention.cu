@@ -565,7 +565,8 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
   }
 
   if (forced_splits > 0) {  // the count of distinct non-empty splits nearest below the request
-    const int per_split = (max_pages + std::min(forced_splits, max_pages) - 1) / std::min(forced_splits, max_pages);
+    const int requested = std::min(forced_splits, max_pages);
+    const int per_split = (max_pages + requested - 1) / requested;
     best_splits = (max_pages + per_split - 1) / per_split;
   }
 
