@@ -66,12 +66,10 @@ struct Row {
 };
 
 int run_gpu(const AttentionBenchOptions& o) {
-  const DeviceInfo device = query_device();
-  cudaStream_t stream;
-  DF_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const double copy_bw = measure_copy_bandwidth(size_t{1} << 30, 20, stream);
-  std::printf("GPU: %s, %d SMs, L2 %.0f MB; measured copy bandwidth %.3f TB/s (read+write)\n", device.name.c_str(),
-              device.sm_count, device.l2_bytes / 1e6, copy_bw / 1e12);
+  const GpuBench gpu;
+  const DeviceInfo& device = gpu.device;
+  cudaStream_t stream = gpu.stream;
+  const double copy_bw = gpu.copy_bw;
   std::printf("decode attention: %d query heads, %d kv heads, head_dim %d, bf16, pages of %d tokens\n", o.q_heads,
               o.kv_heads, o.head_dim, kernels::kKvPageSize);
 
@@ -136,7 +134,6 @@ int run_gpu(const AttentionBenchOptions& o) {
     rows.push_back({c, plan, copies, graph_us, stream_us});
     std::fprintf(stderr, "  measured %s (%d KV copies, %.0f MB each)\n", case_name(c).c_str(), copies, bytes_per_call / 1e6);
   }
-  DF_CHECK_CUDA(cudaStreamDestroy(stream));
 
   Table table({"batch x context", "q/kv heads", "d", "splits", "us graph", "TB/s", "%copy", "us stream",
                "%copy stream", "launches"});

@@ -53,12 +53,10 @@ int weight_copies(const MlpShape& shape, size_t l2_bytes, double l2_multiple) {
 }
 
 int run_gpu(const MlpBenchOptions& options) {
-  const DeviceInfo device = query_device();
-  cudaStream_t stream;
-  DF_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const double copy_bw = measure_copy_bandwidth(size_t{1} << 30, 20, stream);
-  std::printf("GPU: %s, %d SMs, L2 %.0f MB; measured copy bandwidth %.3f TB/s (read+write)\n", device.name.c_str(),
-              device.sm_count, device.l2_bytes / 1e6, copy_bw / 1e12);
+  const GpuBench gpu;
+  const DeviceInfo& device = gpu.device;
+  cudaStream_t stream = gpu.stream;
+  const double copy_bw = gpu.copy_bw;
 
   const int max_tokens = *std::max_element(options.token_counts.begin(), options.token_counts.end());
   std::vector<Row> rows;
@@ -103,7 +101,6 @@ int run_gpu(const MlpBenchOptions& options) {
     }
     std::fprintf(stderr, "  measured %s (%d weight copies)\n", shape_name(shape).c_str(), copies);
   }
-  DF_CHECK_CUDA(cudaStreamDestroy(stream));
 
   // Speedup of fused over unfused needs both rows of a (shape, tokens) pair.
   std::map<std::pair<std::string, int>, double> unfused_us;

@@ -194,11 +194,10 @@ int run_qkv_bench(const QkvBenchOptions& options) {
   for (int m : options.token_counts)
     DF_CHECK(m >= 1 && m <= kernels::kQkvFusedMaxTokens,
              "bench qkv: token count " + std::to_string(m) + " outside 1.." + std::to_string(kernels::kQkvFusedMaxTokens));
-  const DeviceInfo device = query_device();
-  cudaStream_t stream;
-  DF_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const double copy_bw = measure_copy_bandwidth(size_t{1} << 30, 20, stream);
-  std::printf("GPU: %s; measured copy bandwidth %.3f TB/s\n", device.name.c_str(), copy_bw / 1e12);
+  const GpuBench gpu;
+  const DeviceInfo& device = gpu.device;
+  cudaStream_t stream = gpu.stream;
+  const double copy_bw = gpu.copy_bw;
   Table table({"shape", "M", "variant", "us", "TB/s", "%copy", "launches", "fused/unfused"});
   nlohmann::json json = run_header(device.name, copy_bw);
   json["suite"] = "qkv";
@@ -208,7 +207,6 @@ int run_qkv_bench(const QkvBenchOptions& options) {
     run_output_projection(s, options, device, copy_bw, stream, table, json["rows"]);
     std::fprintf(stderr, "  measured %s (%d weight copies)\n", s.name.c_str(), copies);
   }
-  DF_CHECK_CUDA(cudaStreamDestroy(stream));
   std::fputs(table.render().c_str(), stdout);
   if (!options.json_path.empty()) write_json(options.json_path, json);
   return 0;

@@ -20,6 +20,17 @@ double median(std::vector<double> values) {
 }
 }  // namespace
 
+GpuBench::GpuBench() : device(query_device()) {
+  DF_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  copy_bw = measure_copy_bandwidth(size_t{1} << 30, 20, stream);
+  std::printf("GPU: %s, %d SMs, L2 %.0f MB; measured copy bandwidth %.3f TB/s (read+write)\n", device.name.c_str(),
+              device.sm_count, device.l2_bytes / 1e6, copy_bw / 1e12);
+}
+
+GpuBench::~GpuBench() {
+  if (stream) cudaStreamDestroy(stream);  // queued work still completes; nothing to report from here
+}
+
 double median_call_us(const std::function<void(int rep)>& call, int warmup, int repetitions, cudaStream_t stream) {
   for (int i = 0; i < warmup; ++i) call(i);
   std::vector<cudaEvent_t> events(repetitions + 1);

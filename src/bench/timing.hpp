@@ -10,7 +10,23 @@
 
 #include <nlohmann/json.hpp>
 
+#include "deepfuse/device.hpp"
+
 namespace deepfuse::bench {
+
+// What every kernel benchmark starts from: the device, a non-blocking stream of its own
+// (destroyed with this object) and the copy bandwidth measured on that stream. The constructor
+// prints "GPU: <name>, <SMs> SMs, L2 <MB> MB; measured copy bandwidth <TB/s> TB/s (read+write)".
+struct GpuBench {
+  GpuBench();
+  ~GpuBench();
+  GpuBench(const GpuBench&) = delete;
+  GpuBench& operator=(const GpuBench&) = delete;
+
+  DeviceInfo device;
+  cudaStream_t stream = nullptr;
+  double copy_bw = 0.0;  // bytes/s, read + write
+};
 
 // Median device time in microseconds of call(rep) over `repetitions` calls, after `warmup`
 // calls. Calls are enqueued back to back with an event between each, so the GPU never waits on
