@@ -42,7 +42,8 @@ struct Row {
   MlpShape shape;
   int tokens;
   std::string variant;
-  double us;
+  double us;        // per call, launched one by one from the host (launch gaps included)
+  double graph_us;  // per call, back to back in a CUDA graph (as in the decode step)
   int launches;
 };
 
@@ -96,36 +97,45 @@ int run_gpu(const MlpBenchOptions& options) {
           layers[rep % copies].run(x.as<__nv_bfloat16>(), res, y.as<__nv_bfloat16>(), tokens, stream);
         };
         const double us = median_call_us(call, options.warmup, options.repetitions, stream);
-        rows.push_back({shape, tokens, name, us, layers[0].launches_per_call(options.residual)});
+        const int calls_per_graph = copies * ((20 + copies - 1) / copies);  // every copy equally often
+        const double graph_us =
+            median_graph_call_us(call, calls_per_graph, std::max(5, options.repetitions / 5), stream);
+        rows.push_back({shape, tokens, name, us, graph_us, layers[0].launches_per_call(options.residual)});
       }
     }
     std::fprintf(stderr, "  measured %s (%d weight copies)\n", shape_name(shape).c_str(), copies);
   }
 
   // Speedup of fused over unfused needs both rows of a (shape, tokens) pair.
-  std::map<std::pair<std::string, int>, double> unfused_us;
+  std::map<std::pair<std::string, int>, const Row*> unfused;
   for (const Row& r : rows)
-    if (r.variant == "unfused") unfused_us[{shape_name(r.shape), r.tokens}] = r.us;
+    if (r.variant == "unfused") unfused[{shape_name(r.shape), r.tokens}] = &r;
 
-  Table table({"shape", "M", "variant", "us", "TB/s", "%copy", "launches", "fused/unfused"});
+  Table table({"shape", "M", "variant", "us", "TB/s", "%copy", "us graph", "%copy graph", "launches",
+               "fused/unfused", "graph"});
   nlohmann::json json = run_header(device.name, copy_bw);
   json["suite"] = "mlp";
   json["residual"] = options.residual;
   json["norm"] = options.norm;
   json["rows"] = nlohmann::json::array();
   for (const Row& r : rows) {
-    const double tbps = r.shape.weight_bytes() / (r.us * 1e-6) / 1e12;
-    const double pct = 100.0 * tbps * 1e12 / copy_bw;
-    std::string speedup;
+    const double bytes = static_cast<double>(r.shape.weight_bytes());
+    const double tbps = bytes / (r.us * 1e-6) / 1e12, graph_tbps = bytes / (r.graph_us * 1e-6) / 1e12;
+    const double pct = 100.0 * tbps * 1e12 / copy_bw, graph_pct = 100.0 * graph_tbps * 1e12 / copy_bw;
+    std::string speedup, graph_speedup;
     nlohmann::json row = {{"shape", shape_name(r.shape)}, {"hidden", r.shape.hidden},
                           {"intermediate", r.shape.intermediate}, {"m", r.tokens}, {"variant", r.variant},
-                          {"us", r.us}, {"tbps", tbps}, {"pct_copy", pct}, {"launches", r.launches}};
-    if (auto it = unfused_us.find({shape_name(r.shape), r.tokens}); r.variant.rfind("fused", 0) == 0 && it != unfused_us.end()) {
-      speedup = format_fixed(it->second / r.us, 2) + "x";
-      row["speedup_vs_unfused"] = it->second / r.us;
+                          {"us", r.us}, {"tbps", tbps}, {"pct_copy", pct}, {"graph_us", r.graph_us},
+                          {"graph_tbps", graph_tbps}, {"graph_pct_copy", graph_pct}, {"launches", r.launches}};
+    if (auto it = unfused.find({shape_name(r.shape), r.tokens}); r.variant.rfind("fused", 0) == 0 && it != unfused.end()) {
+      speedup = format_fixed(it->second->us / r.us, 2) + "x";
+      graph_speedup = format_fixed(it->second->graph_us / r.graph_us, 2) + "x";
+      row["speedup_vs_unfused"] = it->second->us / r.us;
+      row["graph_speedup_vs_unfused"] = it->second->graph_us / r.graph_us;
     }
     table.add({shape_name(r.shape), std::to_string(r.tokens), r.variant, format_fixed(r.us, 1), format_fixed(tbps, 2),
-               format_fixed(pct, 1), std::to_string(r.launches), speedup});
+               format_fixed(pct, 1), format_fixed(r.graph_us, 1), format_fixed(graph_pct, 1),
+               std::to_string(r.launches), speedup, graph_speedup});
     json["rows"].push_back(row);
   }
   std::fputs(table.render().c_str(), stdout);
