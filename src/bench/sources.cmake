@@ -5,15 +5,11 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/mlp_bench.cpp
   ${CMAKE_CURRENT_LIST_DIR}/qkv_bench.cpp)
 
-# The commit benchmarks report; refreshed on every configure (scripts/build.sh configures).
-if(DEFINED ENV{DEEPFUSE_COMMIT})
-  set(DEEPFUSE_GIT_COMMIT $ENV{DEEPFUSE_COMMIT})  # a copied tree (GPU machine): its .git may be stale
-else()
-  execute_process(COMMAND git rev-parse --short=12 HEAD WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
-                  OUTPUT_VARIABLE DEEPFUSE_GIT_COMMIT OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-endif()
-if(NOT DEEPFUSE_GIT_COMMIT)
-  set(DEEPFUSE_GIT_COMMIT unknown)
-endif()
-set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/timing.cpp PROPERTIES
-  COMPILE_DEFINITIONS DEEPFUSE_GIT_COMMIT="${DEEPFUSE_GIT_COMMIT}")
+# The commit benchmarks report, stamped at every build (not only at configure): a build dir
+# configured at an older commit would otherwise label new results with the old commit.
+set(DEEPFUSE_COMMIT_HEADER ${CMAKE_BINARY_DIR}/generated/deepfuse_commit.hpp)
+add_custom_target(deepfuse_commit_stamp ALL
+  COMMAND ${CMAKE_COMMAND} -DSOURCE_DIR=${PROJECT_SOURCE_DIR} -DOUTPUT=${DEEPFUSE_COMMIT_HEADER}
+          -P ${PROJECT_SOURCE_DIR}/cmake/commit_stamp.cmake
+  BYPRODUCTS ${DEEPFUSE_COMMIT_HEADER}
+  COMMENT "Stamping the git commit for benchmark results" VERBATIM)

@@ -7,9 +7,7 @@
 
 #include "deepfuse/error.hpp"
 
-#ifndef DEEPFUSE_GIT_COMMIT
-#define DEEPFUSE_GIT_COMMIT "unknown"
-#endif
+#include "deepfuse_commit.hpp"  // DEEPFUSE_GIT_COMMIT, stamped at build time (src/bench/sources.cmake)
 
 namespace deepfuse::bench {
 

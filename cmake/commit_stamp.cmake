@@ -1,0 +1,21 @@
+# Run at build time (cmake -P): writes OUTPUT, a header defining DEEPFUSE_GIT_COMMIT, the commit
+# benchmarks report. DEEPFUSE_COMMIT in the environment wins (a copied tree on the GPU machine may
+# carry a stale .git). The file is rewritten only when the commit changed, so a build with nothing
+# new to compile stays a no-op.
+if(DEFINED ENV{DEEPFUSE_COMMIT})
+  set(commit "$ENV{DEEPFUSE_COMMIT}")
+else()
+  execute_process(COMMAND git rev-parse --short=12 HEAD WORKING_DIRECTORY "${SOURCE_DIR}"
+                  OUTPUT_VARIABLE commit OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+endif()
+if(NOT commit)
+  set(commit unknown)
+endif()
+set(content "#define DEEPFUSE_GIT_COMMIT \"${commit}\"\n")
+set(previous "")
+if(EXISTS "${OUTPUT}")
+  file(READ "${OUTPUT}" previous)
+endif()
+if(NOT previous STREQUAL content)
+  file(WRITE "${OUTPUT}" "${content}")
+endif()
