@@ -113,8 +113,8 @@ int run_gpu(const AttentionBenchOptions& o) {
       DF_CHECK_CUDA(kernels::launch_decode_attention(plan, params, stream));
     };
     const double stream_us = median_call_us(call, o.warmup, o.repetitions, stream);
-    const int calls_per_graph = copies * ((20 + copies - 1) / copies);  // every copy equally often
-    const double graph_us = median_graph_call_us(call, calls_per_graph, std::max(5, o.repetitions / 10), stream);
+    const double graph_us =
+        median_graph_call_us(call, graph_calls_for_copies(copies), std::max(5, o.repetitions / 10), stream);
     DF_CHECK_CUDA(cudaStreamSynchronize(stream));
     for (uint16_t bits : out.to_host<uint16_t>(out_elements))
       DF_CHECK((bits & 0x7f80u) != 0x7f80u, "decode attention produced a non-finite output at " + case_name(c));

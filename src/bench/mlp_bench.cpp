@@ -97,9 +97,8 @@ int run_gpu(const MlpBenchOptions& options) {
           layers[rep % copies].run(x.as<__nv_bfloat16>(), res, y.as<__nv_bfloat16>(), tokens, stream);
         };
         const double us = median_call_us(call, options.warmup, options.repetitions, stream);
-        const int calls_per_graph = copies * ((20 + copies - 1) / copies);  // every copy equally often
         const double graph_us =
-            median_graph_call_us(call, calls_per_graph, std::max(5, options.repetitions / 5), stream);
+            median_graph_call_us(call, graph_calls_for_copies(copies), std::max(5, options.repetitions / 5), stream);
         rows.push_back({shape, tokens, name, us, graph_us, layers[0].launches_per_call(options.residual)});
       }
     }

@@ -79,6 +79,11 @@ double median_graph_call_us(const std::function<void(int rep)>& call, int calls_
   return median(us);
 }
 
+int graph_calls_for_copies(int copies, int at_least) {
+  DF_CHECK(copies >= 1, "graph timing needs at least one copy");
+  return copies * ((at_least + copies - 1) / copies);
+}
+
 double median_host_call_us(const std::function<void()>& call, int repetitions) {
   std::vector<double> us;
   for (int rep = 0; rep < repetitions; ++rep) {

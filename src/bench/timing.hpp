@@ -40,6 +40,10 @@ double median_call_us(const std::function<void(int rep)>& call, int warmup, int 
 double median_graph_call_us(const std::function<void(int rep)>& call, int calls_per_graph, int replays,
                             cudaStream_t stream);
 
+// Calls per captured graph for a benchmark that rotates `copies` weight (or KV) copies: the
+// smallest multiple of `copies` that is at least `at_least`, so every copy is called equally often.
+int graph_calls_for_copies(int copies, int at_least = 20);
+
 // Median wall time in microseconds of a host-side call (CPU reference backend).
 double median_host_call_us(const std::function<void()>& call, int repetitions);
 
