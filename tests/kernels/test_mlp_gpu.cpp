@@ -101,7 +101,7 @@ TEST_P(MlpVariantsVsReference, EveryTokenCountWithAndWithoutResidual) {
 INSTANTIATE_TEST_SUITE_P(Shapes, MlpVariantsVsReference,
                          ::testing::Values(MlpShape{64, 64}, MlpShape{64, 192}, MlpShape{960, 2496},
                                            MlpShape{896, 4864}, MlpShape{2048, 8192}, MlpShape{4096, 14336},
-                                           MlpShape{3584, 18944}),
+                                           MlpShape{3584, 18944}, MlpShape{8192, 1024}),  // H >= 8192: clusters of 8
                          [](const auto& info) {
                            return std::to_string(info.param.hidden) + "x" + std::to_string(info.param.intermediate);
                          });
