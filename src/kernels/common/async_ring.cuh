@@ -6,8 +6,6 @@
 
 #include <cstdint>
 
-#include "kernels/common/dependent_launch.cuh"
-
 namespace deepfuse::kernels {
 
 // The load ring. Each thread streams its own fragments through its own column of shared

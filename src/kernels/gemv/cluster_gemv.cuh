@@ -24,6 +24,7 @@
 
 #include "kernels/common/async_ring.cuh"
 #include "kernels/common/cluster_launch.hpp"
+#include "kernels/common/dependent_launch.cuh"
 #include "kernels/gemv/packing.cuh"
 #include "kernels/mlp/fragment.cuh"
 

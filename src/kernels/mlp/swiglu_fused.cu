@@ -38,6 +38,7 @@
 
 #include "kernels/common/async_ring.cuh"
 #include "kernels/common/cluster_launch.hpp"
+#include "kernels/common/dependent_launch.cuh"
 #include "kernels/mlp/fragment.cuh"
 
 namespace deepfuse::kernels {
