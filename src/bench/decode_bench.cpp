@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <optional>
 #include <random>
 
@@ -13,6 +14,7 @@
 #include "deepfuse/engine.hpp"
 #include "deepfuse/error.hpp"
 #include "kernels/attention/paged_kv.cuh"
+#include "kernels/common/trace.hpp"
 
 namespace deepfuse::bench {
 
@@ -64,6 +66,18 @@ struct Report {
   }
 };
 
+// Tokens each sequence of a case generates: warm-up, timed and traced steps, and one to spare.
+int tokens_per_case(const DecodeBenchOptions& options) {
+  return options.warmup + options.steps + (options.trace_path.empty() ? 0 : 1) + 1;
+}
+
+// Events per traced step: a few marks per block of every traced kernel, with room to spare.
+constexpr unsigned kTraceCapacity = 1u << 22;
+
+// One more step with the kernels' timeline marks on, appended to the trace CSV (see
+// scripts/summarize_trace.py): arch, batch, context, then one row per block mark.
+void trace_one_step(Engine& engine, const std::string& arch, int batch, int context, const std::string& path);
+
 // One decode step of the case's batch: every sequence must advance by one token; one that
 // finishes here (KV cache full, context length) breaks the case.
 void step_all(Engine& engine, int batch) {
@@ -86,11 +100,29 @@ void remove_all(Engine& engine, const std::vector<SequenceId>& sequences) {
   }
 }
 
+void trace_one_step(Engine& engine, const std::string& arch, int batch, int context, const std::string& path) {
+  namespace trace = kernels::trace;
+  trace::begin(kTraceCapacity);
+  const auto start = Clock::now();
+  step_all(engine, batch);
+  const double step_ms = ms_since(start);
+  const std::vector<trace::Event> events = trace::collect();
+  DF_CHECK(events.size() < kTraceCapacity, "bench decode --trace: the step overflowed the trace buffer");
+  std::ofstream out(path, std::ios::app);
+  DF_CHECK(out.good(), "bench decode --trace: cannot write " + path);
+  if (out.tellp() == 0) out << "arch,batch,context,step_ms,grid,kernel,mark,block,sm,time_ns\n";
+  for (const trace::Event& e : events)
+    out << arch << ',' << batch << ',' << context << ',' << step_ms << ',' << e.grid << ','
+        << trace::kernel_name(e.kernel) << ',' << trace::mark_name(e.mark) << ',' << e.block << ',' << e.sm << ','
+        << e.time_ns << '\n';
+  DF_CHECK(out.good(), "bench decode --trace: writing " + path + " failed");
+}
+
 void run_decode_case(Engine& engine, const std::string& arch, int batch, int context, const DecodeBenchOptions& options,
                      double copy_bytes_per_s, Report& report) {
   const ModelConfig& config = engine.config();
   nlohmann::json row = {{"kind", "decode"}, {"arch", arch}, {"batch", batch}, {"context", context}};
-  const int tokens_per_sequence = options.warmup + options.steps + 1;
+  const int tokens_per_sequence = tokens_per_case(options);
   const int pages_needed = batch * pages_for(context + tokens_per_sequence);
   const std::string label = arch + " batch " + std::to_string(batch) + " context " + std::to_string(context);
   const EngineStats before = engine.stats();
@@ -112,6 +144,7 @@ void run_decode_case(Engine& engine, const std::string& arch, int batch, int con
       step_ms.push_back(ms_since(start));
     }
     cudaProfilerStop();
+    if (!options.trace_path.empty()) trace_one_step(engine, arch, batch, context, options.trace_path);
   } catch (const Error& e) {
     remove_all(engine, sequences);
     report.skip(label, row, e.what());
@@ -188,7 +221,7 @@ void run_arch(const std::string& arch, const DecodeBenchOptions& options, double
       options.ttft_prompts.empty() ? 0 : *std::max_element(options.ttft_prompts.begin(), options.ttft_prompts.end());
   EngineOptions engine_options;
   engine_options.max_batch = *std::max_element(options.batches.begin(), options.batches.end());
-  const int longest = std::max(largest_context + options.warmup + options.steps + 1, largest_prompt + 1);
+  const int longest = std::max(largest_context + tokens_per_case(options), largest_prompt + 1);
   engine_options.max_context = pages_for(longest) * kernels::kKvPageSize;  // whole pages
   engine_options.kv_cache_bytes = options.kv_cache_bytes;
   engine_options.cuda_graphs = options.cuda_graphs;
@@ -240,6 +273,11 @@ int run_decode_bench(const DecodeBenchOptions& options) {
   check_options(options);
   DF_CHECK(cuda_device_available(), "bench decode: no CUDA device found (the decode benchmark runs the CUDA engine)");
   const DeviceInfo device = query_device();
+  if (!options.trace_path.empty()) {
+    kernels::trace::begin(kTraceCapacity);  // before the engines' first launches: see trace::begin
+    std::ofstream truncate(options.trace_path);
+    DF_CHECK(truncate.good(), "bench decode --trace: cannot write " + options.trace_path);
+  }
   const double copy_bw = measure_copy_bandwidth();
   std::printf("GPU: %s, %d SMs; measured copy bandwidth %.3f TB/s (read+write); CUDA graphs %s, MLP %s\n",
               device.name.c_str(), device.sm_count, copy_bw / 1e12, options.cuda_graphs ? "on" : "off",

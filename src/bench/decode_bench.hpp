@@ -28,6 +28,7 @@ struct DecodeBenchOptions {
   size_t kv_cache_bytes = 0;           // 0: the engine's default share of free GPU memory
   uint64_t seed = 1;                   // weights and TTFT prompts
   std::string json_path;               // empty: no JSON
+  std::string trace_path;              // per-block timelines of one step per case (a DEEPFUSE_TRACE build)
 };
 
 // llama3-8b, llama3.2-1b, qwen2.5-7b; batches 1, 8, 32; contexts 512, 8192, 32768; TTFT 512, 4096.

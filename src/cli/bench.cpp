@@ -52,6 +52,8 @@ void register_bench_decode(CLI::App& bench, Action& action) {
       ->check(CLI::PositiveNumber);
   decode->add_option("--seed", o.seed, "random weights and prompts (default 1)");
   decode->add_option("--json", o.json_path, "write the rows as JSON to this file");
+  decode->add_option("--trace", o.trace_path,
+                     "write per-block timelines of one more step per case as CSV (needs -DDEEPFUSE_TRACE=ON)");
   decode->callback([args, &action] {
     action = [args] {
       bench::DecodeBenchOptions options = args->options;

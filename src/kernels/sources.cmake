@@ -2,6 +2,7 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/attention/prefill_attention.cu
   ${CMAKE_CURRENT_LIST_DIR}/attention/decode_attention.cu
   ${CMAKE_CURRENT_LIST_DIR}/common/cluster_launch.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/common/trace.cpp
   ${CMAKE_CURRENT_LIST_DIR}/embedding/embedding.cu
   ${CMAKE_CURRENT_LIST_DIR}/fill.cu
   ${CMAKE_CURRENT_LIST_DIR}/gemm/cublaslt_gemm.cpp

@@ -110,6 +110,18 @@ TEST(DecodeAttentionPlan, ForcedSplits) {
     EXPECT_EQ(plan.splits_per_sequence, forced == 33 ? 32 : forced) << "forced " << forced;
   }
   EXPECT_EQ(plan_decode_attention(1, 32, 8, 128, 100, 132, 64).splits_per_sequence, 7) << "100 keys are 7 pages";
+  EXPECT_EQ(plan_decode_attention(1, 32, 8, 128, 8192, 132, 7).min_pages_per_split, 1)
+      << "a forced count holds at any length";
+}
+
+// Sequences shorter than max_context are cut into fewer splits of at least a few pages each (the
+// merge costs more than streaming a few pages); the plan's count is what long ones reach.
+TEST(DecodeAttentionPlan, ShortSequencesTakeFewerSplits) {
+  for (int context : {100, 576, 8192, 32768}) {
+    const auto plan = plan_decode_attention(1, 32, 8, 128, context, 132);
+    EXPECT_GT(plan.min_pages_per_split, 1) << context;
+    EXPECT_LE(plan.min_pages_per_split, 16) << context << ": short sequences would lose their spread";
+  }
 }
 
 TEST(DecodeAttentionPlan, RejectsBadSizes) {

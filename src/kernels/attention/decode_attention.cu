@@ -14,7 +14,9 @@
 // window are cut into `splits` equal chunks on the device (lengths are read there, so one graph
 // serves every length up to plan.max_context). The plan picks splits so that batch x kv_heads x
 // splits blocks fill the 2 x 132 resident block slots without a ragged last wave: 1 x 8k gets 32
-// splits of 16 pages, 1 x 32k 33 splits of 63 pages, 8 x 32k 4 splits, 32 x 8k one.
+// splits of 16 pages, 1 x 32k 33 splits of 63 pages, 8 x 32k 4 splits, 32 x 8k one. A shorter
+// sequence takes fewer splits of at least plan.min_pages_per_split (8) pages: its merge would
+// cost more than the streaming the extra splits spread.
 //
 // Bytes in flight (Little's law). 4.3 TB/s x ~1 µs of loaded HBM latency is ~4.3 MB in flight,
 // ~33 KB per SM. Each warp streams its own pages (warp w takes pages w, w+4, ...) through its
@@ -64,6 +66,7 @@
 #include "kernels/attention/warp_tiles.cuh"
 #include "kernels/common/cluster_launch.hpp"
 #include "kernels/common/dependent_launch.cuh"
+#include "kernels/common/trace.cuh"
 #include "kernels/mlp/fragment.cuh"
 
 namespace deepfuse::kernels {
@@ -84,6 +87,12 @@ constexpr int kMaxSplits = 256;
 // fast alone, but lose 3-35 µs in a graph where the next launch starts early (docs).
 constexpr int kBlockStartPages = 2;
 constexpr int kMergePages = 2;
+// Inside the decode step a split merge costs more than the model's two pages: the last block's
+// ticket, its L2 round trips for the partials and the next kernel's wait come after the stream
+// (per-block timelines, Llama-3-8B at 512 tokens: cache reads done 2 µs after the upstream wait,
+// merged output 6-8 µs). A sequence shorter than max_context therefore keeps at least this many
+// pages per split; the plan's split count is only reached by long ones.
+constexpr int kMinPagesPerSplit = 8;
 constexpr float kLog2e = 1.4426950408889634f;
 // 2 x (96 KB + 1 KB the runtime reserves per block) fits the H100/H200's 228 KB per SM.
 static_assert(kBlocksPerSm * (kSharedBytes + 1024 + 16) <= 228 * 1024, "two blocks no longer fit one SM");
@@ -135,6 +144,7 @@ struct KernelArgs {
   int kv_heads;
   int group;
   int splits;
+  int min_pages_per_split;
   int max_context;
   int sliding_window;
   float scale_log2;  // scale * log2(e): softmax in base 2
@@ -157,7 +167,7 @@ __device__ __forceinline__ SplitRange split_range(const KernelArgs& a, int seque
   r.first_key = a.sliding_window > 0 ? max(0, r.length - a.sliding_window) : 0;
   const int first_page = r.first_key / kKvPageSize;
   const int pages = (r.length + kKvPageSize - 1) / kKvPageSize - first_page;
-  const int per_split = (pages + a.splits - 1) / a.splits;
+  const int per_split = max((pages + a.splits - 1) / a.splits, a.min_pages_per_split);
   r.active = (pages + per_split - 1) / per_split;
   r.page_begin = first_page + split * per_split;
   r.page_end = min(r.page_begin + per_split, first_page + pages);
@@ -255,6 +265,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_attention_kerne
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const size_t group_row0 = (static_cast<size_t>(sequence) * a.kv_heads + kv_head) * a.group;  // (seq, q head) row
   __nv_bfloat16* out = a.out + group_row0 * D;
+  trace::stamp(trace::Kernel::decode_attention, trace::Mark::start);
 
   // Lengths and page ids come from the host, not from the kernel before this one: they are read
   // before the upstream wait (a programmatic launch may start while the QKV kernel finishes).
@@ -316,6 +327,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_attention_kerne
   int primed = 0;
   while (primed < S - 1 && warp_page0 + kWarps * primed != newest_page) issue(primed++);
   wait_for_upstream_grids();
+  trace::stamp(trace::Kernel::unknown, trace::Mark::upstream);
   while (primed < S - 1) issue(primed++);
   // Q as mma B fragments: b0 = q[head g][16k + 2t, +1], b1 = the same 8 dims later.
   uint32_t q_frag[HT][Geo::kDimSteps][2];
@@ -406,6 +418,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_attention_kerne
     consume(j);
   }
   wait_async<0>();
+  trace::stamp(trace::Kernel::unknown, trace::Mark::phase);
   // The cache reads are done: a programmatic next kernel (o_proj) may take the SMs blocks leave
   // and start its own prologue; it still waits for this whole grid before reading the output.
   allow_downstream_launch();
@@ -470,6 +483,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_attention_kerne
       if (dim == 0) a.lse[slot * a.group + head] = best + log2f(total);
     }
   }
+  trace::stamp(trace::Kernel::unknown, trace::Mark::end);
   if (only_split) return;
 
   // ---- Last block of the (sequence, kv head) merges the splits. The barrier orders every
@@ -483,6 +497,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_attention_kerne
   if (ticket != static_cast<unsigned>(range.active - 1)) return;
   if (threadIdx.x == 0) atomicExch(counter, 0u);  // every split has counted: ready for the next launch
   merge_splits<D, HT>(a, range.active, slot - split, out, shared);
+  trace::stamp(trace::Kernel::unknown, trace::Mark::finish);
 }
 
 // Shared-memory opt-in, once per (instantiation, device).
@@ -508,6 +523,7 @@ cudaError_t prepare_kernel() {
 template <int D, int HT>
 cudaError_t launch_instance(const KernelArgs& args, dim3 grid, cudaStream_t stream) {
   if (cudaError_t e = prepare_kernel<D, HT>(); e != cudaSuccess) return e;
+  trace::attach_unit();
   // A programmatic dependent launch: blocks may start (lengths, page ids) while the kernel before
   // finishes; they wait for it before reading q and the cache. Measured in the decode step:
   // -0.9% (Llama-3-8B), -1.6% (Llama-3.2-1B), -1.1% (Qwen2.5-7B) per step at batch 1.
@@ -524,7 +540,7 @@ bool plan_is_consistent(const DecodeAttentionPlan& plan) {
   if (plan.batch < 1 || plan.kv_heads < 1 || plan.q_heads < 1 || plan.q_heads % plan.kv_heads != 0 ||
       plan.q_heads / plan.kv_heads > kMaxGroup || (plan.head_dim != 64 && plan.head_dim != 128) ||
       plan.max_context < 1 || plan.splits_per_sequence < 1 || plan.splits_per_sequence > kMaxSplits ||
-      plan.pages_per_split < 1)
+      plan.pages_per_split < 1 || plan.min_pages_per_split < 1)
     return false;
   if (static_cast<long long>(plan.splits_per_sequence) * plan.pages_per_split < pages_for(plan.max_context)) return false;
   const WorkspaceLayout layout = workspace_layout(plan.batch, plan.kv_heads, plan.q_heads / plan.kv_heads,
@@ -578,6 +594,7 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
   plan.max_context = max_context;
   plan.splits_per_sequence = best_splits;
   plan.pages_per_split = (max_pages + best_splits - 1) / best_splits;
+  plan.min_pages_per_split = forced_splits > 0 ? 1 : kMinPagesPerSplit;
   plan.workspace_bytes = workspace_layout(batch, kv_heads, q_heads / kv_heads, head_dim, best_splits).bytes;
   return plan;
 }
@@ -613,6 +630,7 @@ cudaError_t launch_decode_attention(const DecodeAttentionPlan& plan, const Decod
   args.kv_heads = plan.kv_heads;
   args.group = group;
   args.splits = plan.splits_per_sequence;
+  args.min_pages_per_split = plan.min_pages_per_split;
   args.max_context = plan.max_context;
   args.sliding_window = params.sliding_window;
   args.scale_log2 = params.scale * kLog2e;

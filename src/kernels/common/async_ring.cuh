@@ -64,6 +64,10 @@ __device__ __forceinline__ void ring_run(int k_begin, int k_end, Issue issue, Co
 __device__ __forceinline__ int split_point(int total, int parts, int index) {
   return static_cast<int>(static_cast<long long>(total) * index / parts);
 }
+// The part that holds `index` when [0, total) is cut at split_point(total, parts, 0..parts).
+__device__ __forceinline__ int split_owner(int total, int parts, int index) {
+  return min(parts - 1, static_cast<int>((static_cast<long long>(index + 1) * parts + total - 1) / total) - 1);
+}
 
 // The same shared-memory object in block `rank` of this cluster (C = 1: our own).
 template <int C, typename T>

@@ -6,10 +6,11 @@
 // inner (k) dimension. Each warp streams one 16-row tile (two warps share a tile when a unit has
 // 4 tiles) through a per-thread cp.async ring, mma.m16n8k16 with the weights on the 16-row side
 // and up to 8 tokens per n-tile; x (times the norm weight) is staged in shared memory for the
-// block's k range, rows padded so B-fragment loads are conflict-free. Partial sums stay in each
-// block's shared memory; after one cluster barrier any block can read the cluster's sum of any
-// (row, token) through distributed shared memory, so the caller's epilogue runs on all C blocks,
-// each over its own slice. Design history and timings: docs/kernels/qkv_rope_fused.md.
+// block's k range, rows padded so B-fragment loads are conflict-free. Each warp stores its partial
+// sums straight into the shared memory of the block whose epilogue finishes those rows (the
+// caller's home_of: every block finishes its own slice), one slot per source warp; after one
+// cluster barrier each block adds its rows' C partials from its own shared memory and may leave
+// without waiting for the others. Design history and timings: docs/kernels/qkv_rope_fused.md.
 //
 // Weights are fragment-packed by pack_rows_fragments (kernels/mlp/fragment.cuh's A layout): for
 // each 16-row tile, for each 16-column k-step, 32 lanes x 16 bytes.
@@ -25,6 +26,7 @@
 #include "kernels/common/async_ring.cuh"
 #include "kernels/common/cluster_launch.hpp"
 #include "kernels/common/dependent_launch.cuh"
+#include "kernels/common/trace.cuh"
 #include "kernels/gemv/packing.cuh"
 #include "kernels/mlp/fragment.cuh"
 
@@ -45,17 +47,38 @@ constexpr int ring_stages() {
   return NT == 4 ? 6 : 10;
 }
 
+// Where the epilogue finishes an output row of the unit: block `rank` of the cluster, at `slot`
+// among that block's rows.
+struct RowHome {
+  int rank;
+  int slot;
+};
+
+// Rows one block may finish: its slice of the unit's rows, or (the QKV epilogue) its slice of the
+// rotation pairs, two rows each.
+template <int kUnitRows, int C>
+constexpr int owned_rows() {
+  return 2 * ((kUnitRows / 2 + C - 1) / C);
+}
+// Partial sums each row receives: one per warp streaming its tile, in each block of the cluster.
+template <int kUnitRows, int C>
+constexpr int sources() {
+  return C * (kWarps / (kUnitRows / 16));
+}
+
 // Shared memory, carved from one dynamic allocation (sizes depend on the launch).
+template <int kUnitRows, int C>
 struct SharedLayout {
   int x_stride = 0;  // bf16 per staged x row: k range + 8 (padding: conflict-free B fragments)
-  size_t ring = 0, sums = 0, squares = 0, x = 0, total = 0;
+  size_t ring = 0, received = 0, squares = 0, inverse_rms = 0, x = 0, total = 0;
 
-  __host__ __device__ SharedLayout(int stages, int max_ksteps, int token_rows, int unit_rows) {
+  __host__ __device__ SharedLayout(int stages, int max_ksteps, int token_rows) {
     x_stride = max_ksteps * 16 + 8;
     ring = 0;
-    sums = ring + sizeof(uint4) * stages * kThreads;
-    squares = sums + sizeof(float) * unit_rows * token_rows;
-    x = squares + sizeof(float) * 2 * kMaxTokens;
+    received = ring + sizeof(uint4) * stages * kThreads;
+    squares = received + sizeof(float) * sources<kUnitRows, C>() * owned_rows<kUnitRows, C>() * token_rows;
+    inverse_rms = squares + sizeof(float) * C * kMaxTokens;
+    x = inverse_rms + sizeof(float) * kMaxTokens;
     total = x + sizeof(__nv_bfloat16) * static_cast<size_t>(token_rows) * x_stride;
   }
 };
@@ -69,37 +92,46 @@ struct Inputs {
   int inner = 0;                               // multiple of 16
 };
 
-// The cluster's sums, readable by every block of the cluster until its final cluster barrier.
-template <int NT, int C>
+// The sums of this block's rows (the slots its home_of gave them), complete after stream_unit.
+template <int NT, int kUnitRows, int C>
 struct Partials {
   static constexpr int kRows = 8 * NT;
-  float* sums;         // this block's [unit rows][kRows] partials
-  float* inverse_rms;  // [tokens] 1/rms(x) over the whole row (1 without a norm)
+  static constexpr int kOwned = owned_rows<kUnitRows, C>();
+  const float* received;     // [sources][kOwned][kRows]: every streaming warp's partial sums
+  const float* inverse_rms;  // [tokens] 1/rms(x) over the whole row (1 without a norm)
 
-  __device__ float sum(int row, int token) const {
+  __device__ float sum(int slot, int token) const {
     float total = 0.0f;
 #pragma unroll
-    for (int b = 0; b < C; ++b) total += in_block<C>(sums, b)[row * kRows + token];
+    for (int source = 0; source < sources<kUnitRows, C>(); ++source)
+      total += received[(source * kOwned + slot) * kRows + token];
     return total;
   }
 };
 
-// Streams unit `unit`'s weights; returns after the cluster barrier that makes all partial sums
-// visible. The caller finishes its slice, then calls cluster_barrier<C>() before returning, so
-// no block leaves while another still reads its shared memory.
-template <int NT, int kUnitRows, int C>
-__device__ Partials<NT, C> stream_unit(const Inputs& in, int unit, int rank, unsigned char* shared_raw,
-                                       int max_ksteps) {
+// Streams unit `unit`'s weights; returns after the cluster barrier, with every partial sum of
+// the rows home_of(row) puts in this block in its own shared memory, so the caller finishes its
+// rows and leaves without another cluster barrier. after_upstream() runs once the upstream grids
+// are complete, while the first weights are in flight: the place to start the epilogue's reads
+// of what the kernel before wrote.
+struct NothingAfterUpstream {
+  __device__ void operator()() const {}
+};
+template <int NT, int kUnitRows, int C, typename HomeOf, typename AfterUpstream = NothingAfterUpstream>
+__device__ Partials<NT, kUnitRows, C> stream_unit(const Inputs& in, int unit, int rank, unsigned char* shared_raw,
+                                                  int max_ksteps, HomeOf home_of,
+                                                  AfterUpstream after_upstream = {}) {
   constexpr int kRows = 8 * NT;  // token rows of the MMA (tokens padded with zeros)
   constexpr int kTiles = kUnitRows / 16;
   constexpr int kWarpsPerTile = kWarps / kTiles;
   static_assert(kTiles * kWarpsPerTile == kWarps, "a unit is 64 or 128 rows");
+  constexpr int kOwned = owned_rows<kUnitRows, C>();
   constexpr int kStages = ring_stages<NT>();
-  const SharedLayout layout(kStages, max_ksteps, kRows, kUnitRows);
+  const SharedLayout<kUnitRows, C> layout(kStages, max_ksteps, kRows);
   auto* ring = reinterpret_cast<uint4(*)[kThreads]>(shared_raw + layout.ring);
-  float* sums = reinterpret_cast<float*>(shared_raw + layout.sums);
-  float* squares = reinterpret_cast<float*>(shared_raw + layout.squares);  // this block's sum of x^2
-  float* inverse_rms = squares + kMaxTokens;
+  float* received = reinterpret_cast<float*>(shared_raw + layout.received);
+  float* squares = reinterpret_cast<float*>(shared_raw + layout.squares);  // [C][kMaxTokens] per-block sums of x^2
+  float* inverse_rms = reinterpret_cast<float*>(shared_raw + layout.inverse_rms);
   auto* xs = reinterpret_cast<__nv_bfloat16*>(shared_raw + layout.x);  // [kRows][x_stride] x (∘ w)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -110,12 +142,12 @@ __device__ Partials<NT, C> stream_unit(const Inputs& in, int unit, int rank, uns
   const int warp_end = k_begin + split_point(k_count, kWarpsPerTile, part + 1);
   const uint4* tile_weights = in.weights + static_cast<size_t>(unit * kTiles + tile) * ksteps * 32 + lane;
 
-  for (int i = tid; i < kUnitRows * kRows; i += kThreads) sums[i] = 0.0f;
-
   auto issue = [&](int k, int stage, int) { copy16_async(&ring[stage][tid], tile_weights + static_cast<size_t>(k) * 32); };
   ring_prime<kStages, 1>(warp_begin, warp_end, issue);  // constant weights: before the upstream wait
   wait_for_upstream_grids();
+  trace::stamp(trace::Kernel::unknown, trace::Mark::upstream);
   allow_downstream_launch();
+  after_upstream();
 
   // Stage x (∘ w) for this block's k range (one warp per token row) while the first weights fly.
   const int vectors = k_count * 2;  // 8-column vectors
@@ -143,9 +175,9 @@ __device__ Partials<NT, C> stream_unit(const Inputs& in, int unit, int rank, uns
     }
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) row_squares += __shfl_xor_sync(0xffffffffu, row_squares, offset);
-    if (lane == 0 && row < kMaxTokens) squares[row] = row_squares;
+    if (lane < C) in_block<C>(squares, lane)[rank * kMaxTokens + row] = row_squares;  // to every block
   }
-  __syncthreads();  // xs complete, sums zeroed
+  __syncthreads();  // xs complete
 
   float acc[NT][4] = {};
   ring_run<kStages, 1>(warp_begin, warp_end, issue, [&](int k, int stage, int) {
@@ -157,24 +189,31 @@ __device__ Partials<NT, C> stream_unit(const Inputs& in, int unit, int rank, uns
       mma_bf16_m16n8k16(acc[nt], a, *reinterpret_cast<const uint32_t*>(b), *reinterpret_cast<const uint32_t*>(b + 8));
     }
   });
-  // Partial sums stay in this block (two warps share a tile in 64-row units: shared atomics).
+  trace::stamp(trace::Kernel::unknown, trace::Mark::phase);
+  // Each partial sum goes to its row's home, in this warp's own slot (no atomics, nothing to
+  // zero first): plain distributed-shared-memory stores, ordered by the cluster barrier.
+  const int source = rank * kWarpsPerTile + part;
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
+  for (int half = 0; half < 2; ++half) {
+    const RowHome home = home_of(tile * 16 + g + 8 * half);
+    float* slots = in_block<C>(received, home.rank) + (source * kOwned + home.slot) * kRows;
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int row = tile * 16 + g + (c >= 2 ? 8 : 0), token = nt * 8 + 2 * t + (c & 1);
-      if (token < in.tokens) atomicAdd(&sums[row * kRows + token], acc[nt][c]);
+    for (int nt = 0; nt < NT; ++nt) {
+      slots[nt * 8 + 2 * t] = acc[nt][2 * half];
+      slots[nt * 8 + 2 * t + 1] = acc[nt][2 * half + 1];
     }
-  cluster_barrier<C>();  // every block's partial sums and squares are complete
+  }
+  cluster_barrier<C>();  // every partial sum and sum of squares is home
+  trace::stamp(trace::Kernel::unknown, trace::Mark::barrier);
 
   if (tid < in.tokens) {
     float total = 0.0f;
 #pragma unroll
-    for (int b = 0; b < C; ++b) total += in_block<C>(squares, b)[tid];
+    for (int b = 0; b < C; ++b) total += squares[b * kMaxTokens + tid];
     inverse_rms[tid] = in.norm_weight ? rsqrtf(total / in.inner + in.norm_eps) : 1.0f;
   }
   __syncthreads();
-  return {sums, inverse_rms};
+  return {received, inverse_rms};
 }
 
 // Launches kernel<<<units * C blocks in clusters of C>>>(params, max_ksteps) with the shared
@@ -183,7 +222,7 @@ __device__ Partials<NT, C> stream_unit(const Inputs& in, int unit, int rank, uns
 template <int NT, int kUnitRows, int C, typename Params>
 cudaError_t launch(void (*kernel)(Params, int), const Params& params, int units, int inner, cudaStream_t stream) {
   const int max_ksteps = (inner / 16 + C - 1) / C;
-  const SharedLayout layout(ring_stages<NT>(), max_ksteps, 8 * NT, kUnitRows);
+  const SharedLayout<kUnitRows, C> layout(ring_stages<NT>(), max_ksteps, 8 * NT);
   if (layout.total > static_cast<size_t>(kMaxSharedBytes)) return cudaErrorNotSupported;
   static const cudaError_t attribute = [&] {
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSharedBytes);

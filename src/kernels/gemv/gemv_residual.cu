@@ -5,6 +5,7 @@
 // 4.2 TB/s); the cuBLASLt path it replaces runs a split-K GEMM plus a reduction kernel.
 #include "kernels/gemv/gemv_residual.cuh"
 
+#include "kernels/common/trace.cuh"
 #include "kernels/gemv/cluster_gemv.cuh"
 
 namespace deepfuse::kernels {
@@ -15,21 +16,40 @@ using cluster_gemv::kThreads;
 template <int NT, int kUnitRows, int C>
 __global__ void __launch_bounds__(kThreads) gemv_residual_kernel(const GemvResidualParams p, int max_ksteps) {
   extern __shared__ __align__(16) unsigned char shared_raw[];
+  trace::stamp(trace::Kernel::gemv_residual, trace::Mark::start);
   const int unit = blockIdx.x / C, rank = blockIdx.x % C;
-  const cluster_gemv::Inputs inputs{p.x, nullptr, 0.0f, p.weights, p.tokens, p.inner};
-  const auto partials = cluster_gemv::stream_unit<NT, kUnitRows, C>(inputs, unit, rank, shared_raw, max_ksteps);
-
+  // This block's epilogue: its 1/C of the unit's rows, for every token.
   const int row_begin = split_point(kUnitRows, C, rank), rows = split_point(kUnitRows, C, rank + 1) - row_begin;
-  for (int item = threadIdx.x; item < p.tokens * rows; item += kThreads) {
-    const int token = item / rows, local = row_begin + item % rows;
-    const int row = unit * kUnitRows + local;
-    float value = partials.sum(local, token);
-    if (p.bias) value += __bfloat162float(p.bias[row]);
-    const size_t index = static_cast<size_t>(token) * p.rows + row;
+  const int items = p.tokens * rows;
+  auto output_index = [&](int item) {
+    return static_cast<size_t>(item / rows) * p.rows + unit * kUnitRows + row_begin + item % rows;
+  };
+  // bias + residual of each thread's first item. The residual is the kernel before's output, so
+  // it is read after the upstream wait, but before the cluster barrier: in flight while the last
+  // weights stream instead of a global round trip after it.
+  auto addend = [&](int item) {
+    const size_t index = output_index(item);
+    float value = p.bias ? __bfloat162float(p.bias[index % p.rows]) : 0.0f;
     if (p.residual) value += __bfloat162float(p.residual[index]);
-    p.y[index] = __float2bfloat16(value);
+    return value;
+  };
+  // Row r of the unit is finished by the block whose slice holds it.
+  auto home_of = [](int row) {
+    const int owner = split_owner(kUnitRows, C, row);
+    return cluster_gemv::RowHome{owner, row - split_point(kUnitRows, C, owner)};
+  };
+  const cluster_gemv::Inputs inputs{p.x, nullptr, 0.0f, p.weights, p.tokens, p.inner};
+  float first_addend = 0.0f;
+  const auto partials = cluster_gemv::stream_unit<NT, kUnitRows, C>(
+      inputs, unit, rank, shared_raw, max_ksteps, home_of,
+      [&] { first_addend = threadIdx.x < items ? addend(threadIdx.x) : 0.0f; });
+
+  for (int item = threadIdx.x; item < items; item += kThreads) {
+    const float value = partials.sum(item % rows, item / rows) +
+                        (item == static_cast<int>(threadIdx.x) ? first_addend : addend(item));
+    p.y[output_index(item)] = __float2bfloat16(value);
   }
-  cluster_barrier<C>();  // no block leaves while another still reads its partial sums
+  trace::stamp(trace::Kernel::unknown, trace::Mark::end);
 }
 
 template <int kUnitRows>
@@ -47,6 +67,7 @@ cudaError_t launch_gemv_residual(const GemvResidualParams& p, cudaStream_t strea
   if (!p.x || !p.weights || !p.y || p.tokens < 1 || p.tokens > kGemvResidualMaxTokens || p.rows < 64 ||
       p.rows % 64 != 0 || p.inner < 64 || p.inner % 64 != 0 || static_cast<const void*>(p.x) == p.y)
     return cudaErrorInvalidValue;
+  trace::attach_unit();
   // 128-row units (one tile per warp) when that still gives ~2 clusters of 8 per SM-pair on a
   // large GPU; 64-row units otherwise, so small projections still spread over every SM.
   if (p.rows % 128 == 0 && p.rows >= 4096) return launch_for_unit<128>(p, stream);

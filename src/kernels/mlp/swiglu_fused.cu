@@ -7,10 +7,11 @@
 //
 // Work split. The grid is made of clusters of C blocks (C = 1, 4 or 8; Hopper thread-block
 // clusters), each owning a contiguous slice of the intermediate dimension I (16-row tiles).
-//   Phase 1  the cluster's C x 8 warps split the slice's (tile, k-step) space into equal ranges:
-//            g = x·Wg^T and u = x·Wu^T. Sums a range boundary cuts meet in the shared memory of
-//            the tile's owner block through distributed-shared-memory atomics. Every block does
-//            the same work whatever the tile count, so no block waits at the barrier for another.
+//   Phase 1  the cluster's warps (8 or 16 per block) split the slice's (tile, k-step) space into
+//            equal ranges: g = x·Wg^T and u = x·Wu^T. Sums a range boundary cuts meet in the
+//            shared memory of the tile's owner block through distributed-shared-memory atomics.
+//            Every block does the same work whatever the tile count, so no block waits at the
+//            barrier for another.
 //   Act      each owner computes act = bf16(silu(g)*u) for its tiles and pushes it into every
 //            block of the cluster: each block then holds the activations of the whole slice.
 //   Phase 2  block r multiplies them by Wd for its 1/C of the output rows: a partial y, summed
@@ -39,20 +40,29 @@
 #include "kernels/common/async_ring.cuh"
 #include "kernels/common/cluster_launch.hpp"
 #include "kernels/common/dependent_launch.cuh"
+#include "kernels/common/trace.cuh"
 #include "kernels/mlp/fragment.cuh"
 
 namespace deepfuse::kernels {
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
-constexpr int kMaxTilesPerBlock = 6;  // 16-row tiles of I one block owns (I <= 264 blocks x 6 x 16)
 constexpr int kMaxFinishers = 16;
 
 template <int NT, int C>  // NT: n-tiles of 8 tokens per pass; C: cluster size
 struct FusedConfig {
   static_assert(NT == 1 || NT == 2 || NT == 4, "passes hold 8, 16 or 32 tokens");
   static constexpr int kTokensPerPass = 8 * NT;
+  // 16 warps a block, one block per SM, at 9-16 tokens in clusters; else 8 warps, two blocks per
+  // SM. Same ring bytes per SM either way. Measured (docs/kernels/swiglu_fused.md, "One block of
+  // 16 warps"): at M = 16 one block is 4-8% faster on every shape; at M = 1 it was as fast alone
+  // but 0.3-0.8% slower in the decode step. Without clusters (sm_80: 164 KB per SM) the 16-warp
+  // block would not fit.
+  static constexpr int kWarps = NT == 2 && C > 1 ? 16 : 8;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kBlocksPerSm = 16 / kWarps;
+  static constexpr int kMaxTilesPerBlock = 6 * kWarps / 8;  // 16-row tiles of I one block owns
+  // 228 KB of shared memory per SM, 1 KB of it reserved per block.
+  static constexpr size_t kMaxSharedBytes = 227 * 1024 / kBlocksPerSm - 1024;
   static constexpr int kRowTiles = NT == 1 ? 4 : NT == 2 ? 2 : 1;  // phase-2 output row tiles per warp item
   // The load ring: kStages stages per thread, each kSteps k-steps deep (see ring_run below).
   static constexpr int kStages = NT == 1 ? 4 : 3;
@@ -70,17 +80,13 @@ struct FusedConfig {
 template <int NT, int C>
 struct SharedStorage {
   using Config = FusedConfig<NT, C>;
-  uint4 ring16[Config::kStages][Config::kSlots16][kThreads];  // thread-private columns
-  uint32_t ring4[Config::kStages][Config::kSlots4][kThreads];  // x words, phase 1 only
+  uint4 ring16[Config::kStages][Config::kSlots16][Config::kThreads];  // thread-private columns
+  uint32_t ring4[Config::kStages][Config::kSlots4][Config::kThreads];  // x words, phase 1 only
   float sums[Config::kSumFloats];  // phase-1 g and u per tile in C-fragment order, lane-minor
   __nv_bfloat16 act[8 * NT][Config::kActStride];  // the cluster's slice, pushed by the tiles' owners
   float norm_squares[8 * NT];  // RMSNorm: the pass's per-token sums of x^2, summed over the cluster
   unsigned ticket;
 };
-// Two blocks per SM (228 KB of shared memory, 1 KB reserved per block) is the design point.
-static_assert(sizeof(SharedStorage<1, 8>) <= 113 * 1024 && sizeof(SharedStorage<4, 1>) <= 113 * 1024 && sizeof(SharedStorage<2, 8>) <= 113 * 1024 &&
-                  sizeof(SharedStorage<4, 4>) <= 113 * 1024,
-              "fused MLP shared memory no longer fits two blocks per SM");
 
 __device__ __forceinline__ void red_add_v4(float* address, float a, float b, float c, float d) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -121,7 +127,7 @@ __device__ __forceinline__ void add_tile_to_accumulator(float* accumulator, int 
 
 // Adds sum(x^2) over this block's 1/C of the hidden columns, for tokens token0.. of the pass,
 // into norm_squares of every block in the cluster (one warp per token).
-template <int C>
+template <int C, int kWarps>
 __device__ void add_norm_squares(const SwigluFusedParams& p, float* norm_squares, int token0, int pass_tokens,
                                  int rank, int warp, int lane) {
   const int vectors = p.hidden / 8;  // 16-byte vectors per row
@@ -145,12 +151,13 @@ __device__ void add_norm_squares(const SwigluFusedParams& p, float* norm_squares
 }
 
 template <int NT, int C>
-__global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluFusedParams p, int finishers,
-                                                                   bool skip_reduction) {
+__global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, C>::kBlocksPerSm)
+    swiglu_fused_kernel(const SwigluFusedParams p, int finishers, bool skip_reduction) {
   using Config = FusedConfig<NT, C>;
-  constexpr int S = Config::kStages;
+  constexpr int S = Config::kStages, kWarps = Config::kWarps, kThreads = Config::kThreads;
   extern __shared__ __align__(16) unsigned char shared_raw[];
   auto& shared = *reinterpret_cast<SharedStorage<NT, C>*>(shared_raw);
+  trace::stamp(trace::Kernel::fused_mlp, trace::Mark::start);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
@@ -238,7 +245,7 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
       // RMSNorm folded in: the norm weight is in the packed columns, the sums are scaled by
       // 1/rms(x) before the SiLU, so each block only adds x^2 over its 1/C of H while its first
       // loads are in flight.
-      if (normalize) add_norm_squares<C>(p, shared.norm_squares, token0, 8 * NT, rank, warp, lane);
+      if (normalize) add_norm_squares<C, kWarps>(p, shared.norm_squares, token0, 8 * NT, rank, warp, lane);
       ring_run<S, Config::kSteps1>(f1_begin, f1_end, issue, [&](int f, int stage, int step) {
         const uint4 gate = shared.ring16[stage][step * 2][tid];
         const uint4 up = shared.ring16[stage][step * 2 + 1][tid];
@@ -267,9 +274,11 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
         }
       });
     }
+    trace::stamp(trace::Kernel::unknown, trace::Mark::phase);
     // Phase 2's first loads go out now, so the memory pipe stays full across the barriers below.
     ring_prime<S, Config::kSteps2>(f2_begin, f2_end, issue_down);
     cluster_barrier<C>();  // every g and u of the cluster is summed at its owner
+    trace::stamp(trace::Kernel::unknown, trace::Mark::barrier);
 
     // act = bf16(silu(g) * u) for this block's tiles, pushed into every block of the cluster.
     const int own_tiles = split_point(cluster_tiles, C, rank + 1) - own_begin;
@@ -334,6 +343,7 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
   }
 
   // ---------------- Finish: the last `finishers` blocks to arrive write y.
+  trace::stamp(trace::Kernel::unknown, trace::Mark::end);
   __threadfence();  // this thread's reductions are visible before the block's arrival counts
   __syncthreads();
   if (tid == 0) shared.ticket = atomicAdd(&p.counters[0], 1u);
@@ -367,6 +377,7 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
     *partial = make_float4(0, 0, 0, 0);
   }
   __syncthreads();
+  trace::stamp(trace::Kernel::unknown, trace::Mark::finish);
   if (tid == 0) {
     __threadfence();
     // The last finisher resets the counters: every finisher has left its wait loop by now.
@@ -381,7 +392,8 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_fused_kernel(const SwigluF
 template <int NT, int C>
 struct FusedLaunch : ClusterLaunch {
   FusedLaunch(int blocks, cudaStream_t stream)
-      : ClusterLaunch(static_cast<unsigned>(blocks), kThreads, sizeof(SharedStorage<NT, C>), C, stream) {}
+      : ClusterLaunch(static_cast<unsigned>(blocks), FusedConfig<NT, C>::kThreads, sizeof(SharedStorage<NT, C>), C,
+                      stream) {}
 };
 
 // How many blocks can be resident at once for one (NT, C) instantiation on this device: the
@@ -414,7 +426,7 @@ cudaError_t residency_for(Residency& out) {
     return cudaSuccess;
   }
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.max_blocks_per_sm, kernel, kThreads, smem); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.max_blocks_per_sm, kernel, FusedConfig<NT, C>::kThreads, smem); e != cudaSuccess) return e;
   if (C > 1) {
     const FusedLaunch<NT, C> probe(C * r.sm_count, nullptr);
     if (cudaError_t e = cudaOccupancyMaxActiveClusters(&r.max_clusters, kernel, &probe.config); e != cudaSuccess) return e;
@@ -426,12 +438,15 @@ cudaError_t residency_for(Residency& out) {
 
 template <int NT, int C>
 cudaError_t launch_instance(const SwigluFusedParams& p, const SwigluFusedTuning& tuning, cudaStream_t stream) {
+  static_assert(sizeof(SharedStorage<NT, C>) <= FusedConfig<NT, C>::kMaxSharedBytes,
+                "fused MLP shared memory no longer fits the blocks per SM its configuration wants");
   Residency residency;
   if (cudaError_t e = residency_for<NT, C>(residency); e != cudaSuccess) return e;
   if (C > 1 && residency.max_clusters < 1) return cudaErrorNotSupported;
   if (residency.max_blocks_per_sm < 1) return cudaErrorInvalidConfiguration;
   const int i_tiles = p.intermediate / 16;
   // A block holds at most kMaxTilesPerBlock tiles: raise the requested occupancy if I needs it.
+  constexpr int kMaxTilesPerBlock = FusedConfig<NT, C>::kMaxTilesPerBlock;
   const int needed_per_sm = (i_tiles + kMaxTilesPerBlock * residency.sm_count - 1) / (kMaxTilesPerBlock * residency.sm_count);
   const int requested = tuning.blocks_per_sm > 0 ? tuning.blocks_per_sm : residency.max_blocks_per_sm;
   const int per_sm = std::min(std::max(requested, needed_per_sm), residency.max_blocks_per_sm);
@@ -445,6 +460,7 @@ cudaError_t launch_instance(const SwigluFusedParams& p, const SwigluFusedTuning&
   // Not a programmatic dependent launch: decode steps measured 31% slower that way after cuBLAS's
   // o_proj, and still ~1% slower after the cluster-GEMV o_proj with its first weights prefetched
   // to L2 before the wait (docs/kernels/swiglu_fused.md, "Overlap with the kernels around it").
+  trace::attach_unit();
   const FusedLaunch<NT, C> launch(blocks, stream);
   return cudaLaunchKernelEx(&launch.config, swiglu_fused_kernel<NT, C>, p, finishers, tuning.skip_reduction);
 }

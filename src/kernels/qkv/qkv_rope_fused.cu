@@ -16,15 +16,19 @@
 //
 // RMSNorm folded in: norm(x)·W^T = (1/rms(x)) · ((x∘w)·W^T). Each block stages x∘w for its k
 // range in shared memory (bf16, rows padded so B-fragment loads are conflict-free) and adds
-// sum(x^2) over that range. Partial sums stay in each block's shared memory; after one cluster
-// barrier, block r reads the C partials of its 1/C of the rotation pairs (i, i + d/2) through
-// distributed shared memory, scales by 1/rms, adds the bias, rotates q and k (Hugging Face
-// rotate-half, angle = position * inv_freq[i] in fp32, as rope_kv_append) and writes q_out or the
-// cache. (v1 sent every partial to the leader with remote atomics: 30-110 µs, growing with M.)
+// sum(x^2) over that range. Block r finishes its 1/C of the rotation pairs (i, i + d/2): every
+// warp stores its partial sums of those rows into block r's shared memory (distributed shared
+// memory, one slot per warp); after one cluster barrier block r adds them, scales by 1/rms, adds
+// the bias, rotates q and k (Hugging Face rotate-half, angle = position * inv_freq[i] in fp32, as
+// rope_kv_append) and writes q_out or the cache. The inputs of that epilogue (positions, cache
+// addresses, bias, angles) are read before the weight stream. (v1 sent every partial to the
+// leader with remote atomics: 30-110 µs, growing with M; v3 read the partials remotely after the
+// barrier and needed a second barrier before leaving.)
 // Without clusters (pre-Hopper) C = 1: one block does the whole k range, when its x slice fits
 // in shared memory.
 #include "kernels/qkv/qkv_rope_fused.cuh"
 
+#include "kernels/common/trace.cuh"
 #include "kernels/gemv/cluster_gemv.cuh"
 
 namespace deepfuse::kernels {
@@ -32,48 +36,76 @@ namespace {
 
 using cluster_gemv::kThreads;
 
+// Everything one epilogue item (token, rotation pair i) needs besides the cluster's sums.
+struct PairItem {
+  float cosine = 1.0f, sine = 0.0f;  // identity unless the unit is q or k and the slot is real
+  float bias_low = 0.0f, bias_high = 0.0f;
+  __nv_bfloat16* destination = nullptr;  // q row or cache row; null: a padded slot's k or v
+  bool zero = false;                     // a padded slot's q row: written as zeros
+};
+
+// Reads an item's inputs: positions and block-table entries are step inputs the host uploads
+// (no kernel of the step writes them), bias and inv_freq are weights. So this runs before the
+// weight stream, and the epilogue after the cluster barrier is DSMEM loads and stores only
+// instead of three dependent global round trips (position, page id, then the cache address).
+template <int HD>
+__device__ PairItem prepare_item(const QkvRopeFusedParams& p, int unit, int token, int i, bool is_q, bool is_k,
+                                 int head) {
+  constexpr int kHalf = HD / 2;
+  PairItem item;
+  const int position = p.positions[token];
+  if (p.bias) {
+    item.bias_low = __bfloat162float(p.bias[unit * HD + i]);
+    item.bias_high = __bfloat162float(p.bias[unit * HD + i + kHalf]);
+  }
+  if ((is_q || is_k) && position >= 0) sincosf(static_cast<float>(position) * p.inv_freq[i], &item.sine, &item.cosine);
+  if (is_q) {
+    item.destination = p.q_out + (static_cast<size_t>(token) * p.q_heads + head) * HD;
+    item.zero = position < 0;
+  } else if (position >= 0) {
+    item.destination = (is_k ? p.kv.k_pages : p.kv.v_pages) + p.kv.token_offset(p.sequences[token], position, head);
+  }
+  return item;
+}
+
 template <int NT, int HD, int C>
 __global__ void __launch_bounds__(kThreads) qkv_rope_fused_kernel(const QkvRopeFusedParams p, int max_ksteps) {
   extern __shared__ __align__(16) unsigned char shared_raw[];
+  trace::stamp(trace::Kernel::fused_qkv, trace::Mark::start);
   const int unit = blockIdx.x / C, rank = blockIdx.x % C;
-  const cluster_gemv::Inputs inputs{p.x, p.norm_weight, p.norm_eps, p.weights, p.tokens, p.hidden};
-  const auto partials = cluster_gemv::stream_unit<NT, HD, C>(inputs, unit, rank, shared_raw, max_ksteps);
-
-  // Epilogue over this block's slice of rotation pairs (i, i + head_dim/2): scale, bias, rotate,
-  // scatter. Units: q heads, then k heads, then v heads.
+  // This block's epilogue: its 1/C of the rotation pairs (i, i + head_dim/2), for every token.
+  // Units: q heads, then k heads, then v heads.
   const int kv_heads = p.kv.kv_heads;
   const bool is_q = unit < p.q_heads, is_k = !is_q && unit < p.q_heads + kv_heads;
   const int head = is_q ? unit : is_k ? unit - p.q_heads : unit - p.q_heads - kv_heads;
   constexpr int kHalf = HD / 2;
   const int pair_begin = split_point(kHalf, C, rank), pairs = split_point(kHalf, C, rank + 1) - pair_begin;
-  for (int item = threadIdx.x; item < p.tokens * pairs; item += kThreads) {
-    const int token = item / pairs, i = pair_begin + item % pairs;
-    const int position = p.positions[token];
-    float low = partials.sum(i, token) * partials.inverse_rms[token];
-    float high = partials.sum(i + kHalf, token) * partials.inverse_rms[token];
-    if (p.bias) {
-      low += __bfloat162float(p.bias[unit * HD + i]);
-      high += __bfloat162float(p.bias[unit * HD + i + kHalf]);
-    }
-    if ((is_q || is_k) && position >= 0) {  // v is not rotated
-      float sine, cosine;
-      sincosf(static_cast<float>(position) * p.inv_freq[i], &sine, &cosine);
-      const float rotated_low = low * cosine - high * sine;
-      high = high * cosine + low * sine;
-      low = rotated_low;
-    }
-    __nv_bfloat16* destination;
-    if (is_q) {
-      destination = p.q_out + (static_cast<size_t>(token) * p.q_heads + head) * HD;
-      if (position < 0) low = high = 0.0f;
-    } else {
-      if (position < 0) continue;
-      destination = (is_k ? p.kv.k_pages : p.kv.v_pages) + p.kv.token_offset(p.sequences[token], position, head);
-    }
-    destination[i] = __float2bfloat16(low);
-    destination[i + kHalf] = __float2bfloat16(high);
+  const int items = p.tokens * pairs;
+  auto item_at = [&](int index) {
+    return prepare_item<HD>(p, unit, index / pairs, pair_begin + index % pairs, is_q, is_k, head);
+  };
+  const PairItem first = threadIdx.x < items ? item_at(threadIdx.x) : PairItem{};  // in flight during the stream
+
+  // Rows i and i + head_dim/2 are finished by the block whose slice holds pair i: its low rows
+  // first, then its high rows.
+  constexpr int kHighSlots = cluster_gemv::owned_rows<HD, C>() / 2;
+  auto home_of = [](int row) {
+    const int pair = row % kHalf, owner = split_owner(kHalf, C, pair);
+    return cluster_gemv::RowHome{owner, pair - split_point(kHalf, C, owner) + (row >= kHalf ? kHighSlots : 0)};
+  };
+  const cluster_gemv::Inputs inputs{p.x, p.norm_weight, p.norm_eps, p.weights, p.tokens, p.hidden};
+  const auto partials = cluster_gemv::stream_unit<NT, HD, C>(inputs, unit, rank, shared_raw, max_ksteps, home_of);
+
+  for (int index = threadIdx.x; index < items; index += kThreads) {
+    const PairItem item = index == static_cast<int>(threadIdx.x) ? first : item_at(index);
+    const int token = index / pairs, local = index % pairs, i = pair_begin + local;
+    const float low = partials.sum(local, token) * partials.inverse_rms[token] + item.bias_low;
+    const float high = partials.sum(local + kHighSlots, token) * partials.inverse_rms[token] + item.bias_high;
+    if (!item.destination) continue;
+    item.destination[i] = __float2bfloat16(item.zero ? 0.0f : low * item.cosine - high * item.sine);
+    item.destination[i + kHalf] = __float2bfloat16(item.zero ? 0.0f : high * item.cosine + low * item.sine);
   }
-  cluster_barrier<C>();  // no block leaves while another still reads its partial sums
+  trace::stamp(trace::Kernel::unknown, trace::Mark::end);
 }
 
 template <int HD>
@@ -94,6 +126,7 @@ cudaError_t launch_qkv_rope_fused(const QkvRopeFusedParams& p, cudaStream_t stre
       (head_dim != 64 && head_dim != 128))
     return cudaErrorInvalidValue;
   const int units = p.q_heads + 2 * p.kv.kv_heads;
+  trace::attach_unit();
   return head_dim == 64 ? launch_for_head_dim<64>(p, units, stream) : launch_for_head_dim<128>(p, units, stream);
 }
 
