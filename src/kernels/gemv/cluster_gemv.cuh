@@ -144,12 +144,17 @@ __device__ Partials<NT, kUnitRows, C> stream_unit(const Inputs& in, int unit, in
 
   auto issue = [&](int k, int stage, int) { copy16_async(&ring[stage][tid], tile_weights + static_cast<size_t>(k) * 32); };
   ring_prime<kStages, 1>(warp_begin, warp_end, issue);  // constant weights: before the upstream wait
+  // Blocks write into each other's shared memory below (sums of squares, partial sums): only once
+  // every block of the cluster has started. Here, before the upstream wait, the barrier is off
+  // the critical path of a programmatic launch.
+  cluster_barrier<C>();
   wait_for_upstream_grids();
   trace::stamp(trace::Kernel::unknown, trace::Mark::upstream);
   allow_downstream_launch();
   after_upstream();
 
-  // Stage x (∘ w) for this block's k range (one warp per token row) while the first weights fly.
+  // Stage x (∘ w) for this block's k range (one warp per token row) while the first weights fly;
+  // each row's sum of squares goes to every block of the cluster.
   const int vectors = k_count * 2;  // 8-column vectors
   for (int row = warp; row < kRows; row += kWarps) {
     float row_squares = 0.0f;
