@@ -9,7 +9,7 @@
 // block's k range, rows padded so B-fragment loads are conflict-free. Each warp stores its partial
 // sums straight into the shared memory of the block whose epilogue finishes those rows (the
 // caller's home_of: every block finishes its own slice), one slot per source warp; after one
-// cluster barrier each block adds its rows' C partials from its own shared memory and may leave
+// cluster barrier each block adds its rows' partials from its own shared memory and may leave
 // without waiting for the others. Design history and timings: docs/kernels/qkv_rope_fused.md.
 //
 // Weights are fragment-packed by pack_rows_fragments (kernels/mlp/fragment.cuh's A layout): for
