@@ -74,10 +74,6 @@ int tokens_per_case(const DecodeBenchOptions& options) {
 // Events per traced step: a few marks per block of every traced kernel, with room to spare.
 constexpr unsigned kTraceCapacity = 1u << 22;
 
-// One more step with the kernels' timeline marks on, appended to the trace CSV (see
-// scripts/summarize_trace.py): arch, batch, context, then one row per block mark.
-void trace_one_step(Engine& engine, const std::string& arch, int batch, int context, const std::string& path);
-
 // One decode step of the case's batch: every sequence must advance by one token; one that
 // finishes here (KV cache full, context length) breaks the case.
 void step_all(Engine& engine, int batch) {
@@ -100,6 +96,8 @@ void remove_all(Engine& engine, const std::vector<SequenceId>& sequences) {
   }
 }
 
+// One more step with the kernels' timeline marks on, appended to the trace CSV (see
+// scripts/summarize_trace.py): arch, batch, context, then one row per block mark.
 void trace_one_step(Engine& engine, const std::string& arch, int batch, int context, const std::string& path) {
   namespace trace = kernels::trace;
   trace::begin(kTraceCapacity);

@@ -46,8 +46,9 @@ struct PairItem {
 
 // Reads an item's inputs: positions and block-table entries are step inputs the host uploads
 // (no kernel of the step writes them), bias and inv_freq are weights. So this runs before the
-// weight stream, and the epilogue after the cluster barrier is DSMEM loads and stores only
-// instead of three dependent global round trips (position, page id, then the cache address).
+// weight stream, and the epilogue after the cluster barrier is this block's shared-memory loads
+// and the stores, instead of three dependent global round trips (position, page id, then the
+// cache address).
 template <int HD>
 __device__ PairItem prepare_item(const QkvRopeFusedParams& p, int unit, int token, int i, bool is_q, bool is_k,
                                  int head) {
