@@ -258,8 +258,7 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
         }
         const int tile = f / h_tiles;
         if (f - tile * h_tiles == h_tiles - 1 || f == f1_end - 1) {  // tile or range ends: hand over
-          int owner = 0;
-          while (owner + 1 < C && split_point(cluster_tiles, C, owner + 1) <= tile) ++owner;
+          const int owner = split_owner(cluster_tiles, C, tile);
           float* sums = in_block<C>(shared.sums, owner);
           const int owned = tile - split_point(cluster_tiles, C, owner);
 #pragma unroll
