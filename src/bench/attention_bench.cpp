@@ -15,11 +15,6 @@
 #include "kernels/attention/decode_attention.cuh"
 #include "kernels/fill.cuh"
 
-#ifdef DEEPFUSE_ATTENTION_TRACE
-#include <cstdlib>
-#include <fstream>
-namespace deepfuse::kernels { std::vector<unsigned long long> decode_attention_trace(); }
-#endif
 namespace deepfuse::bench {
 
 std::vector<AttentionBenchCase> default_attention_bench_cases() {
@@ -118,19 +113,6 @@ int run_gpu(const AttentionBenchOptions& o) {
     DF_CHECK_CUDA(cudaStreamSynchronize(stream));
     for (uint16_t bits : out.to_host<uint16_t>(out_elements))
       DF_CHECK((bits & 0x7f80u) != 0x7f80u, "decode attention produced a non-finite output at " + case_name(c));
-#ifdef DEEPFUSE_ATTENTION_TRACE
-    if (const char* prefix = std::getenv("DEEPFUSE_ATTENTION_TRACE_FILE")) {
-      const auto trace = kernels::decode_attention_trace();
-      std::ofstream file(std::string(prefix) + case_name(c) + ".csv");
-      file << "block,sm,g_start,c_start,c_first,c_stream,c_ticket,c_merge,g_end\n";
-      const int blocks = plan.splits_per_sequence * o.kv_heads * c.batch;
-      for (int b = 0; b < blocks && b < 16384; ++b) {
-        file << b;
-        for (int k = 0; k < 8; ++k) file << "," << trace[b * 8 + k];
-        file << "\n";
-      }
-    }
-#endif
     rows.push_back({c, plan, copies, graph_us, stream_us});
     std::fprintf(stderr, "  measured %s (%d KV copies, %.0f MB each)\n", case_name(c).c_str(), copies, bytes_per_call / 1e6);
   }
