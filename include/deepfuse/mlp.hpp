@@ -96,6 +96,12 @@ class MlpLayer {
   // and on launch failures.
   void run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens, cudaStream_t stream);
 
+  // Fused variant only: mlp(x) left in this layer's fp32 buffer [tokens, H], which is returned;
+  // nothing else is written. The caller's later kernels must add it where y would have gone and
+  // zero all tokens x H floats of it before this layer runs again (the decode step does both:
+  // kernels::QkvRopeFusedParams::pending, kernels::GemvResidualParams::pending).
+  float* run_deferred(const __nv_bfloat16* x, int tokens, cudaStream_t stream);
+
   void set_fused_tuning(const FusedMlpTuning& tuning);
 
   MlpVariant variant() const;

@@ -81,9 +81,18 @@ void ForwardPass::rms_norm(const __nv_bfloat16* weight, int first_row, int rows,
   DF_CHECK_CUDA(kernels::launch_rms_norm(p, stream));
 }
 
-void ForwardPass::layer(int index, int tokens, const int32_t* positions, const int32_t* rows,
-                        const Attention& attention, cudaStream_t stream) {
+float* ForwardPass::layer(int index, int tokens, const int32_t* positions, const int32_t* rows,
+                          const Attention& attention, float* pending, cudaStream_t stream) {
   const GpuLayerWeights& w = weights_.layers[index];
+  // The MLP sum may skip the residual stream only when the two kernels that read the stream
+  // before the next MLP can take it: the fused QKV (x + sum) and the o_proj GEMV (residual + sum,
+  // which also clears it); the last block's MLP feeds the final norm and writes the stream itself.
+  // Only at batch 1: every QKV cluster re-reads the fp32 sums of its k range, which at 8 and 16
+  // sequences costs more than the MLP's finish saves (A/B in docs/kernels/swiglu_fused.md).
+  constexpr int kDeferredSumMaxTokens = 1;
+  const bool reads_pending = attention.decode_plan && uses_gemv_o_proj(tokens);
+  const bool defers_sum = reads_pending && tokens <= kDeferredSumMaxTokens && index + 1 < config_.num_hidden_layers;
+  DF_CHECK(!pending || reads_pending, "a deferred MLP sum reached a block that cannot add it");
   const int hidden = config_.hidden_size, q_size = config_.q_size();
   auto* residual = buffers_.residual.as<__nv_bfloat16>();
   auto* attention_out = buffers_.attention_out.as<__nv_bfloat16>();
@@ -105,6 +114,7 @@ void ForwardPass::layer(int index, int tokens, const int32_t* positions, const i
     p.tokens = tokens;
     p.hidden = hidden;
     p.q_heads = config_.num_attention_heads;
+    p.pending = pending;
     DF_CHECK_CUDA(kernels::launch_qkv_rope_fused(p, stream));
   } else {
     unfused_qkv(w, tokens, positions, rows, kv, stream);
@@ -125,6 +135,7 @@ void ForwardPass::layer(int index, int tokens, const int32_t* positions, const i
     p.tokens = tokens;
     p.rows = hidden;
     p.inner = q_size;
+    p.pending = pending;  // added to the residual, then zero for that MLP's next call
     DF_CHECK_CUDA(kernels::launch_gemv_residual(p, stream));
   } else {
     gemm_.run_with_bias(attention_out, w.o_proj.as<__nv_bfloat16>(), o_bias, residual, residual, tokens, hidden,
@@ -132,8 +143,10 @@ void ForwardPass::layer(int index, int tokens, const int32_t* positions, const i
   }
 
   // 6-7. post-attention RMSNorm and the SwiGLU MLP, added into the residual stream in place (the
-  // fused variant folds the norm into its one launch).
+  // fused variant folds the norm into its one launch), or left for the next block's kernels.
+  if (defers_sum) return w.mlp->run_deferred(residual, tokens, stream);
   w.mlp->run(residual, residual, residual, tokens, stream);
+  return nullptr;
 }
 
 bool ForwardPass::uses_fused_front(int decode_tokens) const {
@@ -208,8 +221,10 @@ void ForwardPass::decode_step(const kernels::DecodeAttentionPlan& plan, cudaStre
            "decode step batch " + std::to_string(batch) + " outside 1.." + std::to_string(buffers_.max_batch));
   embed(buffers_.decode_ids(), batch, stream);
   const Attention attention{&plan};
+  float* pending = nullptr;
   for (int l = 0; l < config_.num_hidden_layers; ++l)
-    layer(l, batch, buffers_.decode_positions(), buffers_.decode_rows.as<int32_t>(), attention, stream);
+    pending = layer(l, batch, buffers_.decode_positions(), buffers_.decode_rows.as<int32_t>(), attention, pending, stream);
+  DF_CHECK(!pending, "the last block's MLP sum must reach the residual stream");
   final_norm(0, batch, stream);
   lm_head(0, batch, stream);
   sample(0, batch, stream);
@@ -221,7 +236,7 @@ void ForwardPass::prefill_chunk(int row, int start, int tokens, cudaStream_t str
   embed(buffers_.prefill_ids(), tokens, stream);
   const Attention attention{nullptr, row, start};
   for (int l = 0; l < config_.num_hidden_layers; ++l)
-    layer(l, tokens, buffers_.prefill_positions(), buffers_.prefill_rows(), attention, stream);
+    layer(l, tokens, buffers_.prefill_positions(), buffers_.prefill_rows(), attention, nullptr, stream);
 }
 
 void ForwardPass::final_norm(int first_row, int rows, cudaStream_t stream) {

@@ -101,8 +101,10 @@ class ForwardPass {
     int prefill_start = 0;
   };
   void embed(const int32_t* ids, int tokens, cudaStream_t stream);
-  void layer(int index, int tokens, const int32_t* positions, const int32_t* rows, const Attention& attention,
-             cudaStream_t stream);
+  // One transformer block. pending: the previous block's MLP sum not yet in the residual stream
+  // (null: none); returns this block's, or null when its MLP wrote the stream itself.
+  float* layer(int index, int tokens, const int32_t* positions, const int32_t* rows, const Attention& attention,
+               float* pending, cudaStream_t stream);
   // Whether a decode step of this many tokens runs the fused norm + QKV + RoPE + KV-append kernel.
   bool uses_fused_front(int decode_tokens) const;
   // Whether it also runs o_proj + residual as one cluster GEMV (the weights hold a packed o_proj).

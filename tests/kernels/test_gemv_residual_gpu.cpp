@@ -24,19 +24,25 @@ std::vector<float> bf16_random(std::mt19937_64& rng, size_t count, float scale) 
   return v;
 }
 
-void check_case(int rows, int inner, int tokens, bool bias, bool residual, bool in_place, uint64_t salt) {
+// pending: an fp32 sum a kernel before left for the residual (the fused MLP's deferred sum): the
+// residual used is bf16(residual + pending), and pending must be all zero afterwards.
+void check_case(int rows, int inner, int tokens, bool bias, bool residual, bool in_place, uint64_t salt,
+                bool pending = false) {
   SCOPED_TRACE("rows=" + std::to_string(rows) + " inner=" + std::to_string(inner) + " tokens=" +
                std::to_string(tokens) + " bias=" + std::to_string(bias) + " residual=" + std::to_string(residual) +
-               " in_place=" + std::to_string(in_place));
+               " in_place=" + std::to_string(in_place) + " pending=" + std::to_string(pending));
   auto rng = testing::make_rng(salt);
   const auto x = bf16_random(rng, static_cast<size_t>(tokens) * inner, 1.0f);
   const auto w = bf16_random(rng, static_cast<size_t>(rows) * inner, 1.7f / std::sqrt(static_cast<float>(inner)));
   const auto b = bf16_random(rng, rows, 0.5f);
   const auto r = bf16_random(rng, static_cast<size_t>(tokens) * rows, 1.0f);
+  const auto sums = testing::random_uniform(rng, static_cast<size_t>(tokens) * rows, 1.0f);
   std::vector<double> ref(static_cast<size_t>(tokens) * rows);
   for (int t = 0; t < tokens; ++t)
     for (int o = 0; o < rows; ++o) {
-      double sum = (bias ? b[o] : 0.0) + (residual ? r[static_cast<size_t>(t) * rows + o] : 0.0);
+      const size_t i = static_cast<size_t>(t) * rows + o;
+      const float residual_used = pending ? round_to_bf16(sums[i] + r[i]) : r[i];
+      double sum = (bias ? b[o] : 0.0) + (residual ? residual_used : 0.0);
       for (int k = 0; k < inner; ++k)
         sum += static_cast<double>(w[static_cast<size_t>(o) * inner + k]) * x[static_cast<size_t>(t) * inner + k];
       ref[static_cast<size_t>(t) * rows + o] = sum;
@@ -47,6 +53,7 @@ void check_case(int rows, int inner, int tokens, bool bias, bool residual, bool 
   DF_CHECK_CUDA(kernels::pack_rows_fragments(w_dev.as<__nv_bfloat16>(), packed.as<uint4>(), rows, inner, nullptr));
   DeviceBuffer r_dev = DeviceBuffer::from_host(to_bf16_bits(r));
   DeviceBuffer y_dev = DeviceBuffer::from_host(std::vector<uint16_t>(ref.size(), kNanBits));
+  DeviceBuffer pending_dev = DeviceBuffer::from_host(sums);
   kernels::GemvResidualParams p;
   p.x = x_dev.as<__nv_bfloat16>();
   p.weights = packed.as<uint4>();
@@ -56,11 +63,18 @@ void check_case(int rows, int inner, int tokens, bool bias, bool residual, bool 
   p.tokens = tokens;
   p.rows = rows;
   p.inner = inner;
+  p.pending = pending ? pending_dev.as<float>() : nullptr;
   DF_CHECK_CUDA(kernels::launch_gemv_residual(p, nullptr));
   DF_CHECK_CUDA(cudaDeviceSynchronize());
   const auto y = bf16_bits_to_floats((in_place ? r_dev : y_dev).to_host<uint16_t>(ref.size()));
   EXPECT_EQ(testing::count_nan(y), 0u);
   EXPECT_LT(testing::relative_error(y, ref), 1e-2);
+  if (pending) {
+    const auto left = pending_dev.to_host<float>(sums.size());
+    size_t nonzero = 0;
+    for (float v : left) nonzero += v != 0.0f;
+    EXPECT_EQ(nonzero, 0u) << "the pending sum must be cleared once added";
+  }
 }
 
 TEST(GemvResidual, MatchesReference) {
@@ -73,9 +87,27 @@ TEST(GemvResidual, MatchesReference) {
   check_case(896, 896, 5, true, false, false, ++salt);  // no residual
 }
 
+// The decode step's deferred MLP sum: added to the residual (in place), then cleared.
+TEST(GemvResidual, AddsAndClearsAPendingSum) {
+  DF_REQUIRE_GPU();
+  uint64_t salt = 400;
+  for (auto [rows, inner] : {std::pair{4096, 4096}, {3584, 3584}, {896, 896}})
+    for (int tokens : {1, 5, 16}) check_case(rows, inner, tokens, tokens == 5, true, true, ++salt, true);
+}
+
 TEST(GemvResidual, RejectsBadParams) {
   DF_REQUIRE_GPU();
   kernels::GemvResidualParams p;
+  EXPECT_EQ(kernels::launch_gemv_residual(p, nullptr), cudaErrorInvalidValue);
+  // A pending sum needs a residual to add it to.
+  DeviceBuffer x(4096 * 2), w(64 * 64 * 2), y(64 * 2), pending(64 * 4);
+  p.x = x.as<__nv_bfloat16>();
+  p.weights = w.as<uint4>();
+  p.y = y.as<__nv_bfloat16>();
+  p.tokens = 1;
+  p.rows = 64;
+  p.inner = 64;
+  p.pending = pending.as<float>();
   EXPECT_EQ(kernels::launch_gemv_residual(p, nullptr), cudaErrorInvalidValue);
 }
 

@@ -143,6 +143,34 @@ TEST(FusedMlp, EveryClusterSizeAndOccupancy) {
   }
 }
 
+// The decode step's deferred sum: mlp(x) left in the layer's fp32 buffer, nothing else written;
+// once the caller has cleared it, the next ordinary call is correct again (the counters are
+// untouched). Several passes of tokens too.
+TEST(FusedMlp, DeferredSumStaysInTheAccumulator) {
+  DF_REQUIRE_GPU();
+  for (MlpShape shape : {MlpShape{896, 4864}, MlpShape{2048, 8192}}) {
+    const MlpCase c(shape, 40, 5 * shape.hidden + shape.intermediate);
+    MlpLayer layer(MlpVariant::fused, shape, c.max_tokens);
+    layer.load_weights(c.weights(), nullptr);
+    for (int tokens : {1, 8, 16, 40}) {
+      const size_t count = static_cast<size_t>(tokens) * shape.hidden;
+      float* sum = layer.run_deferred(c.x_dev.as<__nv_bfloat16>(), tokens, nullptr);
+      DF_CHECK_CUDA(cudaDeviceSynchronize());
+      std::vector<float> got(count);
+      DF_CHECK_CUDA(cudaMemcpy(got.data(), sum, count * sizeof(float), cudaMemcpyDeviceToHost));
+      EXPECT_EQ(testing::count_nan(got), 0u);
+      EXPECT_LT(testing::relative_error(got, c.reference(tokens, false)), kTolerance)
+          << shape.hidden << "x" << shape.intermediate << " M=" << tokens;
+      DF_CHECK_CUDA(cudaMemset(sum, 0, count * sizeof(float)));  // what the decode step's o_proj does
+      const std::vector<float> y = run_poisoned(layer, c, tokens, true);
+      EXPECT_LT(testing::relative_error(y, c.reference(tokens, true)), kTolerance) << "the call after, M=" << tokens;
+    }
+  }
+  MlpLayer naive(MlpVariant::naive, MlpShape{64, 64}, 4);
+  DeviceBuffer x(4 * 64 * 2);
+  EXPECT_THROW(naive.run_deferred(x.as<__nv_bfloat16>(), 1, nullptr), Error);
+}
+
 // y may alias the residual: the in-place residual add of a decode step.
 TEST(FusedMlp, InPlaceResidual) {
   DF_REQUIRE_GPU();

@@ -33,13 +33,19 @@ std::vector<float> bf16_random(std::mt19937_64& rng, size_t count, float scale) 
   return v;
 }
 
-void check_case(const QkvShape& s, int tokens, uint64_t salt) {
+// pending: the residual stream holds x_stream and an fp32 sum the previous layer's MLP deferred
+// (kernels::SwigluFusedParams::defer_sum); the kernel must work on x = bf16(x_stream + sum).
+void check_case(const QkvShape& s, int tokens, uint64_t salt, bool pending = false) {
   SCOPED_TRACE("hidden=" + std::to_string(s.hidden) + " heads=" + std::to_string(s.q_heads) + "/" +
                std::to_string(s.kv_heads) + " head_dim=" + std::to_string(s.head_dim) +
-               " tokens=" + std::to_string(tokens));
+               " tokens=" + std::to_string(tokens) + " pending=" + std::to_string(pending));
   auto rng = testing::make_rng(salt);
   const int rows = (s.q_heads + 2 * s.kv_heads) * s.head_dim;
-  const std::vector<float> x = bf16_random(rng, static_cast<size_t>(tokens) * s.hidden, 2.0f);
+  const std::vector<float> x_stream = bf16_random(rng, static_cast<size_t>(tokens) * s.hidden, 2.0f);
+  const std::vector<float> sums = testing::random_uniform(rng, x_stream.size(), 1.0f);
+  std::vector<float> x = x_stream;
+  if (pending)
+    for (size_t i = 0; i < x.size(); ++i) x[i] = round_to_bf16(sums[i] + x_stream[i]);
   std::vector<float> norm_weight = bf16_random(rng, s.hidden, 0.5f);
   for (auto& w : norm_weight) w = round_to_bf16(1.0f + w);
   const std::vector<float> weights = bf16_random(rng, static_cast<size_t>(rows) * s.hidden, 1.7f / std::sqrt(float(s.hidden)));
@@ -68,7 +74,8 @@ void check_case(const QkvShape& s, int tokens, uint64_t salt) {
   const std::vector<float> inv_freq_f(inv_freq.begin(), inv_freq.end());
 
   // Device data.
-  const DeviceBuffer x_dev = DeviceBuffer::from_host(to_bf16_bits(x));
+  const DeviceBuffer x_dev = DeviceBuffer::from_host(to_bf16_bits(x_stream));
+  const DeviceBuffer pending_dev = DeviceBuffer::from_host(sums);
   const DeviceBuffer norm_dev = DeviceBuffer::from_host(to_bf16_bits(norm_weight));
   const DeviceBuffer weights_dev = DeviceBuffer::from_host(to_bf16_bits(weights));
   DeviceBuffer packed(weights_dev.bytes());
@@ -99,6 +106,7 @@ void check_case(const QkvShape& s, int tokens, uint64_t salt) {
   p.tokens = tokens;
   p.hidden = s.hidden;
   p.q_heads = s.q_heads;
+  p.pending = pending ? pending_dev.as<float>() : nullptr;
   DF_CHECK_CUDA(kernels::launch_qkv_rope_fused(p, nullptr));
   DF_CHECK_CUDA(cudaGetLastError());
   DF_CHECK_CUDA(cudaDeviceSynchronize());
@@ -144,6 +152,7 @@ void check_case(const QkvShape& s, int tokens, uint64_t salt) {
   for (size_t i = 0; i < pool; ++i)
     stray += !written[i] && (k_host[i] != kSentinelBits || v_host[i] != kSentinelBits);
   EXPECT_EQ(stray, 0u) << "cache slots written that belong to no token";
+  if (pending) EXPECT_EQ(pending_dev.to_host<float>(sums.size()), sums) << "the pending sum is the o_proj's to clear";
 }
 
 TEST(QkvRopeFused, MatchesReferenceAcrossShapesAndTokenCounts) {
@@ -159,6 +168,15 @@ TEST(QkvRopeFused, MatchesReferenceAcrossShapesAndTokenCounts) {
   uint64_t salt = 100;
   for (const QkvShape& s : shapes)
     for (int tokens : {1, 3, 8, 13, 32}) check_case(s, tokens, ++salt);
+}
+
+// The decode step's deferred MLP sum, added to x as the residual stream would hold it.
+TEST(QkvRopeFused, AddsAPendingSumToX) {
+  DF_REQUIRE_GPU();
+  uint64_t salt = 200;
+  for (const QkvShape& s : {QkvShape{2048, 32, 8, 64, false, true}, QkvShape{3584, 28, 4, 128, true, false},
+                            QkvShape{4096, 32, 8, 128, false, true}})
+    for (int tokens : {1, 8, 16}) check_case(s, tokens, ++salt, true);
 }
 
 TEST(QkvRopeFused, RejectsBadParams) {

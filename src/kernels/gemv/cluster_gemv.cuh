@@ -90,7 +90,23 @@ struct Inputs {
   const uint4* weights = nullptr;              // fragment-packed [rows, inner]
   int tokens = 0;
   int inner = 0;                               // multiple of 16
+  // [tokens, inner] fp32 or null: a sum a kernel before left for x (the fused MLP's defer_sum).
+  // The rows used are bf16(x + pending), exactly what that kernel would have written into x.
+  const float* pending = nullptr;
 };
+
+// bf16(x + pending) for 8 consecutive columns, rounded as the fused MLP's finish rounds y.
+__device__ __forceinline__ uint4 add_pending(uint4 bits, float4 low, float4 high) {
+  const float sums[8] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
+  uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[j]));
+    const __nv_bfloat162 rounded = __floats2bfloat162_rn(sums[2 * j] + f.x, sums[2 * j + 1] + f.y);
+    words[j] = *reinterpret_cast<const uint32_t*>(&rounded);
+  }
+  return make_uint4(words[0], words[1], words[2], words[3]);
+}
 
 // The sums of this block's rows (the slots its home_of gave them), complete after stream_unit.
 template <int NT, int kUnitRows, int C>
@@ -160,10 +176,20 @@ __device__ Partials<NT, kUnitRows, C> stream_unit(const Inputs& in, int unit, in
     float row_squares = 0.0f;
     for (int v = lane; v < vectors; v += 32) {
       const int column = k_begin * 16 + v * 8;
-      uint4 bits = make_uint4(0, 0, 0, 0);
-      if (row < in.tokens) bits = *reinterpret_cast<const uint4*>(in.x + static_cast<size_t>(row) * in.inner + column);
+      // Every load first (one L2 round trip on the critical path after the upstream wait), then
+      // the arithmetic.
+      const bool live = row < in.tokens;
+      const size_t offset = static_cast<size_t>(row) * in.inner + column;
+      uint4 bits = make_uint4(0, 0, 0, 0), weight = make_uint4(0, 0, 0, 0);
+      float4 pending_low = make_float4(0, 0, 0, 0), pending_high = pending_low;
+      if (live) bits = *reinterpret_cast<const uint4*>(in.x + offset);
+      if (live && in.pending) {
+        pending_low = *reinterpret_cast<const float4*>(in.pending + offset);
+        pending_high = *reinterpret_cast<const float4*>(in.pending + offset + 4);
+      }
+      if (in.norm_weight) weight = __ldg(reinterpret_cast<const uint4*>(in.norm_weight + column));
+      if (live && in.pending) bits = add_pending(bits, pending_low, pending_high);
       if (in.norm_weight) {
-        const uint4 weight = __ldg(reinterpret_cast<const uint4*>(in.norm_weight + column));
         uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
         const uint32_t w[4] = {weight.x, weight.y, weight.z, weight.w};
 #pragma unroll

@@ -29,16 +29,21 @@ __global__ void __launch_bounds__(kThreads) gemv_residual_kernel(const GemvResid
   // weights stream instead of a global round trip after it.
   auto addend = [&](int item) {
     const size_t index = output_index(item);
-    float value = p.bias ? __bfloat162float(p.bias[index % p.rows]) : 0.0f;
-    if (p.residual) value += __bfloat162float(p.residual[index]);
-    return value;
+    const float bias = p.bias ? __bfloat162float(p.bias[index % p.rows]) : 0.0f;
+    float residual = p.residual ? __bfloat162float(p.residual[index]) : 0.0f;
+    const float pending = p.pending ? p.pending[index] : 0.0f;
+    if (p.pending) {  // rounded as the producer's own finish would have stored it, then cleared
+      residual = __bfloat162float(__float2bfloat16(pending + residual));
+      p.pending[index] = 0.0f;
+    }
+    return bias + residual;
   };
   // Row r of the unit is finished by the block whose slice holds it.
   auto home_of = [](int row) {
     const int owner = split_owner(kUnitRows, C, row);
     return cluster_gemv::RowHome{owner, row - split_point(kUnitRows, C, owner)};
   };
-  const cluster_gemv::Inputs inputs{p.x, nullptr, 0.0f, p.weights, p.tokens, p.inner};
+  const cluster_gemv::Inputs inputs{p.x, nullptr, 0.0f, p.weights, p.tokens, p.inner, nullptr};
   float first_addend = 0.0f;
   const auto partials = cluster_gemv::stream_unit<NT, kUnitRows, C>(
       inputs, unit, rank, shared_raw, max_ksteps, home_of,
@@ -65,7 +70,8 @@ cudaError_t launch_for_unit(const GemvResidualParams& p, cudaStream_t stream) {
 
 cudaError_t launch_gemv_residual(const GemvResidualParams& p, cudaStream_t stream) {
   if (!p.x || !p.weights || !p.y || p.tokens < 1 || p.tokens > kGemvResidualMaxTokens || p.rows < 64 ||
-      p.rows % 64 != 0 || p.inner < 64 || p.inner % 64 != 0 || static_cast<const void*>(p.x) == p.y)
+      p.rows % 64 != 0 || p.inner < 64 || p.inner % 64 != 0 || static_cast<const void*>(p.x) == p.y ||
+      (p.pending && !p.residual))
     return cudaErrorInvalidValue;
   trace::attach_unit();
   // 128-row units (one tile per warp) when that still gives ~2 clusters of 8 per SM-pair on a

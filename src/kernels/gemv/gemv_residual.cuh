@@ -21,6 +21,10 @@ struct GemvResidualParams {
   int tokens = 0;                           // 1 .. kGemvResidualMaxTokens
   int rows = 0;                             // multiple of 64
   int inner = 0;                            // multiple of 64
+  // [tokens, rows] fp32 or null (needs residual): a sum a kernel before left for the residual
+  // (the fused MLP's defer_sum). The residual used is bf16(residual + pending), as that kernel
+  // would have written it; each pending value is zeroed once read, ready for its producer.
+  float* pending = nullptr;
 };
 
 // cudaErrorInvalidValue on bad params; cudaErrorNotSupported when the device cannot run the

@@ -50,6 +50,25 @@ struct MlpLayer::Impl {
   kernels::SwigluFusedTuning fused_tuning;
 
   size_t hi_bytes() const { return static_cast<size_t>(shape.hidden) * shape.intermediate * sizeof(__nv_bfloat16); }
+
+  void launch_fused(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
+                    bool defer_sum, cudaStream_t stream) {
+    kernels::SwigluFusedParams p;
+    p.x = x;
+    p.gate_up = gate_up.as<uint4>();
+    p.down = down.as<uint4>();
+    p.residual = residual;
+    p.y = y;
+    p.accumulator = accumulator.as<float>();
+    p.counters = counters.as<unsigned>();
+    p.rms_normalize = normalize;
+    p.norm_eps = norm_eps;
+    p.defer_sum = defer_sum;
+    p.tokens = tokens;
+    p.hidden = shape.hidden;
+    p.intermediate = shape.intermediate;
+    DF_CHECK_CUDA(kernels::launch_swiglu_fused(p, fused_tuning, stream));
+  }
 };
 
 MlpLayer::MlpLayer(MlpVariant variant, MlpShape shape, int max_tokens) : impl_(std::make_unique<Impl>()) {
@@ -188,24 +207,20 @@ void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_b
       DF_CHECK_CUDA(kernels::silu_and_mul(a, b, tokens, I, stream));
       s.gemm->run(b, s.down.as<__nv_bfloat16>(), residual, y, tokens, H, I, stream);
       break;
-    case MlpVariant::fused: {
-      kernels::SwigluFusedParams p;
-      p.x = x;
-      p.gate_up = s.gate_up.as<uint4>();
-      p.down = s.down.as<uint4>();
-      p.residual = residual;
-      p.y = y;
-      p.accumulator = s.accumulator.as<float>();
-      p.counters = s.counters.as<unsigned>();
-      p.rms_normalize = s.normalize;
-      p.norm_eps = s.norm_eps;
-      p.tokens = tokens;
-      p.hidden = H;
-      p.intermediate = I;
-      DF_CHECK_CUDA(kernels::launch_swiglu_fused(p, s.fused_tuning, stream));
+    case MlpVariant::fused:
+      s.launch_fused(x, residual, y, tokens, false, stream);
       break;
-    }
   }
+}
+
+float* MlpLayer::run_deferred(const __nv_bfloat16* x, int tokens, cudaStream_t stream) {
+  Impl& s = *impl_;
+  DF_CHECK(s.variant == MlpVariant::fused, "only the fused MLP can leave its sum for the next kernels");
+  DF_CHECK(tokens >= 1 && tokens <= s.max_tokens, "MLP tokens " + std::to_string(tokens) +
+                                                      " outside 1.." + std::to_string(s.max_tokens));
+  DF_CHECK(x, "MLP input pointer is null");
+  s.launch_fused(x, nullptr, nullptr, tokens, true, stream);
+  return s.accumulator.as<float>();
 }
 
 }  // namespace deepfuse

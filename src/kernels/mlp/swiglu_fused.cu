@@ -343,6 +343,7 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
 
   // ---------------- Finish: the last `finishers` blocks to arrive write y.
   trace::stamp(trace::Kernel::unknown, trace::Mark::end);
+  if (p.defer_sum) return;  // the sums stay in the accumulator for the kernels after this one
   __threadfence();  // this thread's reductions are visible before the block's arrival counts
   __syncthreads();
   if (tid == 0) shared.ticket = atomicAdd(&p.counters[0], 1u);
@@ -539,8 +540,8 @@ size_t swiglu_fused_accumulator_floats(int hidden, int max_tokens) {
 }
 
 cudaError_t launch_swiglu_fused(const SwigluFusedParams& p, const SwigluFusedTuning& tuning, cudaStream_t stream) {
-  if (!valid_shape(p.hidden, p.intermediate) || p.tokens < 1 || !p.x || !p.gate_up || !p.down || !p.y ||
-      !p.accumulator || !p.counters)
+  if (!valid_shape(p.hidden, p.intermediate) || p.tokens < 1 || !p.x || !p.gate_up || !p.down ||
+      (!p.y && !p.defer_sum) || !p.accumulator || !p.counters)
     return cudaErrorInvalidValue;
   if (p.tokens <= 8) return launch_for_tokens<1>(p, tuning, stream);
   if (p.tokens <= 16) return launch_for_tokens<2>(p, tuning, stream);

@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kThreads) qkv_rope_fused_kernel(const QkvRopeF
     const int pair = row % kHalf, owner = split_owner(kHalf, C, pair);
     return cluster_gemv::RowHome{owner, pair - split_point(kHalf, C, owner) + (row >= kHalf ? kHighSlots : 0)};
   };
-  const cluster_gemv::Inputs inputs{p.x, p.norm_weight, p.norm_eps, p.weights, p.tokens, p.hidden};
+  const cluster_gemv::Inputs inputs{p.x, p.norm_weight, p.norm_eps, p.weights, p.tokens, p.hidden, p.pending};
   const auto partials = cluster_gemv::stream_unit<NT, HD, C>(inputs, unit, rank, shared_raw, max_ksteps, home_of);
 
   for (int index = threadIdx.x; index < items; index += kThreads) {

@@ -30,6 +30,9 @@ struct QkvRopeFusedParams {
   int tokens = 0;                              // 1 .. kQkvFusedMaxTokens
   int hidden = 0;                              // multiple of 64
   int q_heads = 0;
+  // [tokens, hidden] fp32 or null: the previous layer's fused MLP sum (defer_sum), not yet in x;
+  // the kernel reads x + pending (rounded to bf16) and leaves both as they are.
+  const float* pending = nullptr;
 };
 
 // cudaErrorInvalidValue on bad params; cudaErrorNotSupported when this device cannot run the
