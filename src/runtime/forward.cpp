@@ -157,8 +157,9 @@ bool ForwardPass::uses_fused_front(int decode_tokens) const {
 }
 
 bool ForwardPass::uses_gemv_o_proj(int decode_tokens) const {
-  // The weights hold a packed o_proj exactly when runtime::uses_gemv_o_proj chose the GEMV.
-  return uses_fused_front(decode_tokens) && !weights_.layers.front().o_proj_packed.empty();
+  // The weights hold a packed o_proj exactly when runtime::gemv_o_proj_max_tokens is not 0.
+  return uses_fused_front(decode_tokens) && !weights_.layers.front().o_proj_packed.empty() &&
+         decode_tokens <= gemv_o_proj_max_tokens(config_, MlpVariant::fused);
 }
 
 void ForwardPass::unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_t* positions, const int32_t* rows,

@@ -11,6 +11,7 @@
 #include "deepfuse/error.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "deepfuse/reference.hpp"
+#include "kernels/gemv/gemv_residual.cuh"
 #include "kernels/gemv/packing.cuh"
 #include "kernels/qkv/qkv_rope_fused.cuh"
 #include "kernels/fill.cuh"
@@ -61,7 +62,7 @@ void pack_decode_projections(GpuLayerWeights& layer, const ModelConfig& config, 
   layer.qkv_packed = DeviceBuffer(layer.qkv.bytes());
   DF_CHECK_CUDA(kernels::pack_qkv_weights(layer.qkv.as<__nv_bfloat16>(), layer.qkv_packed.as<uint4>(),
                                           static_cast<int>(s.qkv_rows()), static_cast<int>(s.hidden), stream));
-  if (!uses_gemv_o_proj(config, mlp_variant)) return;
+  if (gemv_o_proj_max_tokens(config, mlp_variant) == 0) return;
   layer.o_proj_packed = DeviceBuffer(layer.o_proj.bytes());
   DF_CHECK_CUDA(kernels::pack_rows_fragments(layer.o_proj.as<__nv_bfloat16>(), layer.o_proj_packed.as<uint4>(),
                                              static_cast<int>(s.hidden), static_cast<int>(s.q), stream));
@@ -212,18 +213,22 @@ class RandomFiller {
 
 }  // namespace
 
-bool uses_gemv_o_proj(const ModelConfig& c, MlpVariant mlp_variant) {
-  // Measured on H200 (scripts/ab-decode.sh, batch 1 and 8, context 512 and 8k, ms per step): the
-  // cluster GEMV equals cuBLASLt on Llama-3-8B and Qwen2.5-7B (-0.5% .. +0.7%) and saves the
-  // split-K reduction launch; on Llama-3.2-1B's 2048 x 2048 it is 2-3% slower, so small o_proj
-  // matrices keep cuBLASLt. DEEPFUSE_OPROJ_GEMV=0 / 1 forces either for A/B measurements.
+int gemv_o_proj_max_tokens(const ModelConfig& c, MlpVariant mlp_variant) {
+  // Measured on H200 (A/B in one run, ms per step): the cluster GEMV equals cuBLASLt on
+  // Llama-3-8B and Qwen2.5-7B (-0.5% .. +0.7%) and saves the split-K reduction launch. On
+  // Llama-3.2-1B's 2048 x 2048 it was 2-3% slower alone; with the MLP's sum deferred to it (batch 1
+  // only, runtime/forward.cpp) the step is 3% faster at batch 1 (1.012-1.015 -> 0.975-0.986 ms)
+  // and 0.5-3% slower at 8-16 sequences, so small o_proj matrices take it at batch 1 only.
+  // DEEPFUSE_OPROJ_GEMV=0 / 1 forces never / every fused-front step, for A/B measurements.
   static const int forced = [] {
     const char* text = std::getenv("DEEPFUSE_OPROJ_GEMV");
     return text ? std::atoi(text) : -1;
   }();
+  constexpr int kEveryFusedFrontStep = kernels::kGemvResidualMaxTokens;
   constexpr long long kMinElements = 12 << 20;
+  if (!uses_fused_qkv(c, mlp_variant) || forced == 0) return 0;
   const bool large = static_cast<long long>(c.hidden_size) * c.q_size() >= kMinElements;
-  return uses_fused_qkv(c, mlp_variant) && (forced >= 0 ? forced != 0 : large);
+  return forced > 0 || large ? kEveryFusedFrontStep : 1;
 }
 
 bool uses_fused_qkv(const ModelConfig& c, MlpVariant mlp_variant) {
@@ -234,7 +239,7 @@ size_t gpu_weight_bytes(const ModelConfig& c, MlpVariant mlp_variant) {
   const size_t vocab_hidden = static_cast<size_t>(c.vocab_size) * c.hidden_size;
   const LayerSizes s(c);
   const size_t packed = (uses_fused_qkv(c, mlp_variant) ? s.qkv_rows() * s.hidden : 0) +
-                        (uses_gemv_o_proj(c, mlp_variant) ? s.q * s.hidden : 0);
+                        (gemv_o_proj_max_tokens(c, mlp_variant) > 0 ? s.q * s.hidden : 0);
   const size_t elements = vocab_hidden + c.num_hidden_layers * (s.elements() + packed) + c.hidden_size +
                           (c.tie_word_embeddings ? 0 : vocab_hidden);
   return bf16_bytes(elements);

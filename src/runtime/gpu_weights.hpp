@@ -68,9 +68,10 @@ void check_weights_fit(const ModelConfig& config, MlpVariant mlp_variant, const 
 // with the fused MLP variant, on shapes the kernel supports.
 bool uses_fused_qkv(const ModelConfig& config, MlpVariant mlp_variant);
 
-// Whether those decode steps also run o_proj + residual as one cluster GEMV launch (weights then
-// hold a packed o_proj): with the fused front half, on o_proj matrices of at least 12M weights.
-bool uses_gemv_o_proj(const ModelConfig& config, MlpVariant mlp_variant);
+// Up to how many tokens those decode steps also run o_proj + residual as one cluster GEMV launch
+// (0: never; otherwise the weights hold a packed o_proj next to the plain one): every fused-front
+// step on o_proj matrices of at least 12M weights, batch 1 on smaller ones.
+int gemv_o_proj_max_tokens(const ModelConfig& config, MlpVariant mlp_variant);
 
 // Validates the checkpoint against the config, then loads it. MLP layers are built for up to
 // mlp_max_tokens tokens per call. progress (may be empty) gets checkpoint bytes done / total.

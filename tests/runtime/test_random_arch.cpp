@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "deepfuse/engine.hpp"
 #include "deepfuse/error.hpp"
@@ -45,6 +46,22 @@ TEST(RandomArch, WeightBytesCountEveryTensorOnce) {
   const ModelConfig tied = random_arch_config("llama3.2-1b");
   EXPECT_EQ(runtime::gpu_weight_bytes(tied, MlpVariant::unfused), size_t{1235814400} * 2);
   EXPECT_EQ(runtime::decode_weight_bytes(tied), runtime::gpu_weight_bytes(tied, MlpVariant::unfused));
+}
+
+// Which decode steps run o_proj on the cluster GEMV (then the MLP before it may defer its sum):
+// every fused-front step on large o_proj matrices, batch 1 on small ones, none without the fused
+// MLP. DEEPFUSE_OPROJ_GEMV (an A/B switch) must not be set when this runs.
+TEST(RandomArch, GemvOprojBatchLimits) {
+  if (std::getenv("DEEPFUSE_OPROJ_GEMV")) GTEST_SKIP() << "DEEPFUSE_OPROJ_GEMV overrides the rule";
+  EXPECT_EQ(runtime::gemv_o_proj_max_tokens(random_arch_config("llama3-8b"), MlpVariant::fused), 32);
+  EXPECT_EQ(runtime::gemv_o_proj_max_tokens(random_arch_config("qwen2.5-7b"), MlpVariant::fused), 32);
+  EXPECT_EQ(runtime::gemv_o_proj_max_tokens(random_arch_config("llama3.2-1b"), MlpVariant::fused), 1);
+  EXPECT_EQ(runtime::gemv_o_proj_max_tokens(random_arch_config("llama3-8b"), MlpVariant::unfused), 0);
+  // The packed copy is counted in the weights only when the GEMV can run.
+  const ModelConfig small = random_arch_config("llama3.2-1b");
+  EXPECT_EQ(runtime::gpu_weight_bytes(small, MlpVariant::fused) - runtime::gpu_weight_bytes(small, MlpVariant::unfused),
+            static_cast<size_t>(small.num_hidden_layers) * small.hidden_size *
+                (small.q_size() + 2 * small.kv_size() + small.q_size()) * 2);
 }
 
 TEST(RandomArch, UnknownNamesListTheKnownOnes) {
