@@ -18,7 +18,8 @@
 //            over clusters in an fp32 accumulator in L2 with red.global.add.v4.f32 (4 rows per
 //            operation, after a 4x4 lane transpose).
 //   Finish   the last `finishers` blocks to arrive convert the accumulator to bf16 (+residual),
-//            and zero it and the counters for the next launch.
+//            and zero it and the counters for the next launch; with defer_sum there is no finish:
+//            the kernels after this one add the accumulator where y would go and zero it.
 // The intermediate never leaves the chip; HBM sees the weights once, plus x and y. Clusters cut
 // the partial sums per output element from the block count to the cluster count. Two cluster
 // barriers per pass of tokens; phase 2's first loads are issued before them.
