@@ -51,6 +51,11 @@ struct MlpLayer::Impl {
 
   size_t hi_bytes() const { return static_cast<size_t>(shape.hidden) * shape.intermediate * sizeof(__nv_bfloat16); }
 
+  void check_tokens(int tokens) const {
+    DF_CHECK(tokens >= 1 && tokens <= max_tokens,
+             "MLP tokens " + std::to_string(tokens) + " outside 1.." + std::to_string(max_tokens));
+  }
+
   void launch_fused(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
                     bool defer_sum, cudaStream_t stream) {
     kernels::SwigluFusedParams p;
@@ -167,8 +172,7 @@ void MlpLayer::load_weights(const MlpHfWeights& w, cudaStream_t stream, const Ml
 void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
                    cudaStream_t stream) {
   Impl& s = *impl_;
-  DF_CHECK(tokens >= 1 && tokens <= s.max_tokens, "MLP tokens " + std::to_string(tokens) +
-                                                      " outside 1.." + std::to_string(s.max_tokens));
+  s.check_tokens(tokens);
   DF_CHECK(x && y, "MLP input or output pointer is null");
   DF_CHECK(s.normalize || static_cast<const void*>(x) != static_cast<const void*>(y),
            "MLP output must not alias its input");
@@ -216,8 +220,7 @@ void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_b
 float* MlpLayer::run_deferred(const __nv_bfloat16* x, int tokens, cudaStream_t stream) {
   Impl& s = *impl_;
   DF_CHECK(s.variant == MlpVariant::fused, "only the fused MLP can leave its sum for the next kernels");
-  DF_CHECK(tokens >= 1 && tokens <= s.max_tokens, "MLP tokens " + std::to_string(tokens) +
-                                                      " outside 1.." + std::to_string(s.max_tokens));
+  s.check_tokens(tokens);
   DF_CHECK(x, "MLP input pointer is null");
   s.launch_fused(x, nullptr, nullptr, tokens, true, stream);
   return s.accumulator.as<float>();
