@@ -26,6 +26,7 @@
 #include "kernels/common/async_ring.cuh"
 #include "kernels/common/cluster_launch.hpp"
 #include "kernels/common/dependent_launch.cuh"
+#include "kernels/common/residual_sum.cuh"
 #include "kernels/common/trace.cuh"
 #include "kernels/gemv/packing.cuh"
 #include "kernels/mlp/fragment.cuh"
@@ -97,15 +98,8 @@ struct Inputs {
 
 // bf16(x + pending) for 8 consecutive columns, rounded as the fused MLP's finish rounds y.
 __device__ __forceinline__ uint4 add_pending(uint4 bits, float4 low, float4 high) {
-  const float sums[8] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
-  uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[j]));
-    const __nv_bfloat162 rounded = __floats2bfloat162_rn(sums[2 * j] + f.x, sums[2 * j + 1] + f.y);
-    words[j] = *reinterpret_cast<const uint32_t*>(&rounded);
-  }
-  return make_uint4(words[0], words[1], words[2], words[3]);
+  return make_uint4(residual_sum_pair(low.x, low.y, bits.x), residual_sum_pair(low.z, low.w, bits.y),
+                    residual_sum_pair(high.x, high.y, bits.z), residual_sum_pair(high.z, high.w, bits.w));
 }
 
 // The sums of this block's rows (the slots its home_of gave them), complete after stream_unit.

@@ -5,6 +5,7 @@
 // 4.2 TB/s); the cuBLASLt path it replaces runs a split-K GEMM plus a reduction kernel.
 #include "kernels/gemv/gemv_residual.cuh"
 
+#include "kernels/common/residual_sum.cuh"
 #include "kernels/common/trace.cuh"
 #include "kernels/gemv/cluster_gemv.cuh"
 
@@ -33,7 +34,7 @@ __global__ void __launch_bounds__(kThreads) gemv_residual_kernel(const GemvResid
     float residual = p.residual ? __bfloat162float(p.residual[index]) : 0.0f;
     const float pending = p.pending ? p.pending[index] : 0.0f;
     if (p.pending) {  // rounded as the producer's own finish would have stored it, then cleared
-      residual = __bfloat162float(__float2bfloat16(pending + residual));
+      residual = residual_sum(pending, residual);
       p.pending[index] = 0.0f;
     }
     return bias + residual;

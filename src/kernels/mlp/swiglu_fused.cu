@@ -41,6 +41,7 @@
 #include "kernels/common/async_ring.cuh"
 #include "kernels/common/cluster_launch.hpp"
 #include "kernels/common/dependent_launch.cuh"
+#include "kernels/common/residual_sum.cuh"
 #include "kernels/common/trace.cuh"
 #include "kernels/mlp/fragment.cuh"
 
@@ -363,18 +364,11 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
   const int quad_end = split_point(quads, finishers, finisher + 1);
   for (int quad = split_point(quads, finishers, finisher) + tid; quad < quad_end; quad += kThreads) {
     float4* partial = reinterpret_cast<float4*>(p.accumulator) + quad;
-    float4 v = __ldcg(partial);
-    if (p.residual) {
-      const uint2 bits = *reinterpret_cast<const uint2*>(p.residual + quad * 4);
-      const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.x));
-      const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.y));
-      v.x += lo.x, v.y += lo.y, v.z += hi.x, v.w += hi.y;
-    }
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-    uint2 out;
-    out.x = *reinterpret_cast<const uint32_t*>(&lo);
-    out.y = *reinterpret_cast<const uint32_t*>(&hi);
-    *reinterpret_cast<uint2*>(p.y + quad * 4) = out;
+    const float4 v = __ldcg(partial);
+    // No residual: add bf16 zeros (+0.0f leaves every sum as it is).
+    const uint2 residual = p.residual ? *reinterpret_cast<const uint2*>(p.residual + quad * 4) : make_uint2(0, 0);
+    *reinterpret_cast<uint2*>(p.y + quad * 4) =
+        make_uint2(residual_sum_pair(v.x, v.y, residual.x), residual_sum_pair(v.z, v.w, residual.y));
     *partial = make_float4(0, 0, 0, 0);
   }
   __syncthreads();
