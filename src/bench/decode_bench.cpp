@@ -55,7 +55,7 @@ size_t kv_bytes_read_per_step(const ModelConfig& c, int batch, int context) {
 // The run's shared state: the table rows and JSON as they accumulate.
 struct Report {
   Table decode{{"arch", "batch", "context", "ms/step", "tok/s/seq", "tok/s", "roofline ms", "%roofline", "launches",
-                "GPU GB"}};
+                "graph kernels", "GPU GB"}};
   Table ttft{{"arch", "prompt", "TTFT ms"}};
   nlohmann::json rows = nlohmann::json::array();
 
@@ -158,6 +158,7 @@ void run_decode_case(Engine& engine, const std::string& arch, int batch, int con
   report.decode.add({arch, std::to_string(batch), std::to_string(context), format_fixed(ms, 3),
                      format_fixed(1e3 / ms, 1), format_fixed(batch * 1e3 / ms, 1), format_fixed(roofline_ms, 3),
                      format_fixed(percent, 1), std::to_string(stats.launches_per_decode_step),
+                     stats.kernels_per_decode_step > 0 ? std::to_string(stats.kernels_per_decode_step) : "-",
                      format_fixed(stats.gpu_memory_used / 1e9, 1)});
   row.update({{"ms_per_step", ms},
               {"ms_per_step_mean", mean(step_ms)},
@@ -170,6 +171,7 @@ void run_decode_case(Engine& engine, const std::string& arch, int batch, int con
               {"pct_roofline", percent},
               {"launches_per_step", stats.launches_per_decode_step},
               {"launches_per_layer", stats.launches_per_layer},
+              {"graph_kernels_per_step", stats.kernels_per_decode_step},
               {"gpu_memory_bytes", stats.gpu_memory_used}});
   report.rows.push_back(row);
 }
@@ -224,6 +226,7 @@ void run_arch(const std::string& arch, const DecodeBenchOptions& options, double
   engine_options.kv_cache_bytes = options.kv_cache_bytes;
   engine_options.cuda_graphs = options.cuda_graphs;
   engine_options.mlp_variant = options.mlp_variant;
+  engine_options.fused_mlp_max_tokens = options.fused_mlp_max_tokens;
 
   ModelConfig config = random_arch_config(arch);
   if (config.max_position_embeddings < engine_options.max_context) {
@@ -277,9 +280,11 @@ int run_decode_bench(const DecodeBenchOptions& options) {
     DF_CHECK(truncate.good(), "bench decode --trace: cannot write " + options.trace_path);
   }
   const double copy_bw = measure_copy_bandwidth();
-  std::printf("GPU: %s, %d SMs; measured copy bandwidth %.3f TB/s (read+write); CUDA graphs %s, MLP %s\n",
-              device.name.c_str(), device.sm_count, copy_bw / 1e12, options.cuda_graphs ? "on" : "off",
-              mlp_variant_name(options.mlp_variant));
+  std::printf(
+      "GPU: %s, %d SMs; measured copy bandwidth %.3f TB/s (read+write); CUDA graphs %s, MLP %s (fused up to %d "
+      "tokens)\n",
+      device.name.c_str(), device.sm_count, copy_bw / 1e12, options.cuda_graphs ? "on" : "off",
+      mlp_variant_name(options.mlp_variant), options.fused_mlp_max_tokens);
   Report report;
   for (const auto& arch : options.archs) run_arch(arch, options, copy_bw, report);
 
@@ -292,7 +297,8 @@ int run_decode_bench(const DecodeBenchOptions& options) {
   if (!options.json_path.empty()) {
     nlohmann::json json = run_header(device.name, copy_bw);
     json.update({{"suite", "decode"}, {"cuda_graphs", options.cuda_graphs},
-                 {"mlp_variant", mlp_variant_name(options.mlp_variant)}, {"steps", options.steps},
+                 {"mlp_variant", mlp_variant_name(options.mlp_variant)},
+                 {"fused_mlp_max_tokens", options.fused_mlp_max_tokens}, {"steps", options.steps},
                  {"warmup", options.warmup}, {"rows", report.rows}});
     write_json(options.json_path, json);
   }

@@ -43,6 +43,12 @@ void add_engine_options(CLI::App& command, EngineArgs& args) {
       ->group(group);
   command.add_flag("--no-cuda-graphs", args.no_cuda_graphs, "launch every kernel eagerly (debugging)")->group(group);
   command.add_option("--mlp-variant", args.mlp_variant, "fused | unfused | naive (default fused)")->group(group);
+  command
+      .add_option("--fused-mlp-max-tokens", args.fused_mlp_max_tokens,
+                  "larger steps run the unfused MLP from a second copy of its weights; 0: fused always (default " +
+                      std::to_string(args.fused_mlp_max_tokens) + ")")
+      ->check(CLI::NonNegativeNumber)
+      ->group(group);
 }
 
 EngineOptions engine_options(const EngineArgs& args) {
@@ -51,6 +57,7 @@ EngineOptions engine_options(const EngineArgs& args) {
   options.max_context = args.max_context;
   options.kv_cache_bytes = args.kv_cache_mb << 20;
   options.cuda_graphs = !args.no_cuda_graphs;
+  options.fused_mlp_max_tokens = args.fused_mlp_max_tokens;
   try {
     options.mlp_variant = parse_mlp_variant(args.mlp_variant);
   } catch (const Error&) {

@@ -32,9 +32,11 @@ struct EngineArgs {
   size_t kv_cache_mb = 0;        // 0: the engine's default share of free GPU memory
   bool no_cuda_graphs = false;
   std::string mlp_variant = "fused";
+  int fused_mlp_max_tokens = EngineOptions{}.fused_mlp_max_tokens;
 };
 
-// Adds --max-batch, --max-context, --kv-cache-mb, --no-cuda-graphs and --mlp-variant.
+// Adds --max-batch, --max-context, --kv-cache-mb, --no-cuda-graphs, --mlp-variant and
+// --fused-mlp-max-tokens.
 void add_engine_options(CLI::App& command, EngineArgs& args);
 
 // Throws deepfuse::Error naming the flag on a bad value (e.g. an unknown --mlp-variant).

@@ -30,6 +30,8 @@ std::string str(size_t value) { return std::to_string(value); }
 void validate_engine_setup(const ModelConfig& c, EngineOptions& o) {
   DF_CHECK(o.max_batch >= 1, "max_batch is " + std::to_string(o.max_batch) + "; it must be at least 1");
   DF_CHECK(o.prefill_chunk >= 1, "prefill_chunk is " + std::to_string(o.prefill_chunk) + "; it must be at least 1");
+  DF_CHECK(o.fused_mlp_max_tokens >= 0,
+           "fused_mlp_max_tokens is " + std::to_string(o.fused_mlp_max_tokens) + "; it must be 0 (no limit) or more");
   DF_CHECK(o.kv_memory_fraction > 0 && o.kv_memory_fraction <= 1,
            "kv_memory_fraction is " + std::to_string(o.kv_memory_fraction) + "; it must be in (0, 1]");
   if (o.max_context == 0) o.max_context = c.max_position_embeddings;
@@ -159,18 +161,18 @@ Engine Engine::from_checkpoint(const std::filesystem::path& model_dir, const Eng
   const Checkpoint checkpoint(model_dir);
   validate_checkpoint(checkpoint, config);
   auto impl = std::make_unique<Impl>(std::move(config), options);
-  runtime::check_weights_fit(impl->config, options.mlp_variant, model_dir.string());
-  impl->weights = std::make_unique<runtime::GpuWeights>(runtime::load_checkpoint_weights(
-      checkpoint, impl->config, options.mlp_variant, impl->max_tokens(), impl->stream(), progress));
+  runtime::check_weights_fit(impl->config, impl->mlp_plan(), model_dir.string());
+  impl->weights = std::make_unique<runtime::GpuWeights>(
+      runtime::load_checkpoint_weights(checkpoint, impl->config, impl->mlp_plan(), impl->stream(), progress));
   impl->finish_setup();
   return Engine(std::move(impl));
 }
 
 Engine Engine::with_random_weights(const ModelConfig& config, const EngineOptions& options, uint64_t seed) {
   auto impl = std::make_unique<Impl>(config, options);
-  runtime::check_weights_fit(impl->config, options.mlp_variant, "random weights for a " + describe_model(config));
+  runtime::check_weights_fit(impl->config, impl->mlp_plan(), "random weights for a " + describe_model(config));
   impl->weights = std::make_unique<runtime::GpuWeights>(
-      runtime::make_random_weights(impl->config, options.mlp_variant, impl->max_tokens(), seed, impl->stream()));
+      runtime::make_random_weights(impl->config, impl->mlp_plan(), seed, impl->stream()));
   impl->finish_setup();
   return Engine(std::move(impl));
 }
@@ -197,6 +199,7 @@ EngineStats Engine::stats(int decode_batch) const {
     }
   stats.launches_per_decode_step = s.forward->launches_per_decode_step(*plan);
   stats.launches_per_layer = s.forward->launches_per_layer(kernels::decode_attention_launches(*plan), plan->batch);
+  stats.kernels_per_decode_step = s.graphs->kernel_nodes(s.graphs->bucket_index(plan->batch));
   return stats;
 }
 

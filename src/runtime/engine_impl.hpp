@@ -67,6 +67,7 @@ struct Engine::Impl {
   void finish_setup();
 
   int max_tokens() const { return std::max(options.prefill_chunk, options.max_batch); }
+  runtime::MlpPlan mlp_plan() const { return {options.mlp_variant, max_tokens(), options.fused_mlp_max_tokens}; }
   cudaStream_t stream() const { return stream_owner.get(); }
   void activate_device() const;
 

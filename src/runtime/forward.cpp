@@ -144,8 +144,10 @@ float* ForwardPass::layer(int index, int tokens, const int32_t* positions, const
 
   // 6-7. post-attention RMSNorm and the SwiGLU MLP, added into the residual stream in place (the
   // fused variant folds the norm into its one launch), or left for the next block's kernels.
-  if (defers_sum) return w.mlp->run_deferred(residual, tokens, stream);
-  w.mlp->run(residual, residual, residual, tokens, stream);
+  // Steps above the fused MLP's token limit run the unfused copy when the weights hold one.
+  MlpLayer& mlp = w.mlp_for(tokens);
+  if (defers_sum) return mlp.run_deferred(residual, tokens, stream);
+  mlp.run(residual, residual, residual, tokens, stream);
   return nullptr;
 }
 
@@ -269,7 +271,7 @@ int ForwardPass::launches_per_layer(int attention_launches, int decode_batch) co
   const GpuLayerWeights& w = weights_.layers.front();
   const bool fused_front = decode_batch >= 1 && uses_fused_front(decode_batch);
   const int front = fused_front ? 1 : 3;
-  return front + attention_launches + 1 + w.mlp->launches_per_call(true);
+  return front + attention_launches + 1 + w.mlp_for(decode_batch).launches_per_call(true);
 }
 
 int ForwardPass::launches_per_decode_step(const kernels::DecodeAttentionPlan& plan) const {

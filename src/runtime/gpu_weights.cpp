@@ -94,6 +94,31 @@ struct MlpStaging {
   }
 };
 
+// The layer's MLP (and its unfused copy) from the staged Hugging Face tensors, stream-ordered.
+// The copies of the naive / unfused variant share one scratch: layers run one after another.
+class MlpBuilder {
+ public:
+  MlpBuilder(const ModelConfig& config, const MlpPlan& plan) : config_(config), plan_(plan) {
+    const MlpVariant unfused_variant = plan.unfused_copy() ? MlpVariant::unfused : plan.variant;
+    if (unfused_variant != MlpVariant::fused) scratch_ = make_mlp_scratch(unfused_variant, mlp_shape(config), plan.max_tokens);
+  }
+  void build(GpuLayerWeights& layer, const MlpStaging& staging, cudaStream_t stream) const {
+    const MlpShape shape = mlp_shape(config_);
+    const MlpNorm norm = post_attention_norm(layer, config_);
+    const int first_max_tokens = plan_.unfused_copy() ? plan_.fused_max_tokens : plan_.max_tokens;
+    layer.mlp = std::make_unique<MlpLayer>(plan_.variant, shape, first_max_tokens, scratch_);
+    layer.mlp->load_weights(staging.view(), stream, norm);
+    if (!plan_.unfused_copy()) return;
+    layer.mlp_unfused = std::make_unique<MlpLayer>(MlpVariant::unfused, shape, plan_.max_tokens, scratch_);
+    layer.mlp_unfused->load_weights(staging.view(), stream, norm);
+  }
+
+ private:
+  const ModelConfig& config_;
+  MlpPlan plan_;
+  std::shared_ptr<MlpScratch> scratch_;
+};
+
 DeviceBuffer rope_table(const ModelConfig& config) {
   const std::vector<double> inv_freq = reference::rope_inverse_frequencies(config.rope);
   DF_CHECK(static_cast<int>(inv_freq.size()) * 2 == config.head_dim,
@@ -235,11 +260,12 @@ bool uses_fused_qkv(const ModelConfig& c, MlpVariant mlp_variant) {
   return mlp_variant == MlpVariant::fused && (c.head_dim == 64 || c.head_dim == 128) && c.hidden_size % 64 == 0;
 }
 
-size_t gpu_weight_bytes(const ModelConfig& c, MlpVariant mlp_variant) {
+size_t gpu_weight_bytes(const ModelConfig& c, MlpVariant mlp_variant, bool unfused_mlp_copy) {
   const size_t vocab_hidden = static_cast<size_t>(c.vocab_size) * c.hidden_size;
   const LayerSizes s(c);
   const size_t packed = (uses_fused_qkv(c, mlp_variant) ? s.qkv_rows() * s.hidden : 0) +
-                        (gemv_o_proj_max_tokens(c, mlp_variant) > 0 ? s.q * s.hidden : 0);
+                        (gemv_o_proj_max_tokens(c, mlp_variant) > 0 ? s.q * s.hidden : 0) +
+                        (unfused_mlp_copy ? 3 * s.hidden * s.intermediate : 0);
   const size_t elements = vocab_hidden + c.num_hidden_layers * (s.elements() + packed) + c.hidden_size +
                           (c.tie_word_embeddings ? 0 : vocab_hidden);
   return bf16_bytes(elements);
@@ -250,28 +276,33 @@ size_t decode_weight_bytes(const ModelConfig& c) {
   return gpu_weight_bytes(c, MlpVariant::unfused) - (c.tie_word_embeddings ? 0 : embedding);
 }
 
-void check_weights_fit(const ModelConfig& config, MlpVariant mlp_variant, const std::string& what) {
+void check_weights_fit(const ModelConfig& config, const MlpPlan& mlp, const std::string& what) {
   size_t free_bytes = 0, total_bytes = 0;
   DF_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const size_t weights = gpu_weight_bytes(config, mlp_variant);
+  const size_t weights = gpu_weight_bytes(config, mlp.variant, mlp.unfused_copy());
   const size_t staging = mlp_shape(config).weight_bytes();
   if (weights + staging > free_bytes) {
     int device = 0;
     DF_CHECK_CUDA(cudaGetDevice(&device));
     throw Error(what + ": the weights need " + std::to_string(weights) + " bytes (" + gib(weights) + ") plus " +
                 std::to_string(staging) + " bytes of load staging, but only " + std::to_string(free_bytes) +
-                " bytes (" + gib(free_bytes) + ") of GPU memory are free on device " + std::to_string(device));
+                " bytes (" + gib(free_bytes) + ") of GPU memory are free on device " + std::to_string(device) +
+                (mlp.unfused_copy() ? " (fused_mlp_max_tokens 0 drops the MLP's unfused copy: " +
+                                          gib(gpu_weight_bytes(config, mlp.variant, true) -
+                                              gpu_weight_bytes(config, mlp.variant)) + ")"
+                                    : std::string()));
   }
 }
 
-GpuWeights load_checkpoint_weights(const Checkpoint& checkpoint, const ModelConfig& config, MlpVariant mlp_variant,
-                                   int mlp_max_tokens, cudaStream_t stream, const LoadProgress& progress) {
+GpuWeights load_checkpoint_weights(const Checkpoint& checkpoint, const ModelConfig& config, const MlpPlan& mlp,
+                                   cudaStream_t stream, const LoadProgress& progress) {
   validate_checkpoint(checkpoint, config);
   size_t total_bytes = 0;
   for (const ExpectedTensor& tensor : expected_tensors(config)) total_bytes += checkpoint.find(tensor.name)->info->byte_size();
   const LayerSizes s(config);
   MlpStaging staging(mlp_shape(config));  // declared first: freed after the uploader has synchronised
   StagedUploader uploader(checkpoint, total_bytes, stream, progress);
+  const MlpBuilder mlp_builder(config, mlp);
 
   GpuWeights w;
   w.embed_tokens = DeviceBuffer(bf16_bytes(static_cast<size_t>(config.vocab_size) * s.hidden));
@@ -294,9 +325,8 @@ GpuWeights load_checkpoint_weights(const Checkpoint& checkpoint, const ModelConf
     uploader.upload(p + "mlp.gate_proj.weight", staging.gate);
     uploader.upload(p + "mlp.up_proj.weight", staging.up);
     uploader.upload(p + "mlp.down_proj.weight", staging.down);
-    layer.mlp = std::make_unique<MlpLayer>(mlp_variant, mlp_shape(config), mlp_max_tokens);
-    layer.mlp->load_weights(staging.view(), stream, post_attention_norm(layer, config));
-    if (uses_fused_qkv(config, mlp_variant)) pack_decode_projections(layer, config, mlp_variant, stream);
+    mlp_builder.build(layer, staging, stream);
+    if (uses_fused_qkv(config, mlp.variant)) pack_decode_projections(layer, config, mlp.variant, stream);
     w.layers.push_back(std::move(layer));
   }
   w.final_norm = DeviceBuffer(bf16_bytes(s.hidden));
@@ -310,11 +340,11 @@ GpuWeights load_checkpoint_weights(const Checkpoint& checkpoint, const ModelConf
   return w;
 }
 
-GpuWeights make_random_weights(const ModelConfig& config, MlpVariant mlp_variant, int mlp_max_tokens, uint64_t seed,
-                               cudaStream_t stream) {
+GpuWeights make_random_weights(const ModelConfig& config, const MlpPlan& mlp, uint64_t seed, cudaStream_t stream) {
   const LayerSizes s(config);
   RandomFiller fill(seed, config.hidden_size, stream);
   MlpStaging staging(mlp_shape(config));
+  const MlpBuilder mlp_builder(config, mlp);
   constexpr float kBiasScale = 0.1f;
 
   GpuWeights w;
@@ -331,9 +361,8 @@ GpuWeights make_random_weights(const ModelConfig& config, MlpVariant mlp_variant
     fill.linear(staging.gate, config.hidden_size);
     fill.linear(staging.up, config.hidden_size);
     fill.linear(staging.down, config.intermediate_size);
-    layer.mlp = std::make_unique<MlpLayer>(mlp_variant, mlp_shape(config), mlp_max_tokens);
-    layer.mlp->load_weights(staging.view(), stream, post_attention_norm(layer, config));
-    if (uses_fused_qkv(config, mlp_variant)) pack_decode_projections(layer, config, mlp_variant, stream);
+    mlp_builder.build(layer, staging, stream);
+    if (uses_fused_qkv(config, mlp.variant)) pack_decode_projections(layer, config, mlp.variant, stream);
     w.layers.push_back(std::move(layer));
   }
   w.final_norm = DeviceBuffer(bf16_bytes(s.hidden));

@@ -6,7 +6,8 @@
 //   per layer: input_norm [H]; qkv [q_size + 2 kv_size, H] = q_proj rows, then k_proj, then v_proj,
 //   so one GEMM yields the q | k | v row rope_kv_append expects; qkv_bias likewise merged (Qwen2,
 //   Llama attention_bias); o_proj [H, q_size]; o_bias [H]; post_attention_norm [H]; the MLP in
-//   MlpLayer's layout for the chosen variant (fragment-packed for fused).
+//   MlpLayer's layout for the chosen variant (fragment-packed for fused), plus an unfused copy
+//   for large steps when MlpPlan::unfused_copy().
 //   qkv_packed, o_proj_packed: with the fused MLP variant, fragment-packed copies for the decode
 //   kernels (kernels/qkv/qkv_rope_fused.cuh, kernels/gemv/gemv_residual.cuh); prefill keeps using
 //   the row-major copies with cuBLASLt.
@@ -31,6 +32,17 @@
 
 namespace deepfuse::runtime {
 
+// The MLP layouts the weights hold. The fused MLP is the fastest up to ~16 tokens and 2-8x slower
+// than cuBLASLt from 32 tokens on (it re-reads its weights once per 32 tokens; bench mlp), so with
+// fused_max_tokens set, larger steps (prefill chunks, decode batches above it) run the unfused
+// variant on a second, row-major copy of the MLP weights (3·H·I·2 bytes more per layer).
+struct MlpPlan {
+  MlpVariant variant = MlpVariant::fused;
+  int max_tokens = 1;        // per call, prefill chunks included
+  int fused_max_tokens = 0;  // fused variant: larger steps run the unfused copy; 0: fused serves all
+  bool unfused_copy() const { return variant == MlpVariant::fused && fused_max_tokens > 0 && fused_max_tokens < max_tokens; }
+};
+
 struct GpuLayerWeights {
   DeviceBuffer input_norm;
   DeviceBuffer qkv;
@@ -41,6 +53,10 @@ struct GpuLayerWeights {
   DeviceBuffer o_bias;    // empty when the architecture has none
   DeviceBuffer post_attention_norm;
   std::unique_ptr<MlpLayer> mlp;
+  std::unique_ptr<MlpLayer> mlp_unfused;  // MlpPlan::unfused_copy(): serves steps above mlp's max_tokens
+  MlpLayer& mlp_for(int tokens) const {
+    return mlp_unfused && tokens > mlp->max_tokens() ? *mlp_unfused : *mlp;
+  }
 };
 
 struct GpuWeights {
@@ -57,12 +73,12 @@ struct GpuWeights {
 
 // Bytes of every weight on the device (bf16), and the subset one decode step reads (all but the
 // embedding table, of which a step gathers only a few rows, unless it doubles as the lm_head).
-size_t gpu_weight_bytes(const ModelConfig& config, MlpVariant mlp_variant);
+size_t gpu_weight_bytes(const ModelConfig& config, MlpVariant mlp_variant, bool unfused_mlp_copy = false);
 size_t decode_weight_bytes(const ModelConfig& config);
 
 // Throws deepfuse::Error naming the bytes needed and free when the weights (plus the staging that
 // loading them needs) cannot fit the current device's free memory. `what` names the model.
-void check_weights_fit(const ModelConfig& config, MlpVariant mlp_variant, const std::string& what);
+void check_weights_fit(const ModelConfig& config, const MlpPlan& mlp, const std::string& what);
 
 // Whether decode steps run the fused front half (input norm + QKV + RoPE + KV append, one launch):
 // with the fused MLP variant, on shapes the kernel supports.
@@ -73,14 +89,13 @@ bool uses_fused_qkv(const ModelConfig& config, MlpVariant mlp_variant);
 // step on o_proj matrices of at least 12M weights, batch 1 on smaller ones.
 int gemv_o_proj_max_tokens(const ModelConfig& config, MlpVariant mlp_variant);
 
-// Validates the checkpoint against the config, then loads it. MLP layers are built for up to
-// mlp_max_tokens tokens per call. progress (may be empty) gets checkpoint bytes done / total.
-GpuWeights load_checkpoint_weights(const Checkpoint& checkpoint, const ModelConfig& config, MlpVariant mlp_variant,
-                                   int mlp_max_tokens, cudaStream_t stream, const LoadProgress& progress);
+// Validates the checkpoint against the config, then loads it. progress (may be empty) gets
+// checkpoint bytes done / total.
+GpuWeights load_checkpoint_weights(const Checkpoint& checkpoint, const ModelConfig& config, const MlpPlan& mlp,
+                                   cudaStream_t stream, const LoadProgress& progress);
 
 // Uniform random weights at ~1/sqrt(fan_in) scale (norm weights 1, biases small, embedding ±1),
 // the statistics of trained weights closely enough that activations stay finite over 80 layers.
-GpuWeights make_random_weights(const ModelConfig& config, MlpVariant mlp_variant, int mlp_max_tokens, uint64_t seed,
-                               cudaStream_t stream);
+GpuWeights make_random_weights(const ModelConfig& config, const MlpPlan& mlp, uint64_t seed, cudaStream_t stream);
 
 }  // namespace deepfuse::runtime

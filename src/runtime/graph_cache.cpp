@@ -1,10 +1,29 @@
 #include "runtime/graph_cache.hpp"
 
 #include <string>
+#include <vector>
 
 #include "deepfuse/error.hpp"
 
 namespace deepfuse::runtime {
+
+namespace {
+
+int count_kernel_nodes(cudaGraph_t graph) {
+  size_t count = 0;
+  DF_CHECK_CUDA(cudaGraphGetNodes(graph, nullptr, &count));
+  std::vector<cudaGraphNode_t> nodes(count);
+  DF_CHECK_CUDA(cudaGraphGetNodes(graph, nodes.data(), &count));
+  int kernels = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    DF_CHECK_CUDA(cudaGraphNodeGetType(node, &type));
+    if (type == cudaGraphNodeTypeKernel) ++kernels;
+  }
+  return kernels;
+}
+
+}  // namespace
 
 std::vector<int> decode_buckets(int max_batch) {
   DF_CHECK(max_batch >= 1, "max_batch must be at least 1 (got " + std::to_string(max_batch) + ")");
@@ -43,9 +62,17 @@ void DecodeGraphCache::capture(Bucket& bucket, cudaStream_t stream,
   }
   cudaGraph_t graph = nullptr;
   DF_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-  const cudaError_t instantiated = cudaGraphInstantiate(&bucket.graph, graph, 0);
+  cudaError_t status = cudaGraphInstantiate(&bucket.graph, graph, 0);
+  if (status == cudaSuccess) {
+    try {
+      bucket.kernel_nodes = count_kernel_nodes(graph);
+    } catch (...) {
+      cudaGraphDestroy(graph);
+      throw;
+    }
+  }
   cudaGraphDestroy(graph);
-  DF_CHECK_CUDA(instantiated);
+  DF_CHECK_CUDA(status);
 }
 
 void DecodeGraphCache::run(int index, cudaStream_t stream, const std::function<void(cudaStream_t)>& enqueue) {
@@ -59,6 +86,11 @@ void DecodeGraphCache::run(int index, cudaStream_t stream, const std::function<v
     return;
   }
   DF_CHECK_CUDA(cudaGraphLaunch(bucket.graph, stream));
+}
+
+int DecodeGraphCache::kernel_nodes(int index) const {
+  DF_CHECK(index >= 0 && index < static_cast<int>(buckets_.size()), "no decode bucket " + std::to_string(index));
+  return state_[index].kernel_nodes;
 }
 
 int DecodeGraphCache::graphs_captured() const {

@@ -33,11 +33,15 @@ class DecodeGraphCache {
   void run(int index, cudaStream_t stream, const std::function<void(cudaStream_t)>& enqueue);
 
   int graphs_captured() const;
+  // Kernel nodes in bucket `index`'s captured graph, counted from the graph itself (library calls
+  // included: a cuBLASLt split-K GEMM shows as its two kernels); 0 before capture or without graphs.
+  int kernel_nodes(int index) const;
 
  private:
   struct Bucket {
     bool warmed_up = false;
     cudaGraphExec_t graph = nullptr;
+    int kernel_nodes = 0;
   };
   void capture(Bucket& bucket, cudaStream_t stream, const std::function<void(cudaStream_t)>& enqueue);
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -261,6 +262,32 @@ TEST(FusedMlp, GraphReplayWithNewInputs) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// Two layers of different weights sharing one scratch, called alternately (a model's layers on
+// one stream): each must be right; a scratch made for another variant, shape or fewer tokens is
+// refused.
+TEST(MlpLayer, LayersShareOneScratch) {
+  DF_REQUIRE_GPU();
+  const MlpShape shape{256, 768};
+  const MlpCase first(shape, 24, 21), second(shape, 24, 22);
+  for (MlpVariant v : {MlpVariant::naive, MlpVariant::unfused}) {
+    const std::shared_ptr<MlpScratch> scratch = make_mlp_scratch(v, shape, 24);
+    MlpLayer a(v, shape, 24, scratch), b(v, shape, 17, scratch);
+    a.load_weights(first.weights(), nullptr);
+    b.load_weights(second.weights(), nullptr);
+    for (int round = 0; round < 2; ++round) {
+      const auto ya = run_poisoned(a, first, 24, true);
+      const auto yb = run_poisoned(b, second, 17, round == 1);
+      EXPECT_EQ(testing::count_nan(ya) + testing::count_nan(yb), 0u) << mlp_variant_name(v);
+      EXPECT_LT(testing::relative_error(ya, first.reference(24, true)), kTolerance) << mlp_variant_name(v);
+      EXPECT_LT(testing::relative_error(yb, second.reference(17, round == 1)), kTolerance) << mlp_variant_name(v);
+    }
+    EXPECT_THROW(MlpLayer(v, shape, 25, scratch), Error) << "more tokens than the scratch holds";
+    EXPECT_THROW(MlpLayer(v, {256, 512}, 8, scratch), Error) << "another shape";
+  }
+  EXPECT_THROW(MlpLayer(MlpVariant::naive, shape, 8, make_mlp_scratch(MlpVariant::unfused, shape, 8)), Error);
+  EXPECT_THROW(make_mlp_scratch(MlpVariant::fused, shape, 8), Error);
 }
 
 TEST(MlpLayer, RejectsBadCalls) {

@@ -183,6 +183,34 @@ TEST_P(EngineVsReference, RaggedBatchMatchesReferencePerSequence) {
                                  std::to_string(prompts[s]) + ", " + std::to_string(totals[s]) + " tokens)");
 }
 
+TEST_P(EngineVsReference, EitherMlpCopyServesAnyStep) {
+  DF_REQUIRE_GPU();
+  make_model(6);
+  // The default (16) sends the 40-token prefill above to the MLP's unfused copy and the decode
+  // steps to the fused kernel. Limit 0: the fused kernel serves every step, prefills included;
+  // limit 2: the batch of three (bucket 4) decodes through the unfused copy.
+  const std::vector<int> prompts = {5, 40, 17}, totals = {30, 47, 35};
+  std::vector<std::vector<int32_t>> sequences;
+  for (int total : totals) sequences.push_back(random_ids(rng_, total, config_.vocab_size));
+  std::map<int, int> launches_per_layer;  // by limit
+  for (int limit : {0, 2}) {
+    EngineOptions options = tiny_engine_options();
+    options.fused_mlp_max_tokens = limit;
+    Engine engine = load_engine(options);
+    const std::vector<std::vector<float>> logits = engine.score_batch(sequences, prompts);
+    ASSERT_EQ(logits.size(), sequences.size());
+    for (size_t s = 0; s < sequences.size(); ++s)
+      expect_matches_reference(logits[s], sequences[s],
+                               "fused MLP up to " + std::to_string(limit) + " tokens, sequence " + std::to_string(s));
+    // The captured step's kernels, counted from the graph: at least one per launch of the op list.
+    const EngineStats stats = engine.stats(3);
+    EXPECT_GE(stats.kernels_per_decode_step, stats.launches_per_decode_step) << "limit " << limit;
+    launches_per_layer[limit] = stats.launches_per_layer;
+  }
+  // The unfused copy's norm, gate_up GEMM, silu_and_mul and down GEMM replace one launch.
+  EXPECT_EQ(launches_per_layer[2], launches_per_layer[0] + 3);
+}
+
 // Steps until every one of `sequences` reported its finish (at most max_steps steps); returns
 // what step() produced for each, in order.
 std::map<SequenceId, std::vector<StepToken>> step_until_finished(Engine& engine, const std::vector<SequenceId>& sequences,

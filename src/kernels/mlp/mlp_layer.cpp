@@ -1,4 +1,5 @@
 // MlpLayer: one public entry point over the three GPU variants (see include/deepfuse/mlp.hpp).
+#include <memory>
 #include <string>
 
 #include "deepfuse/error.hpp"
@@ -33,20 +34,45 @@ void validate_mlp_shape(const MlpShape& shape) {
            "MLP intermediate size " + std::to_string(shape.intermediate) + " is not a positive multiple of 64");
 }
 
+struct MlpScratch {
+  MlpVariant variant;
+  MlpShape shape;
+  int max_tokens;
+  DeviceBuffer intermediate_a, intermediate_b, mlp_out;  // activations (mlp_out: naive only)
+  DeviceBuffer normed;                                   // rms_norm(x) when the layer has a norm
+  kernels::CublasLtGemm gemm;
+};
+
+std::shared_ptr<MlpScratch> make_mlp_scratch(MlpVariant variant, MlpShape shape, int max_tokens) {
+  validate_mlp_shape(shape);
+  DF_CHECK(variant != MlpVariant::fused, "the fused MLP needs no scratch");
+  DF_CHECK(max_tokens >= 1, "MLP max_tokens must be at least 1");
+  auto s = std::make_shared<MlpScratch>();
+  s->variant = variant;
+  s->shape = shape;
+  s->max_tokens = max_tokens;
+  const size_t th_bytes = static_cast<size_t>(max_tokens) * shape.hidden * sizeof(__nv_bfloat16);
+  const size_t ti_bytes = static_cast<size_t>(max_tokens) * shape.intermediate * sizeof(__nv_bfloat16);
+  s->normed = DeviceBuffer(th_bytes);
+  // naive: gate and up outputs apart, down into mlp_out before the residual add;
+  // unfused: the merged gate_up output, then silu(g)*u.
+  s->intermediate_a = DeviceBuffer(variant == MlpVariant::naive ? ti_bytes : 2 * ti_bytes);
+  s->intermediate_b = DeviceBuffer(ti_bytes);
+  if (variant == MlpVariant::naive) s->mlp_out = DeviceBuffer(th_bytes);
+  return s;
+}
+
 struct MlpLayer::Impl {
   MlpVariant variant;
   MlpShape shape;
   int max_tokens;
   // Weights in the variant's layout.
   DeviceBuffer gate, up, gate_up, down;  // naive: gate, up, down; unfused: gate_up, down; fused: gate_up, down (packed)
-  // Workspace.
-  DeviceBuffer intermediate_a, intermediate_b, mlp_out;  // naive/unfused activations
-  DeviceBuffer normed;                                   // naive/unfused: rms_norm(x) when asked
-  DeviceBuffer norm_weight;                              // naive/unfused: their norm launch's weight
+  DeviceBuffer norm_weight;              // naive/unfused: their norm launch's weight
   bool normalize = false;
   float norm_eps = 0.0f;
-  DeviceBuffer accumulator, counters;                    // fused reduction state
-  std::unique_ptr<kernels::CublasLtGemm> gemm;
+  std::shared_ptr<MlpScratch> scratch;   // naive/unfused
+  DeviceBuffer accumulator, counters;    // fused reduction state
   kernels::SwigluFusedTuning fused_tuning;
 
   size_t hi_bytes() const { return static_cast<size_t>(shape.hidden) * shape.intermediate * sizeof(__nv_bfloat16); }
@@ -76,32 +102,23 @@ struct MlpLayer::Impl {
   }
 };
 
-MlpLayer::MlpLayer(MlpVariant variant, MlpShape shape, int max_tokens) : impl_(std::make_unique<Impl>()) {
+MlpLayer::MlpLayer(MlpVariant variant, MlpShape shape, int max_tokens, std::shared_ptr<MlpScratch> scratch)
+    : impl_(std::make_unique<Impl>()) {
   validate_mlp_shape(shape);
   DF_CHECK(max_tokens >= 1, "MLP max_tokens must be at least 1");
   Impl& s = *impl_;
   s.variant = variant;
   s.shape = shape;
   s.max_tokens = max_tokens;
-  const size_t ti_bytes = static_cast<size_t>(max_tokens) * shape.intermediate * sizeof(__nv_bfloat16);
-  if (variant != MlpVariant::fused)
-    s.normed = DeviceBuffer(static_cast<size_t>(max_tokens) * shape.hidden * sizeof(__nv_bfloat16));
   switch (variant) {
     case MlpVariant::naive:
       s.gate = DeviceBuffer(s.hi_bytes());
       s.up = DeviceBuffer(s.hi_bytes());
       s.down = DeviceBuffer(s.hi_bytes());
-      s.intermediate_a = DeviceBuffer(ti_bytes);
-      s.intermediate_b = DeviceBuffer(ti_bytes);
-      s.mlp_out = DeviceBuffer(static_cast<size_t>(max_tokens) * shape.hidden * sizeof(__nv_bfloat16));
-      s.gemm = std::make_unique<kernels::CublasLtGemm>();
       break;
     case MlpVariant::unfused:
       s.gate_up = DeviceBuffer(2 * s.hi_bytes());
       s.down = DeviceBuffer(s.hi_bytes());
-      s.intermediate_a = DeviceBuffer(2 * ti_bytes);
-      s.intermediate_b = DeviceBuffer(ti_bytes);
-      s.gemm = std::make_unique<kernels::CublasLtGemm>();
       break;
     case MlpVariant::fused:
       s.gate_up = DeviceBuffer(2 * s.hi_bytes());
@@ -111,8 +128,17 @@ MlpLayer::MlpLayer(MlpVariant variant, MlpShape shape, int max_tokens) : impl_(s
       s.accumulator.zero();
       s.counters.zero();
       DF_CHECK_CUDA(cudaDeviceSynchronize());
-      break;
+      return;
   }
+  if (!scratch) scratch = make_mlp_scratch(variant, shape, max_tokens);
+  DF_CHECK(scratch->variant == variant && scratch->shape.hidden == shape.hidden &&
+               scratch->shape.intermediate == shape.intermediate && scratch->max_tokens >= max_tokens,
+           std::string("MLP scratch made for ") + mlp_variant_name(scratch->variant) + " " +
+               std::to_string(scratch->shape.hidden) + "x" + std::to_string(scratch->shape.intermediate) + " up to " +
+               std::to_string(scratch->max_tokens) + " tokens cannot serve a " + mlp_variant_name(variant) + " " +
+               std::to_string(shape.hidden) + "x" + std::to_string(shape.intermediate) + " layer of " +
+               std::to_string(max_tokens) + " tokens");
+  s.scratch = std::move(scratch);
 }
 
 MlpLayer::~MlpLayer() = default;
@@ -177,11 +203,16 @@ void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_b
   DF_CHECK(s.normalize || static_cast<const void*>(x) != static_cast<const void*>(y),
            "MLP output must not alias its input");
   const int H = s.shape.hidden, I = s.shape.intermediate;
-  if (s.normalize && s.variant != MlpVariant::fused) {  // the baselines normalise in a launch of their own
+  if (s.variant == MlpVariant::fused) {
+    s.launch_fused(x, residual, y, tokens, false, stream);
+    return;
+  }
+  MlpScratch& scratch = *s.scratch;
+  if (s.normalize) {  // the baselines normalise in a launch of their own
     kernels::RmsNormParams n;
     n.residual = const_cast<__nv_bfloat16*>(x);  // only read by launch_rms_norm
     n.weight = s.norm_weight.as<__nv_bfloat16>();
-    n.out = s.normed.as<__nv_bfloat16>();
+    n.out = scratch.normed.as<__nv_bfloat16>();
     n.rows = tokens;
     n.hidden = H;
     n.eps = s.norm_eps;
@@ -189,32 +220,26 @@ void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_b
     x = n.out;
   }
   const size_t ti = static_cast<size_t>(tokens) * I;
-  auto* a = s.intermediate_a.as<__nv_bfloat16>();
-  auto* b = s.intermediate_b.as<__nv_bfloat16>();
-  switch (s.variant) {
-    case MlpVariant::naive: {
-      s.gemm->run(x, s.gate.as<__nv_bfloat16>(), nullptr, a, tokens, I, H, stream);
-      s.gemm->run(x, s.up.as<__nv_bfloat16>(), nullptr, b, tokens, I, H, stream);
-      DF_CHECK_CUDA(kernels::silu_inplace(a, ti, stream));
-      DF_CHECK_CUDA(kernels::multiply(a, b, a, ti, stream));
-      if (residual) {
-        auto* out = s.mlp_out.as<__nv_bfloat16>();
-        s.gemm->run(a, s.down.as<__nv_bfloat16>(), nullptr, out, tokens, H, I, stream);
-        DF_CHECK_CUDA(kernels::add(out, residual, y, static_cast<size_t>(tokens) * H, stream));
-      } else {
-        s.gemm->run(a, s.down.as<__nv_bfloat16>(), nullptr, y, tokens, H, I, stream);
-      }
-      break;
+  auto* a = scratch.intermediate_a.as<__nv_bfloat16>();
+  auto* b = scratch.intermediate_b.as<__nv_bfloat16>();
+  kernels::CublasLtGemm& gemm = scratch.gemm;
+  if (s.variant == MlpVariant::naive) {
+    gemm.run(x, s.gate.as<__nv_bfloat16>(), nullptr, a, tokens, I, H, stream);
+    gemm.run(x, s.up.as<__nv_bfloat16>(), nullptr, b, tokens, I, H, stream);
+    DF_CHECK_CUDA(kernels::silu_inplace(a, ti, stream));
+    DF_CHECK_CUDA(kernels::multiply(a, b, a, ti, stream));
+    if (residual) {
+      auto* out = scratch.mlp_out.as<__nv_bfloat16>();
+      gemm.run(a, s.down.as<__nv_bfloat16>(), nullptr, out, tokens, H, I, stream);
+      DF_CHECK_CUDA(kernels::add(out, residual, y, static_cast<size_t>(tokens) * H, stream));
+    } else {
+      gemm.run(a, s.down.as<__nv_bfloat16>(), nullptr, y, tokens, H, I, stream);
     }
-    case MlpVariant::unfused:
-      s.gemm->run(x, s.gate_up.as<__nv_bfloat16>(), nullptr, a, tokens, 2 * I, H, stream);
-      DF_CHECK_CUDA(kernels::silu_and_mul(a, b, tokens, I, stream));
-      s.gemm->run(b, s.down.as<__nv_bfloat16>(), residual, y, tokens, H, I, stream);
-      break;
-    case MlpVariant::fused:
-      s.launch_fused(x, residual, y, tokens, false, stream);
-      break;
+    return;
   }
+  gemm.run(x, s.gate_up.as<__nv_bfloat16>(), nullptr, a, tokens, 2 * I, H, stream);
+  DF_CHECK_CUDA(kernels::silu_and_mul(a, b, tokens, I, stream));
+  gemm.run(b, s.down.as<__nv_bfloat16>(), residual, y, tokens, H, I, stream);
 }
 
 float* MlpLayer::run_deferred(const __nv_bfloat16* x, int tokens, cudaStream_t stream) {
