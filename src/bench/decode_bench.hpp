@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "deepfuse/engine.hpp"
 #include "deepfuse/mlp.hpp"
 
 namespace deepfuse::bench {
@@ -25,7 +26,7 @@ struct DecodeBenchOptions {
   int ttft_repetitions = 3;            // timed first tokens per prompt length (median)
   bool cuda_graphs = true;
   MlpVariant mlp_variant = MlpVariant::fused;
-  int fused_mlp_max_tokens = 16;       // EngineOptions::fused_mlp_max_tokens
+  int fused_mlp_max_tokens = EngineOptions{}.fused_mlp_max_tokens;
   size_t kv_cache_bytes = 0;           // 0: the engine's default share of free GPU memory
   uint64_t seed = 1;                   // weights and TTFT prompts
   std::string json_path;               // empty: no JSON

@@ -49,7 +49,8 @@ void register_bench_decode(CLI::App& bench, Action& action) {
   decode->add_flag("--no-cuda-graphs", args->no_cuda_graphs, "eager launches instead of CUDA graphs");
   decode->add_option("--mlp-variant", args->mlp_variant, "fused | unfused | naive (default fused)");
   decode->add_option("--fused-mlp-max-tokens", o.fused_mlp_max_tokens,
-                     "larger steps run the unfused MLP (a second weight copy); 0: fused always (default 16)")
+                     "larger steps run the unfused MLP (a second weight copy); 0: fused always (default " +
+                         std::to_string(o.fused_mlp_max_tokens) + ")")
       ->check(CLI::NonNegativeNumber);
   decode->add_option("--kv-cache-mb", args->kv_cache_mb, "KV cache pool in MiB (default: 90% of free GPU memory)")
       ->check(CLI::PositiveNumber);

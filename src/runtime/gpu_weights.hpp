@@ -32,10 +32,10 @@
 
 namespace deepfuse::runtime {
 
-// The MLP layouts the weights hold. The fused MLP is the fastest up to ~16 tokens and 2-8x slower
-// than cuBLASLt from 32 tokens on (it re-reads its weights once per 32 tokens; bench mlp), so with
-// fused_max_tokens set, larger steps (prefill chunks, decode batches above it) run the unfused
-// variant on a second, row-major copy of the MLP weights (3·H·I·2 bytes more per layer).
+// The MLP layouts the weights hold. The fused MLP is the fastest up to 8 tokens, 10-25% slower
+// than cuBLASLt at 16 and 2-8x from 32 on (it re-reads its weights once per 32 tokens; bench
+// mlp), so with fused_max_tokens set, larger steps (prefill chunks, decode batches above it) run
+// the unfused variant on a second, row-major copy of the MLP weights (3·H·I·2 bytes more per layer).
 struct MlpPlan {
   MlpVariant variant = MlpVariant::fused;
   int max_tokens = 1;        // per call, prefill chunks included

@@ -186,7 +186,7 @@ TEST_P(EngineVsReference, RaggedBatchMatchesReferencePerSequence) {
 TEST_P(EngineVsReference, EitherMlpCopyServesAnyStep) {
   DF_REQUIRE_GPU();
   make_model(6);
-  // The default (16) sends the 40-token prefill above to the MLP's unfused copy and the decode
+  // The default (8) sends the 40-token prefill above to the MLP's unfused copy and the decode
   // steps to the fused kernel. Limit 0: the fused kernel serves every step, prefills included;
   // limit 2: the batch of three (bucket 4) decodes through the unfused copy.
   const std::vector<int> prompts = {5, 40, 17}, totals = {30, 47, 35};
