@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <vector>
 
@@ -154,8 +155,12 @@ float* ForwardPass::layer(int index, int tokens, const int32_t* positions, const
 bool ForwardPass::uses_fused_front(int decode_tokens) const {
   // Measured on H200 (bench qkv): the fused kernel wins up to 16 tokens (1.0-1.4x) and loses at
   // 32 (0.5-0.7x), where cuBLASLt's GEMM amortises the weights over more tokens.
-  constexpr int kFusedFrontMaxTokens = 16;
-  return !weights_.layers.front().qkv_packed.empty() && decode_tokens <= kFusedFrontMaxTokens;
+  // DEEPFUSE_FUSED_FRONT_MAX_TOKENS overrides the limit, for A/B measurements.
+  static const int max_tokens = [] {
+    const char* text = std::getenv("DEEPFUSE_FUSED_FRONT_MAX_TOKENS");
+    return text ? std::atoi(text) : 16;
+  }();
+  return !weights_.layers.front().qkv_packed.empty() && decode_tokens <= max_tokens;
 }
 
 bool ForwardPass::uses_gemv_o_proj(int decode_tokens) const {
