@@ -14,10 +14,11 @@
 //   6 rms_norm(residual; post_attention_norm)          -> MLP input
 //   7 SwiGLU MLP + residual                            -> residual
 // With the fused MLP variant a decode step of up to 16 tokens runs 1-3 as one kernel
-// (kernels/qkv/qkv_rope_fused.cuh) and 6-7 as one (the norm folded into the fused MLP); o_proj
-// + residual is one cluster GEMV launch (kernels/gemv/gemv_residual.cuh) on models whose o_proj
-// has at least 12M weights: four launches per layer with single-launch attention. Smaller models
-// keep cuBLASLt, which at small batch adds a split-K reduction kernel (five).
+// (kernels/qkv/qkv_rope_fused.cuh); up to 8 tokens (EngineOptions::fused_mlp_max_tokens) 6-7
+// run as one (the norm folded into the fused MLP), and o_proj + residual is one cluster GEMV
+// launch (kernels/gemv/gemv_residual.cuh) on models whose o_proj has at least 12M weights (at
+// batch 1 on smaller ones): four launches per layer with single-launch attention. Otherwise
+// o_proj is cuBLASLt, which at small batch adds a split-K reduction kernel (five).
 // Nothing here allocates or synchronises: a decode step is captured into a CUDA graph as is.
 #pragma once
 

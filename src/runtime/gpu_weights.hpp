@@ -85,8 +85,8 @@ void check_weights_fit(const ModelConfig& config, const MlpPlan& mlp, const std:
 bool uses_fused_qkv(const ModelConfig& config, MlpVariant mlp_variant);
 
 // Up to how many tokens those decode steps also run o_proj + residual as one cluster GEMV launch
-// (0: never; otherwise the weights hold a packed o_proj next to the plain one): every fused-front
-// step on o_proj matrices of at least 12M weights, batch 1 on smaller ones.
+// (0: never; otherwise the weights hold a packed o_proj next to the plain one): up to 8 tokens on
+// o_proj matrices of at least 12M weights, batch 1 on smaller ones.
 int gemv_o_proj_max_tokens(const ModelConfig& config, MlpVariant mlp_variant);
 
 // Validates the checkpoint against the config, then loads it. progress (may be empty) gets
