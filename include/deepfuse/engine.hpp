@@ -37,6 +37,8 @@ struct EngineOptions {
   // bytes per layer (11 GiB on Llama-3-8B). 0: the fused MLP serves every step. Measured on H200
   // (bench decode, docs/runtime.md): the copy makes batch-16 steps 7-10% faster, batch-32 steps
   // 21-39% and time to first token 7-9x; at batch 8 and below the fused MLP is as fast or faster.
+  // Set to 0 at construction when the copy would not leave room for one max_context sequence's
+  // KV cache (Engine::options() shows it).
   int fused_mlp_max_tokens = 8;
   int device = 0;
 };

@@ -102,6 +102,15 @@ Engine::Impl::~Impl() {
 
 void Engine::Impl::activate_device() const { DF_CHECK_CUDA(cudaSetDevice(options.device)); }
 
+void Engine::Impl::fit_mlp_copy() {
+  size_t free_bytes = 0, total_bytes = 0;
+  DF_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const runtime::KvGeometry geometry{config.num_hidden_layers, config.num_key_value_heads, config.head_dim};
+  const size_t one_sequence = static_cast<size_t>(KvPageTable::pages_for(options.max_context)) * geometry.page_bytes();
+  options.fused_mlp_max_tokens =
+      runtime::fit_mlp_plan(config, mlp_plan(), free_bytes, one_sequence + kMemoryReserve).fused_max_tokens;
+}
+
 void Engine::Impl::finish_setup() {
   const int max_batch = options.max_batch;
   const std::vector<int> buckets = runtime::decode_buckets(max_batch);
@@ -161,6 +170,7 @@ Engine Engine::from_checkpoint(const std::filesystem::path& model_dir, const Eng
   const Checkpoint checkpoint(model_dir);
   validate_checkpoint(checkpoint, config);
   auto impl = std::make_unique<Impl>(std::move(config), options);
+  impl->fit_mlp_copy();
   runtime::check_weights_fit(impl->config, impl->mlp_plan(), model_dir.string());
   impl->weights = std::make_unique<runtime::GpuWeights>(
       runtime::load_checkpoint_weights(checkpoint, impl->config, impl->mlp_plan(), impl->stream(), progress));
@@ -170,6 +180,7 @@ Engine Engine::from_checkpoint(const std::filesystem::path& model_dir, const Eng
 
 Engine Engine::with_random_weights(const ModelConfig& config, const EngineOptions& options, uint64_t seed) {
   auto impl = std::make_unique<Impl>(config, options);
+  impl->fit_mlp_copy();
   runtime::check_weights_fit(impl->config, impl->mlp_plan(), "random weights for a " + describe_model(config));
   impl->weights = std::make_unique<runtime::GpuWeights>(
       runtime::make_random_weights(impl->config, impl->mlp_plan(), seed, impl->stream()));

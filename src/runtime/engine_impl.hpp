@@ -68,6 +68,9 @@ struct Engine::Impl {
 
   int max_tokens() const { return std::max(options.prefill_chunk, options.max_batch); }
   runtime::MlpPlan mlp_plan() const { return {options.mlp_variant, max_tokens(), options.fused_mlp_max_tokens}; }
+  // Drops the MLP's unfused copy (options.fused_mlp_max_tokens = 0, as options() then shows) when
+  // it would not leave room for one longest sequence's KV cache: runtime::fit_mlp_plan.
+  void fit_mlp_copy();
   cudaStream_t stream() const { return stream_owner.get(); }
   void activate_device() const;
 

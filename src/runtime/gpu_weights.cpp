@@ -278,6 +278,13 @@ size_t decode_weight_bytes(const ModelConfig& c) {
   return gpu_weight_bytes(c, MlpVariant::unfused) - (c.tie_word_embeddings ? 0 : embedding);
 }
 
+MlpPlan fit_mlp_plan(const ModelConfig& config, MlpPlan plan, size_t free_bytes, size_t kv_reserve_bytes) {
+  if (!plan.unfused_copy()) return plan;
+  const size_t needed = gpu_weight_bytes(config, plan.variant, true) + mlp_shape(config).weight_bytes() + kv_reserve_bytes;
+  if (needed > free_bytes) plan.fused_max_tokens = 0;
+  return plan;
+}
+
 void check_weights_fit(const ModelConfig& config, const MlpPlan& mlp, const std::string& what) {
   size_t free_bytes = 0, total_bytes = 0;
   DF_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));

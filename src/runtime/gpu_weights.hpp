@@ -76,6 +76,11 @@ struct GpuWeights {
 size_t gpu_weight_bytes(const ModelConfig& config, MlpVariant mlp_variant, bool unfused_mlp_copy = false);
 size_t decode_weight_bytes(const ModelConfig& config);
 
+// `plan` as it fits `free_bytes` of GPU memory: without the unfused copy (fused_max_tokens 0)
+// unless the weights with it, their load staging and `kv_reserve_bytes` (the KV cache of one
+// longest sequence) all fit, so a GPU that holds the model only without the copy still loads it.
+MlpPlan fit_mlp_plan(const ModelConfig& config, MlpPlan plan, size_t free_bytes, size_t kv_reserve_bytes);
+
 // Throws deepfuse::Error naming the bytes needed and free when the weights (plus the staging that
 // loading them needs) cannot fit the current device's free memory. `what` names the model.
 void check_weights_fit(const ModelConfig& config, const MlpPlan& mlp, const std::string& what);

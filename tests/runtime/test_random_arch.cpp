@@ -63,6 +63,24 @@ TEST(RandomArch, GemvOprojBatchLimits) {
                 (small.q_size() + 2 * small.kv_size() + small.q_size()) * 2);
 }
 
+// The MLP's unfused copy is kept only when it, the weights, their staging and the KV reserve fit.
+TEST(RandomArch, UnfusedMlpCopyOnlyWhenItFits) {
+  const ModelConfig c = random_arch_config("llama3-8b");
+  const runtime::MlpPlan plan{MlpVariant::fused, 1024, 8};
+  ASSERT_TRUE(plan.unfused_copy());
+  const size_t with_copy = runtime::gpu_weight_bytes(c, MlpVariant::fused, true);
+  const size_t copy = with_copy - runtime::gpu_weight_bytes(c, MlpVariant::fused);
+  EXPECT_EQ(copy, size_t{32} * 3 * 4096 * 14336 * 2);
+  const size_t staging = size_t{3} * 4096 * 14336 * 2, reserve = size_t{4} << 30;
+  const size_t enough = with_copy + staging + reserve;
+  EXPECT_EQ(runtime::fit_mlp_plan(c, plan, enough, reserve).fused_max_tokens, 8);
+  EXPECT_EQ(runtime::fit_mlp_plan(c, plan, enough - 1, reserve).fused_max_tokens, 0);
+  EXPECT_EQ(runtime::fit_mlp_plan(c, plan, size_t{24} << 30, reserve).fused_max_tokens, 0);  // a 24 GB GPU
+  // Nothing to drop: limit 0, or prefill chunks and batches that never exceed the limit.
+  EXPECT_EQ(runtime::fit_mlp_plan(c, {MlpVariant::fused, 1024, 0}, 0, 0).fused_max_tokens, 0);
+  EXPECT_EQ(runtime::fit_mlp_plan(c, {MlpVariant::fused, 8, 8}, 0, 0).fused_max_tokens, 8);
+}
+
 TEST(RandomArch, UnknownNamesListTheKnownOnes) {
   try {
     random_arch_config("gpt-5");
