@@ -295,11 +295,7 @@ void check_weights_fit(const ModelConfig& config, const MlpPlan& mlp, const std:
     DF_CHECK_CUDA(cudaGetDevice(&device));
     throw Error(what + ": the weights need " + std::to_string(weights) + " bytes (" + gib(weights) + ") plus " +
                 std::to_string(staging) + " bytes of load staging, but only " + std::to_string(free_bytes) +
-                " bytes (" + gib(free_bytes) + ") of GPU memory are free on device " + std::to_string(device) +
-                (mlp.unfused_copy() ? " (fused_mlp_max_tokens 0 drops the MLP's unfused copy: " +
-                                          gib(gpu_weight_bytes(config, mlp.variant, true) -
-                                              gpu_weight_bytes(config, mlp.variant)) + ")"
-                                    : std::string()));
+                " bytes (" + gib(free_bytes) + ") of GPU memory are free on device " + std::to_string(device));
   }
 }
 
