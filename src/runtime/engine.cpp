@@ -105,8 +105,7 @@ void Engine::Impl::activate_device() const { DF_CHECK_CUDA(cudaSetDevice(options
 void Engine::Impl::fit_mlp_copy() {
   size_t free_bytes = 0, total_bytes = 0;
   DF_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const runtime::KvGeometry geometry{config.num_hidden_layers, config.num_key_value_heads, config.head_dim};
-  const size_t one_sequence = static_cast<size_t>(KvPageTable::pages_for(options.max_context)) * geometry.page_bytes();
+  const size_t one_sequence = static_cast<size_t>(KvPageTable::pages_for(options.max_context)) * kv_geometry().page_bytes();
   options.fused_mlp_max_tokens =
       runtime::fit_mlp_plan(config, mlp_plan(), free_bytes, one_sequence + kMemoryReserve).fused_max_tokens;
 }
@@ -131,7 +130,7 @@ void Engine::Impl::finish_setup() {
   running.reserve(max_batch);
 
   // The KV cache takes what is left: never more pages than max_batch sequences at max_context use.
-  const runtime::KvGeometry geometry{config.num_hidden_layers, config.num_key_value_heads, config.head_dim};
+  const runtime::KvGeometry geometry = kv_geometry();
   const int max_pages_per_sequence = KvPageTable::pages_for(options.max_context);
   const size_t useful_pages = static_cast<size_t>(max_batch) * max_pages_per_sequence;
   DF_CHECK_CUDA(cudaStreamSynchronize(stream()));

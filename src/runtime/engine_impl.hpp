@@ -68,6 +68,9 @@ struct Engine::Impl {
 
   int max_tokens() const { return std::max(options.prefill_chunk, options.max_batch); }
   runtime::MlpPlan mlp_plan() const { return {options.mlp_variant, max_tokens(), options.fused_mlp_max_tokens}; }
+  runtime::KvGeometry kv_geometry() const {
+    return {config.num_hidden_layers, config.num_key_value_heads, config.head_dim};
+  }
   // Drops the MLP's unfused copy (options.fused_mlp_max_tokens = 0, as options() then shows) when
   // it would not leave room for one longest sequence's KV cache: runtime::fit_mlp_plan.
   void fit_mlp_copy();

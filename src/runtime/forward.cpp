@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <numeric>
 #include <vector>
 
@@ -13,6 +12,7 @@
 #include "kernels/norm/rms_norm.cuh"
 #include "kernels/qkv/qkv_rope_fused.cuh"
 #include "kernels/rope_kv/rope_kv_append.cuh"
+#include "runtime/ab_switch.hpp"
 
 namespace deepfuse::runtime {
 
@@ -156,10 +156,7 @@ bool ForwardPass::uses_fused_front(int decode_tokens) const {
   // Measured on H200 (bench qkv): the fused kernel wins up to 16 tokens (1.0-1.4x) and loses at
   // 32 (0.5-0.7x), where cuBLASLt's GEMM amortises the weights over more tokens.
   // DEEPFUSE_FUSED_FRONT_MAX_TOKENS overrides the limit, for A/B measurements.
-  static const int max_tokens = [] {
-    const char* text = std::getenv("DEEPFUSE_FUSED_FRONT_MAX_TOKENS");
-    return text ? std::atoi(text) : 16;
-  }();
+  static const int max_tokens = ab_switch("DEEPFUSE_FUSED_FRONT_MAX_TOKENS", 16);
   return !weights_.layers.front().qkv_packed.empty() && decode_tokens <= max_tokens;
 }
 

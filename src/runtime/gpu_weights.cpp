@@ -16,6 +16,7 @@
 #include "kernels/qkv/qkv_rope_fused.cuh"
 #include "kernels/fill.cuh"
 #include "model/float16.hpp"
+#include "runtime/ab_switch.hpp"
 #include "runtime/pinned_buffer.hpp"
 
 namespace deepfuse::runtime {
@@ -93,6 +94,13 @@ struct MlpStaging {
     return {gate.as<__nv_bfloat16>(), up.as<__nv_bfloat16>(), down.as<__nv_bfloat16>()};
   }
 };
+
+// What loading needs on the device: the weights as `plan` lays them out, and one layer's MLP
+// staged in Hugging Face layout (MlpStaging) while it is packed.
+size_t weight_bytes(const ModelConfig& config, const MlpPlan& plan) {
+  return gpu_weight_bytes(config, plan.variant, plan.unfused_copy());
+}
+size_t staging_bytes(const ModelConfig& config) { return mlp_shape(config).weight_bytes(); }
 
 // The layer's MLP (and its unfused copy) from the staged Hugging Face tensors, stream-ordered.
 // The copies of the naive / unfused variant share one scratch: layers run one after another.
@@ -246,10 +254,7 @@ int gemv_o_proj_max_tokens(const ModelConfig& c, MlpVariant mlp_variant) {
   // runtime/forward.cpp) the step is 3% faster at batch 1 (1.012-1.015 -> 0.975-0.986 ms) and
   // 0.5-3% slower at 8-16 sequences, so small o_proj matrices take it at batch 1 only.
   // DEEPFUSE_OPROJ_GEMV=0 / 1 forces never / every fused-front step, for A/B measurements.
-  static const int forced = [] {
-    const char* text = std::getenv("DEEPFUSE_OPROJ_GEMV");
-    return text ? std::atoi(text) : -1;
-  }();
+  static const int forced = ab_switch("DEEPFUSE_OPROJ_GEMV", -1);
   constexpr int kLargeMaxTokens = 8;
   constexpr long long kMinElements = 12 << 20;
   if (!uses_fused_qkv(c, mlp_variant) || forced == 0) return 0;
@@ -279,17 +284,16 @@ size_t decode_weight_bytes(const ModelConfig& c) {
 }
 
 MlpPlan fit_mlp_plan(const ModelConfig& config, MlpPlan plan, size_t free_bytes, size_t kv_reserve_bytes) {
-  if (!plan.unfused_copy()) return plan;
-  const size_t needed = gpu_weight_bytes(config, plan.variant, true) + mlp_shape(config).weight_bytes() + kv_reserve_bytes;
-  if (needed > free_bytes) plan.fused_max_tokens = 0;
+  if (plan.unfused_copy() && weight_bytes(config, plan) + staging_bytes(config) + kv_reserve_bytes > free_bytes)
+    plan.fused_max_tokens = 0;
   return plan;
 }
 
 void check_weights_fit(const ModelConfig& config, const MlpPlan& mlp, const std::string& what) {
   size_t free_bytes = 0, total_bytes = 0;
   DF_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const size_t weights = gpu_weight_bytes(config, mlp.variant, mlp.unfused_copy());
-  const size_t staging = mlp_shape(config).weight_bytes();
+  const size_t weights = weight_bytes(config, mlp);
+  const size_t staging = staging_bytes(config);
   if (weights + staging > free_bytes) {
     int device = 0;
     DF_CHECK_CUDA(cudaGetDevice(&device));

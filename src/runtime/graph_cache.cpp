@@ -9,18 +9,20 @@ namespace deepfuse::runtime {
 
 namespace {
 
-int count_kernel_nodes(cudaGraph_t graph) {
+// Kernel nodes of `graph` into `kernels`; an error code instead of a throw, so the caller can
+// still destroy the graph.
+cudaError_t count_kernel_nodes(cudaGraph_t graph, int& kernels) {
   size_t count = 0;
-  DF_CHECK_CUDA(cudaGraphGetNodes(graph, nullptr, &count));
+  if (cudaError_t e = cudaGraphGetNodes(graph, nullptr, &count); e != cudaSuccess) return e;
   std::vector<cudaGraphNode_t> nodes(count);
-  DF_CHECK_CUDA(cudaGraphGetNodes(graph, nodes.data(), &count));
-  int kernels = 0;
+  if (cudaError_t e = cudaGraphGetNodes(graph, nodes.data(), &count); e != cudaSuccess) return e;
+  kernels = 0;
   for (cudaGraphNode_t node : nodes) {
     cudaGraphNodeType type{};
-    DF_CHECK_CUDA(cudaGraphNodeGetType(node, &type));
+    if (cudaError_t e = cudaGraphNodeGetType(node, &type); e != cudaSuccess) return e;
     if (type == cudaGraphNodeTypeKernel) ++kernels;
   }
-  return kernels;
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -63,14 +65,7 @@ void DecodeGraphCache::capture(Bucket& bucket, cudaStream_t stream,
   cudaGraph_t graph = nullptr;
   DF_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
   cudaError_t status = cudaGraphInstantiate(&bucket.graph, graph, 0);
-  if (status == cudaSuccess) {
-    try {
-      bucket.kernel_nodes = count_kernel_nodes(graph);
-    } catch (...) {
-      cudaGraphDestroy(graph);
-      throw;
-    }
-  }
+  if (status == cudaSuccess) status = count_kernel_nodes(graph, bucket.kernel_nodes);
   cudaGraphDestroy(graph);
   DF_CHECK_CUDA(status);
 }
