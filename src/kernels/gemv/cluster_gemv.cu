@@ -1,6 +1,9 @@
 // Packing for the cluster GEMV weight stream (cluster_gemv.cuh).
 #include "kernels/gemv/cluster_gemv.cuh"
 
+#include <cstdlib>
+#include <string>
+
 namespace deepfuse::kernels {
 namespace {
 
@@ -17,6 +20,31 @@ __global__ void pack_rows_kernel(const __nv_bfloat16* weights, uint4* packed, in
 }
 
 }  // namespace
+
+namespace cluster_gemv {
+
+bool spread_enabled() {
+  static const bool enabled = [] {
+    const char* setting = std::getenv("DEEPFUSE_GEMV_SPREAD");
+    return !(setting && std::string(setting) == "0");
+  }();
+  return enabled;
+}
+
+cudaError_t shared_bytes_for_blocks_per_sm(int per_sm, size_t& bytes) {
+  int device = 0, per_multiprocessor = 0, reserved = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&per_multiprocessor, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+      e != cudaSuccess)
+    return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device); e != cudaSuccess)
+    return e;
+  // per_sm blocks of this size (each plus its reservation) fill the SM; one more does not fit.
+  bytes = static_cast<size_t>(per_multiprocessor / per_sm - reserved);
+  return cudaSuccess;
+}
+
+}  // namespace cluster_gemv
 
 cudaError_t pack_rows_fragments(const __nv_bfloat16* weights, uint4* packed, int rows, int inner, cudaStream_t stream) {
   if (!weights || !packed || rows < 16 || rows % 16 != 0 || inner < 16 || inner % 16 != 0) return cudaErrorInvalidValue;
