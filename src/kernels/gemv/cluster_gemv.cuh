@@ -21,11 +21,11 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <mutex>
-#include <utility>
-#include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/common/async_ring.cuh"
 #include "kernels/common/cluster_launch.hpp"
@@ -307,15 +307,15 @@ cudaError_t launch(void (*kernel)(Params, int), const Params& params, int units,
 // tokens `tokens` needs: 1, 2 or 4) and c (the cluster size), and whether launch() spreads the
 // grid. Without clusters (before Hopper, or fewer k-steps than kMaxCluster) c = 1.
 //
-// Spreading, at up to 8 tokens and inner >= kSpreadMinInner: a unit's blocks stream equal bytes,
+// Spreading, at up to 16 tokens and inner >= kSpreadMinInner: a unit's blocks stream equal bytes,
 // but blocks that share an SM with more of them finish later (Llama-3-8B decode step, fused QKV:
-// last weight at 12.3 us after the upstream wait on SMs holding 4 blocks, 8.7 on SMs holding 2),
+// last weight at 12.3 µs after the upstream wait on SMs holding 4 blocks, 8.7 on SMs holding 2),
 // and the packed grid ends with its most crowded SMs. So the grid takes at most
 // kSpreadBlocksPerSm blocks per SM: clusters of 8 when all units' clusters are then resident at
 // once, else clusters of 6 (more, smaller blocks per unit), else the packed grid of 8.
 // Measured in the decode step (docs/kernels/qkv_rope_fused.md, "Spread grids"): Llama-3-8B 0.8-0.9%
-// and Qwen2.5-7B 0.3-1.7% faster per step at batch 1 and 8; Llama-3.2-1B (inner 2048) lost 1.3%
-// at batch 8 with its QKV spread, and keeps the packed grid.
+// faster at batch 1 and 8 and 2.2-3.9% at 16, Qwen2.5-7B 0.3-1.7% at 1 and 8 (equal at 16);
+// Llama-3.2-1B (inner 2048) lost 1.3% at batch 8 with its QKV spread, and keeps the packed grid.
 template <typename LaunchInstance>
 cudaError_t dispatch(int tokens, int inner, LaunchInstance&& launch_instance) {
   int device = 0, major = 0;
@@ -325,7 +325,7 @@ cudaError_t dispatch(int tokens, int inner, LaunchInstance&& launch_instance) {
   using std::integral_constant;
   auto with_tiles = [&](auto nt) {
     if (!clusters) return launch_instance(nt, integral_constant<int, 1>{}, false);
-    if (decltype(nt)::value == 1 && inner >= kSpreadMinInner && spread_enabled()) {
+    if (decltype(nt)::value <= 2 && inner >= kSpreadMinInner && spread_enabled()) {
       cudaError_t e = launch_instance(nt, integral_constant<int, 8>{}, true);
       if (e == cudaErrorCooperativeLaunchTooLarge) e = launch_instance(nt, integral_constant<int, 6>{}, true);
       if (e != cudaErrorCooperativeLaunchTooLarge) return e;
