@@ -5,11 +5,13 @@
 
 namespace deepfuse::kernels {
 
+bool enabled_unless_zero(const char* variable) {
+  const char* setting = std::getenv(variable);
+  return !(setting && std::string(setting) == "0");
+}
+
 bool programmatic_launches_enabled() {
-  static const bool enabled = [] {
-    const char* setting = std::getenv("DEEPFUSE_PDL");
-    return !(setting && std::string(setting) == "0");
-  }();
+  static const bool enabled = enabled_unless_zero("DEEPFUSE_PDL");
   return enabled;
 }
 

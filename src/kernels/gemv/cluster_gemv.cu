@@ -1,9 +1,6 @@
 // Packing for the cluster GEMV weight stream (cluster_gemv.cuh).
 #include "kernels/gemv/cluster_gemv.cuh"
 
-#include <cstdlib>
-#include <string>
-
 namespace deepfuse::kernels {
 namespace {
 
@@ -24,10 +21,7 @@ __global__ void pack_rows_kernel(const __nv_bfloat16* weights, uint4* packed, in
 namespace cluster_gemv {
 
 bool spread_enabled() {
-  static const bool enabled = [] {
-    const char* setting = std::getenv("DEEPFUSE_GEMV_SPREAD");
-    return !(setting && std::string(setting) == "0");
-  }();
+  static const bool enabled = enabled_unless_zero("DEEPFUSE_GEMV_SPREAD");
   return enabled;
 }
 
