@@ -195,15 +195,42 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
   const int work2 = (rows + RT - 1) / RT * k2_steps;
   const int f2_begin = split_point(work2, kWarps, warp), f2_end = split_point(work2, kWarps, warp + 1);
   auto row_tile_of = [&](int local) { return (row_begin + local + row_rotation) % h_tiles; };
+  // The ring issues and consumes k-steps in order, once each, so both sides keep running
+  // positions instead of dividing f: a runtime division is ~20 dependent instructions, and the
+  // instruction latency per k-step, not DRAM, bounded each warp's rate (ncu, docs).
   // down: [I tile][row tile][32 lanes] uint4; rows past the block's share are zero-filled.
-  auto issue_down = [&](int f, int stage, int step) {
-    const int group = f / k2_steps, k = f - group * k2_steps;
-    const uint4* source = p.down + static_cast<size_t>(cluster_begin + k) * h_tiles * 32 + lane;
+  const size_t down_k_stride = static_cast<size_t>(h_tiles) * 32;
+  const uint4* const down_slice = p.down + static_cast<size_t>(cluster_begin) * down_k_stride + lane;
+  struct DownCursor {
+    int group, k;                // f = group * k2_steps + k
+    const uint4* source;         // this k-step's I tile, row tile 0
+    int row_offset[RT];          // uint4 offsets of the group's row tiles
+    bool row_valid[RT];
+  } down;
+  auto down_seek_group = [&](int group) {
+    down.group = group;
 #pragma unroll
     for (int r = 0; r < RT; ++r) {
       const int local = group * RT + r;
-      copy16_async(&shared.ring16[stage][step * RT + r][tid], source + static_cast<size_t>(row_tile_of(local)) * 32,
-                   local < rows);
+      down.row_valid[r] = local < rows;
+      down.row_offset[r] = row_tile_of(local) * 32;
+    }
+  };
+  auto down_seek = [&](int f) {
+    const int group = f / k2_steps, k = f - group * k2_steps;
+    down_seek_group(group);
+    down.k = k;
+    down.source = down_slice + static_cast<size_t>(k) * down_k_stride;
+  };
+  auto issue_down = [&](int, int stage, int step) {
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+      copy16_async(&shared.ring16[stage][step * RT + r][tid], down.source + down.row_offset[r], down.row_valid[r]);
+    down.source += down_k_stride;
+    if (++down.k == k2_steps) {
+      down.k = 0;
+      down.source = down_slice;
+      down_seek_group(down.group + 1);
     }
   };
   auto sum_index = [&](int tile, int which, int nt, int c) {
@@ -230,17 +257,21 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
         token_valid[nt] = token < p.tokens;
         x_row[nt] = p.x + static_cast<size_t>(token_valid[nt] ? token : 0) * hidden + 2 * t;
       }
-      auto issue = [&](int f, int stage, int step) {
+      // Running positions of the issue side: k-step within the tile, weights of the k-step.
+      int issue_k = f1_begin % h_tiles;
+      const uint4* issue_weights = gate_up + static_cast<size_t>(f1_begin) * 64;
+      auto issue = [&](int, int stage, int step) {
         // gate_up: [tile][k-step][gate | up][32 lanes] uint4; x words zero-filled past M
-        const int k = f % h_tiles;
-        copy16_async(&shared.ring16[stage][step * 2][tid], gate_up + static_cast<size_t>(f) * 64);
-        copy16_async(&shared.ring16[stage][step * 2 + 1][tid], gate_up + static_cast<size_t>(f) * 64 + 32);
+        copy16_async(&shared.ring16[stage][step * 2][tid], issue_weights);
+        copy16_async(&shared.ring16[stage][step * 2 + 1][tid], issue_weights + 32);
+        issue_weights += 64;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           uint32_t* words = &shared.ring4[stage][step * Config::kXWords + nt * 2][0];
-          copy4_async(words + tid, x_row[nt] + k * 16, token_valid[nt]);
-          copy4_async(words + kThreads + tid, x_row[nt] + k * 16 + 8, token_valid[nt]);
+          copy4_async(words + tid, x_row[nt] + issue_k * 16, token_valid[nt]);
+          copy4_async(words + kThreads + tid, x_row[nt] + issue_k * 16 + 8, token_valid[nt]);
         }
+        if (++issue_k == h_tiles) issue_k = 0;
       };
       float acc_gate[NT][4] = {}, acc_up[NT][4] = {};
       ring_prime<S, Config::kSteps1>(f1_begin, f1_end, issue);
@@ -248,6 +279,8 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
       // 1/rms(x) before the SiLU, so each block only adds x^2 over its 1/C of H while its first
       // loads are in flight.
       if (normalize) add_norm_squares<C, kWarps>(p, shared.norm_squares, token0, 8 * NT, rank, warp, lane);
+      // ... and of the consume side: k-step within the tile, the tile (cluster-local).
+      int consume_k = f1_begin % h_tiles, consume_tile = f1_begin / h_tiles;
       ring_run<S, Config::kSteps1>(f1_begin, f1_end, issue, [&](int f, int stage, int step) {
         const uint4 gate = shared.ring16[stage][step * 2][tid];
         const uint4 up = shared.ring16[stage][step * 2 + 1][tid];
@@ -258,11 +291,10 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
           mma_bf16_m16n8k16(acc_gate[nt], gate, b0, b1);
           mma_bf16_m16n8k16(acc_up[nt], up, b0, b1);
         }
-        const int tile = f / h_tiles;
-        if (f - tile * h_tiles == h_tiles - 1 || f == f1_end - 1) {  // tile or range ends: hand over
-          const int owner = split_owner(cluster_tiles, C, tile);
+        if (consume_k == h_tiles - 1 || f == f1_end - 1) {  // tile or range ends: hand over
+          const int owner = split_owner(cluster_tiles, C, consume_tile);
           float* sums = in_block<C>(shared.sums, owner);
-          const int owned = tile - split_point(cluster_tiles, C, owner);
+          const int owned = consume_tile - split_point(cluster_tiles, C, owner);
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -273,10 +305,12 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
               acc_up[nt][c] = 0.0f;
             }
         }
+        if (++consume_k == h_tiles) consume_k = 0, ++consume_tile;
       });
     }
     trace::stamp(trace::Kernel::unknown, trace::Mark::phase);
     // Phase 2's first loads go out now, so the memory pipe stays full across the barriers below.
+    down_seek(f2_begin);
     ring_prime<S, Config::kSteps2>(f2_begin, f2_end, issue_down);
     cluster_barrier<C>();  // every g and u of the cluster is summed at its owner
     trace::stamp(trace::Kernel::unknown, trace::Mark::barrier);
@@ -310,8 +344,8 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
     // ---------------- Phase 2: partial y rows = act · Wd[rows, slice]^T, summed in L2.
     {
       float acc[RT][NT][4] = {};
+      int group = f2_begin / k2_steps, k = f2_begin - group * k2_steps;  // running, as on the issue side
       ring_run<S, Config::kSteps2>(f2_begin, f2_end, issue_down, [&](int f, int stage, int step) {
-        const int group = f / k2_steps, k = f - group * k2_steps;
         uint4 a[RT];
 #pragma unroll
         for (int r = 0; r < RT; ++r) a[r] = shared.ring16[stage][step * RT + r][tid];
@@ -337,6 +371,7 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
             }
           }
         }
+        if (++k == k2_steps) k = 0, ++group;
       });
     }
     if (token0 + Config::kTokensPerPass < p.tokens)
