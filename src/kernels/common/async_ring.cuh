@@ -47,6 +47,8 @@ __device__ __forceinline__ void ring_prime(int k_begin, int k_end, Issue issue) 
 }
 
 // After ring_prime with the same arguments: consume(k, stage, step) for every k-step in order.
+// Both issue and consume see each k-step once, in increasing order, so callers may keep running
+// positions (pointers, tile counters) instead of deriving them from k (the fused MLP does).
 template <int S, int Steps, typename Issue, typename Consume>
 __device__ __forceinline__ void ring_run(int k_begin, int k_end, Issue issue, Consume consume) {
   const int stages = (k_end - k_begin + Steps - 1) / Steps;
