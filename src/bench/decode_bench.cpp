@@ -55,7 +55,7 @@ size_t kv_bytes_read_per_step(const ModelConfig& c, int batch, int context) {
 // The run's shared state: the table rows and JSON as they accumulate.
 struct Report {
   Table decode{{"arch", "batch", "context", "ms/step", "tok/s/seq", "tok/s", "roofline ms", "%roofline", "launches",
-                "graph kernels", "GPU GB"}};
+                "graph kernels", "GPU GB", "replay ms"}};
   Table ttft{{"arch", "prompt", "TTFT ms"}};
   nlohmann::json rows = nlohmann::json::array();
 
@@ -132,6 +132,7 @@ void run_decode_case(Engine& engine, const std::string& arch, int batch, int con
   }
   std::vector<SequenceId> sequences;
   std::vector<double> step_ms;
+  double replay_ms = 0.0;  // the captured step replayed back to back: the GPU's time without host gaps
   try {
     for (int b = 0; b < batch; ++b) sequences.push_back(engine.add_prefilled_for_benchmark(context, tokens_per_sequence));
     for (int s = 0; s < options.warmup; ++s) step_all(engine, batch);
@@ -142,6 +143,7 @@ void run_decode_case(Engine& engine, const std::string& arch, int batch, int con
       step_ms.push_back(ms_since(start));
     }
     cudaProfilerStop();
+    replay_ms = engine.decode_replay_ms_for_benchmark(options.steps);
     if (!options.trace_path.empty()) trace_one_step(engine, arch, batch, context, options.trace_path);
   } catch (const Error& e) {
     remove_all(engine, sequences);
@@ -159,10 +161,11 @@ void run_decode_case(Engine& engine, const std::string& arch, int batch, int con
                      format_fixed(1e3 / ms, 1), format_fixed(batch * 1e3 / ms, 1), format_fixed(roofline_ms, 3),
                      format_fixed(percent, 1), std::to_string(stats.launches_per_decode_step),
                      stats.kernels_per_decode_step > 0 ? std::to_string(stats.kernels_per_decode_step) : "-",
-                     format_fixed(stats.gpu_memory_used / 1e9, 1)});
+                     format_fixed(stats.gpu_memory_used / 1e9, 1), replay_ms > 0 ? format_fixed(replay_ms, 3) : "-"});
   row.update({{"ms_per_step", ms},
               {"ms_per_step_mean", mean(step_ms)},
               {"ms_per_step_min", *std::min_element(step_ms.begin(), step_ms.end())},
+              {"replay_ms_per_step", replay_ms},
               {"tokens_per_s_per_sequence", 1e3 / ms},
               {"tokens_per_s", batch * 1e3 / ms},
               {"weight_bytes", stats.weight_bytes},
@@ -181,6 +184,7 @@ double time_to_first_token_ms(Engine& engine, const std::vector<int32_t>& prompt
   SequenceRequest request;
   request.prompt = prompt;
   request.max_new_tokens = 1;  // finishes with its first token and leaves the engine by itself
+  engine.wait_for_launched_steps();  // from an idle GPU: no decode step launched ahead still running
   const auto start = Clock::now();
   const SequenceId sequence = engine.add_sequence(request);
   for (int idle = 0;; ++idle) {
@@ -225,6 +229,7 @@ void run_arch(const std::string& arch, const DecodeBenchOptions& options, double
   engine_options.max_context = pages_for(longest) * kernels::kKvPageSize;  // whole pages
   engine_options.kv_cache_bytes = options.kv_cache_bytes;
   engine_options.cuda_graphs = options.cuda_graphs;
+  engine_options.overlap_steps = options.overlap_steps;
   engine_options.mlp_variant = options.mlp_variant;
   engine_options.fused_mlp_max_tokens = options.fused_mlp_max_tokens;
 
@@ -281,9 +286,10 @@ int run_decode_bench(const DecodeBenchOptions& options) {
   }
   const double copy_bw = measure_copy_bandwidth();
   std::printf(
-      "GPU: %s, %d SMs; measured copy bandwidth %.3f TB/s (read+write); CUDA graphs %s, MLP %s (fused up to %d "
-      "tokens)\n",
+      "GPU: %s, %d SMs; measured copy bandwidth %.3f TB/s (read+write); CUDA graphs %s, steps overlapped %s, MLP "
+      "%s (fused up to %d tokens)\n",
       device.name.c_str(), device.sm_count, copy_bw / 1e12, options.cuda_graphs ? "on" : "off",
+      options.overlap_steps ? "on" : "off",
       mlp_variant_name(options.mlp_variant), options.fused_mlp_max_tokens);
   Report report;
   for (const auto& arch : options.archs) run_arch(arch, options, copy_bw, report);
@@ -296,7 +302,7 @@ int run_decode_bench(const DecodeBenchOptions& options) {
   }
   if (!options.json_path.empty()) {
     nlohmann::json json = run_header(device.name, copy_bw);
-    json.update({{"suite", "decode"}, {"cuda_graphs", options.cuda_graphs},
+    json.update({{"suite", "decode"}, {"cuda_graphs", options.cuda_graphs}, {"overlap_steps", options.overlap_steps},
                  {"mlp_variant", mlp_variant_name(options.mlp_variant)},
                  {"fused_mlp_max_tokens", options.fused_mlp_max_tokens}, {"steps", options.steps},
                  {"warmup", options.warmup}, {"rows", report.rows}});

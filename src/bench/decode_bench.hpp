@@ -25,6 +25,7 @@ struct DecodeBenchOptions {
   int warmup = 4;                      // untimed steps first
   int ttft_repetitions = 3;            // timed first tokens per prompt length (median)
   bool cuda_graphs = true;
+  bool overlap_steps = true;
   MlpVariant mlp_variant = MlpVariant::fused;
   int fused_mlp_max_tokens = EngineOptions{}.fused_mlp_max_tokens;
   size_t kv_cache_bytes = 0;           // 0: the engine's default share of free GPU memory

@@ -30,6 +30,7 @@ void register_bench_decode(CLI::App& bench, Action& action) {
     std::string mlp_variant = "fused";
     size_t kv_cache_mb = 0;
     bool no_cuda_graphs = false;
+    bool no_overlap_steps = false;
     bool no_ttft = false;
   };
   auto args = std::make_shared<DecodeArgs>();
@@ -47,6 +48,8 @@ void register_bench_decode(CLI::App& bench, Action& action) {
   decode->add_option("--ttft-reps", o.ttft_repetitions, "timed first tokens per prompt length (default 3)")
       ->check(CLI::PositiveNumber);
   decode->add_flag("--no-cuda-graphs", args->no_cuda_graphs, "eager launches instead of CUDA graphs");
+  decode->add_flag("--no-overlap-steps", args->no_overlap_steps,
+                   "read each decode step back before launching the next (EngineOptions::overlap_steps)");
   decode->add_option("--mlp-variant", args->mlp_variant, "fused | unfused | naive (default fused)");
   decode->add_option("--fused-mlp-max-tokens", o.fused_mlp_max_tokens,
                      "larger steps run the unfused MLP (a second weight copy); 0: fused always (default " +
@@ -67,6 +70,7 @@ void register_bench_decode(CLI::App& bench, Action& action) {
       if (args->no_ttft) options.ttft_prompts.clear();
       else if (options.ttft_prompts.empty()) options.ttft_prompts = bench::default_decode_bench_ttft_prompts();
       options.cuda_graphs = !args->no_cuda_graphs;
+      options.overlap_steps = !args->no_overlap_steps;
       options.mlp_variant = parse_mlp_variant(args->mlp_variant);
       options.kv_cache_bytes = args->kv_cache_mb << 20;
       return bench::run_decode_bench(options);

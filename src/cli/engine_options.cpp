@@ -42,6 +42,10 @@ void add_engine_options(CLI::App& command, EngineArgs& args) {
       ->check(CLI::PositiveNumber)
       ->group(group);
   command.add_flag("--no-cuda-graphs", args.no_cuda_graphs, "launch every kernel eagerly (debugging)")->group(group);
+  command
+      .add_flag("--no-overlap-steps", args.no_overlap_steps,
+                "read each decode step's tokens back before launching the next (debugging)")
+      ->group(group);
   command.add_option("--mlp-variant", args.mlp_variant, "fused | unfused | naive (default fused)")->group(group);
   command
       .add_option("--fused-mlp-max-tokens", args.fused_mlp_max_tokens,
@@ -57,6 +61,7 @@ EngineOptions engine_options(const EngineArgs& args) {
   options.max_context = args.max_context;
   options.kv_cache_bytes = args.kv_cache_mb << 20;
   options.cuda_graphs = !args.no_cuda_graphs;
+  options.overlap_steps = !args.no_overlap_steps;
   options.fused_mlp_max_tokens = args.fused_mlp_max_tokens;
   try {
     options.mlp_variant = parse_mlp_variant(args.mlp_variant);

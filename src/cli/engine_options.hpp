@@ -31,11 +31,12 @@ struct EngineArgs {
   int max_context = 0;           // 0: the model's max_position_embeddings
   size_t kv_cache_mb = 0;        // 0: the engine's default share of free GPU memory
   bool no_cuda_graphs = false;
+  bool no_overlap_steps = false;
   std::string mlp_variant = "fused";
   int fused_mlp_max_tokens = EngineOptions{}.fused_mlp_max_tokens;
 };
 
-// Adds --max-batch, --max-context, --kv-cache-mb, --no-cuda-graphs, --mlp-variant and
+// Adds --max-batch, --max-context, --kv-cache-mb, --no-cuda-graphs, --no-overlap-steps, --mlp-variant and
 // --fused-mlp-max-tokens.
 void add_engine_options(CLI::App& command, EngineArgs& args);
 

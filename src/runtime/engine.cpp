@@ -123,8 +123,11 @@ void Engine::Impl::finish_setup() {
   gemm = std::make_unique<kernels::CublasLtGemm>();
   buffers = std::make_unique<runtime::StepBuffers>(config, max_tokens(), max_batch,
                                                    std::max(max_batch, kScoreLogitRows), attention_workspace, stream());
-  decode_host = runtime::PinnedBuffer(3 * static_cast<size_t>(max_batch) * sizeof(int32_t));
-  sampled_host = runtime::PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t));
+  for (runtime::StepLane& lane : lanes) {
+    lane.inputs = runtime::PinnedBuffer(3 * static_cast<size_t>(max_batch) * sizeof(int32_t));
+    lane.sampled = runtime::PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t));
+  }
+  prefill_sampled = runtime::PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t));
   prefill_host = runtime::PinnedBuffer(3 * static_cast<size_t>(max_tokens()) * sizeof(int32_t));
   slot_host = runtime::PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(kernels::SamplingSlot));
   running.reserve(max_batch);
@@ -286,6 +289,35 @@ SequenceId Engine::add_prefilled_for_benchmark(int context, int max_new_tokens) 
   return s.running.back().id;
 }
 
+double Engine::decode_replay_ms_for_benchmark(int replays) {
+  Impl& s = *impl_;
+  s.activate_device();
+  DF_CHECK(replays >= 1, "replays is " + std::to_string(replays) + "; it must be at least 1");
+  if (s.running.empty()) return 0.0;
+  const int bucket = s.graphs->bucket_index(static_cast<int>(s.running.size()));
+  if (!s.graphs->captured(bucket)) return 0.0;  // no step() of this bucket yet, or graphs off
+  // The replays feed their own samples: keep the ids the next step() feeds.
+  const size_t id_bytes = s.running.size() * sizeof(int32_t);
+  DeviceBuffer saved_ids(id_bytes);
+  DF_CHECK_CUDA(cudaMemcpyAsync(saved_ids.data(), s.buffers->decode_ids(), id_bytes, cudaMemcpyDeviceToDevice, s.stream()));
+  cudaEvent_t start = nullptr, stop = nullptr;
+  cudaError_t status = cudaEventCreate(&start);
+  if (status == cudaSuccess) status = cudaEventCreate(&stop);
+  if (status == cudaSuccess) status = cudaEventRecord(start, s.stream());
+  for (int r = 0; r < replays && status == cudaSuccess; ++r) status = s.graphs->replay(bucket, s.stream());
+  if (status == cudaSuccess) status = cudaEventRecord(stop, s.stream());
+  if (status == cudaSuccess) status = cudaEventSynchronize(stop);
+  float ms = 0.0f;
+  if (status == cudaSuccess) status = cudaEventElapsedTime(&ms, start, stop);
+  if (start) cudaEventDestroy(start);
+  if (stop) cudaEventDestroy(stop);
+  if (status == cudaSuccess)
+    status = cudaMemcpyAsync(s.buffers->decode_ids(), saved_ids.data(), id_bytes, cudaMemcpyDeviceToDevice, s.stream());
+  if (status == cudaSuccess) status = cudaStreamSynchronize(s.stream());  // before saved_ids is freed
+  DF_CHECK_CUDA(status);
+  return ms / replays;
+}
+
 void Engine::remove_sequence(SequenceId sequence) {
   Impl& s = *impl_;
   s.activate_device();
@@ -301,166 +333,5 @@ void Engine::remove_sequence(SequenceId sequence) {
 }
 
 int Engine::running_sequences() const { return static_cast<int>(impl_->queued.size() + impl_->running.size()); }
-
-// ---- the step
-
-std::vector<StepToken> Engine::step() {
-  Impl& s = *impl_;
-  s.activate_device();
-  std::vector<StepToken> out;
-  s.prefill_queued(out);
-  s.decode_running(out);
-  return out;
-}
-
-void Engine::Impl::upload_slot(int row, const reference::SamplingParams& sampling) {
-  slot_host_read.wait();  // slot_host may still be the source of an earlier upload
-  kernels::SamplingSlot& slot = slot_host.as<kernels::SamplingSlot>()[row];
-  slot = kernels::SamplingSlot{};
-  slot.temperature = sampling.temperature;
-  slot.top_k = sampling.top_k;
-  slot.top_p = sampling.top_p;
-  slot.min_p = sampling.min_p;
-  slot.seed = sampling.seed;
-  slot.step = 0;  // draws count tokens generated so far, as reference::sample's step does
-  DF_CHECK_CUDA(cudaMemcpyAsync(buffers->slots() + row, &slot, sizeof slot, cudaMemcpyHostToDevice, stream()));
-  slot_host_read.record(stream());
-}
-
-void Engine::Impl::remove_running(int row) {
-  const int moved_from = kv->remove_row(row);
-  if (moved_from >= 0) {
-    running[row] = std::move(running[moved_from]);
-    DF_CHECK_CUDA(cudaMemcpyAsync(buffers->slots() + row, buffers->slots() + moved_from,
-                                  sizeof(kernels::SamplingSlot), cudaMemcpyDeviceToDevice, stream()));
-  }
-  running.pop_back();
-}
-
-FinishReason Engine::Impl::finish_reason(const Sequence& sequence) const {
-  if (std::find(sequence.stop_ids.begin(), sequence.stop_ids.end(), sequence.next_token) != sequence.stop_ids.end())
-    return FinishReason::stop_token;
-  if (sequence.generated >= sequence.max_new_tokens) return FinishReason::max_tokens;
-  // Feeding next_token would make the sequence longer than max_context.
-  if (sequence.context + 1 >= options.max_context) return FinishReason::context_length;
-  return FinishReason::none;
-}
-
-void Engine::Impl::prefill(int row, std::span<const int32_t> ids, int start,
-                           const std::function<void(int, int)>& after_chunk) {
-  const int total = static_cast<int>(ids.size());
-  const size_t stride = max_tokens();
-  for (int done = 0; done < total; done += options.prefill_chunk) {
-    const int tokens = std::min(options.prefill_chunk, total - done);
-    prefill_host_read.wait();  // the previous chunk's inputs have been copied out
-    int32_t* host = prefill_host.as<int32_t>();
-    for (int t = 0; t < tokens; ++t) {
-      host[t] = ids[done + t];
-      host[stride + t] = start + done + t;
-      host[2 * stride + t] = row;
-    }
-    DF_CHECK_CUDA(cudaMemcpyAsync(buffers->prefill_inputs.data(), host, prefill_host.bytes(), cudaMemcpyHostToDevice,
-                                  stream()));
-    prefill_host_read.record(stream());
-    forward->prefill_chunk(row, start + done, tokens, stream());
-    if (after_chunk) after_chunk(start + done, tokens);
-  }
-}
-
-// Admits queued sequences while decode rows and pages for their prompts are free (FIFO: the
-// first that does not fit waits, and so do those behind it), prefills each, and samples its first
-// token from the last prompt position into its decode slot. One download reports them all.
-void Engine::Impl::prefill_queued(std::vector<StepToken>& out) {
-  std::vector<int> fresh_rows;
-  while (!queued.empty() && static_cast<int>(running.size()) < options.max_batch) {
-    const int prompt = static_cast<int>(queued.front().prompt.size());
-    if (KvPageTable::pages_for(prompt) > kv->table().free_pages()) {
-      DF_CHECK(!running.empty(), "internal: an idle KV cache cannot hold a validated prompt");
-      break;
-    }
-    const int row = kv->add_row();
-    kv->reserve(row, prompt);
-    running.push_back(std::move(queued.front()));
-    queued.pop_front();
-    upload_slot(row, running[row].sampling);
-    prefill(row, running[row].prompt, 0, [&](int first, int tokens) {
-      if (first + tokens < prompt) return;
-      forward->final_norm(tokens - 1, 1, stream());
-      forward->lm_head(0, 1, stream());
-      forward->sample(row, 1, stream());
-    });
-    fresh_rows.push_back(row);
-  }
-  if (fresh_rows.empty()) return;
-  DF_CHECK_CUDA(cudaMemcpyAsync(sampled_host.data(), buffers->decode_ids(), running.size() * sizeof(int32_t),
-                                cudaMemcpyDeviceToHost, stream()));
-  DF_CHECK_CUDA(cudaStreamSynchronize(stream()));
-  std::vector<int> finished;
-  for (int row : fresh_rows) {
-    Sequence& sequence = running[row];
-    sequence.context = static_cast<int>(sequence.prompt.size());
-    sequence.generated = 1;
-    sequence.next_token = sampled_id(row);
-    const FinishReason reason = finish_reason(sequence);
-    out.push_back({sequence.id, sequence.next_token, reason});
-    if (reason != FinishReason::none) finished.push_back(row);
-  }
-  // Highest rows first: a removal moves the last row, which is then already handled.
-  std::sort(finished.rbegin(), finished.rend());
-  for (int row : finished) remove_running(row);
-}
-
-void Engine::Impl::run_decode_step(int sequences,
-                                   const std::function<bool(int row, int32_t& id, int& position)>& input) {
-  const int bucket_index = graphs->bucket_index(sequences);
-  const int max_batch = options.max_batch;
-  int32_t* ids = decode_host.as<int32_t>();
-  int32_t* positions = ids + max_batch;
-  int32_t* seq_lens = ids + 2 * max_batch;
-  for (int row = 0; row < max_batch; ++row) {
-    int32_t id = -1;
-    int position = -1;
-    const bool active = row < sequences && input(row, id, position);
-    ids[row] = active ? id : -1;
-    positions[row] = active ? position : -1;
-    seq_lens[row] = active ? position + 1 : 0;
-  }
-  DF_CHECK_CUDA(cudaMemcpyAsync(buffers->decode_inputs.data(), ids, decode_host.bytes(), cudaMemcpyHostToDevice,
-                                stream()));
-  const kernels::DecodeAttentionPlan& plan = decode_plans[bucket_index];
-  graphs->run(bucket_index, stream(), [&](cudaStream_t s) { forward->decode_step(plan, s); });
-}
-
-void Engine::Impl::decode_running(std::vector<StepToken>& out) {
-  // Room for this step's token; a sequence that needs a page when none is left ends here (its
-  // pages go back at once, so the sequences below it in the loop may still grow).
-  for (int row = static_cast<int>(running.size()) - 1; row >= 0; --row) {
-    if (kv->reserve(row, running[row].context + 1)) continue;
-    out.push_back({running[row].id, -1, FinishReason::kv_cache_full});
-    remove_running(row);
-  }
-  const int sequences = static_cast<int>(running.size());
-  if (sequences == 0) return;
-  run_decode_step(sequences, [&](int row, int32_t& id, int& position) {
-    id = running[row].next_token;
-    position = running[row].context;
-    return true;
-  });
-  DF_CHECK_CUDA(cudaMemcpyAsync(sampled_host.data(), buffers->decode_ids(), sequences * sizeof(int32_t),
-                                cudaMemcpyDeviceToHost, stream()));
-  DF_CHECK_CUDA(cudaStreamSynchronize(stream()));  // the step's one synchronisation
-  std::vector<int> finished;
-  for (int row = 0; row < sequences; ++row) {
-    Sequence& sequence = running[row];
-    sequence.context += 1;
-    sequence.generated += 1;
-    sequence.next_token = sampled_id(row);
-    const FinishReason reason = finish_reason(sequence);
-    out.push_back({sequence.id, sequence.next_token, reason});
-    if (reason != FinishReason::none) finished.push_back(row);
-  }
-  std::sort(finished.rbegin(), finished.rend());
-  for (int row : finished) remove_running(row);
-}
 
 }  // namespace deepfuse

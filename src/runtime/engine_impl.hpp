@@ -3,7 +3,8 @@
 // Sequences live in two places: `queued` (added, nothing run yet, no pages) and `running`, where
 // index i is block-table row i and decode-batch entry i (kept compact by KvCache::remove_row).
 // A running sequence has `context` positions in the KV cache and one sampled token not yet fed
-// (`next_token`); a decode step feeds it at position `context` and samples the next.
+// (`next_token`), as far as the host has read back; `in_flight` decode steps launched for it
+// have not been read back yet (step.cpp: steps run one ahead of the host).
 //
 // Host/device traffic: every per-step input goes through pinned buffers, each rewritten only
 // once the copy that last read it has run (after the step's one stream synchronisation, or
@@ -13,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -38,9 +40,24 @@ struct Sequence {
   reference::SamplingParams sampling;
   int max_new_tokens = 0;
   std::vector<int32_t> stop_ids;
-  int context = 0;          // positions whose keys and values are in the cache
-  int generated = 0;        // tokens sampled so far
-  int32_t next_token = -1;  // the latest sampled token, fed by the next decode step
+  int context = 0;          // positions whose keys and values are in the cache (read back)
+  int generated = 0;        // tokens sampled so far (read back)
+  int32_t next_token = -1;  // the latest sampled token read back
+  int in_flight = 0;        // decode steps launched for it and not read back yet (0..2)
+  // Whether its row of decode_ids on the device holds the id its next step feeds: written there
+  // by the sampler of the last step it took part in, or of its prefill. A row that sat a step out
+  // was overwritten by that step's padding; the host then feeds next_token itself.
+  bool id_on_device = false;
+};
+
+// One decode step's host side: its inputs, the ids it samples, and which sequence each row fed.
+// Two lanes alternate, so one step can be read back while the next is in flight.
+struct StepLane {
+  PinnedBuffer inputs;           // int32 [3, max_batch]: ids | positions | seq_lens
+  CopyEvent inputs_read;         // recorded after the inputs' upload
+  PinnedBuffer sampled;          // int32 [max_batch]: the ids the step sampled
+  CopyEvent sampled_ready;       // recorded after their download
+  std::vector<SequenceId> rows;  // the sequence each row fed when launched; 0 where none
 };
 
 // Owns the engine's stream; waits for it before destroying it.
@@ -83,17 +100,23 @@ struct Engine::Impl {
 
   // ---- steps (engine.cpp)
   void prefill_queued(std::vector<StepToken>& out);
+  // Launches steps ahead as overlap_steps asks, then reads back the oldest one in flight.
   void decode_running(std::vector<StepToken>& out);
+  void launch_decode(std::vector<StepToken>& out);
+  void read_back_oldest(std::vector<StepToken>& out);
+  // With no sequence running: waits for the steps in flight and drops them (their sequences are gone).
+  void forget_launched_steps();
   // Runs `ids` through the sequence on block-table row `row` from position `start`, in chunks of
   // at most prefill_chunk tokens; after each chunk, after_chunk(first_position, tokens) may use
   // the chunk's final hidden states (residual rows 0..tokens-1).
   void prefill(int row, std::span<const int32_t> ids, int start, const std::function<void(int, int)>& after_chunk);
-  // Decode inputs for rows 0..bucket-1 (-1 / -1 / 0 where `active` is false) -> device, then the step.
-  void run_decode_step(int sequences, const std::function<bool(int row, int32_t& id, int& position)>& input);
+  // Decode inputs for rows 0..max_batch-1 (-1 / -1 / 0 where `input` returns false) through
+  // `lane` to the device, then the step (step.cpp).
+  void run_decode_step(runtime::StepLane& lane, int sequences,
+                       const std::function<bool(int row, int32_t& id, int& position)>& input);
   void upload_slot(int row, const reference::SamplingParams& sampling);
   void remove_running(int row);
   FinishReason finish_reason(const runtime::Sequence& sequence) const;
-  int sampled_id(int row) const { return sampled_host.as<int32_t>()[row]; }
 
   // ---- scoring (score.cpp)
   std::vector<std::vector<float>> score_batch(const std::vector<std::vector<int32_t>>& sequences,
@@ -114,8 +137,10 @@ struct Engine::Impl {
   std::unique_ptr<runtime::ForwardPass> forward;
   std::unique_ptr<runtime::DecodeGraphCache> graphs;
 
-  runtime::PinnedBuffer decode_host;   // int32 [3, max_batch]: ids | positions | seq_lens
-  runtime::PinnedBuffer sampled_host;  // int32 [max_batch]
+  std::array<runtime::StepLane, 2> lanes;
+  int next_lane = 0;
+  std::deque<int> launched;              // lanes of the decode steps in flight, oldest first
+  runtime::PinnedBuffer prefill_sampled; // int32 [max_batch]: first tokens of prefilled sequences
   runtime::PinnedBuffer prefill_host;  // int32 [3, max_tokens]: ids | positions | rows
   runtime::CopyEvent prefill_host_read;
   runtime::PinnedBuffer slot_host;     // kernels::SamplingSlot [max_batch]

@@ -83,6 +83,14 @@ void DecodeGraphCache::run(int index, cudaStream_t stream, const std::function<v
   DF_CHECK_CUDA(cudaGraphLaunch(bucket.graph, stream));
 }
 
+bool DecodeGraphCache::captured(int index) const {
+  return index >= 0 && index < static_cast<int>(buckets_.size()) && state_[index].graph != nullptr;
+}
+
+cudaError_t DecodeGraphCache::replay(int index, cudaStream_t stream) const {
+  return captured(index) ? cudaGraphLaunch(state_[index].graph, stream) : cudaErrorInvalidValue;
+}
+
 int DecodeGraphCache::kernel_nodes(int index) const {
   DF_CHECK(index >= 0 && index < static_cast<int>(buckets_.size()), "no decode bucket " + std::to_string(index));
   return state_[index].kernel_nodes;

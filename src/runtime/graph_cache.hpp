@@ -32,6 +32,10 @@ class DecodeGraphCache {
   // Enqueues the step of bucket `index` on `stream`: `enqueue` (the ops) eagerly, or the graph.
   void run(int index, cudaStream_t stream, const std::function<void(cudaStream_t)>& enqueue);
 
+  // Whether bucket `index` has a captured graph; replay() launches it once more (benchmarks).
+  bool captured(int index) const;
+  cudaError_t replay(int index, cudaStream_t stream) const;
+
   int graphs_captured() const;
   // Kernel nodes in bucket `index`'s captured graph, counted from the graph itself (library calls
   // included: a cuBLASLt split-K GEMM shows as its two kernels); 0 before capture or without graphs.

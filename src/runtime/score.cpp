@@ -41,6 +41,7 @@ std::vector<std::vector<float>> Engine::Impl::score_batch(const std::vector<std:
                                                           const std::vector<int>& prefill_tokens) {
   DF_CHECK(running.empty(), "score needs an engine with no running sequences (" + std::to_string(running.size()) +
                                 " are running: step them to the end or remove them first)");
+  forget_launched_steps();  // steps launched ahead for sequences since finished
   const int count = static_cast<int>(sequences.size());
   DF_CHECK(count >= 1 && count <= options.max_batch, "score_batch of " + std::to_string(count) +
                                                          " sequences: it takes 1.." +
@@ -92,7 +93,7 @@ std::vector<std::vector<float>> Engine::Impl::score_batch(const std::vector<std:
     // Sequence i feeds its id at position prefill_tokens[i] + step; those out of ids sit out (padded).
     auto position_of = [&](int row) { return prefill_tokens[row] + step; };
     auto has_id = [&](int row) { return position_of(row) < static_cast<int>(sequences[row].size()); };
-    run_decode_step(count, [&](int row, int32_t& id, int& position) {
+    run_decode_step(lanes[next_lane], count, [&](int row, int32_t& id, int& position) {
       if (!has_id(row)) return false;
       position = position_of(row);
       id = sequences[row][position];

@@ -138,6 +138,28 @@ class EngineVsReference : public ::testing::TestWithParam<int> {
     EXPECT_GT(c.top1_agreement(), kMinTop1Agreement) << what << ": " << c.describe();
   }
 
+  // How many of `ours` (greedy tokens after `prompt`) equal the reference's greedy decode, one
+  // token at a time; the first divergence must be a near tie of the reference, after which the two
+  // continue from different text and are not compared.
+  int follows_reference_greedy(std::span<const int32_t> prompt, std::span<const int32_t> ours,
+                               const std::string& what) const {
+    reference::KvCache cache = reference_->new_cache();
+    std::vector<float> logits = reference_->forward(prompt, cache);
+    for (size_t t = 0; t < ours.size(); ++t) {
+      const std::span<const float> row(logits.data() + logits.size() - vocab_, vocab_);
+      const auto best = static_cast<int32_t>(testing::argmax(row));
+      if (ours[t] != best) {
+        const bool in_range = ours[t] >= 0 && ours[t] < config_.vocab_size;
+        EXPECT_TRUE(in_range && testing::near_tie(row, ours[t], best))
+            << what << " token " << t << ": engine " << ours[t] << ", reference " << best << " (logits "
+            << (in_range ? row[ours[t]] : 0.0f) << " vs " << row[best] << ", row RMS " << testing::rms(row) << ")";
+        return static_cast<int>(t);
+      }
+      logits = reference_->forward(ours.subspan(t, 1), cache);
+    }
+    return static_cast<int>(ours.size());
+  }
+
   ScratchDir scratch_;
   std::mt19937_64 rng_;
   ModelConfig config_;
@@ -313,26 +335,81 @@ TEST_P(EngineVsReference, GreedyGenerationFollowsReference) {
   for (size_t s = 0; s < prompts.size(); ++s) {
     const std::vector<int32_t>& ours = generated[s];
     ASSERT_EQ(ours.size(), static_cast<size_t>(new_tokens)) << "sequence " << s;
-    // Reference greedy decode, one token at a time; the first divergence must be a near tie of
-    // the reference, after which the two continue from different text and are not compared.
-    reference::KvCache cache = reference_->new_cache();
-    std::vector<float> logits = reference_->forward(prompts[s], cache);
-    for (int t = 0; t < new_tokens; ++t) {
-      const std::span<const float> row(logits.data() + logits.size() - vocab_, vocab_);
-      const auto best = static_cast<int32_t>(testing::argmax(row));
-      if (ours[t] != best) {
-        EXPECT_TRUE(ours[t] >= 0 && ours[t] < config_.vocab_size && testing::near_tie(row, ours[t], best))
-            << "sequence " << s << " token " << t << ": engine " << ours[t] << ", reference " << best
-            << " (logits " << (ours[t] >= 0 && ours[t] < config_.vocab_size ? row[ours[t]] : 0.0f) << " vs "
-            << row[best] << ", row RMS " << testing::rms(row) << ")";
-        break;
-      }
-      ++compared;
-      logits = reference_->forward(std::span(&ours[t], 1), cache);
-    }
+    compared += follows_reference_greedy(prompts[s], ours, "sequence " + std::to_string(s));
   }
   std::printf("[ %s ] greedy tokens equal to the reference: %d of %d\n", tiny_models()[GetParam()].name.c_str(),
               compared, new_tokens * static_cast<int>(prompts.size()));
+}
+
+// Continuous batching with steps launched ahead (EngineOptions::overlap_steps) and without: six
+// sequences through four decode rows, so two wait and join while others run; they finish at
+// different steps (rows move into the holes), one on a stop id, one is removed mid-run. Each
+// sequence's tokens follow the reference's greedy decode of its own prompt.
+TEST_P(EngineVsReference, ContinuousBatchingFollowsReference) {
+  DF_REQUIRE_GPU();
+  make_model(7);
+  const std::vector<int> prompt_lengths = {9, 33, 1, 20, 17, 5}, new_tokens = {14, 5, 20, 9, 12, 16};
+  std::vector<std::vector<int32_t>> prompts;
+  for (int length : prompt_lengths) prompts.push_back(random_ids(rng_, length, config_.vocab_size));
+  // Sequence 3 stops at the reference's 6th greedy token (if that id did not come earlier).
+  reference::KvCache cache = reference_->new_cache();
+  std::vector<float> logits = reference_->forward(prompts[3], cache);
+  std::vector<int32_t> reference_tokens;
+  for (int t = 0; t < 6; ++t) {
+    reference_tokens.push_back(static_cast<int32_t>(
+        testing::argmax(std::span<const float>(logits.data() + logits.size() - vocab_, vocab_))));
+    logits = reference_->forward(std::span(&reference_tokens.back(), 1), cache);
+  }
+  const int32_t stop_id = reference_tokens[5];
+
+  for (bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap ? "steps overlapped" : "one step at a time");
+    EngineOptions options = tiny_engine_options();
+    options.overlap_steps = overlap;
+    Engine engine = load_engine(options);
+    std::vector<SequenceId> ids;
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      SequenceRequest request = greedy_request(prompts[s], new_tokens[s]);
+      if (s == 3) request.stop_ids = {stop_id};
+      ids.push_back(engine.add_sequence(request));
+    }
+    std::map<SequenceId, std::vector<StepToken>> produced;
+    bool removed = false;  // sequence 5, once it has two tokens (with a step in flight when overlapped)
+    for (int step = 0; engine.running_sequences() > 0 && step < 64; ++step) {
+      for (const StepToken& token : engine.step()) produced[token.sequence].push_back(token);
+      if (!removed && produced[ids[5]].size() >= 2) {
+        engine.remove_sequence(ids[5]);
+        removed = true;
+      }
+    }
+    EXPECT_EQ(engine.running_sequences(), 0);
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      const std::string what = "sequence " + std::to_string(s);
+      const std::vector<StepToken>& tokens = produced[ids[s]];
+      ASSERT_FALSE(tokens.empty()) << what;
+      std::vector<int32_t> generated;
+      for (const StepToken& token : tokens) generated.push_back(token.id);
+      const int followed = follows_reference_greedy(prompts[s], generated, what);
+      for (size_t t = 0; t + 1 < tokens.size(); ++t) EXPECT_EQ(tokens[t].finish, FinishReason::none) << what;
+      if (s == 5) {  // removed: no finish reported, a prefix of its tokens
+        EXPECT_EQ(tokens.back().finish, FinishReason::none) << what;
+        EXPECT_LT(tokens.size(), static_cast<size_t>(new_tokens[s])) << what;
+        continue;
+      }
+      if (followed < static_cast<int>(tokens.size())) continue;  // after a near tie: other text
+      const bool stopped = s == 3 && std::find(generated.begin(), generated.end(), stop_id) != generated.end();
+      if (stopped) {
+        EXPECT_EQ(generated.back(), stop_id) << what;
+        EXPECT_EQ(std::count(generated.begin(), generated.end(), stop_id), 1) << what;
+        EXPECT_EQ(tokens.back().finish, FinishReason::stop_token) << what;
+      } else {
+        EXPECT_EQ(tokens.size(), static_cast<size_t>(new_tokens[s])) << what;
+        EXPECT_EQ(tokens.back().finish, FinishReason::max_tokens) << what;
+      }
+    }
+    const EngineStats stats = engine.stats();
+    EXPECT_EQ(stats.kv_pages_free, stats.kv_pages_total) << "pages leaked";
+  }
 }
 
 TEST_P(EngineVsReference, FinishReasons) {

@@ -306,12 +306,44 @@ TEST(Engine, BenchmarkSequencesDecodeFromAPrefilledContext) {
   const SequenceId long_one = engine.add_prefilled_for_benchmark(601, 4);
   const SequenceId short_one = engine.add_prefilled_for_benchmark(3, 7);
   EXPECT_EQ(engine.running_sequences(), 2);
-  const auto produced = run_to_completion(engine);
+  EXPECT_EQ(engine.decode_replay_ms_for_benchmark(2), 0.0) << "no captured step before the first step()";
+  std::map<SequenceId, std::vector<StepToken>> produced;
+  for (const StepToken& token : engine.step()) produced[token.sequence].push_back(token);
+  // Replays of the captured step time the GPU alone and leave the sequences' bookkeeping as it was.
+  EXPECT_GT(engine.decode_replay_ms_for_benchmark(3), 0.0);
+  for (auto& [id, tokens] : run_to_completion(engine)) produced[id].insert(produced[id].end(), tokens.begin(), tokens.end());
   EXPECT_EQ(produced.at(long_one).size(), 4u);
   EXPECT_EQ(produced.at(short_one).size(), 7u);
   expect_well_formed(produced.at(long_one), config.vocab_size, "long");
   expect_well_formed(produced.at(short_one), config.vocab_size, "short");
   expect_error([&] { engine.add_prefilled_for_benchmark(1020, 4); }, "max_context");
+}
+
+// With steps launched ahead, removing every running sequence leaves a step in flight that feeds
+// nobody; the next sequences still get one token per step() from their first call on.
+TEST(Engine, AStepLaunchedForRemovedSequencesIsDropped) {
+  DF_REQUIRE_GPU();
+  auto rng = testing::make_rng(109);
+  const ModelConfig config = small_config(Architecture::llama);
+  Engine engine = Engine::with_random_weights(config, small_options(true), rng());
+  ASSERT_TRUE(engine.options().overlap_steps);
+  const std::vector<SequenceId> first = {engine.add_prefilled_for_benchmark(20, 30),
+                                         engine.add_prefilled_for_benchmark(40, 30)};
+  EXPECT_EQ(engine.step().size(), 2u);
+  for (SequenceId id : first) engine.remove_sequence(id);
+  const std::vector<SequenceId> second = {engine.add_prefilled_for_benchmark(7, 3),
+                                          engine.add_prefilled_for_benchmark(9, 3),
+                                          engine.add_prefilled_for_benchmark(11, 3)};
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<StepToken> tokens = engine.step();
+    ASSERT_EQ(tokens.size(), 3u) << "step " << step;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      EXPECT_EQ(tokens[i].sequence, second[i]) << "step " << step;
+      EXPECT_EQ(tokens[i].finish, step == 2 ? FinishReason::max_tokens : FinishReason::none) << "step " << step;
+    }
+  }
+  EXPECT_EQ(engine.running_sequences(), 0);
+  EXPECT_EQ(engine.stats().kv_pages_free, engine.stats().kv_pages_total);
 }
 
 TEST(Engine, RemovingSequencesFreesTheirPages) {

@@ -1,0 +1,294 @@
+// The engine's step: prefill what is queued, then decode every running sequence.
+//
+// Decode steps run one ahead of the host (EngineOptions::overlap_steps): each step() launches the
+// next decode step before it reads back the tokens of the one launched before, so the GPU never
+// waits for the host between steps. A step needs no token from the host to run: the sampler
+// writes each row's id where the next step's embedding reads it (StepBuffers::decode_ids), and
+// positions follow from what is in flight. What the host learns only when it reads a step back
+// (a stop token) costs one step of wasted work for that sequence, never a wrong token: the step
+// launched after it is read back with the sequence gone, and its token is dropped.
+#include <algorithm>
+#include <string>
+#include <unordered_map>
+
+#include "deepfuse/error.hpp"
+#include "runtime/engine_impl.hpp"
+
+namespace deepfuse {
+
+using runtime::KvPageTable;
+using runtime::Sequence;
+using runtime::StepLane;
+
+namespace {
+
+// run_decode_step's input: the row's id is already in decode_ids on the device.
+constexpr int32_t kIdOnDevice = -2;
+
+// Whether the sequence has finished by length (its token budget or the context) once the steps
+// in flight for it are read back: launching another step for it would be wasted.
+bool finishes_by_length(const Sequence& s, int max_context) {
+  const int generated = s.generated + s.in_flight, context = s.context + s.in_flight;
+  return generated >= s.max_new_tokens || context + 1 >= max_context;
+}
+
+}  // namespace
+
+std::vector<StepToken> Engine::step() {
+  Impl& s = *impl_;
+  s.activate_device();
+  std::vector<StepToken> out;
+  s.prefill_queued(out);
+  s.decode_running(out);
+  return out;
+}
+
+void Engine::wait_for_launched_steps() {
+  impl_->activate_device();
+  DF_CHECK_CUDA(cudaStreamSynchronize(impl_->stream()));
+}
+
+void Engine::Impl::upload_slot(int row, const reference::SamplingParams& sampling) {
+  slot_host_read.wait();  // slot_host may still be the source of an earlier upload
+  kernels::SamplingSlot& slot = slot_host.as<kernels::SamplingSlot>()[row];
+  slot = kernels::SamplingSlot{};
+  slot.temperature = sampling.temperature;
+  slot.top_k = sampling.top_k;
+  slot.top_p = sampling.top_p;
+  slot.min_p = sampling.min_p;
+  slot.seed = sampling.seed;
+  slot.step = 0;  // draws count tokens generated so far, as reference::sample's step does
+  DF_CHECK_CUDA(cudaMemcpyAsync(buffers->slots() + row, &slot, sizeof slot, cudaMemcpyHostToDevice, stream()));
+  slot_host_read.record(stream());
+}
+
+// The last row moves into the hole, with its sampling slot and its next id on the device. The
+// copies are stream-ordered behind any step in flight, which still sees the old rows (its
+// tokens are matched to sequences by id when read back).
+void Engine::Impl::remove_running(int row) {
+  const int moved_from = kv->remove_row(row);
+  if (moved_from >= 0) {
+    running[row] = std::move(running[moved_from]);
+    DF_CHECK_CUDA(cudaMemcpyAsync(buffers->slots() + row, buffers->slots() + moved_from,
+                                  sizeof(kernels::SamplingSlot), cudaMemcpyDeviceToDevice, stream()));
+    DF_CHECK_CUDA(cudaMemcpyAsync(buffers->decode_ids() + row, buffers->decode_ids() + moved_from, sizeof(int32_t),
+                                  cudaMemcpyDeviceToDevice, stream()));
+  }
+  running.pop_back();
+}
+
+FinishReason Engine::Impl::finish_reason(const Sequence& sequence) const {
+  if (std::find(sequence.stop_ids.begin(), sequence.stop_ids.end(), sequence.next_token) != sequence.stop_ids.end())
+    return FinishReason::stop_token;
+  if (sequence.generated >= sequence.max_new_tokens) return FinishReason::max_tokens;
+  // Feeding next_token would make the sequence longer than max_context.
+  if (sequence.context + 1 >= options.max_context) return FinishReason::context_length;
+  return FinishReason::none;
+}
+
+void Engine::Impl::prefill(int row, std::span<const int32_t> ids, int start,
+                           const std::function<void(int, int)>& after_chunk) {
+  const int total = static_cast<int>(ids.size());
+  const size_t stride = max_tokens();
+  for (int done = 0; done < total; done += options.prefill_chunk) {
+    const int tokens = std::min(options.prefill_chunk, total - done);
+    prefill_host_read.wait();  // the previous chunk's inputs have been copied out
+    int32_t* host = prefill_host.as<int32_t>();
+    for (int t = 0; t < tokens; ++t) {
+      host[t] = ids[done + t];
+      host[stride + t] = start + done + t;
+      host[2 * stride + t] = row;
+    }
+    DF_CHECK_CUDA(cudaMemcpyAsync(buffers->prefill_inputs.data(), host, prefill_host.bytes(), cudaMemcpyHostToDevice,
+                                  stream()));
+    prefill_host_read.record(stream());
+    forward->prefill_chunk(row, start + done, tokens, stream());
+    if (after_chunk) after_chunk(start + done, tokens);
+  }
+}
+
+// Admits queued sequences while decode rows and pages for their prompts are free (FIFO: the
+// first that does not fit waits, and so do those behind it), prefills each, and samples its first
+// token from the last prompt position into its decode slot. One download reports them all.
+void Engine::Impl::prefill_queued(std::vector<StepToken>& out) {
+  std::vector<int> fresh_rows;
+  while (!queued.empty() && static_cast<int>(running.size()) < options.max_batch) {
+    const int prompt = static_cast<int>(queued.front().prompt.size());
+    if (KvPageTable::pages_for(prompt) > kv->table().free_pages()) {
+      DF_CHECK(!running.empty(), "internal: an idle KV cache cannot hold a validated prompt");
+      break;
+    }
+    const int row = kv->add_row();
+    kv->reserve(row, prompt);
+    running.push_back(std::move(queued.front()));
+    queued.pop_front();
+    upload_slot(row, running[row].sampling);
+    prefill(row, running[row].prompt, 0, [&](int first, int tokens) {
+      if (first + tokens < prompt) return;
+      forward->final_norm(tokens - 1, 1, stream());
+      forward->lm_head(0, 1, stream());
+      forward->sample(row, 1, stream());
+    });
+    fresh_rows.push_back(row);
+  }
+  if (fresh_rows.empty()) return;
+  // Its own buffer: a decode step in flight downloads into its lane's.
+  DF_CHECK_CUDA(cudaMemcpyAsync(prefill_sampled.data(), buffers->decode_ids(), running.size() * sizeof(int32_t),
+                                cudaMemcpyDeviceToHost, stream()));
+  DF_CHECK_CUDA(cudaStreamSynchronize(stream()));
+  std::vector<int> finished;
+  for (int row : fresh_rows) {
+    Sequence& sequence = running[row];
+    sequence.context = static_cast<int>(sequence.prompt.size());
+    sequence.generated = 1;
+    sequence.next_token = prefill_sampled.as<int32_t>()[row];
+    sequence.id_on_device = true;  // the sampler wrote it into the row's decode id
+    const FinishReason reason = finish_reason(sequence);
+    out.push_back({sequence.id, sequence.next_token, reason});
+    if (reason != FinishReason::none) finished.push_back(row);
+  }
+  // Highest rows first: a removal moves the last row, which is then already handled.
+  std::sort(finished.rbegin(), finished.rend());
+  for (int row : finished) remove_running(row);
+}
+
+// Uploads rows 0..max_batch-1 of the step's inputs (ids -1, positions -1, lengths 0 where `input`
+// says the row sits out; ids equal to kIdOnDevice stay as the device holds them), then the step.
+void Engine::Impl::run_decode_step(StepLane& lane, int sequences,
+                                   const std::function<bool(int row, int32_t& id, int& position)>& input) {
+  const int bucket_index = graphs->bucket_index(sequences);
+  const int max_batch = options.max_batch;
+  lane.inputs_read.wait();  // the lane's last upload has run
+  int32_t* ids = lane.inputs.as<int32_t>();
+  int32_t* positions = ids + max_batch;
+  int32_t* seq_lens = ids + 2 * max_batch;
+  for (int row = 0; row < max_batch; ++row) {
+    int32_t id = -1;
+    int position = -1;
+    const bool active = row < sequences && input(row, id, position);
+    ids[row] = active ? id : -1;
+    positions[row] = active ? position : -1;
+    seq_lens[row] = active ? position + 1 : 0;
+  }
+  // Runs of ids the host knows go up; the run that reaches the last row goes with the positions
+  // and lengths after it, so the common case (every running id already on the device, padded
+  // rows after them) is one copy.
+  int32_t* device_ids = buffers->decode_ids();
+  auto upload = [&](int first, int count) {
+    DF_CHECK_CUDA(cudaMemcpyAsync(device_ids + first, ids + first, count * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                  stream()));
+  };
+  int tail = max_batch;
+  while (tail > 0 && ids[tail - 1] != kIdOnDevice) --tail;
+  for (int row = 0; row < tail;) {
+    if (ids[row] == kIdOnDevice) {
+      ++row;
+      continue;
+    }
+    const int first = row;
+    while (ids[row] != kIdOnDevice) ++row;  // ends before tail: ids[tail - 1] is on the device
+    upload(first, row - first);
+  }
+  upload(tail, 3 * max_batch - tail);
+  lane.inputs_read.record(stream());
+  const kernels::DecodeAttentionPlan& plan = decode_plans[bucket_index];
+  graphs->run(bucket_index, stream(), [&](cudaStream_t s) { forward->decode_step(plan, s); });
+}
+
+// Launches a decode step for every running sequence that can take one more token (the others sit
+// it out as padded rows); nothing when none can.
+void Engine::Impl::launch_decode(std::vector<StepToken>& out) {
+  // Room for the step's token, highest row first (a removal moves the last row, already
+  // handled). A sequence with nothing in flight that finds no free page ends here, and its pages
+  // go back at once, so the rows below may still grow; one with a step in flight sits this step
+  // out and asks again once that step is read back.
+  std::vector<char> feeds(running.size(), 0);
+  for (int row = static_cast<int>(running.size()) - 1; row >= 0; --row) {
+    const Sequence& sequence = running[row];
+    if (finishes_by_length(sequence, options.max_context)) continue;
+    if (kv->reserve(row, sequence.context + sequence.in_flight + 1)) {
+      feeds[row] = 1;
+      continue;
+    }
+    if (sequence.in_flight > 0) continue;
+    out.push_back({sequence.id, -1, FinishReason::kv_cache_full});
+    feeds[row] = feeds.back();  // the last row's decision moves with it
+    feeds.pop_back();
+    remove_running(row);
+  }
+  if (std::find(feeds.begin(), feeds.end(), 1) == feeds.end()) return;
+
+  const int sequences = static_cast<int>(running.size());
+  const int lane_index = next_lane;
+  next_lane = (next_lane + 1) % static_cast<int>(lanes.size());
+  StepLane& lane = lanes[lane_index];
+  run_decode_step(lane, sequences, [&](int row, int32_t& id, int& position) {
+    if (!feeds[row]) return false;
+    const Sequence& sequence = running[row];
+    // A device id goes stale only when the row sat out a step, and then nothing is in flight.
+    DF_CHECK(sequence.id_on_device || sequence.in_flight == 0, "internal: a decode row lost its next id");
+    id = sequence.id_on_device ? kIdOnDevice : sequence.next_token;
+    position = sequence.context + sequence.in_flight;
+    return true;
+  });
+  lane.rows.assign(sequences, 0);
+  for (int row = 0; row < sequences; ++row) {
+    Sequence& sequence = running[row];
+    if (feeds[row]) {
+      lane.rows[row] = sequence.id;
+      sequence.in_flight += 1;
+    }
+    sequence.id_on_device = feeds[row] != 0;  // a row that sat out was sampled from padding
+  }
+  DF_CHECK_CUDA(cudaMemcpyAsync(lane.sampled.data(), buffers->decode_ids(), sequences * sizeof(int32_t),
+                                cudaMemcpyDeviceToHost, stream()));
+  lane.sampled_ready.record(stream());
+  launched.push_back(lane_index);
+}
+
+// Waits for the oldest step in flight and reports its tokens, in row order; tokens of sequences
+// removed since it was launched are dropped.
+void Engine::Impl::read_back_oldest(std::vector<StepToken>& out) {
+  StepLane& lane = lanes[launched.front()];
+  launched.pop_front();
+  lane.sampled_ready.wait();
+  std::unordered_map<SequenceId, int> row_of;
+  for (int row = 0; row < static_cast<int>(running.size()); ++row) row_of[running[row].id] = row;
+  std::vector<int> finished;
+  for (int fed_row = 0; fed_row < static_cast<int>(lane.rows.size()); ++fed_row) {
+    const auto it = row_of.find(lane.rows[fed_row]);
+    if (lane.rows[fed_row] == 0 || it == row_of.end()) continue;
+    Sequence& sequence = running[it->second];
+    sequence.in_flight -= 1;
+    sequence.context += 1;
+    sequence.generated += 1;
+    sequence.next_token = lane.sampled.as<int32_t>()[fed_row];
+    const FinishReason reason = finish_reason(sequence);
+    out.push_back({sequence.id, sequence.next_token, reason});
+    if (reason != FinishReason::none) finished.push_back(it->second);
+  }
+  std::sort(finished.rbegin(), finished.rend());
+  for (int row : finished) remove_running(row);
+}
+
+void Engine::Impl::decode_running(std::vector<StepToken>& out) {
+  // A step in flight that feeds none of the running sequences (all finished or were removed
+  // since) would report nothing: wait for it and drop it, so this call launches its own.
+  auto feeds_someone = [&](const StepLane& lane) {
+    return std::any_of(running.begin(), running.end(), [&](const Sequence& sequence) {
+      return std::find(lane.rows.begin(), lane.rows.end(), sequence.id) != lane.rows.end();
+    });
+  };
+  while (!launched.empty() && !feeds_someone(lanes[launched.front()])) read_back_oldest(out);
+  if (launched.empty()) launch_decode(out);        // nothing ahead: this call's own step
+  if (options.overlap_steps) launch_decode(out);   // and the next, before reading this one back
+  if (!launched.empty()) read_back_oldest(out);
+}
+
+void Engine::Impl::forget_launched_steps() {
+  DF_CHECK(running.empty(), "internal: steps in flight are dropped only with no sequence running");
+  DF_CHECK_CUDA(cudaStreamSynchronize(stream()));
+  launched.clear();
+}
+
+}  // namespace deepfuse
