@@ -67,7 +67,7 @@ struct MlpHfWeights {
 // benchmark's tuning sweep) sets it.
 struct FusedMlpTuning {
   int blocks_per_sm = 0;  // resident blocks per SM
-  int cluster_size = 0;   // blocks sharing activations through distributed shared memory: 1, 4, 8
+  int cluster_size = 0;   // blocks sharing activations through distributed shared memory: 1, 2 (9-16 tokens), 4, 8
   bool skip_reduction_diagnostic = false;  // benchmarks only: skips the cross-cluster sum (wrong y)
 };
 

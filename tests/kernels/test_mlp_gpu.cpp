@@ -127,12 +127,12 @@ TEST(FusedMlp, EveryClusterSizeAndOccupancy) {
   DF_REQUIRE_GPU();
   for (MlpShape shape : {MlpShape{64, 64}, MlpShape{64, 192}, MlpShape{960, 2496}, MlpShape{896, 4864}}) {
     const MlpCase c(shape, 100, shape.hidden + 7 * shape.intermediate);
-    for (int cluster : {1, 4, 8}) {
+    for (int cluster : {1, 2, 4, 8}) {
       for (int blocks_per_sm : {1, 2}) {
         MlpLayer layer(MlpVariant::fused, shape, c.max_tokens);
         layer.load_weights(c.weights(), nullptr);
         layer.set_fused_tuning({blocks_per_sm, cluster, false});
-        for (int tokens : {1, 3, 17, 40, 100}) {
+        for (int tokens : {1, 3, 12, 17, 40, 100}) {
           const std::vector<float> y = run_poisoned(layer, c, tokens, true);
           EXPECT_EQ(testing::count_nan(y), 0u);
           EXPECT_LT(testing::relative_error(y, c.reference(tokens, true)), kTolerance)

@@ -146,8 +146,9 @@ MlpLayer::MlpLayer(MlpLayer&&) noexcept = default;
 MlpLayer& MlpLayer::operator=(MlpLayer&&) noexcept = default;
 
 void MlpLayer::set_fused_tuning(const FusedMlpTuning& tuning) {
-  DF_CHECK(tuning.cluster_size == 0 || tuning.cluster_size == 1 || tuning.cluster_size == 4 || tuning.cluster_size == 8,
-           "fused MLP cluster size must be 1, 4 or 8");
+  DF_CHECK(tuning.cluster_size == 0 || tuning.cluster_size == 1 || tuning.cluster_size == 2 ||
+               tuning.cluster_size == 4 || tuning.cluster_size == 8,
+           "fused MLP cluster size must be 1, 2, 4 or 8");
   DF_CHECK(tuning.blocks_per_sm >= 0, "fused MLP blocks per SM must be >= 0");
   impl_->fused_tuning = {tuning.blocks_per_sm, tuning.cluster_size, tuning.skip_reduction_diagnostic};
 }

@@ -503,8 +503,13 @@ cudaError_t launch_for_tokens(const SwigluFusedParams& p, const SwigluFusedTunin
   // faster up to H = 5120 at M <= 8 and 2-12% at M = 16, 8 is 3-4% faster at H = 8192; inside
   // the decode step at M <= 8 only H = 2048 gains (-1.7 to -3%), H = 3584 and 4096 lose 0.5%
   // (a guess, not verified: the next layer's QKV blocks start early on the SMs 8 leaves empty).
+  // At 9-16 tokens (one 16-warp block per SM) clusters of 4 leave SMs of the odd-sized GPCs
+  // empty; clusters of 2 cover all 132. Measured (bench mlp --norm, M = 9 / 12 / 16, in a graph,
+  // "Clusters of 2 at 9-16 tokens"): 5-8% faster at H = 2048, 1-2% at 3584 and 4096, equal at
+  // 5120, and 4-13% slower at H = 8192 than its clusters of 8 (more partial sums per output row).
+  const bool pairs = NT == 2 && p.hidden <= 4096;
   const bool four = p.hidden <= 2048 || (NT == 2 && p.hidden < 8192);
-  int cluster = tuning.cluster_size > 0 ? tuning.cluster_size : four ? 4 : 8;
+  int cluster = tuning.cluster_size > 0 ? tuning.cluster_size : pairs ? 2 : four ? 4 : 8;
   int major = 0, device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device); e != cudaSuccess) return e;
@@ -513,6 +518,8 @@ cudaError_t launch_for_tokens(const SwigluFusedParams& p, const SwigluFusedTunin
   // NT = 4 with clusters of 8 would need 66 KB of exchanged activations: too much next to the ring.
   if constexpr (NT < 4)
     if (cluster >= 8 && i_tiles >= 8) return launch_instance<NT, 8>(p, tuning, stream);
+  if constexpr (NT == 2)
+    if (cluster == 2 && i_tiles >= 2) return launch_instance<NT, 2>(p, tuning, stream);
   if (cluster >= 4 && i_tiles >= 4) return launch_instance<NT, 4>(p, tuning, stream);
   return launch_instance<NT, 1>(p, tuning, stream);
 }

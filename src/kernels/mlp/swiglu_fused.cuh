@@ -41,7 +41,7 @@ size_t swiglu_fused_accumulator_floats(int hidden, int max_tokens);
 // Launch tuning; 0 means "the default for this device".
 struct SwigluFusedTuning {
   int blocks_per_sm = 0;  // resident blocks per SM (occupancy-capped)
-  int cluster_size = 0;   // blocks that share activations through distributed shared memory: 1, 4 or 8
+  int cluster_size = 0;   // blocks that share activations through distributed shared memory: 1, 2 (9-16 tokens), 4 or 8
   bool skip_reduction = false;  // diagnostic only: skip the cross-cluster reduction (wrong results)
 };
 
