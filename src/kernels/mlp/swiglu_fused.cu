@@ -243,6 +243,9 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
   // SMs this grid's blocks leave as they finish (the grid is already resident) and start their
   // weight loads, then wait for this grid to complete before reading y. Measured against the
   // trigger after phase 2: decode step -0.8% (Llama-3-8B), -1.7% (Llama-3.2-1B).
+  // A programmatic launch (launches_programmatically) may start before the kernel that writes x
+  // has finished: nothing global is touched above.
+  wait_for_upstream_grids();
   allow_downstream_launch();
   cluster_barrier<C>();  // every block's sums are zero before anyone adds into them
 
@@ -419,11 +422,22 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
 }
 
 // The launch configuration of `blocks` blocks of the (NT, C) instance, in clusters of C.
+// Whether the (NT, C) instance launches as a programmatic dependent: its blocks may start while
+// the kernel before finishes and wait for it first thing. Only the grid of two blocks on every SM
+// (decode steps of up to 8 tokens in clusters of 4, H <= 2048) gains: Llama-3.2-1B's step 1.5-2%
+// faster at batch 1 and unchanged at 8 (after cuBLASLt's o_proj), while clusters of 8 placed
+// while o_proj's blocks still hold SMs made Llama-3-8B 3-15% and Qwen2.5-7B 8-14% slower
+// (docs/kernels/swiglu_fused.md, "Overlap with the kernels around it").
+template <int NT, int C>
+bool launches_programmatically() {
+  return NT == 1 && C == 4 && programmatic_launches_enabled();
+}
+
 template <int NT, int C>
 struct FusedLaunch : ClusterLaunch {
-  FusedLaunch(int blocks, cudaStream_t stream)
+  FusedLaunch(int blocks, cudaStream_t stream, bool programmatic = false)
       : ClusterLaunch(static_cast<unsigned>(blocks), FusedConfig<NT, C>::kThreads, sizeof(SharedStorage<NT, C>), C,
-                      stream) {}
+                      stream, programmatic) {}
 };
 
 // How many blocks can be resident at once for one (NT, C) instantiation on this device: the
@@ -487,11 +501,8 @@ cudaError_t launch_instance(const SwigluFusedParams& p, const SwigluFusedTuning&
   if (blocks < C || (i_tiles + blocks - 1) / blocks > kMaxTilesPerBlock) return cudaErrorInvalidConfiguration;
   const int finishers = std::max(1, std::min({kMaxFinishers, blocks / 2, resident / 2}));
 
-  // Not a programmatic dependent launch: decode steps measured 31% slower that way after cuBLAS's
-  // o_proj, and still ~1% slower after the cluster-GEMV o_proj with its first weights prefetched
-  // to L2 before the wait (docs/kernels/swiglu_fused.md, "Overlap with the kernels around it").
   trace::attach_unit();
-  const FusedLaunch<NT, C> launch(blocks, stream);
+  const FusedLaunch<NT, C> launch(blocks, stream, launches_programmatically<NT, C>());
   return cudaLaunchKernelEx(&launch.config, swiglu_fused_kernel<NT, C>, p, finishers, tuning.skip_reduction);
 }
 
