@@ -239,13 +239,13 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
   for (int i = tid; i < Config::kSumFloats; i += kThreads) shared.sums[i] = 0.0f;
   if (tid < 8 * NT) shared.norm_squares[tid] = 0.0f;
   const bool normalize = p.rms_normalize;
+  // Launched programmatically (launches_programmatically), this grid may start before the kernel
+  // that writes x has finished: nothing global is touched above this wait.
+  wait_for_upstream_grids();
   // A programmatic next kernel (the next layer's fused QKV) may launch now: its blocks take the
   // SMs this grid's blocks leave as they finish (the grid is already resident) and start their
   // weight loads, then wait for this grid to complete before reading y. Measured against the
   // trigger after phase 2: decode step -0.8% (Llama-3-8B), -1.7% (Llama-3.2-1B).
-  // A programmatic launch (launches_programmatically) may start before the kernel that writes x
-  // has finished: nothing global is touched above.
-  wait_for_upstream_grids();
   allow_downstream_launch();
   cluster_barrier<C>();  // every block's sums are zero before anyone adds into them
 
@@ -421,10 +421,9 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
   }
 }
 
-// The launch configuration of `blocks` blocks of the (NT, C) instance, in clusters of C.
 // Whether the (NT, C) instance launches as a programmatic dependent: its blocks may start while
 // the kernel before finishes and wait for it first thing. Only the grid of two blocks on every SM
-// (decode steps of up to 8 tokens in clusters of 4, H <= 2048) gains: Llama-3.2-1B's step 1.5-2%
+// (decode steps of up to 8 tokens in clusters of 4, H <= 2048) gains: Llama-3.2-1B's step 1-2%
 // faster at batch 1 and unchanged at 8 (after cuBLASLt's o_proj), while clusters of 8 placed
 // while o_proj's blocks still hold SMs made Llama-3-8B 3-15% and Qwen2.5-7B 8-14% slower
 // (docs/kernels/swiglu_fused.md, "Overlap with the kernels around it").
@@ -433,6 +432,7 @@ bool launches_programmatically() {
   return NT == 1 && C == 4 && programmatic_launches_enabled();
 }
 
+// The launch configuration of `blocks` blocks of the (NT, C) instance, in clusters of C.
 template <int NT, int C>
 struct FusedLaunch : ClusterLaunch {
   FusedLaunch(int blocks, cudaStream_t stream, bool programmatic = false)
