@@ -69,6 +69,11 @@ struct FusedMlpTuning {
   int blocks_per_sm = 0;  // resident blocks per SM
   int cluster_size = 0;   // blocks sharing activations through distributed shared memory: 1, 2 (9-16 tokens), 4, 8
   bool skip_reduction_diagnostic = false;  // benchmarks only: skips the cross-cluster sum (wrong y)
+  // The decode engine's layers: launch as a programmatic dependent of the kernel before (blocks
+  // start early and wait for it first thing) where that measured faster, up to 8 tokens with
+  // two blocks on every SM (H <= 2048, after the engine's o_proj). Back-to-back MLP calls measured
+  // slower that way, so it is off unless asked for.
+  bool programmatic_launch = false;
 };
 
 // The RMSNorm applied to x first; weight == nullptr: none.

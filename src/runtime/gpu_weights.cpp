@@ -115,6 +115,7 @@ class MlpBuilder {
     const MlpNorm norm = post_attention_norm(layer, config_);
     const int first_max_tokens = plan_.unfused_copy() ? plan_.fused_max_tokens : plan_.max_tokens;
     layer.mlp = std::make_unique<MlpLayer>(plan_.variant, shape, first_max_tokens, scratch_);
+    if (plan_.variant == MlpVariant::fused) layer.mlp->set_fused_tuning({.programmatic_launch = true});
     layer.mlp->load_weights(staging.view(), stream, norm);
     if (!plan_.unfused_copy()) return;
     layer.mlp_unfused = std::make_unique<MlpLayer>(MlpVariant::unfused, shape, plan_.max_tokens, scratch_);

@@ -150,7 +150,8 @@ void MlpLayer::set_fused_tuning(const FusedMlpTuning& tuning) {
                tuning.cluster_size == 4 || tuning.cluster_size == 8,
            "fused MLP cluster size must be 1, 2, 4 or 8");
   DF_CHECK(tuning.blocks_per_sm >= 0, "fused MLP blocks per SM must be >= 0");
-  impl_->fused_tuning = {tuning.blocks_per_sm, tuning.cluster_size, tuning.skip_reduction_diagnostic};
+  impl_->fused_tuning = {tuning.blocks_per_sm, tuning.cluster_size, tuning.skip_reduction_diagnostic,
+                         tuning.programmatic_launch};
 }
 
 MlpVariant MlpLayer::variant() const { return impl_->variant; }

@@ -421,15 +421,17 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
   }
 }
 
-// Whether the (NT, C) instance launches as a programmatic dependent: its blocks may start while
-// the kernel before finishes and wait for it first thing. Only the grid of two blocks on every SM
-// (decode steps of up to 8 tokens in clusters of 4, H <= 2048) gains: Llama-3.2-1B's step 1-2%
-// faster at batch 1 and unchanged at 8 (after cuBLASLt's o_proj), while clusters of 8 placed
-// while o_proj's blocks still hold SMs made Llama-3-8B 3-15% and Qwen2.5-7B 8-14% slower
-// (docs/kernels/swiglu_fused.md, "Overlap with the kernels around it").
+// Whether the (NT, C) instance launches as a programmatic dependent when the caller allows it
+// (SwigluFusedTuning::programmatic): its blocks may start while the kernel before finishes and
+// wait for it first thing. Only the grid of two blocks on every SM (up to 8 tokens in clusters of
+// 4, H <= 2048) gains, in the decode step: Llama-3.2-1B 1-2% faster at batch 1 and unchanged at 8
+// (after cuBLASLt's o_proj), while clusters of 8 placed while o_proj's blocks still hold SMs made
+// Llama-3-8B 3-15% and Qwen2.5-7B 8-14% slower, and back-to-back calls of the same grid (bench
+// mlp, 2048x8192 M = 1 in a graph) took 40.2 µs instead of 33.3 (docs/kernels/swiglu_fused.md,
+// "Overlap with the kernels around it").
 template <int NT, int C>
-bool launches_programmatically() {
-  return NT == 1 && C == 4 && programmatic_launches_enabled();
+bool launches_programmatically(const SwigluFusedTuning& tuning) {
+  return tuning.programmatic && NT == 1 && C == 4 && programmatic_launches_enabled();
 }
 
 // The launch configuration of `blocks` blocks of the (NT, C) instance, in clusters of C.
@@ -502,7 +504,7 @@ cudaError_t launch_instance(const SwigluFusedParams& p, const SwigluFusedTuning&
   const int finishers = std::max(1, std::min({kMaxFinishers, blocks / 2, resident / 2}));
 
   trace::attach_unit();
-  const FusedLaunch<NT, C> launch(blocks, stream, launches_programmatically<NT, C>());
+  const FusedLaunch<NT, C> launch(blocks, stream, launches_programmatically<NT, C>(tuning));
   return cudaLaunchKernelEx(&launch.config, swiglu_fused_kernel<NT, C>, p, finishers, tuning.skip_reduction);
 }
 

@@ -43,6 +43,7 @@ struct SwigluFusedTuning {
   int blocks_per_sm = 0;  // resident blocks per SM (occupancy-capped)
   int cluster_size = 0;   // blocks that share activations through distributed shared memory: 1, 2 (9-16 tokens), 4 or 8
   bool skip_reduction = false;  // diagnostic only: skip the cross-cluster reduction (wrong results)
+  bool programmatic = false;    // may launch as a programmatic dependent (where launches_programmatically)
 };
 
 // One launch. The accumulator and counters must be zero on entry; they are zero again when the
