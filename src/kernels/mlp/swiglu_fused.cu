@@ -423,15 +423,15 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
 
 // Whether the (NT, C) instance launches as a programmatic dependent when the caller allows it
 // (SwigluFusedTuning::programmatic): its blocks may start while the kernel before finishes and
-// wait for it first thing. Only the grid of two blocks on every SM (up to 8 tokens in clusters of
-// 4, H <= 2048) gains, in the decode step: Llama-3.2-1B 1-2% faster at batch 1 and unchanged at 8
-// (after cuBLASLt's o_proj), while clusters of 8 placed while o_proj's blocks still hold SMs made
-// Llama-3-8B 3-15% and Qwen2.5-7B 8-14% slower, and back-to-back calls of the same grid (bench
-// mlp, 2048x8192 M = 1 in a graph) took 40.2 µs instead of 33.3 (docs/kernels/swiglu_fused.md,
-// "Overlap with the kernels around it").
+// wait for it first thing. Only single-token calls on the grids of two 8-warp blocks on every SM
+// (clusters of 2 or 4) gain, in the decode step at batch 1: Llama-3.2-1B 1-2%, Llama-3-8B 1%,
+// Qwen2.5-7B 1%. At 8 tokens Qwen2.5-7B lost 1.1-1.5% (Llama-3-8B and Llama-3.2-1B equal);
+// clusters of 8 placed while o_proj's blocks still hold SMs lost 3-15%; and back-to-back calls of
+// the same grid (bench mlp, 2048x8192 M = 1 in a graph) took 40.2 µs instead of 33.3
+// (docs/kernels/swiglu_fused.md, "Overlap with the kernels around it").
 template <int NT, int C>
-bool launches_programmatically(const SwigluFusedTuning& tuning) {
-  return tuning.programmatic && NT == 1 && C == 4 && programmatic_launches_enabled();
+bool launches_programmatically(const SwigluFusedParams& p, const SwigluFusedTuning& tuning) {
+  return tuning.programmatic && NT == 1 && (C == 2 || C == 4) && p.tokens == 1 && programmatic_launches_enabled();
 }
 
 // The launch configuration of `blocks` blocks of the (NT, C) instance, in clusters of C.
@@ -504,7 +504,7 @@ cudaError_t launch_instance(const SwigluFusedParams& p, const SwigluFusedTuning&
   const int finishers = std::max(1, std::min({kMaxFinishers, blocks / 2, resident / 2}));
 
   trace::attach_unit();
-  const FusedLaunch<NT, C> launch(blocks, stream, launches_programmatically<NT, C>(tuning));
+  const FusedLaunch<NT, C> launch(blocks, stream, launches_programmatically<NT, C>(p, tuning));
   return cudaLaunchKernelEx(&launch.config, swiglu_fused_kernel<NT, C>, p, finishers, tuning.skip_reduction);
 }
 
@@ -516,11 +516,13 @@ cudaError_t launch_for_tokens(const SwigluFusedParams& p, const SwigluFusedTunin
   // faster up to H = 5120 at M <= 8 and 2-12% at M = 16, 8 is 3-4% faster at H = 8192; inside
   // the decode step at M <= 8 only H = 2048 gains (-1.7 to -3%), H = 3584 and 4096 lose 0.5%
   // (a guess, not verified: the next layer's QKV blocks start early on the SMs 8 leaves empty).
-  // At 9-16 tokens (one 16-warp block per SM) clusters of 4 leave SMs of the odd-sized GPCs
-  // empty; clusters of 2 cover all 132. Measured (bench mlp --norm, M = 9 / 12 / 16, in a graph,
-  // "Clusters of 2 at 9-16 tokens"): 5-8% faster at H = 2048, 1-2% at 3584 and 4096, equal at
-  // 5120, and 4-13% slower at H = 8192 than its clusters of 8 (more partial sums per output row).
-  const bool pairs = NT == 2 && p.hidden <= 4096;
+  // Clusters of 2 fit every GPC, so the grid covers all 132 SMs, at the price of more partial
+  // sums per output row (docs/kernels/swiglu_fused.md, "Clusters of 2"). At 9-16 tokens (one
+  // 16-warp block per SM; bench mlp --norm, M = 9 / 12 / 16, in a graph): 5-8% faster at
+  // H = 2048, 1-2% at 3584 and 4096, equal at 5120, 4-13% slower at 8192. At up to 8 tokens (two
+  // 8-warp blocks per SM) for 2048 < H < 8192: the decode step 2.5-3% faster at batch 1 on
+  // Llama-3-8B and Qwen2.5-7B and 0.8-1.3% at 8 (H = 2048 and 8192 were slower alone).
+  const bool pairs = (NT == 2 && p.hidden <= 4096) || (NT == 1 && p.hidden > 2048 && p.hidden < 8192);
   const bool four = p.hidden <= 2048 || (NT == 2 && p.hidden < 8192);
   int cluster = tuning.cluster_size > 0 ? tuning.cluster_size : pairs ? 2 : four ? 4 : 8;
   int major = 0, device = 0;
@@ -531,7 +533,7 @@ cudaError_t launch_for_tokens(const SwigluFusedParams& p, const SwigluFusedTunin
   // NT = 4 with clusters of 8 would need 66 KB of exchanged activations: too much next to the ring.
   if constexpr (NT < 4)
     if (cluster >= 8 && i_tiles >= 8) return launch_instance<NT, 8>(p, tuning, stream);
-  if constexpr (NT == 2)
+  if constexpr (NT <= 2)
     if (cluster == 2 && i_tiles >= 2) return launch_instance<NT, 2>(p, tuning, stream);
   if (cluster >= 4 && i_tiles >= 4) return launch_instance<NT, 4>(p, tuning, stream);
   return launch_instance<NT, 1>(p, tuning, stream);
