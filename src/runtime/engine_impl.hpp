@@ -116,6 +116,7 @@ struct Engine::Impl {
                        const std::function<bool(int row, int32_t& id, int& position)>& input);
   void upload_slot(int row, const reference::SamplingParams& sampling);
   void remove_running(int row);
+  void remove_finished(std::vector<int> rows);  // remove_running for each row, highest first
   FinishReason finish_reason(const runtime::Sequence& sequence) const;
 
   // ---- scoring (score.cpp)

@@ -77,6 +77,12 @@ void Engine::Impl::remove_running(int row) {
   running.pop_back();
 }
 
+void Engine::Impl::remove_finished(std::vector<int> rows) {
+  // Highest rows first: a removal moves the last row, which is then already handled.
+  std::sort(rows.rbegin(), rows.rend());
+  for (int row : rows) remove_running(row);
+}
+
 FinishReason Engine::Impl::finish_reason(const Sequence& sequence) const {
   if (std::find(sequence.stop_ids.begin(), sequence.stop_ids.end(), sequence.next_token) != sequence.stop_ids.end())
     return FinishReason::stop_token;
@@ -147,9 +153,7 @@ void Engine::Impl::prefill_queued(std::vector<StepToken>& out) {
     out.push_back({sequence.id, sequence.next_token, reason});
     if (reason != FinishReason::none) finished.push_back(row);
   }
-  // Highest rows first: a removal moves the last row, which is then already handled.
-  std::sort(finished.rbegin(), finished.rend());
-  for (int row : finished) remove_running(row);
+  remove_finished(std::move(finished));
 }
 
 // Uploads rows 0..max_batch-1 of the step's inputs (ids -1, positions -1, lengths 0 where `input`
@@ -267,8 +271,7 @@ void Engine::Impl::read_back_oldest(std::vector<StepToken>& out) {
     out.push_back({sequence.id, sequence.next_token, reason});
     if (reason != FinishReason::none) finished.push_back(it->second);
   }
-  std::sort(finished.rbegin(), finished.rend());
-  for (int row : finished) remove_running(row);
+  remove_finished(std::move(finished));
 }
 
 void Engine::Impl::decode_running(std::vector<StepToken>& out) {
