@@ -3,7 +3,8 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/attention_bench.cpp
   ${CMAKE_CURRENT_LIST_DIR}/decode_bench.cpp
   ${CMAKE_CURRENT_LIST_DIR}/mlp_bench.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/qkv_bench.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/qkv_bench.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/sampling_bench.cpp)
 
 # The commit benchmarks report, stamped at every build (not only at configure): a build dir
 # configured at an older commit would otherwise label new results with the old commit.

@@ -5,6 +5,7 @@
 #include "bench/attention_bench.hpp"
 #include "bench/decode_bench.hpp"
 #include "bench/mlp_bench.hpp"
+#include "bench/sampling_bench.hpp"
 #include "cli/commands.hpp"
 #include "deepfuse/error.hpp"
 
@@ -78,6 +79,20 @@ void register_bench_decode(CLI::App& bench, Action& action) {
   });
 }
 
+// `deepfuse bench sampling`: the GPU sampler per vocabulary, batch and mode.
+void register_bench_sampling(CLI::App& bench, Action& action) {
+  auto* sampling = bench.add_subcommand("sampling", "GPU sampling (greedy, temperature, top-k, top-p, min-p) per call");
+  auto options = std::make_shared<bench::SamplingBenchOptions>();
+  sampling->add_option("--vocabs", options->vocabs, "vocabulary sizes (default 128256,152064)")->delimiter(',');
+  sampling->add_option("--batches", options->batches, "sequences per call (default 1,8,32)")->delimiter(',');
+  std::string mode_names;
+  for (const auto& m : bench::sampling_bench_modes()) mode_names += (mode_names.empty() ? "" : ",") + m;
+  sampling->add_option("--modes", options->modes, "parameter sets (default all: " + mode_names + ")")->delimiter(',');
+  sampling->add_option("--reps", options->repetitions, "timed calls per case (median)")->check(CLI::PositiveNumber);
+  sampling->add_option("--json", options->json_path, "write the rows as JSON to this file");
+  sampling->callback([options, &action] { action = [options] { return bench::run_sampling_bench(*options); }; });
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app, Action& action) {
@@ -86,6 +101,7 @@ void register_bench(CLI::App& app, Action& action) {
   register_bench_tokenizer(*bench, action);
   register_bench_qkv(*bench, action);
   register_bench_decode(*bench, action);
+  register_bench_sampling(*bench, action);
 
   auto* mlp = bench->add_subcommand("mlp", "SwiGLU MLP: naive vs unfused vs fused");
   struct MlpArgs {

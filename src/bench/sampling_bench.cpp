@@ -1,0 +1,181 @@
+#include "bench/sampling_bench.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <thread>
+
+#include "bench/timing.hpp"
+#include "deepfuse/device.hpp"
+#include "deepfuse/error.hpp"
+#include "deepfuse/reference.hpp"
+#include "deepfuse/tensor.hpp"
+#include "kernels/sampling/sampling.cuh"
+
+namespace deepfuse::bench {
+namespace {
+
+struct Mode {
+  const char* name;
+  float temperature;
+  int top_k;
+  float top_p;
+  float min_p;
+};
+
+// Greedy, plain temperature, each filter alone, and the common top-k + top-p pairing.
+constexpr Mode kModes[] = {
+    {"greedy", 0.0f, 0, 1.0f, 0.0f},     {"temperature", 0.8f, 0, 1.0f, 0.0f},
+    {"top-k", 0.7f, 50, 1.0f, 0.0f},     {"top-p", 0.7f, 0, 0.9f, 0.0f},
+    {"top-k+top-p", 0.7f, 50, 0.9f, 0.0f}, {"min-p", 1.0f, 0, 1.0f, 0.05f},
+};
+
+const Mode& find_mode(const std::string& name) {
+  for (const Mode& m : kModes)
+    if (name == m.name) return m;
+  std::string known;
+  for (const Mode& m : kModes) known += (known.empty() ? "" : ", ") + std::string(m.name);
+  throw Error("bench sampling: unknown mode '" + name + "' (known: " + known + ")");
+}
+
+// Logits shaped like a language model's: a broad normal body (std 2.5) and a few dozen ids per
+// row lifted 8-14 above it, so top-p and min-p keep a handful of tokens, as they usually do.
+std::vector<float> model_like_logits(int rows, int vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> body(0.0f, 2.5f);
+  std::uniform_int_distribution<int> id(0, vocab - 1);
+  std::uniform_real_distribution<float> lift(8.0f, 14.0f);
+  std::vector<float> logits(static_cast<size_t>(rows) * vocab);
+  for (float& v : logits) v = body(rng);
+  for (int r = 0; r < rows; ++r)
+    for (int i = 0; i < 32; ++i) logits[static_cast<size_t>(r) * vocab + id(rng)] += lift(rng);
+  return logits;
+}
+
+int argmax_lowest_id(const float* row, int vocab) {
+  return static_cast<int>(std::max_element(row, row + vocab) - row);  // the first of equal maxima
+}
+
+struct Row {
+  int vocab, batch;
+  const Mode* mode;
+  double graph_us, stream_us;
+};
+
+int run_gpu(const SamplingBenchOptions& o) {
+  const GpuBench gpu;
+  cudaStream_t stream = gpu.stream;
+  std::printf("sampling: fp32 logits, one id per sequence; the logits stay in L2 between calls, as after the lm_head\n");
+  const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
+  std::vector<Row> rows;
+  for (int vocab : o.vocabs) {
+    const std::vector<float> host_logits = model_like_logits(max_batch, vocab, 11);
+    const DeviceBuffer logits = DeviceBuffer::from_host(host_logits);
+    DeviceBuffer slots(max_batch * sizeof(kernels::SamplingSlot)), ids(max_batch * sizeof(int32_t));
+    DeviceBuffer workspace(std::max<size_t>(kernels::sampling_workspace_bytes(max_batch, vocab), 16));
+    for (int batch : o.batches) {
+      for (const std::string& name : o.modes) {
+        const Mode& mode = find_mode(name);
+        std::vector<kernels::SamplingSlot> host_slots(batch);
+        for (int s = 0; s < batch; ++s) {
+          host_slots[s].temperature = mode.temperature;
+          host_slots[s].top_k = mode.top_k;
+          host_slots[s].top_p = mode.top_p;
+          host_slots[s].min_p = mode.min_p;
+          host_slots[s].seed = 1000 + s;
+        }
+        slots.upload(host_slots.data(), batch * sizeof(kernels::SamplingSlot));
+        kernels::SamplingParams params;
+        params.logits = logits.as<float>();
+        params.slots = slots.as<kernels::SamplingSlot>();
+        params.ids = ids.as<int32_t>();
+        params.workspace = workspace.data();
+        params.batch = batch;
+        params.vocab = vocab;
+        auto call = [&](int) { DF_CHECK_CUDA(kernels::launch_sampling(params, stream)); };
+        const double stream_us = median_call_us(call, o.warmup, o.repetitions, stream);
+        const double graph_us = median_graph_call_us(call, 20, std::max(5, o.repetitions / 10), stream);
+        DF_CHECK_CUDA(cudaStreamSynchronize(stream));
+        // Self-check: every id inside the vocabulary, greedy ids equal to the host's argmax.
+        const std::vector<int32_t> got = ids.to_host<int32_t>(batch);
+        for (int s = 0; s < batch; ++s) {
+          DF_CHECK(got[s] >= 0 && got[s] < vocab, "bench sampling: id " + std::to_string(got[s]) + " outside the vocabulary");
+          if (mode.temperature <= 0.0f)
+            DF_CHECK(got[s] == argmax_lowest_id(host_logits.data() + static_cast<size_t>(s) * vocab, vocab),
+                     "bench sampling: greedy id differs from the argmax in row " + std::to_string(s));
+        }
+        rows.push_back({vocab, batch, &mode, graph_us, stream_us});
+        std::fprintf(stderr, "  measured vocab %d batch %d %s\n", vocab, batch, mode.name);
+      }
+    }
+  }
+
+  Table table({"vocab", "batch", "mode", "us graph", "us stream", "launches"});
+  nlohmann::json json = run_header(gpu.device.name, gpu.copy_bw);
+  json["suite"] = "sampling";
+  json["rows"] = nlohmann::json::array();
+  for (const Row& r : rows) {
+    table.add({std::to_string(r.vocab), std::to_string(r.batch), r.mode->name, format_fixed(r.graph_us, 1),
+               format_fixed(r.stream_us, 1), "1"});
+    json["rows"].push_back({{"vocab", r.vocab}, {"batch", r.batch}, {"mode", r.mode->name},
+                            {"temperature", r.mode->temperature}, {"top_k", r.mode->top_k}, {"top_p", r.mode->top_p},
+                            {"min_p", r.mode->min_p}, {"us", r.graph_us}, {"us_stream", r.stream_us}, {"launches", 1}});
+  }
+  std::fputs(table.render().c_str(), stdout);
+  if (!o.json_path.empty()) write_json(o.json_path, json);
+  return 0;
+}
+
+// No GPU: the CPU reference on one thread, so the command still shows what it computes.
+int run_cpu(const SamplingBenchOptions& o) {
+  std::printf("No CUDA device: timing the CPU reference on one thread (%u available)\n", std::thread::hardware_concurrency());
+  Table table({"vocab", "batch", "mode", "variant", "us"});
+  nlohmann::json json = {{"gpu", "none (CPU reference)"}, {"commit", build_commit()}, {"suite", "sampling"}};
+  json["rows"] = nlohmann::json::array();
+  for (int vocab : o.vocabs) {
+    for (int batch : o.batches) {
+      const std::vector<float> logits = model_like_logits(batch, vocab, 11);
+      for (const std::string& name : o.modes) {
+        const Mode& mode = find_mode(name);
+        reference::SamplingParams params;
+        params.temperature = mode.temperature;
+        params.top_k = mode.top_k;
+        params.top_p = mode.top_p;
+        params.min_p = mode.min_p;
+        const double us = median_host_call_us(
+            [&] {
+              for (int s = 0; s < batch; ++s)
+                reference::sample({logits.data() + static_cast<size_t>(s) * vocab, static_cast<size_t>(vocab)}, params,
+                                  {}, 0);
+            },
+            3);
+        table.add({std::to_string(vocab), std::to_string(batch), mode.name, "reference", format_fixed(us, 0)});
+        json["rows"].push_back({{"vocab", vocab}, {"batch", batch}, {"mode", mode.name}, {"variant", "reference"}, {"us", us}});
+      }
+    }
+  }
+  std::fputs(table.render().c_str(), stdout);
+  if (!o.json_path.empty()) write_json(o.json_path, json);
+  return 0;
+}
+
+}  // namespace
+
+std::vector<std::string> sampling_bench_modes() {
+  std::vector<std::string> names;
+  for (const Mode& m : kModes) names.emplace_back(m.name);
+  return names;
+}
+
+int run_sampling_bench(const SamplingBenchOptions& options) {
+  SamplingBenchOptions o = options;
+  if (o.vocabs.empty()) o.vocabs = {128256, 152064};
+  if (o.batches.empty()) o.batches = {1, 8, 32};
+  if (o.modes.empty()) o.modes = sampling_bench_modes();
+  for (const std::string& name : o.modes) find_mode(name);  // unknown names fail before any work
+  for (int v : o.vocabs) DF_CHECK(v >= 1 && v <= (1 << 30), "bench sampling: vocab " + std::to_string(v) + " outside [1, 2^30]");
+  for (int b : o.batches) DF_CHECK(b >= 1 && b <= 4096, "bench sampling: batch " + std::to_string(b) + " outside [1, 4096]");
+  return cuda_device_available() ? run_gpu(o) : run_cpu(o);
+}
+
+}  // namespace deepfuse::bench
