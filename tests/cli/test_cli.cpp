@@ -212,6 +212,17 @@ TEST_F(Cli, BackendAndModelSourceProblems) {
   expect_bad_input(run_cli(scratch_, "bench decode --archs llama3.2-1b"), {"bench decode", "no CUDA device"});
 }
 
+// bench sampling: a table on any machine (the GPU kernel, or the CPU reference without one),
+// and a one-line error naming an unknown mode or an impossible size before any work.
+TEST_F(Cli, BenchSamplingRunsAndNamesBadArguments) {
+  const RunResult ok = run_cli(scratch_, "bench sampling --vocabs 1000 --batches 2 --modes greedy,top-k+top-p --reps 3");
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("top-k+top-p"), std::string::npos) << ok.out;
+  EXPECT_NE(ok.out.find(cuda_device_available() ? "us graph" : "reference"), std::string::npos) << ok.out;
+  expect_bad_input(run_cli(scratch_, "bench sampling --modes nucleus"), {"unknown mode 'nucleus'", "top-p"});
+  expect_bad_input(run_cli(scratch_, "bench sampling --vocabs 0 --modes greedy"), {"vocab 0"});
+}
+
 TEST_F(Cli, MakeModelWritesATokenizerTheConfigAgreesWith) {
   const Tokenizer tokenizer = Tokenizer::from_directory(model_);
   const ModelConfig config = load_model_config(model_);
