@@ -119,5 +119,10 @@ if has bench; then
   timeout 300 "$bin/deepfuse" bench qkv --json "$out/bench-qkv.json" >"$out/bench-qkv.txt" 2>"$out/bench-qkv.err"
   note "bench qkv: rc=$? ($((SECONDS - start)) s)"
   cat "$out/bench-qkv.txt"
+  start=$SECONDS
+  timeout 300 "$bin/deepfuse" bench sampling --json "$out/bench-sampling.json" >"$out/bench-sampling.txt" \
+    2>"$out/bench-sampling.err"
+  note "bench sampling: rc=$? ($((SECONDS - start)) s)"
+  cat "$out/bench-sampling.txt"
 fi
 cat "$summary"
