@@ -7,8 +7,9 @@
 // Work split. Each sequence gets a cluster of C blocks (C = 16 while the batch's clusters of 16
 // fit on the GPU at once, else 8; C = 1 before Hopper). Block r of the cluster owns 1/C of the vocabulary, split further into one
 // contiguous segment per warp, read in rows of 32 consecutive ids (coalesced). The logits are
-// read from L2 once and then stay in L1 (38 KB per block at 152k / 16): every pass below re-reads
-// them on-chip. Blocks combine results through distributed shared memory and cluster barriers,
+// read from L2 once and then stay on-chip: in registers where a warp's segment has at most 20
+// rows (clusters of 16 up to 163840 ids), otherwise in L1 (76 KB per block at 152k / 8), which
+// every pass below re-reads. Blocks combine results through distributed shared memory and cluster barriers,
 // so one launch does everything with no host synchronisation and a fixed grid (batch x C).
 //
 // Passes (each a sweep over the block's logits, then a cluster exchange):
@@ -134,19 +135,6 @@ struct Sequence {
         const int id = warp_begin + i * 32 + lane;
         if (id < vocab) f(id, __ldg(logits + id));
       }
-    }
-  }
-
-  // Row i's logit of this lane (i < rows, id < vocab), for scans that walk the rows in order.
-  __device__ __forceinline__ float row_logit(int i) const {
-    if constexpr (R > 0) {
-      float v = 0.0f;
-#pragma unroll
-      for (int j = 0; j < R; ++j)
-        if (j == i) v = cached[j];  // a select chain: a dynamic index would put `cached` in local memory
-      return v;
-    } else {
-      return __ldg(logits + warp_begin + i * 32 + lane);
     }
   }
 };
@@ -417,7 +405,7 @@ __device__ __forceinline__ int find_in_id_order(SharedStorage<C>& s, const Seq& 
         for (int i = 0; i < q.rows && found < 0; ++i) {  // `found` is warp-uniform
           const int row_begin = q.warp_begin + i * 32;
           const int id = row_begin + q.lane;
-          const double x = id < q.vocab ? weight(id, q.row_logit(i)) : 0.0;
+          const double x = id < q.vocab ? weight(id, __ldg(q.logits + id)) : 0.0;
           const double inclusive = warp_inclusive_scan(x, q.lane);
           const unsigned over = __ballot_sync(kFullMask, x > 0.0 && carry + inclusive > goal);
           const unsigned positive = __ballot_sync(kFullMask, x > 0.0);
