@@ -92,7 +92,10 @@ int run_gpu(const SamplingBenchOptions& o) {
         params.workspace = workspace.data();
         params.batch = batch;
         params.vocab = vocab;
-        auto call = [&](int) { DF_CHECK_CUDA(kernels::launch_sampling(params, stream)); };
+        auto call = [&](int) {
+          DF_CHECK_CUDA(o.cluster_size > 0 ? kernels::launch_sampling_with_cluster_size(params, o.cluster_size, stream)
+                                           : kernels::launch_sampling(params, stream));
+        };
         const double stream_us = median_call_us(call, o.warmup, o.repetitions, stream);
         const double graph_us = median_graph_call_us(call, 20, std::max(5, o.repetitions / 10), stream);
         DF_CHECK_CUDA(cudaStreamSynchronize(stream));

@@ -11,6 +11,7 @@ struct SamplingBenchOptions {
   std::vector<int> vocabs;       // default: 128256 (Llama 3), 152064 (Qwen2.5)
   std::vector<int> batches;      // default: 1, 8, 32
   std::vector<std::string> modes;  // names from sampling_bench_modes(); default: all
+  int cluster_size = 0;  // 0: the launcher's choice; 1, 4, 8, 16: forced (compare choices)
   int repetitions = 200;
   int warmup = 20;
   std::string json_path;  // empty: no JSON

@@ -88,6 +88,8 @@ void register_bench_sampling(CLI::App& bench, Action& action) {
   std::string mode_names;
   for (const auto& m : bench::sampling_bench_modes()) mode_names += (mode_names.empty() ? "" : ",") + m;
   sampling->add_option("--modes", options->modes, "parameter sets (default all: " + mode_names + ")")->delimiter(',');
+  sampling->add_option("--cluster", options->cluster_size, "force blocks per sequence: 1, 4, 8 or 16 (default: the launcher's)")
+      ->check(CLI::IsMember({0, 1, 4, 8, 16}));
   sampling->add_option("--reps", options->repetitions, "timed calls per case (median)")->check(CLI::PositiveNumber);
   sampling->add_option("--json", options->json_path, "write the rows as JSON to this file");
   sampling->callback([options, &action] { action = [options] { return bench::run_sampling_bench(*options); }; });

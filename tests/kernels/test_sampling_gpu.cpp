@@ -125,7 +125,7 @@ Draws run_draws(const std::vector<float>& logits, int vocab, const std::vector<S
   return draws;
 }
 
-const std::vector<int> kClusterSizes = {1, 8, 16};
+const std::vector<int> kClusterSizes = {1, 4, 8, 16};
 
 // Runs `steps` draws per slot for every cluster size and checks them against the reference.
 void expect_matches_reference(const std::vector<float>& logits, int vocab, const std::vector<SamplingSlot>& slots,
@@ -196,7 +196,7 @@ TEST(SamplingGpu, GreedyIsTheArgmaxWithTheLowestIdOnTies) {
       }
       std::vector<SamplingSlot> slots;
       for (int b = 0; b < batch; ++b) slots.push_back(make_slot(Spec{b == 1 ? -1.0f : 0.0f, 50, 0.9f, 0.1f}, rng(), 7));
-      for (int cluster : {kAutoCluster, 1, 8, 16}) {
+      for (int cluster : {kAutoCluster, 1, 4, 8, 16}) {
         const Draws draws = run_draws(logits, vocab, slots, 2, cluster);
         if (!draws.supported) continue;
         for (int s = 0; s < 2; ++s) {

@@ -35,12 +35,12 @@ struct SamplingParams {
 // memory. Callers still allocate what it returns, so a later version may need some.
 size_t sampling_workspace_bytes(int batch, int vocab);
 
-// One launch, grid batch x C blocks in clusters of C (16 or 8 on Hopper, 1 before it); the ids
+// One launch, grid batch x C blocks in clusters of C (16, 8 or 4 on Hopper, 1 before it); the ids
 // and the slots' steps are written by the kernel. cudaErrorInvalidValue on null pointers, batch
 // < 1 or vocab outside [1, 2^30]. Inverse-CDF order: ascending token id, as reference::sample.
 cudaError_t launch_sampling(const SamplingParams& params, cudaStream_t stream);
 
-// Tests and benchmarks: the same kernel with a given cluster size (1, 8 or 16);
+// Tests and benchmarks: the same kernel with a given cluster size (1, 4, 8 or 16);
 // cudaErrorNotSupported when the device cannot run it.
 cudaError_t launch_sampling_with_cluster_size(const SamplingParams& params, int cluster_size, cudaStream_t stream);
 
