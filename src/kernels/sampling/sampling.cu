@@ -5,7 +5,7 @@
 // bytes: docs/kernels/sampling.md.
 //
 // Work split. Each sequence gets a cluster of C blocks (C = 16 while the batch's clusters of 16
-// fit on the GPU at once, else 8 while those fit, else 4; C = 1 before Hopper). Block r of the
+// fit on the GPU at once, else 8 up to two waves of them, else 4; C = 1 before Hopper). Block r of the
 // cluster owns 1/C of the vocabulary, split further into one contiguous segment per warp, read
 // in rows of 32 consecutive ids (coalesced). The logits are read from L2 once and then stay
 // on-chip: in registers where a warp's segment has at most 20 rows (clusters of 16 up to 163840
@@ -607,15 +607,17 @@ cudaError_t launch_sampling(const SamplingParams& params, cudaStream_t stream) {
   if (!valid(params)) return cudaErrorInvalidValue;
   ClusterSupport support;
   if (cudaError_t e = cluster_support(support); e != cudaSuccess) return e;
-  // The largest cluster whose batch fits the GPU in one wave: 16 blocks per sequence, then 8, then
-  // 4 (fewer blocks per sequence, one wave, beat more of them in two; measured on the H200, batch
-  // 32: 27.3 -> 17.0 us greedy, 176 -> 132 us top-k + top-p over 128256 ids, docs).
-  const int cluster = params.batch <= support.clusters_of_16 ? 16
-                      : params.batch <= support.clusters_of_8 ? 8
-                      : support.clusters_of_4 > 0             ? 4
-                      : support.clusters_of_8 > 0             ? 8
-                      : support.clusters_of_16 > 0            ? 16
-                                                              : 1;
+  // 16 blocks per sequence while the batch's clusters of 16 fit the GPU at once; then 8 while
+  // they take at most two waves; then 4 (one wave up to ~32 sequences). Measured on the H200
+  // (docs/kernels/sampling.md): batch 16 runs faster in two waves of 8 (temperature 49.7 vs 64.9
+  // us over 128256 ids), batch 32 in one wave of 4 (three of 8: greedy 27.3 -> 16.7 us, top-k +
+  // top-p 176 -> 130 us).
+  const int cluster = params.batch <= support.clusters_of_16    ? 16
+                      : params.batch <= 2 * support.clusters_of_8 ? 8
+                      : support.clusters_of_4 > 0                 ? 4
+                      : support.clusters_of_8 > 0                 ? 8
+                      : support.clusters_of_16 > 0                ? 16
+                                                                  : 1;
   return launch_sampling_with_cluster_size(params, cluster, stream);
 }
 
