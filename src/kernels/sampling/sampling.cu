@@ -5,9 +5,9 @@
 // bytes: docs/kernels/sampling.md.
 //
 // Work split. Each sequence gets a cluster of C blocks (C = 16 while the batch's clusters of 16
-// fit on the GPU at once, else 8 up to two waves of them, else 4; C = 1 before Hopper). Block r of the
-// cluster owns 1/C of the vocabulary, split further into one contiguous segment per warp, read
-// in rows of 32 consecutive ids (coalesced). The logits are read from L2 once and then stay
+// fit on the GPU at once, else 8 up to two waves of them, else 4; C = 1 before Hopper). Block r
+// of the cluster owns 1/C of the vocabulary, split further into one contiguous segment per warp,
+// read in rows of 32 consecutive ids (coalesced). The logits are read from L2 once and then stay
 // on-chip: in registers where a warp's segment has at most 20 rows (clusters of 16 up to 163840
 // ids), otherwise in L1 (76 KB per block at 152k / 8), which every pass below re-reads. Blocks
 // combine results through distributed shared memory and cluster barriers,
