@@ -144,7 +144,9 @@ TEST(SmallKernelChecks, SamplingRejectsBadArguments) {
   p = valid_sampling(), p.batch = 0, expect_invalid(p, "batch 0");
   p = valid_sampling(), p.vocab = 0, expect_invalid(p, "empty vocabulary");
   p = valid_sampling(), p.vocab = (1 << 30) + 1, expect_invalid(p, "vocabulary beyond 2^30");
-  EXPECT_EQ(kernels::launch_sampling_with_cluster_size(valid_sampling(), 4, nullptr), cudaErrorInvalidValue);
+  for (int unsupported : {0, 2, 32})  // 1, 4, 8 and 16 are the sizes there are kernels for
+    EXPECT_EQ(kernels::launch_sampling_with_cluster_size(valid_sampling(), unsupported, nullptr), cudaErrorInvalidValue)
+        << "cluster size " << unsupported;
   EXPECT_EQ(kernels::sampling_workspace_bytes(8, 152064), 0u);
 }
 
