@@ -20,6 +20,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -316,16 +317,24 @@ cudaError_t launch(void (*kernel)(Params, int), const Params& params, int units,
 // Measured in the decode step (docs/kernels/qkv_rope_fused.md, "Spread grids"): Llama-3-8B 0.8-0.9%
 // faster at batch 1 and 8 and 2.2-3.9% at 16, Qwen2.5-7B 0.3-1.7% at 1 and 8 (equal at 16);
 // Llama-3.2-1B (inner 2048) lost 1.3% at batch 8 with its QKV spread, and keeps the packed grid.
+// At one token a grid whose packed blocks already fall evenly on the SMs (the fullest at most 10%
+// above the mean: Llama-3-8B's QKV, 48 units, and o_proj, 32) stays packed. A/B in one run, three
+// rounds, Llama-3-8B batch 1 / 512: 4.015-4.018 ms spread, 3.992-3.993 packed (and 4.065-4.067 /
+// 4.042-4.046 on a second machine). Qwen2.5-7B's 36 and 28 units fall unevenly (38% and 18% above
+// the mean) and keep the spread, 0.9% faster there (docs/kernels/qkv_rope_fused.md).
 template <typename LaunchInstance>
-cudaError_t dispatch(int tokens, int inner, LaunchInstance&& launch_instance) {
-  int device = 0, major = 0;
+cudaError_t dispatch(int tokens, int inner, int units, LaunchInstance&& launch_instance) {
+  int device = 0, major = 0, sms = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) return e;
   const bool clusters = major >= 9 && inner / 16 >= kMaxCluster;
+  const double packed_per_sm = static_cast<double>(units) * kMaxCluster / sms;
+  const bool packed_is_even = std::ceil(packed_per_sm) <= 1.1 * packed_per_sm;
   using std::integral_constant;
   auto with_tiles = [&](auto nt) {
     if (!clusters) return launch_instance(nt, integral_constant<int, 1>{}, false);
-    if (decltype(nt)::value <= 2 && inner >= kSpreadMinInner && spread_enabled()) {
+    if (decltype(nt)::value <= 2 && inner >= kSpreadMinInner && spread_enabled() && !(tokens == 1 && packed_is_even)) {
       cudaError_t e = launch_instance(nt, integral_constant<int, 8>{}, true);
       if (e == cudaErrorCooperativeLaunchTooLarge) e = launch_instance(nt, integral_constant<int, 6>{}, true);
       if (e != cudaErrorCooperativeLaunchTooLarge) return e;

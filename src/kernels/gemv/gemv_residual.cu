@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kThreads) gemv_residual_kernel(const GemvResid
 
 template <int kUnitRows>
 cudaError_t launch_for_unit(const GemvResidualParams& p, cudaStream_t stream) {
-  return cluster_gemv::dispatch(p.tokens, p.inner, [&](auto nt, auto c, bool spread) {
+  return cluster_gemv::dispatch(p.tokens, p.inner, p.rows / kUnitRows, [&](auto nt, auto c, bool spread) {
     constexpr int NT = decltype(nt)::value, C = decltype(c)::value;
     return cluster_gemv::launch<NT, kUnitRows, C>(gemv_residual_kernel<NT, kUnitRows, C>, p, p.rows / kUnitRows,
                                                   p.inner, stream, spread);
