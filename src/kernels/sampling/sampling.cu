@@ -91,6 +91,13 @@ __device__ __forceinline__ bool beats(float value, int id, float other_value, in
   return value > other_value || (value == other_value && id < other_id);
 }
 
+// Rows of 32 ids in each warp's segment: the vocabulary cut into one contiguous segment per warp
+// of the cluster. The kernel lays the segments out by it, and the launcher picks Sequence<R> by it.
+__host__ __device__ constexpr int rows_per_warp(int vocab, int cluster_size) {
+  const int segments = cluster_size * kWarps;
+  return ((vocab + segments - 1) / segments + 31) / 32;
+}
+
 // One sequence as this thread sees it: its warp's segment of the vocabulary, in rows of 32 ids.
 // R > 0 (segments of at most R rows): the thread's logits live in registers, read once with every
 // load in flight together; R = 0: each pass re-reads them through L1. Every function that takes
@@ -429,10 +436,8 @@ __device__ __forceinline__ Sequence<R> sequence_view(const SamplingParams& p, in
   q.logits = p.logits + static_cast<size_t>(sequence) * p.vocab;
   q.vocab = p.vocab;
   q.lane = threadIdx.x % 32, q.warp = threadIdx.x / 32, q.rank = blockIdx.x % C;
-  const int segments = C * kWarps;
-  const int segment = ((p.vocab + segments - 1) / segments + 31) / 32 * 32;
-  q.warp_begin = (q.rank * kWarps + q.warp) * segment;
-  q.rows = segment / 32;
+  q.rows = rows_per_warp(p.vocab, C);
+  q.warp_begin = (q.rank * kWarps + q.warp) * q.rows * 32;
   q.temperature = temperature;
   q.max_logit = 0.0f;
   q.load();
@@ -520,12 +525,6 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(SamplingParams p) {
 }
 
 // ---- Host side.
-// Rows of 32 ids per warp segment, as the kernel cuts the vocabulary.
-int rows_per_warp(int vocab, int cluster_size) {
-  const int segments = cluster_size * kWarps;
-  return ((vocab + segments - 1) / segments + 31) / 32;
-}
-
 // Segments of up to this many rows keep their logits in registers (Sequence<R>): 128256 and
 // 152064 ids in clusters of 16 take 16 and 19 rows.
 constexpr int kRegisterRows = 20;
