@@ -39,16 +39,19 @@ const Mode& find_mode(const std::string& name) {
 }
 
 // Logits shaped like a language model's: a broad normal body (std 2.5) and a few dozen ids per
-// row lifted 8-14 above it, so top-p and min-p keep a handful of tokens, as they usually do.
+// row lifted 8-14 above it, so top-p and min-p keep a handful of tokens, as they usually do. Each
+// row has its own generator, so a row is the same whatever other batch sizes the run measures.
 std::vector<float> model_like_logits(int rows, int vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> body(0.0f, 2.5f);
-  std::uniform_int_distribution<int> id(0, vocab - 1);
-  std::uniform_real_distribution<float> lift(8.0f, 14.0f);
   std::vector<float> logits(static_cast<size_t>(rows) * vocab);
-  for (float& v : logits) v = body(rng);
-  for (int r = 0; r < rows; ++r)
-    for (int i = 0; i < 32; ++i) logits[static_cast<size_t>(r) * vocab + id(rng)] += lift(rng);
+  for (int r = 0; r < rows; ++r) {
+    std::mt19937_64 rng(seed + r);
+    std::normal_distribution<float> body(0.0f, 2.5f);  // per row too: it caches a second value
+    std::uniform_int_distribution<int> id(0, vocab - 1);
+    std::uniform_real_distribution<float> lift(8.0f, 14.0f);
+    float* row = logits.data() + static_cast<size_t>(r) * vocab;
+    for (int i = 0; i < vocab; ++i) row[i] = body(rng);
+    for (int i = 0; i < 32; ++i) row[id(rng)] += lift(rng);
+  }
   return logits;
 }
 
