@@ -28,7 +28,7 @@
 // as a transformer block's post-attention norm feeds it. fused multiplies the norm weight into
 // its packed gate/up columns once at load (x·(W∘w)^T = (x∘w)·W^T; one extra bf16 rounding of
 // those weights) and scales the sums by 1/rms(x) inside its one launch; naive and unfused run one
-// extra norm launch. (v1 multiplied x by the weight per k-step: 8-20% slower, bench mlp --norm.)
+// extra norm launch, unless unfused is asked to fold the norm as fused does (MlpNorm). (v1 multiplied x by the weight per k-step: 8-20% slower, bench mlp --norm.)
 //
 // Aliasing: y may alias residual (in-place residual add). x must not alias y, except with an
 // MlpNorm, where x, residual and y may all be the residual stream (y = x + mlp(norm(x))).
@@ -80,6 +80,10 @@ struct FusedMlpTuning {
 struct MlpNorm {
   const __nv_bfloat16* weight = nullptr;  // [H]
   float eps = 1e-6f;
+  // unfused only: multiply the weight into gate_up at load and scale by 1/rms(x) inside
+  // silu_and_mul, as the fused variant does (3 launches, the decode engine's choice), instead of
+  // a norm launch of its own (4 launches, as SGLang and vLLM run it).
+  bool fold_into_weights = false;
 };
 
 // Scratch memory of the cuBLASLt variants (naive, unfused) for up to max_tokens tokens per call:

@@ -170,16 +170,19 @@ void ForwardPass::unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_
                               const kernels::PagedKv& kv, cudaStream_t stream) {
   const int hidden = config_.hidden_size;
   const int qkv_width = config_.q_size() + 2 * config_.kv_size();
-  auto* normed = buffers_.normed.as<__nv_bfloat16>();
-  // 1. input RMSNorm
-  rms_norm(w.input_norm.as<__nv_bfloat16>(), 0, tokens, stream);
+  const auto* residual = buffers_.residual.as<__nv_bfloat16>();
+  // 1. input RMSNorm: folded into qkv's weights, 1/rms applied by rope_kv_append; or a launch
+  const bool folded = weights_.input_norms_folded;
+  if (!folded) rms_norm(w.input_norm.as<__nv_bfloat16>(), 0, tokens, stream);
+  const auto* qkv_input = folded ? residual : buffers_.normed.as<__nv_bfloat16>();
 
   // 2. merged QKV projection
-  gemm_.run(normed, w.qkv.as<__nv_bfloat16>(), nullptr, buffers_.qkv.as<__nv_bfloat16>(), tokens, qkv_width, hidden,
-            stream);
+  gemm_.run(qkv_input, w.qkv.as<__nv_bfloat16>(), nullptr, buffers_.qkv.as<__nv_bfloat16>(), tokens, qkv_width,
+            hidden, stream);
 
-  // 3. bias, RoPE, and the keys and values appended to the cache
+  // 3. (1/rms,) bias, RoPE, and the keys and values appended to the cache
   kernels::RopeKvAppendParams rope;
+  if (folded) rope.input_norm = {residual, hidden, static_cast<float>(config_.rms_norm_eps)};
   rope.qkv = buffers_.qkv.as<__nv_bfloat16>();
   rope.qkv_bias = w.qkv_bias.empty() ? nullptr : w.qkv_bias.as<__nv_bfloat16>();
   rope.inv_freq = weights_.rope_inv_freq.as<float>();
@@ -268,11 +271,12 @@ void ForwardPass::sample(int first_entry, int batch, cudaStream_t stream) {
 }
 
 int ForwardPass::launches_per_layer(int attention_launches, int decode_batch) const {
-  // [norm, QKV GEMM, rope_kv_append] or the fused QKV kernel, attention, o_proj (the cluster GEMV,
-  // or cuBLASLt, counted as one although a split-K algorithm adds a reduction kernel), MLP (+ its norm)
+  // [norm (unless folded), QKV GEMM, rope_kv_append] or the fused QKV kernel, attention, o_proj
+  // (the cluster GEMV, or cuBLASLt, counted as one although a split-K algorithm adds a reduction
+  // kernel), MLP (+ its norm unless folded)
   const GpuLayerWeights& w = weights_.layers.front();
   const bool fused_front = decode_batch >= 1 && uses_fused_front(decode_batch);
-  const int front = fused_front ? 1 : 3;
+  const int front = fused_front ? 1 : (weights_.input_norms_folded ? 2 : 3);
   return front + attention_launches + 1 + w.mlp_for(decode_batch).launches_per_call(true);
 }
 

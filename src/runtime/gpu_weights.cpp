@@ -15,6 +15,7 @@
 #include "kernels/gemv/packing.cuh"
 #include "kernels/qkv/qkv_rope_fused.cuh"
 #include "kernels/fill.cuh"
+#include "kernels/norm/folded_norm.cuh"
 #include "model/float16.hpp"
 #include "runtime/ab_switch.hpp"
 #include "runtime/pinned_buffer.hpp"
@@ -50,9 +51,18 @@ std::string gib(size_t bytes) {
   return text;
 }
 
-// The MLP normalises its input with the layer's post-attention RMSNorm (uploaded before the MLP).
-MlpNorm post_attention_norm(const GpuLayerWeights& layer, const ModelConfig& config) {
-  return {layer.post_attention_norm.as<__nv_bfloat16>(), static_cast<float>(config.rms_norm_eps)};
+// Whether the unfused paths fold their RMSNorms into the weights (kernels/norm/folded_norm.cuh).
+// Measured on H200: see docs/runtime.md. DEEPFUSE_FOLD_NORMS=0 keeps the norm launches, for A/B.
+bool folds_norms() {
+  static const bool fold = ab_switch("DEEPFUSE_FOLD_NORMS", 1) != 0;
+  return fold;
+}
+
+// The MLP normalises its input with the layer's post-attention RMSNorm (uploaded before the MLP);
+// an unfused MLP folds it into its weights as the fused one does.
+MlpNorm post_attention_norm(const GpuLayerWeights& layer, const ModelConfig& config, MlpVariant variant) {
+  return {layer.post_attention_norm.as<__nv_bfloat16>(), static_cast<float>(config.rms_norm_eps),
+          variant == MlpVariant::unfused && folds_norms()};
 }
 
 // The decode kernels' fragment-packed copies of qkv and (when the GEMV runs it) o_proj,
@@ -67,6 +77,18 @@ void pack_decode_projections(GpuLayerWeights& layer, const ModelConfig& config, 
   layer.o_proj_packed = DeviceBuffer(layer.o_proj.bytes());
   DF_CHECK_CUDA(kernels::pack_rows_fragments(layer.o_proj.as<__nv_bfloat16>(), layer.o_proj_packed.as<uint4>(),
                                              static_cast<int>(s.hidden), static_cast<int>(s.q), stream));
+}
+
+// After a layer's attention weights are uploaded: the decode kernels' packed copies (from the
+// plain qkv), then the input norm's weight folded into the row-major qkv the unfused front reads.
+void prepare_attention_weights(GpuLayerWeights& layer, const ModelConfig& config, MlpVariant mlp_variant,
+                               cudaStream_t stream) {
+  if (uses_fused_qkv(config, mlp_variant)) pack_decode_projections(layer, config, mlp_variant, stream);
+  if (!folds_norms()) return;
+  const LayerSizes s(config);
+  DF_CHECK_CUDA(kernels::launch_fold_norm_weight(layer.qkv.as<__nv_bfloat16>(), static_cast<int>(s.qkv_rows()),
+                                                 static_cast<int>(s.hidden), layer.input_norm.as<__nv_bfloat16>(),
+                                                 stream));
 }
 
 // Every buffer of a layer except the MLP, allocated in its final size (contents undefined).
@@ -112,14 +134,13 @@ class MlpBuilder {
   }
   void build(GpuLayerWeights& layer, const MlpStaging& staging, cudaStream_t stream) const {
     const MlpShape shape = mlp_shape(config_);
-    const MlpNorm norm = post_attention_norm(layer, config_);
     const int first_max_tokens = plan_.unfused_copy() ? plan_.fused_max_tokens : plan_.max_tokens;
     layer.mlp = std::make_unique<MlpLayer>(plan_.variant, shape, first_max_tokens, scratch_);
     if (plan_.variant == MlpVariant::fused) layer.mlp->set_fused_tuning({.programmatic_launch = true});
-    layer.mlp->load_weights(staging.view(), stream, norm);
+    layer.mlp->load_weights(staging.view(), stream, post_attention_norm(layer, config_, plan_.variant));
     if (!plan_.unfused_copy()) return;
     layer.mlp_unfused = std::make_unique<MlpLayer>(MlpVariant::unfused, shape, plan_.max_tokens, scratch_);
-    layer.mlp_unfused->load_weights(staging.view(), stream, norm);
+    layer.mlp_unfused->load_weights(staging.view(), stream, post_attention_norm(layer, config_, MlpVariant::unfused));
   }
 
  private:
@@ -336,9 +357,10 @@ GpuWeights load_checkpoint_weights(const Checkpoint& checkpoint, const ModelConf
     uploader.upload(p + "mlp.up_proj.weight", staging.up);
     uploader.upload(p + "mlp.down_proj.weight", staging.down);
     mlp_builder.build(layer, staging, stream);
-    if (uses_fused_qkv(config, mlp.variant)) pack_decode_projections(layer, config, mlp.variant, stream);
+    prepare_attention_weights(layer, config, mlp.variant, stream);
     w.layers.push_back(std::move(layer));
   }
+  w.input_norms_folded = folds_norms();
   w.final_norm = DeviceBuffer(bf16_bytes(s.hidden));
   uploader.upload("model.norm.weight", w.final_norm);
   if (!config.tie_word_embeddings) {
@@ -372,9 +394,10 @@ GpuWeights make_random_weights(const ModelConfig& config, const MlpPlan& mlp, ui
     fill.linear(staging.up, config.hidden_size);
     fill.linear(staging.down, config.intermediate_size);
     mlp_builder.build(layer, staging, stream);
-    if (uses_fused_qkv(config, mlp.variant)) pack_decode_projections(layer, config, mlp.variant, stream);
+    prepare_attention_weights(layer, config, mlp.variant, stream);
     w.layers.push_back(std::move(layer));
   }
+  w.input_norms_folded = folds_norms();
   w.final_norm = DeviceBuffer(bf16_bytes(s.hidden));
   fill.ones(w.final_norm);
   if (!config.tie_word_embeddings) {

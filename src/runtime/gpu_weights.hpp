@@ -8,6 +8,9 @@
 //   Llama attention_bias); o_proj [H, q_size]; o_bias [H]; post_attention_norm [H]; the MLP in
 //   MlpLayer's layout for the chosen variant (fragment-packed for fused), plus an unfused copy
 //   for large steps when MlpPlan::unfused_copy().
+//   Norms folded (unless DEEPFUSE_FOLD_NORMS=0, an A/B switch): the row-major qkv holds
+//   input_norm's weight in its columns and every unfused MLP (the copy, or the unfused variant)
+//   post_attention_norm's in gate_up, so those paths need no norm launch (folded_norm.cuh).
 //   qkv_packed, o_proj_packed: with the fused MLP variant, fragment-packed copies for the decode
 //   kernels (kernels/qkv/qkv_rope_fused.cuh, kernels/gemv/gemv_residual.cuh); prefill keeps using
 //   the row-major copies with cuBLASLt.
@@ -65,6 +68,7 @@ struct GpuWeights {
   DeviceBuffer final_norm;
   DeviceBuffer lm_head;  // empty when tie_word_embeddings
   DeviceBuffer rope_inv_freq;
+  bool input_norms_folded = false;  // every layer's row-major qkv holds its input_norm weight
 
   const __nv_bfloat16* lm_head_weights() const {
     return lm_head.empty() ? embed_tokens.as<__nv_bfloat16>() : lm_head.as<__nv_bfloat16>();

@@ -192,7 +192,8 @@ TEST(FusedMlp, InPlaceResidual) {
 }
 
 // The post-attention RMSNorm folded in, run in place on the residual stream as a decode step
-// does: stream = stream + mlp(rms_norm(stream) * weight), for every variant, across cluster sizes
+// does: stream = stream + mlp(rms_norm(stream) * weight), for every variant (unfused also with
+// the norm folded into its weights, 1/rms applied by silu_and_mul), across cluster sizes
 // and token counts that need several passes (the per-pass sums of squares are reset between).
 TEST(MlpLayer, FoldedRmsNormInPlaceOnTheResidualStream) {
   DF_REQUIRE_GPU();
@@ -211,10 +212,14 @@ TEST(MlpLayer, FoldedRmsNormInPlaceOnTheResidualStream) {
       reference::swiglu_mlp(normed.data(), c.gate.data(), c.up.data(), c.down.data(), c.x.data(), ref.data(), tokens,
                             shape.hidden, shape.intermediate);
       for (MlpVariant v : {MlpVariant::naive, MlpVariant::unfused, MlpVariant::fused}) {
-        for (int cluster : v == MlpVariant::fused ? std::vector<int>{1, 4, 8} : std::vector<int>{0}) {
+        // unfused runs twice: with its own norm launch (cluster 0) and with the norm folded (-1)
+        const std::vector<int> settings = v == MlpVariant::fused     ? std::vector<int>{1, 4, 8}
+                                          : v == MlpVariant::unfused ? std::vector<int>{0, -1}
+                                                                     : std::vector<int>{0};
+        for (int cluster : settings) {
           MlpLayer layer(v, shape, c.max_tokens);
-          layer.load_weights(c.weights(), nullptr, MlpNorm{norm_dev.as<__nv_bfloat16>(), eps});
-          if (cluster) layer.set_fused_tuning({0, cluster, false});
+          layer.load_weights(c.weights(), nullptr, MlpNorm{norm_dev.as<__nv_bfloat16>(), eps, cluster < 0});
+          if (cluster > 0) layer.set_fused_tuning({0, cluster, false});
           std::vector<float> stream_values(c.x.begin(), c.x.begin() + normed.size());
           DeviceBuffer stream = DeviceBuffer::from_host(to_bf16_bits(stream_values));
           auto* s = stream.as<__nv_bfloat16>();

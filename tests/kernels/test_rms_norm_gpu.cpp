@@ -1,15 +1,18 @@
 // RMSNorm and add + RMSNorm against reference::rms_norm / reference::add_rms_norm (with the
 // residual rounded to bf16, as the kernel stores it) on fresh random rows, outputs poisoned with
-// NaN. The residual must be updated in place exactly (add) or left untouched (plain norm).
+// NaN. The residual must be updated in place exactly (add) or left untouched (plain norm). Also
+// the load-time half of a folded norm: the weight multiplied into a matrix's columns, bit-exact.
 #include <gtest/gtest.h>
 
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "deepfuse/bf16.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/reference.hpp"
 #include "deepfuse/tensor.hpp"
+#include "kernels/norm/folded_norm.cuh"
 #include "kernels/norm/rms_norm.cuh"
 #include "test_util.hpp"
 
@@ -135,6 +138,24 @@ TEST(AddRmsNormGpu, WithoutXIsThePlainNorm) {
     EXPECT_EQ(testing::count_nan(gpu.out), 0u);
     EXPECT_LT(testing::relative_error(gpu.out, widen(expected)), kTolerance) << hidden;
     EXPECT_EQ(first_difference(gpu.residual, c.residual), -1) << hidden << ": residual modified";
+  }
+}
+
+// Each product is one fp32 multiply of two bf16 values, rounded once: bit-exact against the host.
+TEST(FoldNormWeightGpu, MultipliesEveryColumnByItsWeight) {
+  DF_REQUIRE_GPU();
+  auto rng = testing::make_rng(505);
+  for (auto [rows, cols] : {std::pair{1, 8}, std::pair{3, 904}, std::pair{6144, 4096}}) {
+    const std::vector<float> matrix = random_bf16(rng, static_cast<size_t>(rows) * cols, 0.05f);
+    const std::vector<float> weight = random_bf16(rng, cols, 0.5f, 1.0f);
+    DeviceBuffer matrix_dev = DeviceBuffer::from_host(to_bf16_bits(matrix));
+    const DeviceBuffer weight_dev = DeviceBuffer::from_host(to_bf16_bits(weight));
+    DF_CHECK_CUDA(kernels::launch_fold_norm_weight(matrix_dev.as<__nv_bfloat16>(), rows, cols,
+                                                   weight_dev.as<__nv_bfloat16>(), nullptr));
+    DF_CHECK_CUDA(cudaDeviceSynchronize());
+    const auto folded = bf16_bits_to_floats(matrix_dev.to_host<uint16_t>(matrix.size()));
+    for (size_t i = 0; i < matrix.size(); ++i)
+      ASSERT_EQ(folded[i], round_to_bf16(matrix[i] * weight[i % cols])) << rows << "x" << cols << " element " << i;
   }
 }
 

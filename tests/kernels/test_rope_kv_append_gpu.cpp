@@ -2,10 +2,12 @@
 // sequences at different positions (position 0, page boundaries, a prefill run), a padded token,
 // pages a random permutation, GQA, head_dim 64 / 72 / 128, default and llama3 rope frequencies.
 // q_out is poisoned with NaN; the caches are filled with a sentinel, and every slot that should
-// not be written must still hold it.
+// not be written must still hold it. Also with a folded input norm: every token's values scaled by
+// 1/rms of its own residual row before the bias.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <random>
 #include <string>
@@ -32,7 +34,15 @@ struct RopeCase {
   int q_heads, kv_heads, head_dim;
   bool bias;
   reference::RopeParams rope;
+  int norm_hidden = 0;  // > 0: a folded input norm over residual rows this wide
 };
+
+// 1/sqrt(mean(row^2) + eps), the scale a folded norm applies.
+double inverse_rms(const float* row, int hidden, double eps) {
+  double sum = 0.0;
+  for (int i = 0; i < hidden; ++i) sum += static_cast<double>(row[i]) * row[i];
+  return 1.0 / std::sqrt(sum / hidden + eps);
+}
 
 struct Token {
   int sequence, position;
@@ -67,6 +77,9 @@ void run_case(const RopeCase& c, uint64_t salt) {
   std::vector<float> bias = c.bias ? testing::random_uniform(rng, width, 0.5f) : std::vector<float>(width, 0.0f);
   for (float& v : qkv) v = round_to_bf16(v);
   for (float& v : bias) v = round_to_bf16(v);
+  constexpr float kEps = 1e-5f;
+  std::vector<float> residual = testing::random_uniform(rng, static_cast<size_t>(count) * c.norm_hidden, 3.0f);
+  for (float& v : residual) v = round_to_bf16(v);
   std::vector<int32_t> block_table(num_pages);
   std::iota(block_table.begin(), block_table.end(), 0);
   std::shuffle(block_table.begin(), block_table.end(), rng);
@@ -85,10 +98,13 @@ void run_case(const RopeCase& c, uint64_t salt) {
   DeviceBuffer q_out = DeviceBuffer::from_host(std::vector<uint16_t>(static_cast<size_t>(count) * c.q_heads * d, kNanBits));
   DeviceBuffer k_pages = DeviceBuffer::from_host(std::vector<uint16_t>(pool, kSentinelBits));
   DeviceBuffer v_pages = DeviceBuffer::from_host(std::vector<uint16_t>(pool, kSentinelBits));
+  DeviceBuffer residual_dev;
+  if (c.norm_hidden) residual_dev = DeviceBuffer::from_host(to_bf16_bits(residual));
 
   kernels::RopeKvAppendParams params;
   params.qkv = qkv_dev.as<__nv_bfloat16>();
   params.qkv_bias = c.bias ? bias_dev.as<__nv_bfloat16>() : nullptr;
+  if (c.norm_hidden) params.input_norm = {residual_dev.as<__nv_bfloat16>(), c.norm_hidden, kEps};
   params.inv_freq = inv_freq_dev.as<float>();
   params.positions = positions_dev.as<int32_t>();
   params.sequences = sequences_dev.as<int32_t>();
@@ -106,7 +122,8 @@ void run_case(const RopeCase& c, uint64_t salt) {
   const std::vector<float> q_gpu = bf16_bits_to_floats(q_out.to_host<uint16_t>(static_cast<size_t>(count) * c.q_heads * d));
   const std::vector<uint16_t> k_bits = k_pages.to_host<uint16_t>(pool), v_bits = v_pages.to_host<uint16_t>(pool);
 
-  // Reference: bias added in fp32 (as the kernel does), then rotated; padded tokens: zero q.
+  // Reference: scaled by a folded norm's 1/rms, bias added in fp32 (as the kernel does), then
+  // rotated; padded tokens: zero q.
   std::vector<double> q_ref(q_gpu.size(), 0.0), k_ref, v_ref;
   std::vector<float> k_gpu, v_gpu;
   std::vector<bool> written(pool, false);
@@ -115,7 +132,9 @@ void run_case(const RopeCase& c, uint64_t salt) {
   for (int t = 0; t < count; ++t) {
     if (tokens[t].position < 0) continue;
     std::vector<float> row(qkv.begin() + static_cast<size_t>(t) * width, qkv.begin() + static_cast<size_t>(t + 1) * width);
-    for (int i = 0; i < width; ++i) row[i] += bias[i];
+    const double scale =
+        c.norm_hidden ? inverse_rms(residual.data() + static_cast<size_t>(t) * c.norm_hidden, c.norm_hidden, kEps) : 1.0;
+    for (int i = 0; i < width; ++i) row[i] = static_cast<float>(row[i] * scale + bias[i]);
     reference::apply_rope(row.data(), c.q_heads, d, tokens[t].position, inv_freq);
     reference::apply_rope(row.data() + c.q_heads * d, c.kv_heads, d, tokens[t].position, inv_freq);
     for (int i = 0; i < c.q_heads * d; ++i) q_ref[static_cast<size_t>(t) * c.q_heads * d + i] = row[i];
@@ -134,8 +153,8 @@ void run_case(const RopeCase& c, uint64_t salt) {
   EXPECT_LT(testing::relative_error(q_gpu, q_ref), kTolerance) << c.name << ": q";
   EXPECT_LT(testing::relative_error(k_gpu, k_ref), kTolerance) << c.name << ": k in the cache";
   EXPECT_LT(testing::relative_error(v_gpu, v_ref), kTolerance) << c.name << ": v in the cache";
-  // v is only biased and rounded: one fp32 add and one rounding on both sides.
-  for (size_t i = 0; i < v_ref.size(); ++i)
+  // v is only biased and rounded: one fp32 add and one rounding on both sides (without a norm).
+  for (size_t i = 0; i < (c.norm_hidden ? 0 : v_ref.size()); ++i)
     ASSERT_EQ(v_gpu[i], round_to_bf16(static_cast<float>(v_ref[i]))) << c.name << ": v element " << i;
   for (int t = 0; t < count; ++t)
     if (tokens[t].position < 0)
@@ -164,6 +183,9 @@ TEST(RopeKvAppendGpu, MatchesReference) {
       {"d64 GQA 8/2 bias", 8, 2, 64, true, rope(64, 10000.0, false)},
       {"d64 MHA 4/4", 4, 4, 64, false, rope(64, 10000.0, true)},
       {"d72 (4-wide chunks) GQA 7/1 bias", 7, 1, 72, true, rope(72, 10000.0, false)},
+      {"folded norm, llama3 d128 GQA 32/8", 32, 8, 128, false, rope(128, 500000.0, true), 4096},
+      {"folded norm, qwen2 d128 bias GQA 28/4", 28, 4, 128, true, rope(128, 1000000.0, false), 3584},
+      {"folded norm, d72 GQA 7/1 bias", 7, 1, 72, true, rope(72, 10000.0, false), 904},
   };
   uint64_t salt = 601;
   for (const RopeCase& c : cases) run_case(c, salt++);

@@ -12,6 +12,8 @@
 #include "deepfuse/bf16.hpp"
 #include "deepfuse/reference.hpp"
 #include "kernels/embedding/embedding.cuh"
+#include "kernels/mlp/swiglu_elementwise.cuh"
+#include "kernels/norm/folded_norm.cuh"
 #include "kernels/norm/rms_norm.cuh"
 #include "kernels/rope_kv/rope_kv_append.cuh"
 #include "kernels/sampling/sampling.cuh"
@@ -121,6 +123,36 @@ TEST(SmallKernelChecks, RopeKvAppendRejectsBadArguments) {
   p = valid_rope(), p.q_out = fake<__nv_bfloat16>(0x1000000 + 256), expect_invalid(p, "q_out overlaps qkv");
   p = valid_rope(), p.qkv_bias = fake<const __nv_bfloat16>(0x9000008), expect_invalid(p, "misaligned bias");
   p = valid_rope(), p.kv.k_pages = fake<__nv_bfloat16>(0x6000004), expect_invalid(p, "misaligned k_pages");
+  const kernels::FoldedRmsNorm norm{fake<const __nv_bfloat16>(0xa000000), 4096, 1e-5f};
+  p = valid_rope(), p.input_norm = norm, p.input_norm.hidden = 12, expect_invalid(p, "norm hidden not a multiple of 8");
+  p = valid_rope(), p.input_norm = norm, p.input_norm.hidden = 0, expect_invalid(p, "norm hidden 0");
+  p = valid_rope(), p.input_norm = norm, p.input_norm.eps = -1.0f, expect_invalid(p, "negative norm eps");
+  p = valid_rope(), p.input_norm = norm, p.input_norm.input = fake<const __nv_bfloat16>(0xa000004),
+  expect_invalid(p, "misaligned norm input");
+  p = valid_rope(), p.input_norm = norm, p.tokens = 65536, p.q_out = fake<__nv_bfloat16>(0x40000000);
+  expect_invalid(p, "more tokens than grid rows");
+}
+
+TEST(SmallKernelChecks, FoldedNormConsumersRejectBadArguments) {
+  auto* gate_up = fake<const __nv_bfloat16>(0x1000000);
+  auto* act = fake<__nv_bfloat16>(0x2000000);
+  const kernels::FoldedRmsNorm norm{fake<const __nv_bfloat16>(0x3000000), 4096, 1e-5f};
+  auto bad = norm;
+  bad.hidden = 100;
+  EXPECT_EQ(kernels::silu_and_mul(gate_up, act, 4, 14336, nullptr, bad), cudaErrorInvalidValue) << "norm hidden";
+  bad = norm, bad.input = fake<const __nv_bfloat16>(0x3000002);
+  EXPECT_EQ(kernels::silu_and_mul(gate_up, act, 4, 14336, nullptr, bad), cudaErrorInvalidValue) << "misaligned";
+  EXPECT_EQ(kernels::silu_and_mul(gate_up, act, 65536, 64, nullptr, norm), cudaErrorInvalidValue) << "tokens";
+
+  auto* matrix = fake<__nv_bfloat16>(0x4000000);
+  auto* weight = fake<const __nv_bfloat16>(0x5000000);
+  EXPECT_EQ(kernels::launch_fold_norm_weight(nullptr, 4, 64, weight, nullptr), cudaErrorInvalidValue) << "null matrix";
+  EXPECT_EQ(kernels::launch_fold_norm_weight(matrix, 4, 64, nullptr, nullptr), cudaErrorInvalidValue) << "null weight";
+  EXPECT_EQ(kernels::launch_fold_norm_weight(matrix, 0, 64, weight, nullptr), cudaErrorInvalidValue) << "no rows";
+  EXPECT_EQ(kernels::launch_fold_norm_weight(matrix, 4, 60, weight, nullptr), cudaErrorInvalidValue) << "cols % 8";
+  EXPECT_EQ(kernels::launch_fold_norm_weight(matrix, 4, 64, fake<const __nv_bfloat16>(0x5000002), nullptr),
+            cudaErrorInvalidValue)
+      << "misaligned weight";
 }
 
 kernels::SamplingParams valid_sampling() {

@@ -70,6 +70,7 @@ struct MlpLayer::Impl {
   DeviceBuffer gate, up, gate_up, down;  // naive: gate, up, down; unfused: gate_up, down; fused: gate_up, down (packed)
   DeviceBuffer norm_weight;              // naive/unfused: their norm launch's weight
   bool normalize = false;
+  bool norm_folded = false;              // fused, and unfused asked to: the weight is in gate_up
   float norm_eps = 0.0f;
   std::shared_ptr<MlpScratch> scratch;   // naive/unfused
   DeviceBuffer accumulator, counters;    // fused reduction state
@@ -159,7 +160,7 @@ MlpShape MlpLayer::shape() const { return impl_->shape; }
 int MlpLayer::max_tokens() const { return impl_->max_tokens; }
 
 int MlpLayer::launches_per_call(bool with_residual) const {
-  const bool with_norm = impl_->normalize;
+  const bool with_norm = impl_->normalize && !impl_->norm_folded;
   switch (impl_->variant) {
     case MlpVariant::naive: return (with_residual ? 6 : 5) + (with_norm ? 1 : 0);
     case MlpVariant::unfused: return 3 + (with_norm ? 1 : 0);  // the residual rides in the down GEMM's epilogue
@@ -173,9 +174,12 @@ void MlpLayer::load_weights(const MlpHfWeights& w, cudaStream_t stream, const Ml
   Impl& s = *impl_;
   const size_t bytes = s.hi_bytes();
   const int H = s.shape.hidden, I = s.shape.intermediate;
+  DF_CHECK(!norm.fold_into_weights || s.variant == MlpVariant::unfused,
+           std::string("only the unfused MLP takes MlpNorm::fold_into_weights, not ") + mlp_variant_name(s.variant));
   s.normalize = norm.weight != nullptr;
+  s.norm_folded = s.normalize && (s.variant == MlpVariant::fused || norm.fold_into_weights);
   s.norm_eps = norm.eps;
-  if (s.normalize && s.variant != MlpVariant::fused) {
+  if (s.normalize && !s.norm_folded) {
     s.norm_weight = DeviceBuffer(static_cast<size_t>(H) * sizeof(__nv_bfloat16));
     DF_CHECK_CUDA(cudaMemcpyAsync(s.norm_weight.data(), norm.weight, s.norm_weight.bytes(), cudaMemcpyDeviceToDevice, stream));
   }
@@ -189,6 +193,8 @@ void MlpLayer::load_weights(const MlpHfWeights& w, cudaStream_t stream, const Ml
       DF_CHECK_CUDA(cudaMemcpyAsync(s.gate_up.data(), w.gate, bytes, cudaMemcpyDeviceToDevice, stream));
       DF_CHECK_CUDA(cudaMemcpyAsync(s.gate_up.as<char>() + bytes, w.up, bytes, cudaMemcpyDeviceToDevice, stream));
       DF_CHECK_CUDA(cudaMemcpyAsync(s.down.data(), w.down, bytes, cudaMemcpyDeviceToDevice, stream));
+      if (s.norm_folded)
+        DF_CHECK_CUDA(kernels::launch_fold_norm_weight(s.gate_up.as<__nv_bfloat16>(), 2 * I, H, norm.weight, stream));
       break;
     case MlpVariant::fused:
       DF_CHECK_CUDA(kernels::pack_swiglu_gate_up(w.gate, w.up, norm.weight, s.gate_up.as<uint4>(), H, I, stream));
@@ -210,7 +216,9 @@ void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_b
     return;
   }
   MlpScratch& scratch = *s.scratch;
-  if (s.normalize) {  // the baselines normalise in a launch of their own
+  kernels::FoldedRmsNorm folded_norm;  // applied by silu_and_mul
+  if (s.norm_folded) folded_norm = {x, H, s.norm_eps};
+  if (s.normalize && !s.norm_folded) {  // the baselines normalise in a launch of their own
     kernels::RmsNormParams n;
     n.residual = const_cast<__nv_bfloat16*>(x);  // only read by launch_rms_norm
     n.weight = s.norm_weight.as<__nv_bfloat16>();
@@ -240,7 +248,7 @@ void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_b
     return;
   }
   gemm.run(x, s.gate_up.as<__nv_bfloat16>(), nullptr, a, tokens, 2 * I, H, stream);
-  DF_CHECK_CUDA(kernels::silu_and_mul(a, b, tokens, I, stream));
+  DF_CHECK_CUDA(kernels::silu_and_mul(a, b, tokens, I, stream, folded_norm));
   gemm.run(b, s.down.as<__nv_bfloat16>(), residual, y, tokens, H, I, stream);
 }
 

@@ -36,6 +36,36 @@ __global__ void silu_and_mul_kernel(const __nv_bfloat16* gate_up, __nv_bfloat16*
   }
 }
 
+// The folded-norm form: block row blockIdx.y is token t, each thread one vector of it. The
+// thread's gate and up loads are issued before the block reduces 1/rms(x[t]), so the two L2
+// round trips overlap.
+__global__ void silu_and_mul_normalized_kernel(const __nv_bfloat16* gate_up, __nv_bfloat16* act, int intermediate,
+                                               FoldedRmsNorm norm) {
+  __shared__ float scratch[32];
+  const size_t token = blockIdx.y;
+  const int vector = blockIdx.x * blockDim.x + threadIdx.x;
+  const bool active = vector < intermediate / 8;
+  const __nv_bfloat16* row = gate_up + token * 2 * intermediate;
+  uint4 gate_bits{}, up_bits{};
+  if (active) {
+    gate_bits = reinterpret_cast<const uint4*>(row)[vector];
+    up_bits = reinterpret_cast<const uint4*>(row + intermediate)[vector];
+  }
+  const float inverse_rms = row_inverse_rms(norm.input + token * norm.hidden, norm.hidden, norm.eps, scratch);
+  if (!active) return;
+  const auto* gate = reinterpret_cast<const __nv_bfloat162*>(&gate_bits);
+  const auto* up = reinterpret_cast<const __nv_bfloat162*>(&up_bits);
+  uint4 out_bits;
+  auto* out = reinterpret_cast<__nv_bfloat162*>(&out_bits);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 g = __bfloat1622float2(gate[i]), u = __bfloat1622float2(up[i]);
+    out[i] = __floats2bfloat162_rn(silu(inverse_rms * g.x) * (inverse_rms * u.x),
+                                   silu(inverse_rms * g.y) * (inverse_rms * u.y));
+  }
+  reinterpret_cast<uint4*>(act + token * intermediate)[vector] = out_bits;
+}
+
 __global__ void silu_kernel(__nv_bfloat16* values, size_t count) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
@@ -57,8 +87,15 @@ __global__ void add_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_
 }  // namespace
 
 cudaError_t silu_and_mul(const __nv_bfloat16* gate_up, __nv_bfloat16* act, int tokens, int intermediate,
-                         cudaStream_t stream) {
-  if (intermediate % 8 != 0 || tokens < 1) return cudaErrorInvalidValue;
+                         cudaStream_t stream, const FoldedRmsNorm& norm) {
+  if (intermediate % 8 != 0 || tokens < 1 || !valid_folded_norm(norm)) return cudaErrorInvalidValue;
+  if (norm.input) {
+    constexpr int kThreads = 256, kMaxTokens = 65535;
+    if (tokens > kMaxTokens) return cudaErrorInvalidValue;
+    const dim3 grid((intermediate / 8 + kThreads - 1) / kThreads, tokens);
+    silu_and_mul_normalized_kernel<<<grid, kThreads, 0, stream>>>(gate_up, act, intermediate, norm);
+    return cudaGetLastError();
+  }
   const size_t vectors = static_cast<size_t>(tokens) * (intermediate / 8);
   silu_and_mul_kernel<<<blocks_for(vectors, 256), 256, 0, stream>>>(gate_up, act, tokens, intermediate);
   return cudaGetLastError();

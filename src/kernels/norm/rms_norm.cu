@@ -22,29 +22,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/norm/folded_norm.cuh"
+
 namespace deepfuse::kernels {
 namespace {
 
 constexpr int kVectorsPerThread = 4;
 constexpr int kMaxThreads = 1024;
 constexpr int kMaxHidden = kVectorsPerThread * kMaxThreads * 8;
-
-// Sum over the block; every thread gets the total. `scratch` holds one float per warp.
-__device__ float block_sum(float value, float* scratch) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  if (lane == 0) scratch[warp] = value;
-  __syncthreads();
-  if (warp == 0) {
-    value = lane < warps ? scratch[lane] : 0.0f;
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
-    if (lane == 0) scratch[0] = value;
-  }
-  __syncthreads();
-  return scratch[0];
-}
 
 __device__ __forceinline__ float2 unpack(uint32_t bits) {
   return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits));

@@ -1,7 +1,9 @@
 // QKV epilogue: bias, rotary position embedding, and the append to the paged KV cache.
 //
 // For each token t at position p = positions[t] (one launch covers a decode step or a prefill
-// chunk, any mix of sequences), with x = qkv[t] (+ bias) split into q_heads + 2 * kv_heads heads:
+// chunk, any mix of sequences), with x = qkv[t] (times 1/rms of the token's residual row when the
+// input norm is folded into the weights, folded_norm.cuh; + bias) split into q_heads + 2 kv_heads
+// heads:
 //   q heads:  q_out[t, h]                    = rope(x_h, p)
 //   k heads:  k_pages at (sequences[t], p)   = rope(x_h, p)
 //   v heads:  v_pages at (sequences[t], p)   = x_h
@@ -26,6 +28,8 @@
 
 #include <algorithm>
 #include <cstddef>
+
+#include "kernels/norm/folded_norm.cuh"
 
 namespace deepfuse::kernels {
 namespace {
@@ -66,54 +70,64 @@ __device__ __forceinline__ void store_chunk(__nv_bfloat16* destination, const fl
   *reinterpret_cast<typename Chunk<W>::Bits*>(destination) = bits;
 }
 
+// Where (token, head)'s rotated values go: q_out, its cache slot, or nowhere (padded or
+// unplaceable K/V: the cache stays untouched).
+__device__ __forceinline__ __nv_bfloat16* destination_of(const RopeKvAppendParams& p, size_t token, int head,
+                                                          int position) {
+  const int d = p.kv.head_dim;
+  const bool is_q = head < p.q_heads, is_v = head >= p.q_heads + p.kv.kv_heads;
+  if (is_q) return p.q_out + (token * p.q_heads + head) * d;
+  if (position < 0 || position / kKvPageSize >= p.kv.max_pages_per_seq) return nullptr;
+  const int sequence = __ldg(p.sequences + token);
+  const int kv_head = is_v ? head - p.q_heads - p.kv.kv_heads : head - p.q_heads;
+  const int32_t page =
+      sequence < 0 ? -1 : __ldg(p.kv.block_table + static_cast<size_t>(sequence) * p.kv.max_pages_per_seq + position / kKvPageSize);
+  if (page < 0) return nullptr;
+  const size_t offset = p.kv.page_offset(page, kv_head) + static_cast<size_t>(position % kKvPageSize) * d;
+  return (is_v ? p.kv.v_pages : p.kv.k_pages) + offset;
+}
+
+// One (token, head, chunk) item: its two halves loaded (before anything that waits, so a folded
+// norm's reduction overlaps the loads), scaled by `inverse_rms` (1 without a folded norm), biased,
+// rotated and stored.
 template <int W>
-__global__ void rope_kv_append_kernel(RopeKvAppendParams p) {
-  const int d = p.kv.head_dim, half = d / 2;
-  const int chunks_per_head = half / W;
-  const int heads = p.q_heads + 2 * p.kv.kv_heads;
-  const size_t row_width = static_cast<size_t>(heads) * d;
-  const size_t total = static_cast<size_t>(p.tokens) * heads * chunks_per_head;
+struct Item {
+  __nv_bfloat16* destination = nullptr;
+  int first = 0, position = 0;
+  bool rotate = false;
+  float low[W], high[W];
 
-  for (size_t index = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; index < total;
-       index += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const int chunk = static_cast<int>(index % chunks_per_head);
-    const int head = static_cast<int>(index / chunks_per_head % heads);
-    const size_t token = index / chunks_per_head / heads;
-    const int first = chunk * W;  // this thread's pairs are (first + j, first + j + half), j < W
-    const int position = __ldg(p.positions + token);
-    const bool is_q = head < p.q_heads, is_v = head >= p.q_heads + p.kv.kv_heads;
+  __device__ void load(const RopeKvAppendParams& p, size_t token, int head, int chunk) {
+    const int d = p.kv.head_dim, half = d / 2;
+    first = chunk * W;  // this item's pairs are (first + j, first + j + half), j < W
+    position = __ldg(p.positions + token);
+    rotate = head < p.q_heads + p.kv.kv_heads;  // q and k; v is only biased
+    destination = destination_of(p, token, head, position);
+    if (!destination || position < 0) return;
+    const size_t row_width = static_cast<size_t>(p.q_heads + 2 * p.kv.kv_heads) * d;
+    const size_t column = static_cast<size_t>(head) * d + first;
+    load_chunk<W>(p.qkv + token * row_width + column, low);
+    load_chunk<W>(p.qkv + token * row_width + column + half, high);
+  }
 
-    __nv_bfloat16* destination = nullptr;
-    if (is_q) {
-      destination = p.q_out + (token * p.q_heads + head) * d;
-    } else if (position >= 0 && position / kKvPageSize < p.kv.max_pages_per_seq) {
-      const int sequence = __ldg(p.sequences + token);
-      const int kv_head = is_v ? head - p.q_heads - p.kv.kv_heads : head - p.q_heads;
-      const int32_t page =
-          sequence < 0 ? -1 : __ldg(p.kv.block_table + static_cast<size_t>(sequence) * p.kv.max_pages_per_seq + position / kKvPageSize);
-      if (page >= 0) {
-        const size_t offset = p.kv.page_offset(page, kv_head) + static_cast<size_t>(position % kKvPageSize) * d;
-        destination = (is_v ? p.kv.v_pages : p.kv.k_pages) + offset;
-      }
-    }
-    if (!destination) continue;  // padded or unplaceable K/V: the cache stays untouched
-
-    float low[W], high[W];
+  __device__ void finish_and_store(const RopeKvAppendParams& p, int head, float inverse_rms) {
+    if (!destination) return;
+    const int half = p.kv.head_dim / 2;
     if (position < 0) {  // padded token: q row of zeros
 #pragma unroll
       for (int j = 0; j < W; ++j) low[j] = high[j] = 0.0f;
     } else {
-      const size_t column = static_cast<size_t>(head) * d + first;
-      load_chunk<W>(p.qkv + token * row_width + column, low);
-      load_chunk<W>(p.qkv + token * row_width + column + half, high);
+#pragma unroll
+      for (int j = 0; j < W; ++j) low[j] *= inverse_rms, high[j] *= inverse_rms;
       if (p.qkv_bias) {
+        const size_t column = static_cast<size_t>(head) * p.kv.head_dim + first;
         float bias_low[W], bias_high[W];
         load_chunk<W>(p.qkv_bias + column, bias_low);
         load_chunk<W>(p.qkv_bias + column + half, bias_high);
 #pragma unroll
         for (int j = 0; j < W; ++j) low[j] += bias_low[j], high[j] += bias_high[j];
       }
-      if (!is_v) {
+      if (rotate) {
 #pragma unroll
         for (int j = 0; j < W; ++j) {
           float sine, cosine;
@@ -127,6 +141,39 @@ __global__ void rope_kv_append_kernel(RopeKvAppendParams p) {
     store_chunk<W>(destination + first, low);
     store_chunk<W>(destination + first + half, high);
   }
+};
+
+template <int W>
+__global__ void rope_kv_append_kernel(RopeKvAppendParams p) {
+  const int chunks_per_head = p.kv.head_dim / 2 / W;
+  const int heads = p.q_heads + 2 * p.kv.kv_heads;
+  const size_t total = static_cast<size_t>(p.tokens) * heads * chunks_per_head;
+  for (size_t index = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; index < total;
+       index += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int chunk = static_cast<int>(index % chunks_per_head);
+    const int head = static_cast<int>(index / chunks_per_head % heads);
+    Item<W> item;
+    item.load(p, index / chunks_per_head / heads, head, chunk);
+    item.finish_and_store(p, head, 1.0f);
+  }
+}
+
+// With a folded input norm: block row blockIdx.y is one token, one item per thread, and the block
+// reduces the token's 1/rms while the items' loads are in flight.
+template <int W>
+__global__ void rope_kv_append_normalized_kernel(RopeKvAppendParams p) {
+  __shared__ float scratch[32];
+  const int chunks_per_head = p.kv.head_dim / 2 / W;
+  const int heads = p.q_heads + 2 * p.kv.kv_heads;
+  const size_t token = blockIdx.y;
+  const int index = blockIdx.x * blockDim.x + threadIdx.x;
+  const bool active = index < heads * chunks_per_head;
+  const int head = index / chunks_per_head;
+  Item<W> item;
+  if (active) item.load(p, token, head, index % chunks_per_head);
+  const FoldedRmsNorm& norm = p.input_norm;
+  const float inverse_rms = row_inverse_rms(norm.input + token * norm.hidden, norm.hidden, norm.eps, scratch);
+  if (active) item.finish_and_store(p, head, inverse_rms);
 }
 
 bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
@@ -153,9 +200,21 @@ cudaError_t launch_rope_kv_append(const RopeKvAppendParams& p, cudaStream_t stre
   const size_t qkv_bytes = static_cast<size_t>(p.tokens) * (p.q_heads + 2 * kv.kv_heads) * kv.head_dim * element;
   const size_t q_bytes = static_cast<size_t>(p.tokens) * p.q_heads * kv.head_dim * element;
   if (overlaps(p.q_out, q_bytes, p.qkv, qkv_bytes)) return cudaErrorInvalidValue;
+  if (!valid_folded_norm(p.input_norm)) return cudaErrorInvalidValue;
 
   const int half = kv.head_dim / 2;
   const int width = half % 8 == 0 ? 8 : 4;
+  if (p.input_norm.input) {
+    constexpr int kMaxTokens = 65535;
+    if (p.tokens > kMaxTokens) return cudaErrorInvalidValue;
+    const int items = (p.q_heads + 2 * kv.kv_heads) * (half / width);
+    const dim3 grid((items + kThreads - 1) / kThreads, p.tokens);
+    if (width == 8)
+      rope_kv_append_normalized_kernel<8><<<grid, kThreads, 0, stream>>>(p);
+    else
+      rope_kv_append_normalized_kernel<4><<<grid, kThreads, 0, stream>>>(p);
+    return cudaGetLastError();
+  }
   const size_t threads_needed = static_cast<size_t>(p.tokens) * (p.q_heads + 2 * kv.kv_heads) * (half / width);
   const int blocks = static_cast<int>(std::min<size_t>((threads_needed + kThreads - 1) / kThreads, kMaxBlocks));
   if (width == 8)

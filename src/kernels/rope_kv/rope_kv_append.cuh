@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/attention/paged_kv.cuh"
+#include "kernels/norm/folded_norm.cuh"
 
 namespace deepfuse::kernels {
 
@@ -24,10 +25,14 @@ struct RopeKvAppendParams {
   PagedKv kv;                               // one layer's cache; kv.kv_heads, kv.head_dim set
   int tokens = 0;
   int q_heads = 0;
+  // The input RMSNorm folded into qkv's weights (input = the residual rows the GEMM read): each
+  // token's values are scaled by 1/rms(input row) before the bias. At most 65535 tokens then.
+  FoldedRmsNorm input_norm;
 };
 
-// Values are computed in fp32 (bias added, then rotated with sincosf(position * inv_freq)) and
-// rounded to bf16 once. cudaErrorInvalidValue on bad sizes (head_dim must be even and a multiple of 8).
+// Values are computed in fp32 (scaled by a folded norm's 1/rms, bias added, then rotated with
+// sincosf(position * inv_freq)) and rounded to bf16 once. cudaErrorInvalidValue on bad sizes
+// (head_dim must be even and a multiple of 8) or a bad folded norm.
 cudaError_t launch_rope_kv_append(const RopeKvAppendParams& params, cudaStream_t stream);
 
 }  // namespace deepfuse::kernels
