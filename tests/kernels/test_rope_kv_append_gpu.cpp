@@ -186,6 +186,7 @@ TEST(RopeKvAppendGpu, MatchesReference) {
       {"folded norm, llama3 d128 GQA 32/8", 32, 8, 128, false, rope(128, 500000.0, true), 4096},
       {"folded norm, qwen2 d128 bias GQA 28/4", 28, 4, 128, true, rope(128, 1000000.0, false), 3584},
       {"folded norm, d72 GQA 7/1 bias", 7, 1, 72, true, rope(72, 10000.0, false), 904},
+      {"folded norm, 128/16 heads: two blocks per token", 128, 16, 128, false, rope(128, 10000.0, false), 1024},
   };
   uint64_t salt = 601;
   for (const RopeCase& c : cases) run_case(c, salt++);

@@ -161,7 +161,7 @@ __global__ void rope_kv_append_kernel(RopeKvAppendParams p) {
 // With a folded input norm: block row blockIdx.y is one token, one item per thread, and the block
 // reduces the token's 1/rms while the items' loads are in flight.
 template <int W>
-__global__ void rope_kv_append_normalized_kernel(RopeKvAppendParams p) {
+__global__ void __launch_bounds__(1024) rope_kv_append_normalized_kernel(RopeKvAppendParams p) {
   __shared__ float scratch[32];
   const int chunks_per_head = p.kv.head_dim / 2 / W;
   const int heads = p.q_heads + 2 * p.kv.kv_heads;
@@ -207,12 +207,15 @@ cudaError_t launch_rope_kv_append(const RopeKvAppendParams& p, cudaStream_t stre
   if (p.input_norm.input) {
     constexpr int kMaxTokens = 65535;
     if (p.tokens > kMaxTokens) return cudaErrorInvalidValue;
+    // One block per token where its items fit (each block reduces the token's 1/rms itself).
+    constexpr int kMaxThreads = 1024;
     const int items = (p.q_heads + 2 * kv.kv_heads) * (half / width);
-    const dim3 grid((items + kThreads - 1) / kThreads, p.tokens);
+    const int threads = std::min(kMaxThreads, (items + 31) / 32 * 32);
+    const dim3 grid((items + threads - 1) / threads, p.tokens);
     if (width == 8)
-      rope_kv_append_normalized_kernel<8><<<grid, kThreads, 0, stream>>>(p);
+      rope_kv_append_normalized_kernel<8><<<grid, threads, 0, stream>>>(p);
     else
-      rope_kv_append_normalized_kernel<4><<<grid, kThreads, 0, stream>>>(p);
+      rope_kv_append_normalized_kernel<4><<<grid, threads, 0, stream>>>(p);
     return cudaGetLastError();
   }
   const size_t threads_needed = static_cast<size_t>(p.tokens) * (p.q_heads + 2 * kv.kv_heads) * (half / width);
