@@ -5,6 +5,7 @@
 #include <numeric>
 #include <vector>
 
+#include "core/ab_switch.hpp"
 #include "deepfuse/error.hpp"
 #include "kernels/attention/prefill_attention.cuh"
 #include "kernels/embedding/embedding.cuh"
@@ -12,7 +13,6 @@
 #include "kernels/norm/rms_norm.cuh"
 #include "kernels/qkv/qkv_rope_fused.cuh"
 #include "kernels/rope_kv/rope_kv_append.cuh"
-#include "runtime/ab_switch.hpp"
 
 namespace deepfuse::runtime {
 

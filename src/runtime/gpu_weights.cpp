@@ -8,6 +8,7 @@
 #include <string>
 
 #include "deepfuse/bf16.hpp"
+#include "core/ab_switch.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "deepfuse/reference.hpp"
@@ -17,7 +18,6 @@
 #include "kernels/fill.cuh"
 #include "kernels/norm/folded_norm.cuh"
 #include "model/float16.hpp"
-#include "runtime/ab_switch.hpp"
 #include "runtime/pinned_buffer.hpp"
 
 namespace deepfuse::runtime {

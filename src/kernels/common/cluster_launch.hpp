@@ -10,10 +10,6 @@
 
 namespace deepfuse::kernels {
 
-// An A/B switch of the kernels' launchers: false only when environment variable `variable` is
-// set to "0". Callers read it once (a function-local static).
-bool enabled_unless_zero(const char* variable);
-
 // Whether kernels that support it launch as programmatic dependents (the cluster GEMVs, decode
 // attention); DEEPFUSE_PDL=0 turns it off for A/B measurements. Read once.
 bool programmatic_launches_enabled();

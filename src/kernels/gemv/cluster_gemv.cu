@@ -1,6 +1,8 @@
 // Packing for the cluster GEMV weight stream (cluster_gemv.cuh).
 #include "kernels/gemv/cluster_gemv.cuh"
 
+#include "core/ab_switch.hpp"
+
 namespace deepfuse::kernels {
 namespace {
 
@@ -21,7 +23,7 @@ __global__ void pack_rows_kernel(const __nv_bfloat16* weights, uint4* packed, in
 namespace cluster_gemv {
 
 bool spread_enabled() {
-  static const bool enabled = enabled_unless_zero("DEEPFUSE_GEMV_SPREAD");
+  static const bool enabled = ab_switch("DEEPFUSE_GEMV_SPREAD", 1) != 0;
   return enabled;
 }
 

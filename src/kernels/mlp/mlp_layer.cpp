@@ -74,7 +74,7 @@ struct MlpLayer::Impl {
   float norm_eps = 0.0f;
   std::shared_ptr<MlpScratch> scratch;   // naive/unfused
   DeviceBuffer accumulator, counters;    // fused reduction state
-  kernels::SwigluFusedTuning fused_tuning;
+  FusedMlpTuning fused_tuning;
 
   size_t hi_bytes() const { return static_cast<size_t>(shape.hidden) * shape.intermediate * sizeof(__nv_bfloat16); }
 
@@ -151,8 +151,7 @@ void MlpLayer::set_fused_tuning(const FusedMlpTuning& tuning) {
                tuning.cluster_size == 4 || tuning.cluster_size == 8,
            "fused MLP cluster size must be 1, 2, 4 or 8");
   DF_CHECK(tuning.blocks_per_sm >= 0, "fused MLP blocks per SM must be >= 0");
-  impl_->fused_tuning = {tuning.blocks_per_sm, tuning.cluster_size, tuning.skip_reduction_diagnostic,
-                         tuning.programmatic_launch};
+  impl_->fused_tuning = tuning;
 }
 
 MlpVariant MlpLayer::variant() const { return impl_->variant; }

@@ -422,7 +422,7 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
 }
 
 // Whether the (NT, C) instance launches as a programmatic dependent when the caller allows it
-// (SwigluFusedTuning::programmatic): its blocks may start while the kernel before finishes and
+// (FusedMlpTuning::programmatic_launch): its blocks may start while the kernel before finishes and
 // wait for it first thing. Only single-token calls on the grids of two 8-warp blocks on every SM
 // (clusters of 2 or 4) gain, in the decode step at batch 1: Llama-3.2-1B 1-2%, Llama-3-8B 1%,
 // Qwen2.5-7B 1%. At 8 tokens Qwen2.5-7B lost 1.1-1.5% (Llama-3-8B and Llama-3.2-1B equal);
@@ -430,8 +430,8 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
 // the same grid (bench mlp, 2048x8192 M = 1 in a graph) took 40.2 µs instead of 33.3
 // (docs/kernels/swiglu_fused.md, "Overlap with the kernels around it").
 template <int NT, int C>
-bool launches_programmatically(const SwigluFusedParams& p, const SwigluFusedTuning& tuning) {
-  return tuning.programmatic && NT == 1 && (C == 2 || C == 4) && p.tokens == 1 && programmatic_launches_enabled();
+bool launches_programmatically(const SwigluFusedParams& p, const FusedMlpTuning& tuning) {
+  return tuning.programmatic_launch && NT == 1 && (C == 2 || C == 4) && p.tokens == 1 && programmatic_launches_enabled();
 }
 
 // The launch configuration of `blocks` blocks of the (NT, C) instance, in clusters of C.
@@ -483,7 +483,7 @@ cudaError_t residency_for(Residency& out) {
 }
 
 template <int NT, int C>
-cudaError_t launch_instance(const SwigluFusedParams& p, const SwigluFusedTuning& tuning, cudaStream_t stream) {
+cudaError_t launch_instance(const SwigluFusedParams& p, const FusedMlpTuning& tuning, cudaStream_t stream) {
   static_assert(sizeof(SharedStorage<NT, C>) <= FusedConfig<NT, C>::kMaxSharedBytes,
                 "fused MLP shared memory no longer fits the blocks per SM its configuration wants");
   Residency residency;
@@ -505,11 +505,11 @@ cudaError_t launch_instance(const SwigluFusedParams& p, const SwigluFusedTuning&
 
   trace::attach_unit();
   const FusedLaunch<NT, C> launch(blocks, stream, launches_programmatically<NT, C>(p, tuning));
-  return cudaLaunchKernelEx(&launch.config, swiglu_fused_kernel<NT, C>, p, finishers, tuning.skip_reduction);
+  return cudaLaunchKernelEx(&launch.config, swiglu_fused_kernel<NT, C>, p, finishers, tuning.skip_reduction_diagnostic);
 }
 
 template <int NT>
-cudaError_t launch_for_tokens(const SwigluFusedParams& p, const SwigluFusedTuning& tuning, cudaStream_t stream) {
+cudaError_t launch_for_tokens(const SwigluFusedParams& p, const FusedMlpTuning& tuning, cudaStream_t stream) {
   // Clusters of 4 pack two blocks on every SM (264 blocks on an H200); clusters of 8 must fit in
   // a GPC and leave 8 SMs empty (240 blocks), but share each activation among twice the blocks.
   // Measured on the H200 (docs/kernels/swiglu_fused.md, "Clusters of 4 or 8"): alone, 4 is 1-7%
@@ -591,7 +591,7 @@ size_t swiglu_fused_accumulator_floats(int hidden, int max_tokens) {
   return static_cast<size_t>(hidden) * max_tokens;
 }
 
-cudaError_t launch_swiglu_fused(const SwigluFusedParams& p, const SwigluFusedTuning& tuning, cudaStream_t stream) {
+cudaError_t launch_swiglu_fused(const SwigluFusedParams& p, const FusedMlpTuning& tuning, cudaStream_t stream) {
   if (!valid_shape(p.hidden, p.intermediate) || p.tokens < 1 || !p.x || !p.gate_up || !p.down ||
       (!p.y && !p.defer_sum) || !p.accumulator || !p.counters)
     return cudaErrorInvalidValue;

@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "deepfuse/mlp.hpp"
+
 namespace deepfuse::kernels {
 
 struct SwigluFusedParams {
@@ -38,18 +40,10 @@ inline constexpr int kSwigluFusedCounters = 2;
 // fp32 partial-sum buffer size in floats.
 size_t swiglu_fused_accumulator_floats(int hidden, int max_tokens);
 
-// Launch tuning; 0 means "the default for this device".
-struct SwigluFusedTuning {
-  int blocks_per_sm = 0;  // resident blocks per SM (occupancy-capped)
-  int cluster_size = 0;   // blocks that share activations through distributed shared memory: 1, 2 (9-16 tokens), 4 or 8
-  bool skip_reduction = false;  // diagnostic only: skip the cross-cluster reduction (wrong results)
-  bool programmatic = false;    // may launch as a programmatic dependent (where launches_programmatically)
-};
-
-// One launch. The accumulator and counters must be zero on entry; they are zero again when the
+// One launch, tuned by deepfuse::FusedMlpTuning (deepfuse/mlp.hpp; 0: the device's default). The accumulator and counters must be zero on entry; they are zero again when the
 // kernel completes (with defer_sum, the accumulator once its consumer has cleared it), so
 // consecutive launches (and graph replays) need no memset.
-cudaError_t launch_swiglu_fused(const SwigluFusedParams& params, const SwigluFusedTuning& tuning,
+cudaError_t launch_swiglu_fused(const SwigluFusedParams& params, const FusedMlpTuning& tuning,
                                 cudaStream_t stream);
 
 // Hugging Face layout (device) -> fragment-packed layout (device). gate/up: [I, H]; down: [H, I].
