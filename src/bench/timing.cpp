@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "core/cuda_event.hpp"
 #include "deepfuse/error.hpp"
 
 #include "deepfuse_commit.hpp"  // DEEPFUSE_GIT_COMMIT, stamped at build time (src/bench/sources.cmake)
@@ -31,21 +32,15 @@ GpuBench::~GpuBench() {
 
 double median_call_us(const std::function<void(int rep)>& call, int warmup, int repetitions, cudaStream_t stream) {
   for (int i = 0; i < warmup; ++i) call(i);
-  std::vector<cudaEvent_t> events(repetitions + 1);
-  for (auto& e : events) DF_CHECK_CUDA(cudaEventCreate(&e));
+  std::vector<CudaEvent> events(repetitions + 1);
   for (int rep = 0; rep < repetitions; ++rep) {
-    DF_CHECK_CUDA(cudaEventRecord(events[rep], stream));
+    events[rep].record(stream);
     call(rep);
   }
-  DF_CHECK_CUDA(cudaEventRecord(events[repetitions], stream));
-  DF_CHECK_CUDA(cudaEventSynchronize(events[repetitions]));
+  events[repetitions].record(stream);
+  events[repetitions].synchronize();
   std::vector<double> us(repetitions);
-  for (int rep = 0; rep < repetitions; ++rep) {
-    float ms = 0;
-    DF_CHECK_CUDA(cudaEventElapsedTime(&ms, events[rep], events[rep + 1]));
-    us[rep] = ms * 1e3;
-  }
-  for (auto& e : events) cudaEventDestroy(e);
+  for (int rep = 0; rep < repetitions; ++rep) us[rep] = events[rep + 1].ms_since(events[rep]) * 1e3;
   return median(us);
 }
 
@@ -59,21 +54,15 @@ double median_graph_call_us(const std::function<void(int rep)>& call, int calls_
   cudaGraphExec_t exec = nullptr;
   DF_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
   DF_CHECK_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
-  std::vector<cudaEvent_t> events(2 * replays);
-  for (auto& e : events) DF_CHECK_CUDA(cudaEventCreate(&e));
+  std::vector<CudaEvent> events(2 * replays);
   for (int r = 0; r < replays; ++r) {
-    DF_CHECK_CUDA(cudaEventRecord(events[2 * r], stream));
+    events[2 * r].record(stream);
     DF_CHECK_CUDA(cudaGraphLaunch(exec, stream));
-    DF_CHECK_CUDA(cudaEventRecord(events[2 * r + 1], stream));
+    events[2 * r + 1].record(stream);
   }
-  DF_CHECK_CUDA(cudaEventSynchronize(events.back()));
+  events.back().synchronize();
   std::vector<double> us(replays);
-  for (int r = 0; r < replays; ++r) {
-    float ms = 0;
-    DF_CHECK_CUDA(cudaEventElapsedTime(&ms, events[2 * r], events[2 * r + 1]));
-    us[r] = ms * 1e3 / calls_per_graph;
-  }
-  for (auto& e : events) cudaEventDestroy(e);
+  for (int r = 0; r < replays; ++r) us[r] = events[2 * r + 1].ms_since(events[2 * r]) * 1e3 / calls_per_graph;
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   return median(us);

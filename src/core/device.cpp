@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/cuda_event.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/tensor.hpp"
 
@@ -41,21 +42,15 @@ DeviceInfo query_device(int ordinal) {
 double measure_copy_bandwidth(size_t bytes, int repetitions, cudaStream_t stream) {
   DeviceBuffer source(bytes), destination(bytes);
   DF_CHECK_CUDA(cudaMemsetAsync(source.data(), 0x5a, bytes, stream));
-  cudaEvent_t start, stop;
-  DF_CHECK_CUDA(cudaEventCreate(&start));
-  DF_CHECK_CUDA(cudaEventCreate(&stop));
+  CudaEvent start, stop;
   std::vector<float> milliseconds;
   for (int rep = -2; rep < repetitions; ++rep) {  // two warm-up copies
-    DF_CHECK_CUDA(cudaEventRecord(start, stream));
+    start.record(stream);
     DF_CHECK_CUDA(cudaMemcpyAsync(destination.data(), source.data(), bytes, cudaMemcpyDeviceToDevice, stream));
-    DF_CHECK_CUDA(cudaEventRecord(stop, stream));
-    DF_CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    DF_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    if (rep >= 0) milliseconds.push_back(ms);
+    stop.record(stream);
+    stop.synchronize();
+    if (rep >= 0) milliseconds.push_back(stop.ms_since(start));
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   std::nth_element(milliseconds.begin(), milliseconds.begin() + milliseconds.size() / 2, milliseconds.end());
   const double median_s = milliseconds[milliseconds.size() / 2] * 1e-3;
   return 2.0 * static_cast<double>(bytes) / median_s;

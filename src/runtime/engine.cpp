@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/cuda_event.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "deepfuse/safetensors.hpp"
@@ -300,22 +301,14 @@ double Engine::decode_replay_ms_for_benchmark(int replays) {
   const size_t id_bytes = s.running.size() * sizeof(int32_t);
   DeviceBuffer saved_ids(id_bytes);
   DF_CHECK_CUDA(cudaMemcpyAsync(saved_ids.data(), s.buffers->decode_ids(), id_bytes, cudaMemcpyDeviceToDevice, s.stream()));
-  cudaEvent_t start = nullptr, stop = nullptr;
-  cudaError_t status = cudaEventCreate(&start);
-  if (status == cudaSuccess) status = cudaEventCreate(&stop);
-  if (status == cudaSuccess) status = cudaEventRecord(start, s.stream());
-  for (int r = 0; r < replays && status == cudaSuccess; ++r) status = s.graphs->replay(bucket, s.stream());
-  if (status == cudaSuccess) status = cudaEventRecord(stop, s.stream());
-  if (status == cudaSuccess) status = cudaEventSynchronize(stop);
-  float ms = 0.0f;
-  if (status == cudaSuccess) status = cudaEventElapsedTime(&ms, start, stop);
-  if (start) cudaEventDestroy(start);
-  if (stop) cudaEventDestroy(stop);
-  if (status == cudaSuccess)
-    status = cudaMemcpyAsync(s.buffers->decode_ids(), saved_ids.data(), id_bytes, cudaMemcpyDeviceToDevice, s.stream());
-  if (status == cudaSuccess) status = cudaStreamSynchronize(s.stream());  // before saved_ids is freed
-  DF_CHECK_CUDA(status);
-  return ms / replays;
+  CudaEvent start, stop;
+  start.record(s.stream());
+  for (int r = 0; r < replays; ++r) DF_CHECK_CUDA(s.graphs->replay(bucket, s.stream()));
+  stop.record(s.stream());
+  stop.synchronize();
+  DF_CHECK_CUDA(cudaMemcpyAsync(s.buffers->decode_ids(), saved_ids.data(), id_bytes, cudaMemcpyDeviceToDevice, s.stream()));
+  DF_CHECK_CUDA(cudaStreamSynchronize(s.stream()));  // before saved_ids is freed
+  return stop.ms_since(start) / replays;
 }
 
 void Engine::remove_sequence(SequenceId sequence) {

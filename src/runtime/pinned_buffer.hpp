@@ -5,8 +5,10 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <optional>
 #include <utility>
 
+#include "core/cuda_event.hpp"
 #include "deepfuse/error.hpp"
 
 namespace deepfuse::runtime {
@@ -43,36 +45,21 @@ class PinnedBuffer {
   size_t bytes_ = 0;
 };
 
-// A CUDA event without timing, owned; made on the first record() (on the device current then).
-// Marks "the copy that last read this staging memory".
+// A CUDA event without timing, made on the first record() (on the device current then). Marks
+// "the copy that last read this staging memory".
 class CopyEvent {
  public:
-  CopyEvent() = default;
-  ~CopyEvent() {
-    if (event_) cudaEventDestroy(event_);
-  }
-  CopyEvent(CopyEvent&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
-  CopyEvent& operator=(CopyEvent&& other) noexcept {
-    if (this != &other) {
-      if (event_) cudaEventDestroy(event_);
-      event_ = std::exchange(other.event_, nullptr);
-    }
-    return *this;
-  }
-  CopyEvent(const CopyEvent&) = delete;
-  CopyEvent& operator=(const CopyEvent&) = delete;
-
   void record(cudaStream_t stream) {
-    if (!event_) DF_CHECK_CUDA(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-    DF_CHECK_CUDA(cudaEventRecord(event_, stream));
+    if (!event_) event_.emplace(cudaEventDisableTiming);
+    event_->record(stream);
   }
   // Blocks the host until the work recorded last has run (at once if nothing was recorded).
-  void wait() {
-    if (event_) DF_CHECK_CUDA(cudaEventSynchronize(event_));
+  void wait() const {
+    if (event_) event_->synchronize();
   }
 
  private:
-  cudaEvent_t event_ = nullptr;
+  std::optional<CudaEvent> event_;
 };
 
 }  // namespace deepfuse::runtime
