@@ -64,7 +64,13 @@ struct SharedStorage {
   HistogramBin owned[kBins / C];  // bins rank, rank + C, ... summed over the cluster
   HistogramBin merged[kBins];     // the whole cluster histogram, gathered for the walk
   double warp_totals[kWarps];     // id-order search: each warp's weight
-  double row_weights[32][33];     // id-order search: the owning warp's weights, [row][lane] (padded)
+  // Never live at once (a cluster barrier ends every id-order search), so they share the space:
+  // more shared memory leaves less L1 for the logits of large batches (4 KB more made batch 32
+  // 35% slower in temperature mode).
+  union {
+    double row_weights[32][33];     // id-order search: the owning warp's weights, [row][lane] (padded)
+    uint32_t fixed_mass[2][kBins];  // level 0 of a top-p descent: 64-bit fixed-point masses (low, high words)
+  };
   float warp_best[kWarps];
   int warp_best_id[kWarps];
   // Mailboxes the other blocks of the cluster read.
@@ -192,18 +198,45 @@ struct Level {
 // This block's histogram of the level's candidates. Each thread folds runs of equal bins in
 // registers before one set of shared atomics, so a bin that takes most tokens costs one atomic
 // per thread rather than one per token.
-template <int C, typename Seq>
+//
+// Masses: shared-memory atomics on doubles are compare-and-swap loops, which spin when lanes of a
+// warp hit the same bin: at level 0 of a top-p descent, where every token lands in one of the
+// bins near the body of the distribution, they were a quarter of the kernel's instructions
+// (ncu, batch 32). Level 0 therefore sums in fixed point with native 32-bit atomics: a linear
+// bin b holds w in (e^-(b+1)/8, e^-b/8] (the last bin: anything smaller), so w * 2^31 * e^(b/8)
+// fits 31 bits and keeps ~31 bits of each w, more than the fp32 w itself has; the 64-bit sum
+// (low word, carry into the high word) is exact, then converted to fp64 once per bin.
+// The scale of linear bin b: ~2^31 e^(b/8) (any value close to it: quantising and converting
+// back use the same one).
+__device__ __forceinline__ float level0_mass_scale(int bin) {
+  constexpr float kLog2eOverBinsPerNat = 1.4426950408889634f / kLevel0BinsPerNat;
+  return ldexpf(exp2f(static_cast<float>(bin) * kLog2eOverBinsPerNat), 31);
+}
+
+template <bool kFixedPoint, int C, typename Seq>
 __device__ __forceinline__ void build_histogram(SharedStorage<C>& s, const Seq& q, const Level& level) {
-  for (int b = threadIdx.x; b < kBins; b += kThreads) s.local[b] = HistogramBin{0.0, 0u, 0xffffffffu, 0u};
+  for (int b = threadIdx.x; b < kBins; b += kThreads) {
+    s.local[b] = HistogramBin{0.0, 0u, 0xffffffffu, 0u};
+    if (kFixedPoint) s.fixed_mass[0][b] = s.fixed_mass[1][b] = 0u;
+  }
   __syncthreads();
   int run_bin = -1;
   uint32_t run_count = 0, run_min = 0, run_max = 0;
+  // The run's mass: fp64, or fixed point (one of the two is unused and optimised away)
   double run_mass = 0.0;
+  uint64_t run_fixed = 0;
   auto flush = [&] {
     if (run_count == 0) return;
     HistogramBin& bin = s.local[run_bin];
     atomicAdd(&bin.count, run_count);
-    if (level.by_mass) atomicAdd(&bin.mass, run_mass);
+    if constexpr (kFixedPoint) {
+      const uint32_t low = static_cast<uint32_t>(run_fixed), high = static_cast<uint32_t>(run_fixed >> 32);
+      const uint32_t before = atomicAdd(&s.fixed_mass[0][run_bin], low);
+      const uint32_t carry = before + low < before ? 1u : 0u;
+      if (high + carry) atomicAdd(&s.fixed_mass[1][run_bin], high + carry);
+    } else if (level.by_mass) {
+      atomicAdd(&bin.mass, run_mass);
+    }
     atomicMin(&bin.key_min, run_min);
     atomicMax(&bin.key_max, run_max);
   };
@@ -217,14 +250,24 @@ __device__ __forceinline__ void build_histogram(SharedStorage<C>& s, const Seq& 
                                  : kBins - 1 - static_cast<int>((key >> level.shift) & 0xffu);
     if (bin != run_bin) {
       flush();
-      run_bin = bin, run_count = 0, run_mass = 0.0, run_min = key, run_max = key;
+      run_bin = bin, run_count = 0, run_mass = 0.0, run_fixed = 0, run_min = key, run_max = key;
     }
     ++run_count;
-    if (level.by_mass) run_mass += expf(-d);
+    if constexpr (kFixedPoint)  // the product of two floats is exact in fp64; one rounding to 2^-31 of the bin's scale
+      run_fixed += __double2ull_rn(static_cast<double>(expf(-d)) * level0_mass_scale(bin));
+    else if (level.by_mass)
+      run_mass += expf(-d);
     run_min = min(run_min, key), run_max = max(run_max, key);
   });
   flush();
   __syncthreads();
+  if constexpr (kFixedPoint) {
+    for (int b = threadIdx.x; b < kBins; b += kThreads) {
+      const double sum = static_cast<double>(s.fixed_mass[1][b]) * 4294967296.0 + s.fixed_mass[0][b];  // < 2^53: exact
+      s.local[b].mass = sum / level0_mass_scale(b);
+    }
+    __syncthreads();
+  }
 }
 
 // Sums the cluster's histograms: block r sums bins r, r + C, ... over all blocks (a fixed order,
@@ -307,7 +350,11 @@ __device__ __forceinline__ Boundary descend(SharedStorage<C>& s, const Seq& q, b
   Level level{true, by_mass, key_floor, 0u, 0xffffffffu, 0};
   bool goal_is_fraction = by_mass;
   for (;;) {
-    build_histogram(s, q, level);
+    // Fixed-point masses where every token is a candidate (no top-k before): see build_histogram.
+    if (level.by_mass && level.linear && level.key_floor == 0)
+      build_histogram<true>(s, q, level);
+    else
+      build_histogram<false>(s, q, level);
     merge_histograms(s, q.rank);
     choose_bin(s, by_mass, goal, goal_is_fraction);
     const int chosen = s.chosen_bin;
@@ -499,8 +546,16 @@ __device__ __forceinline__ int sample_slot(SharedStorage<C>& s, Sequence<R>& q, 
   return chosen;
 }
 
+// Two blocks per SM (at most 64 registers) where the logits stay in L1 (R = 0) in clusters of 4
+// or 8, so more clusters are resident (launch_sampling picks the size by that count). Left to
+// itself the compiler gave these instances 64-106 registers depending on unrelated code: with
+// the fixed-point masses, clusters of 4 took 104 (one block per SM) and batch 32 in temperature
+// mode went from 67 to 90 us. 0: no minimum, the compiler's choice (the register instances).
 template <int C, int R>
-__global__ void __launch_bounds__(kThreads) sampling_kernel(SamplingParams p) {
+constexpr int kMinBlocksPerSm = R == 0 && (C == 4 || C == 8) ? 2 : 0;
+
+template <int C, int R>
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<C, R>) sampling_kernel(SamplingParams p) {
   __shared__ SharedStorage<C> s;
   const int sequence = blockIdx.x / C;
   const SamplingSlot slot = p.slots[sequence];  // read before the first barrier: the step is bumped after
