@@ -1,24 +1,13 @@
 #include "kernels/gemm/cublaslt_gemm.hpp"
 
 #include <string>
-#include <vector>
 
-#include "core/ab_switch.hpp"
-#include "core/cuda_event.hpp"
 #include "deepfuse/error.hpp"
 
 namespace deepfuse::kernels {
 
 namespace {
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
-constexpr int kTunedMaxRows = 64;     // decode steps: skinny GEMMs, where the heuristic's first pick can miss
-constexpr int kTunedCandidates = 8;
-constexpr int kTimedRuns = 3;
-
-bool autotune_enabled() {
-  static const bool enabled = ab_switch("DEEPFUSE_GEMM_AUTOTUNE", 1) != 0;
-  return enabled;
-}
 
 void check_sizes(int m, int n, int k) {
   DF_CHECK(m >= 1 && n >= 1 && k >= 1, "GEMM sizes must be positive (M=" + std::to_string(m) +
@@ -42,7 +31,7 @@ CublasLtGemm::~CublasLtGemm() {
 // column-major view: A = W (K x N, ld K) transposed, B = X (K x M, ld K), D = Y (N x M, ld N).
 // D's rows are Y's columns, so cuBLASLt's bias (one value per row of D) is one value per output
 // feature, broadcast over the tokens: exactly a Linear layer's bias.
-CublasLtGemm::Plan& CublasLtGemm::plan_for(const Shape& s) {
+const CublasLtGemm::Plan& CublasLtGemm::plan_for(const Shape& s) {
   if (auto it = plans_.find(s.key()); it != plans_.end()) return it->second;
   Plan plan;
   DF_CHECK_CUBLAS(cublasLtMatmulDescCreate(&plan.operation, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -65,60 +54,27 @@ CublasLtGemm::Plan& CublasLtGemm::plan_for(const Shape& s) {
   const size_t workspace_bytes = workspace_.bytes();
   DF_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                        &workspace_bytes, sizeof workspace_bytes));
-  const int wanted = s.m <= kTunedMaxRows && autotune_enabled() ? kTunedCandidates : 1;
-  cublasLtMatmulHeuristicResult_t results[kTunedCandidates]{};
+  cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   DF_CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(handle_, plan.operation, plan.w_layout, plan.x_layout, plan.y_layout,
-                                                 plan.y_layout, preference, wanted, results, &found));
+                                                 plan.y_layout, preference, 1, &result, &found));
   cublasLtMatmulPreferenceDestroy(preference);
   DF_CHECK(found > 0, "cuBLASLt found no algorithm for a bf16 GEMM of M=" + std::to_string(s.m) +
                           " N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) +
                           (s.with_bias ? " with bias" : "") + (s.fp32_out ? " with fp32 output" : ""));
-  plan.algorithm = results[0].algo;
-  if (found > 1)
-    for (int i = 0; i < found; ++i) plan.candidates.push_back(results[i].algo);
+  plan.algorithm = result.algo;
   return plans_.emplace(s.key(), plan).first->second;
-}
-
-void CublasLtGemm::choose_fastest(const Shape& s, Plan& plan, const __nv_bfloat16* x, const __nv_bfloat16* w,
-                                  cudaStream_t stream) {
-  std::vector<cublasLtMatmulAlgo_t> candidates;
-  candidates.swap(plan.candidates);  // tried once, whatever happens below
-  const size_t out_bytes = static_cast<size_t>(s.m) * s.n * (s.fp32_out ? sizeof(float) : sizeof(__nv_bfloat16));
-  DeviceBuffer scratch(out_bytes);  // stands in for y and the addend: the real ones may alias
-  const float alpha = 1.0f, beta = s.with_addend ? 1.0f : 0.0f;
-  auto run = [&](const cublasLtMatmulAlgo_t& algorithm) {
-    return cublasLtMatmul(handle_, plan.operation, &alpha, w, plan.w_layout, x, plan.x_layout, &beta, scratch.data(),
-                          plan.y_layout, scratch.data(), plan.y_layout, &algorithm, workspace_.data(),
-                          workspace_.bytes(), stream);
-  };
-  CudaEvent start, stop;
-  float best_ms = 0.0f;
-  for (const cublasLtMatmulAlgo_t& algorithm : candidates) {
-    if (run(algorithm) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; an algorithm may refuse the operands
-    start.record(stream);
-    for (int r = 0; r < kTimedRuns; ++r) DF_CHECK_CUBLAS(run(algorithm));
-    stop.record(stream);
-    stop.synchronize();
-    const float ms = stop.ms_since(start);
-    if (best_ms == 0.0f || ms < best_ms) best_ms = ms, plan.algorithm = algorithm;
-  }
 }
 
 void CublasLtGemm::matmul(const Shape& s, const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
                           const void* addend, void* y, cudaStream_t stream) {
   check_sizes(s.m, s.n, s.k);
   DF_CHECK(x && w && y, "GEMM input, weight or output pointer is null");
-  Plan& plan = plan_for(s);
+  const Plan& plan = plan_for(s);
   // The bias pointer lives in the (shared, per-shape) descriptor: set it for this call. A graph
   // capture records the value current at the call, so layers sharing a shape stay distinct.
   if (s.with_bias)
     DF_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-  if (!plan.candidates.empty()) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    DF_CHECK_CUDA(cudaStreamIsCapturing(stream, &capture));
-    if (capture == cudaStreamCaptureStatusNone) choose_fastest(s, plan, x, w, stream);
-  }
   const float alpha = 1.0f, beta = addend ? 1.0f : 0.0f;
   DF_CHECK_CUBLAS(cublasLtMatmul(handle_, plan.operation, &alpha, w, plan.w_layout, x, plan.x_layout, &beta,
                                  addend ? addend : y, plan.y_layout, y, plan.y_layout, &plan.algorithm,

@@ -1,10 +1,8 @@
 // Row-major bf16 GEMM through cuBLASLt: Y[M,N] = X[M,K] · W[N,K]^T (+ bias[N]) (+ C[M,N]), fp32
 // accumulate. The prefill GEMMs, the engine's attention projections, the lm_head (fp32 logits) and
-// the unfused baselines use it. An algorithm is chosen once per (M, N, K, epilogue, output type)
-// and cached: up to 64 rows, the fastest of cuBLASLt's first kTunedCandidates heuristic answers,
-// timed on the first call's own operands (into a scratch output) unless the stream is capturing
-// or DEEPFUSE_GEMM_AUTOTUNE=0; otherwise the heuristic's first. The workspace is allocated once,
-// so every run after the first of its shape is graph-capturable.
+// the unfused baselines use it. Algorithms are chosen by cuBLASLt's heuristic once per
+// (M, N, K, epilogue, output type) and cached; the workspace is allocated once, so every run
+// after the first of its shape is graph-capturable (the first only adds a host-side plan).
 #pragma once
 
 #include <cublasLt.h>
@@ -12,7 +10,6 @@
 
 #include <map>
 #include <tuple>
-#include <vector>
 
 #include "deepfuse/tensor.hpp"
 
@@ -50,13 +47,8 @@ class CublasLtGemm {
     cublasLtMatmulDesc_t operation = nullptr;
     cublasLtMatrixLayout_t w_layout = nullptr, x_layout = nullptr, y_layout = nullptr;
     cublasLtMatmulAlgo_t algorithm{};
-    std::vector<cublasLtMatmulAlgo_t> candidates;  // still to be timed; empty once chosen
   };
-  Plan& plan_for(const Shape& shape);
-  // Times plan.candidates on this call's operands (output into a scratch buffer) and keeps the
-  // fastest as plan.algorithm.
-  void choose_fastest(const Shape& shape, Plan& plan, const __nv_bfloat16* x, const __nv_bfloat16* w,
-                      cudaStream_t stream);
+  const Plan& plan_for(const Shape& shape);
   void matmul(const Shape& shape, const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
               const void* addend, void* y, cudaStream_t stream);
 
