@@ -12,6 +12,20 @@ int blocks_for(size_t work_items, int threads) {
   return static_cast<int>(std::min<size_t>((work_items + threads - 1) / threads, 65535 * 8));
 }
 
+// silu(scale g) * (scale u) for 8 values in 16-byte vectors; scale 1 (exact) without a norm.
+__device__ __forceinline__ uint4 silu_and_mul8(const uint4& gate_bits, const uint4& up_bits, float scale) {
+  const auto* gate = reinterpret_cast<const __nv_bfloat162*>(&gate_bits);
+  const auto* up = reinterpret_cast<const __nv_bfloat162*>(&up_bits);
+  uint4 out_bits;
+  auto* out = reinterpret_cast<__nv_bfloat162*>(&out_bits);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 g = __bfloat1622float2(gate[i]), u = __bfloat1622float2(up[i]);
+    out[i] = __floats2bfloat162_rn(silu(scale * g.x) * (scale * u.x), silu(scale * g.y) * (scale * u.y));
+  }
+  return out_bits;
+}
+
 // One thread per 8 intermediate values: two 16-byte loads, one 16-byte store.
 __global__ void silu_and_mul_kernel(const __nv_bfloat16* gate_up, __nv_bfloat16* act, int tokens,
                                     int intermediate) {
@@ -23,16 +37,7 @@ __global__ void silu_and_mul_kernel(const __nv_bfloat16* gate_up, __nv_bfloat16*
     const __nv_bfloat16* row = gate_up + token * 2 * intermediate;
     const uint4 gate_bits = reinterpret_cast<const uint4*>(row)[vector];
     const uint4 up_bits = reinterpret_cast<const uint4*>(row + intermediate)[vector];
-    const auto* gate = reinterpret_cast<const __nv_bfloat162*>(&gate_bits);
-    const auto* up = reinterpret_cast<const __nv_bfloat162*>(&up_bits);
-    uint4 out_bits;
-    auto* out = reinterpret_cast<__nv_bfloat162*>(&out_bits);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 g = __bfloat1622float2(gate[i]), u = __bfloat1622float2(up[i]);
-      out[i] = __floats2bfloat162_rn(silu(g.x) * u.x, silu(g.y) * u.y);
-    }
-    reinterpret_cast<uint4*>(act + token * intermediate)[vector] = out_bits;
+    reinterpret_cast<uint4*>(act + token * intermediate)[vector] = silu_and_mul8(gate_bits, up_bits, 1.0f);
   }
 }
 
@@ -52,17 +57,7 @@ __global__ void silu_and_mul_normalized_kernel(const __nv_bfloat16* gate_up, __n
   if (vector < vectors) gate_bits = gate[vector], up_bits = up[vector];
   const float inverse_rms = row_inverse_rms(norm.input + token * norm.hidden, norm.hidden, norm.eps, scratch);
   while (vector < vectors) {
-    const auto* g2 = reinterpret_cast<const __nv_bfloat162*>(&gate_bits);
-    const auto* u2 = reinterpret_cast<const __nv_bfloat162*>(&up_bits);
-    uint4 out_bits;
-    auto* o2 = reinterpret_cast<__nv_bfloat162*>(&out_bits);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 g = __bfloat1622float2(g2[i]), u = __bfloat1622float2(u2[i]);
-      o2[i] = __floats2bfloat162_rn(silu(inverse_rms * g.x) * (inverse_rms * u.x),
-                                    silu(inverse_rms * g.y) * (inverse_rms * u.y));
-    }
-    out[vector] = out_bits;
+    out[vector] = silu_and_mul8(gate_bits, up_bits, inverse_rms);
     vector += stride;
     if (vector < vectors) gate_bits = gate[vector], up_bits = up[vector];
   }
