@@ -28,7 +28,8 @@
 // as a transformer block's post-attention norm feeds it. fused multiplies the norm weight into
 // its packed gate/up columns once at load (x·(W∘w)^T = (x∘w)·W^T; one extra bf16 rounding of
 // those weights) and scales the sums by 1/rms(x) inside its one launch; naive and unfused run one
-// extra norm launch, unless unfused is asked to fold the norm as fused does (MlpNorm). (v1 multiplied x by the weight per k-step: 8-20% slower, bench mlp --norm.)
+// extra norm launch, unless unfused is asked to fold the norm as fused does (MlpNorm). (v1 of
+// fused multiplied x by the weight per k-step: 8-20% slower, bench mlp --norm.)
 //
 // Aliasing: y may alias residual (in-place residual add). x must not alias y, except with an
 // MlpNorm, where x, residual and y may all be the residual stream (y = x + mlp(norm(x))).

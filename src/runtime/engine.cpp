@@ -306,7 +306,8 @@ double Engine::decode_replay_ms_for_benchmark(int replays) {
   for (int r = 0; r < replays; ++r) DF_CHECK_CUDA(s.graphs->replay(bucket, s.stream()));
   stop.record(s.stream());
   stop.synchronize();
-  DF_CHECK_CUDA(cudaMemcpyAsync(s.buffers->decode_ids(), saved_ids.data(), id_bytes, cudaMemcpyDeviceToDevice, s.stream()));
+  DF_CHECK_CUDA(
+      cudaMemcpyAsync(s.buffers->decode_ids(), saved_ids.data(), id_bytes, cudaMemcpyDeviceToDevice, s.stream()));
   DF_CHECK_CUDA(cudaStreamSynchronize(s.stream()));  // before saved_ids is freed
   return stop.ms_since(start) / replays;
 }

@@ -132,8 +132,8 @@ void run_case(const RopeCase& c, uint64_t salt) {
   for (int t = 0; t < count; ++t) {
     if (tokens[t].position < 0) continue;
     std::vector<float> row(qkv.begin() + static_cast<size_t>(t) * width, qkv.begin() + static_cast<size_t>(t + 1) * width);
-    const double scale =
-        c.norm_hidden ? inverse_rms(residual.data() + static_cast<size_t>(t) * c.norm_hidden, c.norm_hidden, kEps) : 1.0;
+    const float* residual_row = residual.data() + static_cast<size_t>(t) * c.norm_hidden;
+    const double scale = c.norm_hidden ? inverse_rms(residual_row, c.norm_hidden, kEps) : 1.0;
     for (int i = 0; i < width; ++i) row[i] = static_cast<float>(row[i] * scale + bias[i]);
     reference::apply_rope(row.data(), c.q_heads, d, tokens[t].position, inv_freq);
     reference::apply_rope(row.data() + c.q_heads * d, c.kv_heads, d, tokens[t].position, inv_freq);

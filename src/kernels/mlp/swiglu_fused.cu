@@ -431,7 +431,8 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
 // (docs/kernels/swiglu_fused.md, "Overlap with the kernels around it").
 template <int NT, int C>
 bool launches_programmatically(const SwigluFusedParams& p, const FusedMlpTuning& tuning) {
-  return tuning.programmatic_launch && NT == 1 && (C == 2 || C == 4) && p.tokens == 1 && programmatic_launches_enabled();
+  return tuning.programmatic_launch && NT == 1 && (C == 2 || C == 4) && p.tokens == 1 &&
+         programmatic_launches_enabled();
 }
 
 // The launch configuration of `blocks` blocks of the (NT, C) instance, in clusters of C.

@@ -40,9 +40,10 @@ inline constexpr int kSwigluFusedCounters = 2;
 // fp32 partial-sum buffer size in floats.
 size_t swiglu_fused_accumulator_floats(int hidden, int max_tokens);
 
-// One launch, tuned by deepfuse::FusedMlpTuning (deepfuse/mlp.hpp; 0: the device's default). The accumulator and counters must be zero on entry; they are zero again when the
-// kernel completes (with defer_sum, the accumulator once its consumer has cleared it), so
-// consecutive launches (and graph replays) need no memset.
+// One launch, tuned by deepfuse::FusedMlpTuning (deepfuse/mlp.hpp; 0: the device's default).
+// The accumulator and counters must be zero on entry; they are zero again when the kernel
+// completes (with defer_sum, the accumulator once its consumer has cleared it), so consecutive
+// launches (and graph replays) need no memset.
 cudaError_t launch_swiglu_fused(const SwigluFusedParams& params, const FusedMlpTuning& tuning,
                                 cudaStream_t stream);
 

@@ -80,8 +80,8 @@ __device__ __forceinline__ __nv_bfloat16* destination_of(const RopeKvAppendParam
   if (position < 0 || position / kKvPageSize >= p.kv.max_pages_per_seq) return nullptr;
   const int sequence = __ldg(p.sequences + token);
   const int kv_head = is_v ? head - p.q_heads - p.kv.kv_heads : head - p.q_heads;
-  const int32_t page =
-      sequence < 0 ? -1 : __ldg(p.kv.block_table + static_cast<size_t>(sequence) * p.kv.max_pages_per_seq + position / kKvPageSize);
+  const size_t entry = static_cast<size_t>(sequence) * p.kv.max_pages_per_seq + position / kKvPageSize;
+  const int32_t page = sequence < 0 ? -1 : __ldg(p.kv.block_table + entry);
   if (page < 0) return nullptr;
   const size_t offset = p.kv.page_offset(page, kv_head) + static_cast<size_t>(position % kKvPageSize) * d;
   return (is_v ? p.kv.v_pages : p.kv.k_pages) + offset;

@@ -64,9 +64,8 @@ struct SharedStorage {
   HistogramBin owned[kBins / C];  // bins rank, rank + C, ... summed over the cluster
   HistogramBin merged[kBins];     // the whole cluster histogram, gathered for the walk
   double warp_totals[kWarps];     // id-order search: each warp's weight
-  // Never live at once (a cluster barrier ends every id-order search), so they share the space:
-  // more shared memory leaves less L1 for the logits of large batches (4 KB more made batch 32
-  // 35% slower in temperature mode).
+  // Never live at once (a cluster barrier ends every id-order search), so they share the space
+  // and the fixed-point masses cost no shared memory (which the logits' L1 shares at batch > 7).
   union {
     double row_weights[32][33];     // id-order search: the owning warp's weights, [row][lane] (padded)
     uint32_t fixed_mass[2][kBins];  // level 0 of a top-p descent: 64-bit fixed-point masses (low, high words)
@@ -195,6 +194,13 @@ struct Level {
   int shift;
 };
 
+// The fixed-point scale of linear bin b: ~2^31 e^(b/8) (any value close to it: quantising and
+// converting back use the same one).
+__device__ __forceinline__ float level0_mass_scale(int bin) {
+  constexpr float kLog2eOverBinsPerNat = 1.4426950408889634f / kLevel0BinsPerNat;
+  return ldexpf(exp2f(static_cast<float>(bin) * kLog2eOverBinsPerNat), 31);
+}
+
 // This block's histogram of the level's candidates. Each thread folds runs of equal bins in
 // registers before one set of shared atomics, so a bin that takes most tokens costs one atomic
 // per thread rather than one per token.
@@ -206,13 +212,6 @@ struct Level {
 // bin b holds w in (e^-(b+1)/8, e^-b/8] (the last bin: anything smaller), so w * 2^31 * e^(b/8)
 // fits 31 bits and keeps ~31 bits of each w, more than the fp32 w itself has; the 64-bit sum
 // (low word, carry into the high word) is exact, then converted to fp64 once per bin.
-// The scale of linear bin b: ~2^31 e^(b/8) (any value close to it: quantising and converting
-// back use the same one).
-__device__ __forceinline__ float level0_mass_scale(int bin) {
-  constexpr float kLog2eOverBinsPerNat = 1.4426950408889634f / kLevel0BinsPerNat;
-  return ldexpf(exp2f(static_cast<float>(bin) * kLog2eOverBinsPerNat), 31);
-}
-
 template <bool kFixedPoint, int C, typename Seq>
 __device__ __forceinline__ void build_histogram(SharedStorage<C>& s, const Seq& q, const Level& level) {
   for (int b = threadIdx.x; b < kBins; b += kThreads) {
@@ -253,7 +252,7 @@ __device__ __forceinline__ void build_histogram(SharedStorage<C>& s, const Seq& 
       run_bin = bin, run_count = 0, run_mass = 0.0, run_fixed = 0, run_min = key, run_max = key;
     }
     ++run_count;
-    if constexpr (kFixedPoint)  // the product of two floats is exact in fp64; one rounding to 2^-31 of the bin's scale
+    if constexpr (kFixedPoint)  // the product of two floats is exact in fp64, then one rounding
       run_fixed += __double2ull_rn(static_cast<double>(expf(-d)) * level0_mass_scale(bin));
     else if (level.by_mass)
       run_mass += expf(-d);
@@ -263,7 +262,8 @@ __device__ __forceinline__ void build_histogram(SharedStorage<C>& s, const Seq& 
   __syncthreads();
   if constexpr (kFixedPoint) {
     for (int b = threadIdx.x; b < kBins; b += kThreads) {
-      const double sum = static_cast<double>(s.fixed_mass[1][b]) * 4294967296.0 + s.fixed_mass[0][b];  // < 2^53: exact
+      // < 2^53 (at most 2^17.3 tokens of < 2^32 each): exact in fp64
+      const double sum = static_cast<double>(s.fixed_mass[1][b]) * 4294967296.0 + s.fixed_mass[0][b];
       s.local[b].mass = sum / level0_mass_scale(b);
     }
     __syncthreads();
