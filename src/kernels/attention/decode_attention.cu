@@ -39,7 +39,7 @@
 //
 // Merge. The four warps of a block meet in shared memory (max, sum, O per head). A block that is
 // its sequence's only split writes bf16 out directly. Otherwise it writes its normalised partial O
-// and log-sum-exp (fp32) to the workspace and takes a ticket (release + acquire) from the
+// (bf16) and log-sum-exp (fp32) to the workspace and takes a ticket (release + acquire) from the
 // (sequence, kv head) counter; the last block to arrive pulls every split's partials through
 // cp.async (one L2 round trip per chunk that fits in shared memory), weights them by
 // exp2(lse - max lse), writes out, and resets the counter to zero for the next launch. One launch
@@ -111,7 +111,7 @@ struct Geometry {
   static_assert(kChunksPerRow % 8 == 0, "the swizzle permutes groups of 8 chunks within a row");
 };
 
-// ---- Workspace: [counters (batch*kv_heads u32)] [lse (pairs*splits*G f32)] [partial O (pairs*splits*G*D f32)]
+// ---- Workspace: [counters (batch*kv_heads u32)] [lse (pairs*splits*G f32)] [partial O (pairs*splits*G*D bf16)]
 struct WorkspaceLayout {
   size_t lse_offset = 0;
   size_t partial_offset = 0;
@@ -126,7 +126,7 @@ WorkspaceLayout workspace_layout(int batch, int kv_heads, int group, int head_di
   const size_t pairs = static_cast<size_t>(batch) * kv_heads;
   layout.lse_offset = align_up(pairs * sizeof(unsigned), 256);
   layout.partial_offset = layout.lse_offset + align_up(pairs * splits * group * sizeof(float), 256);
-  layout.bytes = layout.partial_offset + pairs * splits * group * head_dim * sizeof(float);
+  layout.bytes = layout.partial_offset + pairs * splits * group * head_dim * sizeof(__nv_bfloat16);
   return layout;
 }
 
@@ -139,7 +139,7 @@ struct KernelArgs {
   const int32_t* seq_lens;
   unsigned* counters;
   float* lse;      // log2-domain log-sum-exp per (pair, split, head)
-  float* partial;  // normalised partial output per (pair, split, head, dim)
+  __nv_bfloat16* partial;  // normalised partial output per (pair, split, head, dim): bf16 halves the merge's reads
   int max_pages_per_seq;
   int kv_heads;
   int group;
@@ -187,16 +187,17 @@ __device__ __forceinline__ unsigned ticket_acq_rel(unsigned* counter) {
 template <int D, int HT>
 __device__ void merge_splits(const KernelArgs& a, int active, size_t slot0, __nv_bfloat16* out,
                              unsigned char* shared) {
+  constexpr int kVector = 8;  // bf16 values per 16-byte copy
   const int group = a.group, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int items = group * (D / 4);  // float4 outputs of the group
+  const int items = group * (D / kVector);  // 16-byte vectors of the group's partial output
   float* weights = reinterpret_cast<float*>(shared);  // [active][group]: lse, then exp2(lse - max)
   float* inverse_total = weights + active * group;    // [group]
   const int header_floats = (active * group + group + 3) / 4 * 4;
-  float4* chunk = reinterpret_cast<float4*>(weights + header_floats);
-  const int capacity = (kSharedBytes - header_floats * 4) / (items * 16);  // splits per chunk, >= 9
+  uint4* chunk = reinterpret_cast<uint4*>(weights + header_floats);
+  const int capacity = (kSharedBytes - header_floats * 4) / (items * 16);  // splits per chunk, >= 19
 
   // The first chunk of partials is requested before the log-sum-exps, so the two L2 round trips overlap.
-  const float4* partials = reinterpret_cast<const float4*>(a.partial + slot0 * group * D);
+  const uint4* partials = reinterpret_cast<const uint4*>(a.partial + slot0 * group * D);
   auto request_chunk = [&](int c0) {
     const int count = min(capacity, active - c0);
     for (int p = threadIdx.x; p < count * items; p += kThreads)
@@ -220,10 +221,12 @@ __device__ void merge_splits(const KernelArgs& a, int active, size_t slot0, __nv
     if (lane == 0) inverse_total[head] = 1.0f / total;
   }
 
-  constexpr int kItemsPerThread = (HT * 8 * (D / 4) + kThreads - 1) / kThreads;
-  float4 acc[kItemsPerThread];
+  constexpr int kItemsPerThread = (HT * 8 * (D / kVector) + kThreads - 1) / kThreads;
+  float acc[kItemsPerThread][kVector];
 #pragma unroll
-  for (int i = 0; i < kItemsPerThread; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int i = 0; i < kItemsPerThread; ++i)
+#pragma unroll
+    for (int j = 0; j < kVector; ++j) acc[i][j] = 0.0f;
   for (int c0 = 0; c0 < active; c0 += capacity) {
     wait_async<0>();
     __syncthreads();  // the chunk (and, the first time, the weights) are complete
@@ -232,12 +235,17 @@ __device__ void merge_splits(const KernelArgs& a, int active, size_t slot0, __nv
     for (int i = 0; i < kItemsPerThread; ++i) {
       const int item = threadIdx.x + i * kThreads;
       if (item >= items) continue;
-      const int head = item / (D / 4);
+      const int head = item / (D / kVector);
 #pragma unroll 4
       for (int s = 0; s < count; ++s) {
         const float w = weights[(c0 + s) * group + head];
-        const float4 v = chunk[s * items + item];
-        acc[i].x += w * v.x, acc[i].y += w * v.y, acc[i].z += w * v.z, acc[i].w += w * v.w;
+        const uint4 bits = chunk[s * items + item];
+        const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&bits);
+#pragma unroll
+        for (int j = 0; j < kVector / 2; ++j) {
+          const float2 v = __bfloat1622float2(pairs[j]);
+          acc[i][2 * j] += w * v.x, acc[i][2 * j + 1] += w * v.y;
+        }
       }
     }
     if (c0 + capacity < active) {
@@ -249,8 +257,11 @@ __device__ void merge_splits(const KernelArgs& a, int active, size_t slot0, __nv
   for (int i = 0; i < kItemsPerThread; ++i) {
     const int item = threadIdx.x + i * kThreads;
     if (item >= items) continue;
-    const float inv = inverse_total[item / (D / 4)];
-    store_bf16x4(out + 4 * item, make_float4(acc[i].x * inv, acc[i].y * inv, acc[i].z * inv, acc[i].w * inv));
+    const float inv = inverse_total[item / (D / kVector)];
+    store_bf16x4(out + kVector * item,
+                 make_float4(acc[i][0] * inv, acc[i][1] * inv, acc[i][2] * inv, acc[i][3] * inv));
+    store_bf16x4(out + kVector * item + 4,
+                 make_float4(acc[i][4] * inv, acc[i][5] * inv, acc[i][6] * inv, acc[i][7] * inv));
   }
 }
 
@@ -479,7 +490,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_attention_kerne
     if (only_split) {
       store_bf16x4(out + head * D + dim, acc);
     } else {
-      *reinterpret_cast<float4*>(a.partial + (slot * a.group + head) * D + dim) = acc;
+      store_bf16x4(a.partial + (slot * a.group + head) * D + dim, acc);
       if (dim == 0) a.lse[slot * a.group + head] = best + log2f(total);
     }
   }
@@ -625,7 +636,8 @@ cudaError_t launch_decode_attention(const DecodeAttentionPlan& plan, const Decod
   args.seq_lens = params.seq_lens;
   args.counters = layout.bytes ? reinterpret_cast<unsigned*>(workspace) : nullptr;
   args.lse = layout.bytes ? reinterpret_cast<float*>(workspace + layout.lse_offset) : nullptr;
-  args.partial = layout.bytes ? reinterpret_cast<float*>(workspace + layout.partial_offset) : nullptr;
+  args.partial =
+      layout.bytes ? reinterpret_cast<__nv_bfloat16*>(workspace + layout.partial_offset) : nullptr;
   args.max_pages_per_seq = kv.max_pages_per_seq;
   args.kv_heads = plan.kv_heads;
   args.group = group;
