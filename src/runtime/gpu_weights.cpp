@@ -7,8 +7,8 @@
 #include <cstring>
 #include <string>
 
-#include "deepfuse/bf16.hpp"
 #include "core/ab_switch.hpp"
+#include "deepfuse/bf16.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "deepfuse/reference.hpp"
