@@ -33,7 +33,8 @@ std::string describe(const PlanInput& in) {
 }
 
 // What every plan must satisfy: the splits cover max_context with none empty, and the workspace
-// holds a counter per (sequence, kv head) plus a partial output and log-sum-exp per split and head.
+// holds a counter per (sequence, kv head) plus a partial output (bf16) and log-sum-exp (fp32) per
+// split and head.
 void expect_consistent(const PlanInput& in, const DecodeAttentionPlan& plan) {
   SCOPED_TRACE(describe(in));
   EXPECT_EQ(plan.batch, in.batch);
@@ -51,7 +52,8 @@ void expect_consistent(const PlanInput& in, const DecodeAttentionPlan& plan) {
   } else {
     const size_t pairs = static_cast<size_t>(in.batch) * in.kv_heads;
     const size_t group = in.q_heads / in.kv_heads;
-    const size_t needed = pairs * sizeof(uint32_t) + pairs * plan.splits_per_sequence * group * (in.head_dim + 1) * sizeof(float);
+    const size_t rows = pairs * plan.splits_per_sequence * group;  // (split, head) rows
+    const size_t needed = pairs * sizeof(uint32_t) + rows * (in.head_dim * sizeof(uint16_t) + sizeof(float));
     EXPECT_GE(plan.workspace_bytes, needed);
     EXPECT_LE(plan.workspace_bytes, needed + 1024) << "workspace padding beyond alignment";
   }
