@@ -17,17 +17,17 @@ namespace {
 
 struct Mode {
   const char* name;
-  float temperature;
-  int top_k;
-  float top_p;
-  float min_p;
+  reference::SamplingParams params;  // seed set per row
 };
 
 // Greedy, plain temperature, each filter alone, and the common top-k + top-p pairing.
 constexpr Mode kModes[] = {
-    {"greedy", 0.0f, 0, 1.0f, 0.0f},     {"temperature", 0.8f, 0, 1.0f, 0.0f},
-    {"top-k", 0.7f, 50, 1.0f, 0.0f},     {"top-p", 0.7f, 0, 0.9f, 0.0f},
-    {"top-k+top-p", 0.7f, 50, 0.9f, 0.0f}, {"min-p", 1.0f, 0, 1.0f, 0.05f},
+    {"greedy", {}},
+    {"temperature", {.temperature = 0.8f}},
+    {"top-k", {.temperature = 0.7f, .top_k = 50}},
+    {"top-p", {.temperature = 0.7f, .top_p = 0.9f}},
+    {"top-k+top-p", {.temperature = 0.7f, .top_k = 50, .top_p = 0.9f}},
+    {"min-p", {.temperature = 1.0f, .min_p = 0.05f}},
 };
 
 const Mode& find_mode(const std::string& name) {
@@ -81,11 +81,9 @@ int run_gpu(const SamplingBenchOptions& o) {
         const Mode& mode = find_mode(name);
         std::vector<kernels::SamplingSlot> host_slots(batch);
         for (int s = 0; s < batch; ++s) {
-          host_slots[s].temperature = mode.temperature;
-          host_slots[s].top_k = mode.top_k;
-          host_slots[s].top_p = mode.top_p;
-          host_slots[s].min_p = mode.min_p;
-          host_slots[s].seed = 1000 + s;
+          reference::SamplingParams row_params = mode.params;
+          row_params.seed = 1000 + s;
+          host_slots[s] = kernels::sampling_slot(row_params);
         }
         slots.upload(host_slots.data(), batch * sizeof(kernels::SamplingSlot));
         kernels::SamplingParams params;
@@ -106,7 +104,7 @@ int run_gpu(const SamplingBenchOptions& o) {
         const std::vector<int32_t> got = ids.to_host<int32_t>(batch);
         for (int s = 0; s < batch; ++s) {
           DF_CHECK(got[s] >= 0 && got[s] < vocab, "bench sampling: id " + std::to_string(got[s]) + " outside the vocabulary");
-          if (mode.temperature <= 0.0f)
+          if (mode.params.temperature <= 0.0f)
             DF_CHECK(got[s] == argmax_lowest_id(host_logits.data() + static_cast<size_t>(s) * vocab, vocab),
                      "bench sampling: greedy id differs from the argmax in row " + std::to_string(s));
         }
@@ -124,8 +122,8 @@ int run_gpu(const SamplingBenchOptions& o) {
     table.add({std::to_string(r.vocab), std::to_string(r.batch), r.mode->name, format_fixed(r.graph_us, 1),
                format_fixed(r.stream_us, 1), "1"});
     json["rows"].push_back({{"vocab", r.vocab}, {"batch", r.batch}, {"mode", r.mode->name},
-                            {"temperature", r.mode->temperature}, {"top_k", r.mode->top_k}, {"top_p", r.mode->top_p},
-                            {"min_p", r.mode->min_p}, {"us", r.graph_us}, {"us_stream", r.stream_us}, {"launches", 1}});
+                            {"temperature", r.mode->params.temperature}, {"top_k", r.mode->params.top_k},
+                            {"top_p", r.mode->params.top_p}, {"min_p", r.mode->params.min_p}, {"us", r.graph_us}, {"us_stream", r.stream_us}, {"launches", 1}});
   }
   std::fputs(table.render().c_str(), stdout);
   if (!o.json_path.empty()) write_json(o.json_path, json);
@@ -143,11 +141,7 @@ int run_cpu(const SamplingBenchOptions& o) {
       const std::vector<float> logits = model_like_logits(batch, vocab, 11);
       for (const std::string& name : o.modes) {
         const Mode& mode = find_mode(name);
-        reference::SamplingParams params;
-        params.temperature = mode.temperature;
-        params.top_k = mode.top_k;
-        params.top_p = mode.top_p;
-        params.min_p = mode.min_p;
+        const reference::SamplingParams& params = mode.params;
         const double us = median_host_call_us(
             [&] {
               for (int s = 0; s < batch; ++s)

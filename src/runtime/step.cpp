@@ -51,13 +51,8 @@ void Engine::wait_for_launched_steps() {
 void Engine::Impl::upload_slot(int row, const reference::SamplingParams& sampling) {
   slot_host_read.wait();  // slot_host may still be the source of an earlier upload
   kernels::SamplingSlot& slot = slot_host.as<kernels::SamplingSlot>()[row];
-  slot = kernels::SamplingSlot{};
-  slot.temperature = sampling.temperature;
-  slot.top_k = sampling.top_k;
-  slot.top_p = sampling.top_p;
-  slot.min_p = sampling.min_p;
-  slot.seed = sampling.seed;
-  slot.step = 0;  // draws count tokens generated so far, as reference::sample's step does
+  // Step 0: draws count tokens generated so far, as reference::sample's step does.
+  slot = kernels::sampling_slot(sampling);
   DF_CHECK_CUDA(cudaMemcpyAsync(buffers->slots() + row, &slot, sizeof slot, cudaMemcpyHostToDevice, stream()));
   slot_host_read.record(stream());
 }

@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "deepfuse/reference.hpp"
+
 namespace deepfuse::kernels {
 
 // Per-sequence parameters, in device memory so graph replays pick up changes.
@@ -21,6 +23,18 @@ struct SamplingSlot {
   uint64_t seed = 0;
   uint64_t step = 0;         // draw index; the kernel increments it after each draw
 };
+
+// The slot of a sequence sampled as reference::sample does with `params`, from draw 0 (the GPU
+// applies no repetition penalty).
+inline SamplingSlot sampling_slot(const reference::SamplingParams& params) {
+  SamplingSlot slot;
+  slot.temperature = params.temperature;
+  slot.top_k = params.top_k;
+  slot.top_p = params.top_p;
+  slot.min_p = params.min_p;
+  slot.seed = params.seed;
+  return slot;
+}
 
 struct SamplingParams {
   const float* logits = nullptr;   // [batch, vocab]
