@@ -124,9 +124,11 @@ void Engine::Impl::finish_setup() {
   gemm = std::make_unique<kernels::CublasLtGemm>();
   buffers = std::make_unique<runtime::StepBuffers>(config, max_tokens(), max_batch,
                                                    std::max(max_batch, kScoreLogitRows), attention_workspace, stream());
+  using runtime::PinnedBuffer;
   for (runtime::StepLane& lane : lanes) {
-    lane.inputs = runtime::PinnedBuffer(3 * static_cast<size_t>(max_batch) * sizeof(int32_t));
-    lane.sampled = runtime::PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t));
+    lane.inputs = PinnedBuffer(3 * static_cast<size_t>(max_batch) * sizeof(int32_t));
+    lane.sampled = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t), PinnedBuffer::Access::mapped);
+    lane.graphs = std::make_unique<runtime::DecodeGraphCache>(max_batch, options.cuda_graphs);
   }
   prefill_sampled = runtime::PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t));
   prefill_host = runtime::PinnedBuffer(3 * static_cast<size_t>(max_tokens()) * sizeof(int32_t));
@@ -158,7 +160,6 @@ void Engine::Impl::finish_setup() {
   kv = std::make_unique<runtime::KvCache>(geometry, static_cast<int>(pages), max_batch, max_pages_per_sequence,
                                           stream());
   forward = std::make_unique<runtime::ForwardPass>(config, *weights, *kv, *buffers, *gemm);
-  graphs = std::make_unique<runtime::DecodeGraphCache>(max_batch, options.cuda_graphs);
   DF_CHECK_CUDA(cudaStreamSynchronize(stream()));
 }
 
@@ -213,7 +214,9 @@ EngineStats Engine::stats(int decode_batch) const {
     }
   stats.launches_per_decode_step = s.forward->launches_per_decode_step(*plan);
   stats.launches_per_layer = s.forward->launches_per_layer(kernels::decode_attention_launches(*plan), plan->batch);
-  stats.kernels_per_decode_step = s.graphs->kernel_nodes(s.graphs->bucket_index(plan->batch));
+  const int bucket = s.lanes[0].graphs->bucket_index(plan->batch);  // every lane has the same buckets
+  const runtime::StepLane* lane = s.lane_with_graph(bucket);
+  stats.kernels_per_decode_step = lane ? lane->graphs->kernel_nodes(bucket) : 0;
   return stats;
 }
 
@@ -295,17 +298,22 @@ double Engine::decode_replay_ms_for_benchmark(int replays) {
   s.activate_device();
   DF_CHECK(replays >= 1, "replays is " + std::to_string(replays) + "; it must be at least 1");
   if (s.running.empty()) return 0.0;
-  const int bucket = s.graphs->bucket_index(static_cast<int>(s.running.size()));
-  if (!s.graphs->captured(bucket)) return 0.0;  // no step() of this bucket yet, or graphs off
-  // The replays feed their own samples: keep the ids the next step() feeds.
+  const int bucket = s.lanes[0].graphs->bucket_index(static_cast<int>(s.running.size()));
+  const runtime::StepLane* lane = s.lane_with_graph(bucket);
+  if (!lane) return 0.0;  // no step() of this bucket yet, or graphs off
+  // The replays feed their own samples: keep the ids the next step() feeds, on the device and
+  // in the lane's host buffer (a step in flight may not have been read back yet).
   const size_t id_bytes = s.running.size() * sizeof(int32_t);
   DeviceBuffer saved_ids(id_bytes);
   DF_CHECK_CUDA(cudaMemcpyAsync(saved_ids.data(), s.buffers->decode_ids(), id_bytes, cudaMemcpyDeviceToDevice, s.stream()));
+  DF_CHECK_CUDA(cudaStreamSynchronize(s.stream()));
+  const std::vector<int32_t> saved_sampled(lane->sampled.as<int32_t>(), lane->sampled.as<int32_t>() + s.running.size());
   CudaEvent start, stop;
   start.record(s.stream());
-  for (int r = 0; r < replays; ++r) DF_CHECK_CUDA(s.graphs->replay(bucket, s.stream()));
+  for (int r = 0; r < replays; ++r) DF_CHECK_CUDA(lane->graphs->replay(bucket, s.stream()));
   stop.record(s.stream());
   stop.synchronize();
+  std::copy(saved_sampled.begin(), saved_sampled.end(), lane->sampled.as<int32_t>());
   DF_CHECK_CUDA(
       cudaMemcpyAsync(s.buffers->decode_ids(), saved_ids.data(), id_bytes, cudaMemcpyDeviceToDevice, s.stream()));
   DF_CHECK_CUDA(cudaStreamSynchronize(s.stream()));  // before saved_ids is freed

@@ -7,8 +7,8 @@
 // have not been read back yet (step.cpp: steps run one ahead of the host).
 //
 // Host/device traffic: every per-step input goes through pinned buffers, each rewritten only
-// once the copy that last read it has run (after the step's one stream synchronisation, or
-// after waiting on the event recorded behind that copy).
+// once the copy or step that last read it has run (after the step's one stream synchronisation,
+// or after waiting on the event recorded behind that copy or step).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -51,13 +51,15 @@ struct Sequence {
 };
 
 // One decode step's host side: its inputs, the ids it samples, and which sequence each row fed.
-// Two lanes alternate, so one step can be read back while the next is in flight.
+// Two lanes alternate, so one step can be read back while the next is in flight. The step's
+// sampler writes the ids into the lane's mapped pinned memory itself (no copy after the graph:
+// 8-15 us per step at batch 1-8 on the H200, docs/runtime.md), so each lane has its own graphs.
 struct StepLane {
-  PinnedBuffer inputs;           // int32 [3, max_batch]: ids | positions | seq_lens
-  CopyEvent inputs_read;         // recorded after the inputs' upload
-  PinnedBuffer sampled;          // int32 [max_batch]: the ids the step sampled
-  CopyEvent sampled_ready;       // recorded after their download
+  PinnedBuffer inputs;           // int32 [3, max_batch]: ids | positions | seq_lens, uploaded
+  PinnedBuffer sampled;          // int32 [max_batch]: the ids the step sampled (mapped)
+  CopyEvent step_done;           // recorded after the lane's last upload and step
   std::vector<SequenceId> rows;  // the sequence each row fed when launched; 0 where none
+  std::unique_ptr<DecodeGraphCache> graphs;
 };
 
 // Owns the engine's stream; waits for it before destroying it.
@@ -115,6 +117,8 @@ struct Engine::Impl {
   void run_decode_step(runtime::StepLane& lane, int sequences,
                        const std::function<bool(int row, int32_t& id, int& position)>& input);
   void upload_slot(int row, const reference::SamplingParams& sampling);
+  // The lane whose graphs hold bucket `index` (stats and benchmark replays), or null: none yet.
+  const runtime::StepLane* lane_with_graph(int bucket_index) const;
   void remove_running(int row);
   void remove_finished(std::vector<int> rows);  // remove_running for each row, highest first
   FinishReason finish_reason(const runtime::Sequence& sequence) const;
@@ -136,7 +140,6 @@ struct Engine::Impl {
   std::unique_ptr<runtime::StepBuffers> buffers;
   std::unique_ptr<runtime::KvCache> kv;
   std::unique_ptr<runtime::ForwardPass> forward;
-  std::unique_ptr<runtime::DecodeGraphCache> graphs;
 
   std::array<runtime::StepLane, 2> lanes;
   int next_lane = 0;

@@ -223,10 +223,11 @@ void ForwardPass::attend(const kernels::PagedKv& kv, int tokens, const Attention
   }
 }
 
-void ForwardPass::decode_step(const kernels::DecodeAttentionPlan& plan, cudaStream_t stream) {
+void ForwardPass::decode_step(const kernels::DecodeAttentionPlan& plan, int32_t* host_sampled, cudaStream_t stream) {
   const int batch = plan.batch;
   DF_CHECK(batch >= 1 && batch <= buffers_.max_batch && batch <= buffers_.logits_rows,
            "decode step batch " + std::to_string(batch) + " outside 1.." + std::to_string(buffers_.max_batch));
+  DF_CHECK(host_sampled, "a decode step needs a host buffer for its sampled ids");
   embed(buffers_.decode_ids(), batch, stream);
   const Attention attention{&plan};
   float* pending = nullptr;
@@ -235,7 +236,7 @@ void ForwardPass::decode_step(const kernels::DecodeAttentionPlan& plan, cudaStre
   DF_CHECK(!pending, "the last block's MLP sum must reach the residual stream");
   final_norm(0, batch, stream);
   lm_head(0, batch, stream);
-  sample(0, batch, stream);
+  sample(0, batch, stream, host_sampled);
 }
 
 void ForwardPass::prefill_chunk(int row, int start, int tokens, cudaStream_t stream) {
@@ -259,11 +260,12 @@ void ForwardPass::lm_head(int first_row, int rows, cudaStream_t stream) {
                      config_.hidden_size, stream);
 }
 
-void ForwardPass::sample(int first_entry, int batch, cudaStream_t stream) {
+void ForwardPass::sample(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids) {
   kernels::SamplingParams p;
   p.logits = buffers_.logits.as<float>();
   p.slots = buffers_.slots() + first_entry;
   p.ids = buffers_.decode_ids() + first_entry;
+  p.host_ids = host_ids;
   p.workspace = buffers_.sampling_workspace.data();
   p.batch = batch;
   p.vocab = config_.vocab_size;

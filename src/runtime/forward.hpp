@@ -75,8 +75,9 @@ class ForwardPass {
               kernels::CublasLtGemm& gemm);
 
   // A decode step for plan.batch entries read from buffers.decode_inputs; ends with their
-  // logits in rows 0..batch-1 and the sampled ids in decode_ids (sampling slots advanced).
-  void decode_step(const kernels::DecodeAttentionPlan& plan, cudaStream_t stream);
+  // logits in rows 0..batch-1 and the sampled ids in decode_ids and in `host_sampled` (the
+  // device's view of mapped pinned host memory, [batch]); sampling slots advanced.
+  void decode_step(const kernels::DecodeAttentionPlan& plan, int32_t* host_sampled, cudaStream_t stream);
 
   // Tokens [start, start + tokens) of the sequence on block-table row `row`, inputs in
   // buffers.prefill_inputs: their keys and values go to the cache, their final hidden states
@@ -88,8 +89,8 @@ class ForwardPass {
   // lm_head of normed rows [first_row, first_row + rows) -> fp32 logits rows 0..rows-1.
   void lm_head(int first_row, int rows, cudaStream_t stream);
   // Samples logits rows 0..batch-1 with the slots of entries first_entry.. and writes the ids
-  // into decode_ids[first_entry..].
-  void sample(int first_entry, int batch, cudaStream_t stream);
+  // into decode_ids[first_entry..] (and into host_ids[0..batch-1] when given: mapped pinned memory).
+  void sample(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids = nullptr);
 
   // Kernel launches (cuBLASLt GEMMs count one each) of one layer and of a whole decode step;
   // decode_batch 0 means a prefill chunk.

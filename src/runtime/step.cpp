@@ -7,6 +7,9 @@
 // positions follow from what is in flight. What the host learns only when it reads a step back
 // (a stop token) costs one step of wasted work for that sequence, never a wrong token: the step
 // launched after it is read back with the sequence gone, and its token is dropped.
+//
+// The sampler writes each step's ids straight into its lane's mapped pinned memory (StepLane):
+// no copy after the graph delays the next step's upload and launch.
 #include <algorithm>
 #include <string>
 #include <unordered_map>
@@ -55,6 +58,12 @@ void Engine::Impl::upload_slot(int row, const reference::SamplingParams& samplin
   slot = kernels::sampling_slot(sampling);
   DF_CHECK_CUDA(cudaMemcpyAsync(buffers->slots() + row, &slot, sizeof slot, cudaMemcpyHostToDevice, stream()));
   slot_host_read.record(stream());
+}
+
+const StepLane* Engine::Impl::lane_with_graph(int bucket_index) const {
+  for (const StepLane& lane : lanes)
+    if (lane.graphs->captured(bucket_index)) return &lane;
+  return nullptr;
 }
 
 // The last row moves into the hole, with its sampling slot and its next id on the device. The
@@ -152,12 +161,13 @@ void Engine::Impl::prefill_queued(std::vector<StepToken>& out) {
 }
 
 // Uploads rows 0..max_batch-1 of the step's inputs (ids -1, positions -1, lengths 0 where `input`
-// says the row sits out; ids equal to kIdOnDevice stay as the device holds them), then the step.
+// says the row sits out; ids equal to kIdOnDevice stay as the device holds them), then the step,
+// whose sampler leaves the ids in lane.sampled.
 void Engine::Impl::run_decode_step(StepLane& lane, int sequences,
                                    const std::function<bool(int row, int32_t& id, int& position)>& input) {
-  const int bucket_index = graphs->bucket_index(sequences);
+  const int bucket_index = lane.graphs->bucket_index(sequences);
   const int max_batch = options.max_batch;
-  lane.inputs_read.wait();  // the lane's last upload has run
+  lane.step_done.wait();  // the lane's last upload and step have run
   int32_t* ids = lane.inputs.as<int32_t>();
   int32_t* positions = ids + max_batch;
   int32_t* seq_lens = ids + 2 * max_batch;
@@ -189,9 +199,10 @@ void Engine::Impl::run_decode_step(StepLane& lane, int sequences,
     upload(first, row - first);
   }
   upload(tail, 3 * max_batch - tail);
-  lane.inputs_read.record(stream());
   const kernels::DecodeAttentionPlan& plan = decode_plans[bucket_index];
-  graphs->run(bucket_index, stream(), [&](cudaStream_t s) { forward->decode_step(plan, s); });
+  int32_t* host_sampled = lane.sampled.device_as<int32_t>();
+  lane.graphs->run(bucket_index, stream(), [&](cudaStream_t s) { forward->decode_step(plan, host_sampled, s); });
+  lane.step_done.record(stream());
 }
 
 // Launches a decode step for every running sequence that can take one more token (the others sit
@@ -239,9 +250,6 @@ void Engine::Impl::launch_decode(std::vector<StepToken>& out) {
     }
     sequence.id_on_device = feeds[row] != 0;  // a row that sat out was sampled from padding
   }
-  DF_CHECK_CUDA(cudaMemcpyAsync(lane.sampled.data(), buffers->decode_ids(), sequences * sizeof(int32_t),
-                                cudaMemcpyDeviceToHost, stream()));
-  lane.sampled_ready.record(stream());
   launched.push_back(lane_index);
 }
 
@@ -250,7 +258,7 @@ void Engine::Impl::launch_decode(std::vector<StepToken>& out) {
 void Engine::Impl::read_back_oldest(std::vector<StepToken>& out) {
   StepLane& lane = lanes[launched.front()];
   launched.pop_front();
-  lane.sampled_ready.wait();
+  lane.step_done.wait();
   std::unordered_map<SequenceId, int> row_of;
   for (int row = 0; row < static_cast<int>(running.size()); ++row) row_of[running[row].id] = row;
   std::vector<int> finished;

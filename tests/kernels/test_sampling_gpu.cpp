@@ -19,6 +19,7 @@
 #include "deepfuse/reference.hpp"
 #include "deepfuse/tensor.hpp"
 #include "kernels/sampling/sampling.cuh"
+#include "runtime/pinned_buffer.hpp"
 #include "test_util.hpp"
 
 namespace deepfuse {
@@ -297,10 +298,14 @@ TEST(SamplingGpu, GraphReplayDrawsTheNextSteps) {
   DeviceBuffer logits_dev = DeviceBuffer::from_host(logits);
   DeviceBuffer slots_dev = DeviceBuffer::from_host(slots);
   DeviceBuffer ids_dev = DeviceBuffer::from_host(std::vector<int32_t>(batch, kPoisonId));
+  // The ids also go straight to mapped pinned host memory, as the engine's decode step takes them.
+  const runtime::PinnedBuffer host_buffer(batch * sizeof(int32_t), runtime::PinnedBuffer::Access::mapped);
+  int32_t* host_ids = host_buffer.as<int32_t>();
   kernels::SamplingParams params;
   params.logits = logits_dev.as<float>();
   params.slots = slots_dev.as<SamplingSlot>();
   params.ids = ids_dev.as<int32_t>();
+  params.host_ids = host_buffer.device_as<int32_t>();
   params.batch = batch;
   params.vocab = vocab;
   cudaStream_t stream;
@@ -315,10 +320,12 @@ TEST(SamplingGpu, GraphReplayDrawsTheNextSteps) {
   std::vector<int> matches(batch, 0);
   for (int r = 0; r < replays; ++r) {
     DF_CHECK_CUDA(cudaMemsetAsync(ids_dev.data(), 0xff, batch * sizeof(int32_t), stream));  // -1: poisoned
+    std::fill(host_ids, host_ids + batch, kPoisonId);
     DF_CHECK_CUDA(cudaGraphLaunch(exec, stream));
     DF_CHECK_CUDA(cudaStreamSynchronize(stream));
     const auto ids = ids_dev.to_host<int32_t>(batch);
     for (int b = 0; b < batch; ++b) {
+      ASSERT_EQ(host_ids[b], ids[b]) << "replay " << r << " row " << b << ": the host copy";
       ASSERT_TRUE(ids[b] >= 0 && ids[b] < vocab) << "replay " << r << " row " << b << ": id " << ids[b];
       EXPECT_GT(probs[b][ids[b]], 0.0) << "replay " << r << " row " << b;
       matches[b] += ids[b] == draw_from(probs[b], reference::sampling_uniform(slots[b].seed, slots[b].step + r));
@@ -339,6 +346,8 @@ TEST(SamplingGpu, GraphReplayDrawsTheNextSteps) {
   const auto final_slots = slots_dev.to_host<SamplingSlot>(batch);
   EXPECT_EQ(final_slots[0].step, slots[0].step + replays + 1);
   EXPECT_EQ(final_slots[1].step, slots[1].step + replays + 1);
+
+  EXPECT_EQ(host_ids[1], ids[1]);
 
   DF_CHECK_CUDA(cudaGraphExecDestroy(exec));
   DF_CHECK_CUDA(cudaGraphDestroy(graph));

@@ -40,6 +40,7 @@ struct SamplingParams {
   const float* logits = nullptr;   // [batch, vocab]
   SamplingSlot* slots = nullptr;   // [batch]
   int32_t* ids = nullptr;          // [batch] sampled ids
+  int32_t* host_ids = nullptr;     // [batch] or null: the ids also written here (mapped pinned host memory)
   void* workspace = nullptr;       // sampling_workspace_bytes(batch, vocab); no zeroing needed
   int batch = 0;
   int vocab = 0;
