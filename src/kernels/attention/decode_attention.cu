@@ -66,6 +66,7 @@
 #include "kernels/attention/warp_tiles.cuh"
 #include "kernels/common/cluster_launch.hpp"
 #include "kernels/common/dependent_launch.cuh"
+#include "kernels/common/pointer_checks.hpp"
 #include "kernels/common/trace.cuh"
 #include "kernels/mlp/fragment.cuh"
 
@@ -543,8 +544,6 @@ cudaError_t launch_instance(const KernelArgs& args, dim3 grid, cudaStream_t stre
 }
 
 int pages_for(int context) { return (context + kKvPageSize - 1) / kKvPageSize; }
-
-bool aligned(const void* p, size_t alignment) { return reinterpret_cast<uintptr_t>(p) % alignment == 0; }
 
 // The plan as plan_decode_attention makes it; anything else is a caller's mistake.
 bool plan_is_consistent(const DecodeAttentionPlan& plan) {

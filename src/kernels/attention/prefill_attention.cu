@@ -37,6 +37,7 @@
 #include <mutex>
 #include <vector>
 
+#include "kernels/common/pointer_checks.hpp"
 #include "kernels/mlp/fragment.cuh"
 
 namespace deepfuse::kernels {
@@ -374,8 +375,6 @@ __global__ void __launch_bounds__(kThreads, PrefillTile<HeadDim>::kMinBlocksPerS
     store_output<HeadDim>(p, output, row_sum, q_tile + warp * kRowsPerWarp * Tile::kRowStride,
                           first_row + warp * kRowsPerWarp, head, lane);
 }
-
-bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
 bool valid_params(const PrefillAttentionParams& p) {
   const PagedKv& kv = p.kv;

@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <cstddef>
 
+#include "kernels/common/pointer_checks.hpp"
+
 namespace deepfuse::kernels {
 namespace {
 
@@ -33,8 +35,6 @@ __global__ void embedding_kernel(EmbeddingParams p) {
     reinterpret_cast<uint4*>(p.out + token * p.hidden)[vector] = bits;
   }
 }
-
-bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
 }  // namespace
 

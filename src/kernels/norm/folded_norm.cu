@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstddef>
 
+#include "kernels/common/pointer_checks.hpp"
+
 namespace deepfuse::kernels {
 namespace {
 
@@ -27,8 +29,6 @@ __global__ void fold_norm_weight_kernel(__nv_bfloat16* matrix, size_t vectors, i
     *cell = bits;
   }
 }
-
-bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
 }  // namespace
 

@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "kernels/common/pointer_checks.hpp"
+
 namespace deepfuse::kernels {
 
 // What a consumer kernel needs to apply a folded norm; input == nullptr: no norm.
@@ -29,8 +31,7 @@ cudaError_t launch_fold_norm_weight(__nv_bfloat16* matrix, int rows, int cols, c
 // Host-side check of a FoldedRmsNorm a launcher was given (null input: valid, nothing to apply).
 inline bool valid_folded_norm(const FoldedRmsNorm& norm) {
   if (!norm.input) return true;
-  return norm.hidden >= 8 && norm.hidden % 8 == 0 && reinterpret_cast<uintptr_t>(norm.input) % 16 == 0 &&
-         norm.eps >= 0.0f;
+  return norm.hidden >= 8 && norm.hidden % 8 == 0 && aligned16(norm.input) && norm.eps >= 0.0f;
 }
 
 #ifdef __CUDACC__

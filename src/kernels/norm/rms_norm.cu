@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/common/pointer_checks.hpp"
 #include "kernels/norm/folded_norm.cuh"
 
 namespace deepfuse::kernels {
@@ -96,14 +97,6 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_kernel(RmsNormParams p) 
   }
 }
 
-bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
-
-// [a, a + bytes) and [b, b + bytes) share a byte.
-bool overlaps(const void* a, const void* b, size_t bytes) {
-  const auto begin_a = reinterpret_cast<uintptr_t>(a), begin_b = reinterpret_cast<uintptr_t>(b);
-  return begin_a < begin_b + bytes && begin_b < begin_a + bytes;
-}
-
 template <bool kAdd>
 cudaError_t launch(const RmsNormParams& p, cudaStream_t stream) {
   const bool with_x = kAdd && p.x != nullptr;
@@ -113,7 +106,8 @@ cudaError_t launch(const RmsNormParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   if (!aligned16(p.residual) || !aligned16(p.weight) || !aligned16(p.out) || (with_x && !aligned16(p.x)))
     return cudaErrorInvalidValue;
-  if (overlaps(p.out, p.residual, bytes) || (with_x && overlaps(p.out, p.x, bytes))) return cudaErrorInvalidValue;
+  if (overlaps(p.out, bytes, p.residual, bytes) || (with_x && overlaps(p.out, bytes, p.x, bytes)))
+    return cudaErrorInvalidValue;
 
   const int vectors = p.hidden / 8;
   auto round_up_to_warp = [](int n) { return (n + 31) / 32 * 32; };

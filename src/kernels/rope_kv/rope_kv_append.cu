@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <cstddef>
 
+#include "kernels/common/pointer_checks.hpp"
 #include "kernels/norm/folded_norm.cuh"
 
 namespace deepfuse::kernels {
@@ -174,13 +175,6 @@ __global__ void __launch_bounds__(1024) rope_kv_append_normalized_kernel(RopeKvA
   const FoldedRmsNorm& norm = p.input_norm;
   const float inverse_rms = row_inverse_rms(norm.input + token * norm.hidden, norm.hidden, norm.eps, scratch);
   if (active) item.finish_and_store(p, head, inverse_rms);
-}
-
-bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
-
-bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-  const auto begin_a = reinterpret_cast<uintptr_t>(a), begin_b = reinterpret_cast<uintptr_t>(b);
-  return begin_a < begin_b + b_bytes && begin_b < begin_a + a_bytes;
 }
 
 }  // namespace
