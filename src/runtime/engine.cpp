@@ -130,9 +130,9 @@ void Engine::Impl::finish_setup() {
     lane.sampled = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t), PinnedBuffer::Access::mapped);
     lane.graphs = std::make_unique<runtime::DecodeGraphCache>(max_batch, options.cuda_graphs);
   }
-  prefill_sampled = runtime::PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t));
-  prefill_host = runtime::PinnedBuffer(3 * static_cast<size_t>(max_tokens()) * sizeof(int32_t));
-  slot_host = runtime::PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(kernels::SamplingSlot));
+  prefill_sampled = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t));
+  prefill_host = PinnedBuffer(3 * static_cast<size_t>(max_tokens()) * sizeof(int32_t));
+  slot_host = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(kernels::SamplingSlot));
   running.reserve(max_batch);
 
   // The KV cache takes what is left: never more pages than max_batch sequences at max_context use.
