@@ -180,18 +180,26 @@ std::vector<SamplingSlot> slots_for(std::mt19937_64& rng, const std::vector<Spec
 TEST(SamplingGpu, GreedyIsTheArgmaxWithTheLowestIdOnTies) {
   DF_REQUIRE_GPU();
   auto rng = testing::make_rng(701);
-  for (int vocab : {152064, 128256}) {
+  // Vocabularies that are multiples of 4 take the float4 sweep, the others the scalar one.
+  for (int vocab : {152064, 128256, 50257, 1000, 7}) {
     for (int batch : {1, 3, 8}) {
       std::vector<float> logits;
       for (int b = 0; b < batch; ++b) {
-        std::vector<float> row = llm_like_logits(rng, vocab);
+        std::vector<float> row = llm_like_logits(rng, vocab, std::min(40, vocab / 2 + 1));
         std::uniform_int_distribution<int> pick(0, vocab - 1);
-        const float top = 40.0f;
-        switch (b % 4) {
+        const float top = 40.0f, nan = std::numeric_limits<float>::quiet_NaN();
+        switch (b % 5) {
           case 0: row[pick(rng)] = top; break;                                       // one maximum
           case 1: for (int i = 0; i < 3; ++i) row[pick(rng)] = top; break;           // tied maxima
           case 2: row[vocab - 1] = top, row[pick(rng) / 2] = top; break;            // ties far apart
           case 3: row[0] = top, row[vocab - 1] = top, row[vocab / 2] = -std::numeric_limits<float>::infinity(); break;
+          case 4: {  // NaNs are never chosen, wherever they sit (not at id 0, where the reference's
+                     // max_element would return one)
+            std::uniform_int_distribution<int> after_first(1, vocab - 1);
+            for (int i = 0; i < 5; ++i) row[after_first(rng)] = nan;
+            row[vocab / 3 - 1] = nan, row[vocab / 3] = top, row[vocab / 3 + 1] = nan;
+            break;
+          }
         }
         logits.insert(logits.end(), row.begin(), row.end());
       }
