@@ -191,12 +191,16 @@ __device__ __forceinline__ void find_argmax(SharedStorage<C>& s, const Seq& q) {
   combine_argmax(s, best, best_id, q.lane, q.warp);
 }
 
-// Pass 1 alone, for a greedy slot whose row is 16-byte aligned (vocab a multiple of 4): the
-// same warp segments, read as float4 with up to kGreedyLoads loads per lane in flight at once.
-// In the decode step the lm_head's weight stream has pushed most logits out of L2, and the
-// scalar sweep (four loads in flight) waited on HBM four times: 11.3 us at batch 1 over 128256
-// cold ids against 4.4 for this one (docs/kernels/sampling.md, v5).
-constexpr int kGreedyLoads = 8;
+// Pass 1 for a row that is 16-byte aligned (vocab a multiple of 4), where the logits are not
+// held in registers: the same warp segments, read as float4 with up to kSweepLoads loads per
+// lane in flight at once. In the decode step the lm_head's weight stream has pushed most logits
+// out of L2, and the scalar sweep (four loads in flight) waited on HBM four times: greedy took
+// 11.3 us at batch 1 over 128256 cold ids against 4.4 with this one (docs/kernels/sampling.md, v5).
+constexpr int kSweepLoads = 8;
+
+__device__ __forceinline__ bool float4_sweep_fits(const float* logits, int vocab) {
+  return vocab % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+}
 
 template <int C>
 __device__ __forceinline__ void find_argmax_vectorized(SharedStorage<C>& s, const float* logits, int vocab) {
@@ -207,13 +211,13 @@ __device__ __forceinline__ void find_argmax_vectorized(SharedStorage<C>& s, cons
   const float4* vectors = reinterpret_cast<const float4*>(logits);
   float best = 0.0f;
   int best_id = -1;
-  for (int first = warp_begin / 4 + lane; first < end / 4; first += 32 * kGreedyLoads) {
-    float4 v[kGreedyLoads];
+  for (int first = warp_begin / 4 + lane; first < end / 4; first += 32 * kSweepLoads) {
+    float4 v[kSweepLoads];
 #pragma unroll
-    for (int j = 0; j < kGreedyLoads; ++j)
+    for (int j = 0; j < kSweepLoads; ++j)
       if (first + 32 * j < end / 4) v[j] = __ldg(vectors + first + 32 * j);
 #pragma unroll
-    for (int j = 0; j < kGreedyLoads; ++j) {
+    for (int j = 0; j < kSweepLoads; ++j) {
       if (first + 32 * j >= end / 4) break;
       const float e[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
 #pragma unroll
@@ -534,7 +538,12 @@ __device__ __forceinline__ Sequence<R> sequence_view(const SamplingParams& p, in
 template <int C, int R>
 __device__ __forceinline__ int sample_slot(SharedStorage<C>& s, Sequence<R>& q, const SamplingSlot& slot,
                                            const SamplingParams& p) {
-  find_argmax(s, q);
+  // Logits in registers were loaded all at once; through L1, the float4 sweep's loads are in
+  // flight together and leave the lines in L1 for the passes after it.
+  if (R == 0 && float4_sweep_fits(q.logits, q.vocab))
+    find_argmax_vectorized(s, q.logits, q.vocab);
+  else
+    find_argmax(s, q);
   const float max_logit = s.max_logit;
   const int argmax_id = s.argmax_id;
   q.max_logit = max_logit;
@@ -604,7 +613,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<C, R>) sampling_kern
   int chosen;
   const float* logits = p.logits + static_cast<size_t>(sequence) * p.vocab;
   const bool greedy = !(slot.temperature > 0.0f);
-  if (greedy && p.vocab % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0) {
+  if (greedy && float4_sweep_fits(logits, p.vocab)) {
     find_argmax_vectorized(s, logits, p.vocab);
     chosen = s.argmax_id;
   } else if (R > 0 && greedy) {
