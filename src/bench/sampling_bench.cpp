@@ -73,7 +73,8 @@ double cold_graph_call_us(kernels::SamplingParams params, const DeviceBuffer& lo
   const int copies = static_cast<int>(std::max<size_t>(2, (3 * gpu.device.l2_bytes + bytes - 1) / bytes));
   DeviceBuffer cold(bytes * copies);
   for (int c = 0; c < copies; ++c)
-    DF_CHECK_CUDA(cudaMemcpyAsync(cold.as<unsigned char>() + bytes * c, logits.data(), bytes, cudaMemcpyDeviceToDevice, stream));
+    DF_CHECK_CUDA(
+        cudaMemcpyAsync(cold.as<unsigned char>() + bytes * c, logits.data(), bytes, cudaMemcpyDeviceToDevice, stream));
   auto call = [&](int rep) {
     params.logits = reinterpret_cast<const float*>(cold.as<unsigned char>() + bytes * (rep % copies));
     DF_CHECK_CUDA(o.cluster_size > 0 ? kernels::launch_sampling_with_cluster_size(params, o.cluster_size, stream)
@@ -145,8 +146,8 @@ int run_gpu(const SamplingBenchOptions& o) {
                format_fixed(r.stream_us, 1), format_fixed(r.cold_us, 1), "1"});
     json["rows"].push_back({{"vocab", r.vocab}, {"batch", r.batch}, {"mode", r.mode->name},
                             {"temperature", r.mode->params.temperature}, {"top_k", r.mode->params.top_k},
-                            {"top_p", r.mode->params.top_p}, {"min_p", r.mode->params.min_p}, {"us", r.graph_us}, {"us_stream", r.stream_us}, {"us_cold", r.cold_us},
-                            {"launches", 1}});
+                            {"top_p", r.mode->params.top_p}, {"min_p", r.mode->params.min_p}, {"us", r.graph_us},
+                            {"us_stream", r.stream_us}, {"us_cold", r.cold_us}, {"launches", 1}});
   }
   std::fputs(table.render().c_str(), stdout);
   if (!o.json_path.empty()) write_json(o.json_path, json);
