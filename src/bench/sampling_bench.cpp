@@ -65,6 +65,12 @@ struct Row {
   double graph_us, stream_us, cold_us;
 };
 
+// The launcher's cluster size, or the one --cluster asks for.
+void launch(const kernels::SamplingParams& params, const SamplingBenchOptions& o, cudaStream_t stream) {
+  DF_CHECK_CUDA(o.cluster_size > 0 ? kernels::launch_sampling_with_cluster_size(params, o.cluster_size, stream)
+                                   : kernels::launch_sampling(params, stream));
+}
+
 // Per-call time in a graph when each call reads its own copy of the logits, the copies together
 // three times the L2: the logits come from HBM, as in the decode step after the lm_head.
 double cold_graph_call_us(kernels::SamplingParams params, const DeviceBuffer& logits, const SamplingBenchOptions& o,
@@ -77,8 +83,7 @@ double cold_graph_call_us(kernels::SamplingParams params, const DeviceBuffer& lo
         cudaMemcpyAsync(cold.as<unsigned char>() + bytes * c, logits.data(), bytes, cudaMemcpyDeviceToDevice, stream));
   auto call = [&](int rep) {
     params.logits = reinterpret_cast<const float*>(cold.as<unsigned char>() + bytes * (rep % copies));
-    DF_CHECK_CUDA(o.cluster_size > 0 ? kernels::launch_sampling_with_cluster_size(params, o.cluster_size, stream)
-                                     : kernels::launch_sampling(params, stream));
+    launch(params, o, stream);
   };
   const double us = median_graph_call_us(call, graph_calls_for_copies(copies), std::max(3, o.repetitions / 50), stream);
   DF_CHECK_CUDA(cudaStreamSynchronize(stream));
@@ -116,8 +121,7 @@ int run_gpu(const SamplingBenchOptions& o) {
         params.batch = batch;
         params.vocab = vocab;
         auto call = [&](int) {
-          DF_CHECK_CUDA(o.cluster_size > 0 ? kernels::launch_sampling_with_cluster_size(params, o.cluster_size, stream)
-                                           : kernels::launch_sampling(params, stream));
+          launch(params, o, stream);
         };
         const double stream_us = median_call_us(call, o.warmup, o.repetitions, stream);
         const double graph_us = median_graph_call_us(call, 20, std::max(5, o.repetitions / 10), stream);
