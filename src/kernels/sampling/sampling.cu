@@ -157,30 +157,37 @@ struct Sequence {
 };
 
 // ---- Pass 1: argmax over the cluster; every block gets (max_logit, argmax_id).
-// Combines each thread's (best, best_id) over the block, then over the cluster.
-template <int C>
-__device__ __forceinline__ void combine_argmax(SharedStorage<C>& s, float best, int best_id, int lane, int warp) {
+// The best of the warp's 32 (value, id) candidates, in every lane (beats is a total order, so the
+// combining order does not matter).
+__device__ __forceinline__ void warp_best(float& best, int& best_id) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) {
     const float other = __shfl_xor_sync(kFullMask, best, offset);
     const int other_id = __shfl_xor_sync(kFullMask, best_id, offset);
     if (beats(other, other_id, best, best_id)) best = other, best_id = other_id;
   }
+}
+
+// Combines each thread's (best, best_id) over the block, then over the cluster: one warp reads
+// the warps' and then the blocks' candidates in parallel, one per lane.
+template <int C>
+__device__ __forceinline__ void combine_argmax(SharedStorage<C>& s, float best, int best_id, int lane, int warp) {
+  static_assert(kWarps <= 32 && C <= 32, "one lane per warp and per block");
+  warp_best(best, best_id);
   if (lane == 0) s.warp_best[warp] = best, s.warp_best_id[warp] = best_id;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 0; w < kWarps; ++w)
-      if (beats(s.warp_best[w], s.warp_best_id[w], best, best_id)) best = s.warp_best[w], best_id = s.warp_best_id[w];
-    s.best_value = best, s.best_id = best_id;
+  if (warp == 0) {
+    best = lane < kWarps ? s.warp_best[lane] : 0.0f;
+    best_id = lane < kWarps ? s.warp_best_id[lane] : -1;
+    warp_best(best, best_id);
+    if (lane == 0) s.best_value = best, s.best_id = best_id;
   }
   cluster_barrier<C>();
-  if (threadIdx.x == 0) {
-    for (int r = 0; r < C; ++r) {
-      const float value = *in_block<C>(&s.best_value, r);
-      const int id = *in_block<C>(&s.best_id, r);
-      if (beats(value, id, best, best_id)) best = value, best_id = id;
-    }
-    s.max_logit = best, s.argmax_id = best_id;
+  if (warp == 0) {
+    best = lane < C ? *in_block<C>(&s.best_value, lane) : 0.0f;
+    best_id = lane < C ? *in_block<C>(&s.best_id, lane) : -1;
+    warp_best(best, best_id);
+    if (lane == 0) s.max_logit = best, s.argmax_id = best_id;
   }
   __syncthreads();
 }
@@ -317,21 +324,27 @@ __device__ __forceinline__ void build_histogram(SharedStorage<C>& s, const Seq& 
   }
 }
 
-// Sums the cluster's histograms: block r sums bins r, r + C, ... over all blocks (a fixed order,
-// so every run adds the same way), then every block gathers the sums into `merged`.
+// Sums the cluster's histograms: block r sums bins r, r + C, ... over all blocks in a fixed order
+// (every run adds the same way), then every block gathers the sums into `merged`. Each (owned
+// bin, source block) pair is a thread: the C threads of a bin are adjacent lanes, each reads one
+// remote copy, and a butterfly sums them in lane 0's order. One thread per bin reading the C
+// copies in turn left the other warps waiting at the next barrier: ncu's top stall at batch 1
+// (docs/kernels/sampling.md, v7).
 template <int C>
 __device__ void merge_histograms(SharedStorage<C>& s, int rank) {
+  static_assert(kBins <= kThreads && 32 % C == 0, "one thread per (owned bin, source) pair, C lanes per bin");
   cluster_barrier<C>();  // every local histogram is complete
-  for (int m = threadIdx.x; m < kBins / C; m += kThreads) {
-    HistogramBin sum{0.0, 0u, 0xffffffffu, 0u};
-    for (int source = 0; source < C; ++source) {
-      const HistogramBin* bin = in_block<C>(&s.local[rank + C * m], source);
-      sum.mass += bin->mass;
-      sum.count += bin->count;
-      sum.key_min = min(sum.key_min, bin->key_min);
-      sum.key_max = max(sum.key_max, bin->key_max);
+  if (threadIdx.x < kBins) {  // whole warps
+    const int m = threadIdx.x / C, source = threadIdx.x % C;
+    HistogramBin sum = *in_block<C>(&s.local[rank + C * m], source);
+#pragma unroll
+    for (int offset = 1; offset < C; offset *= 2) {
+      sum.mass += __shfl_xor_sync(kFullMask, sum.mass, offset);
+      sum.count += __shfl_xor_sync(kFullMask, sum.count, offset);
+      sum.key_min = min(sum.key_min, __shfl_xor_sync(kFullMask, sum.key_min, offset));
+      sum.key_max = max(sum.key_max, __shfl_xor_sync(kFullMask, sum.key_max, offset));
     }
-    s.owned[m] = sum;
+    if (source == 0) s.owned[m] = sum;
   }
   cluster_barrier<C>();  // every owned sum is complete (and no one reads `local` any more)
   for (int b = threadIdx.x; b < kBins; b += kThreads) s.merged[b] = *in_block<C>(&s.owned[b / C], b % C);
