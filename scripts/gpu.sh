@@ -58,10 +58,11 @@ if has sanitize; then
     ours=$(grep -E 'Race reported|Invalid|Error:' "$out/sanitizer-$tool.log" | grep -vc nvjet)
     note "compute-sanitizer $tool: rc=$rc ($((SECONDS - start)) s), reports outside cuBLAS: $ours; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$out/sanitizer-$tool.log" | tr '\n' ' ')"
     # The other streaming kernels: decode attention, and the cluster GEMVs (fused QKV, o_proj),
-    # whose blocks write into each other's shared memory. Whole binaries, no --kernel-name: with
+    # whose blocks write into each other's shared memory; and the sampler (clusters exchanging
+    # through distributed shared memory). Whole binaries, no --kernel-name: with
     # that filter the sanitizer stopped with "Internal Sanitizer Error: failed to handle a
     # hardware exception" in a kernel it did not instrument (H200, 2026-11-21), twice.
-    for test in decode_attention qkv_rope_fused gemv_residual; do
+    for test in decode_attention qkv_rope_fused gemv_residual sampling; do
       start=$SECONDS
       DEEPFUSE_TEST_QUICK=1 timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 99 \
         "$bin/tests/test_${test}_gpu" >"$out/sanitizer-$test-$tool.log" 2>&1

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "deepfuse/device.hpp"
@@ -29,6 +30,13 @@ inline std::mt19937_64 make_rng(uint64_t salt) {
   std::printf("[ seed     ] DEEPFUSE_TEST_SEED=%llu (salt %llu)\n",
               static_cast<unsigned long long>(test_seed()), static_cast<unsigned long long>(salt));
   return std::mt19937_64(test_seed() ^ (salt * 0x9e3779b97f4a7c15ull));
+}
+
+// DEEPFUSE_TEST_QUICK=1: the GPU tests keep their small cases (compute-sanitizer runs, which
+// are 10-100x slower).
+inline bool quick_mode() {
+  const char* quick = std::getenv("DEEPFUSE_TEST_QUICK");
+  return quick && std::string(quick) == "1";
 }
 
 inline std::vector<float> random_uniform(std::mt19937_64& rng, size_t count, float scale) {

@@ -33,11 +33,6 @@ using kernels::kKvPageSize;
 constexpr uint16_t kNanBits = 0x7fc0;
 constexpr double kTolerance = 1e-2;
 
-bool quick_mode() {
-  const char* quick = std::getenv("DEEPFUSE_TEST_QUICK");
-  return quick && std::string(quick) == "1";
-}
-
 int pages_for(int context) { return (context + kKvPageSize - 1) / kKvPageSize; }
 
 struct Heads {
@@ -209,7 +204,7 @@ class DecodeAttentionVsReference : public ::testing::TestWithParam<AttentionCase
 TEST_P(DecodeAttentionVsReference, EveryPlanTwice) {
   DF_REQUIRE_GPU();
   const AttentionCase& c = GetParam();
-  if (quick_mode() && c.large) GTEST_SKIP() << "DEEPFUSE_TEST_QUICK=1: large case skipped";
+  if (testing::quick_mode() && c.large) GTEST_SKIP() << "DEEPFUSE_TEST_QUICK=1: large case skipped";
   const PagedBatch batch(c.heads, c.max_context, c.seq_lens, std::hash<std::string>{}(c.name));
   const float scale = default_scale(c.heads);
   for (int sms : {query_device().sm_count, 1, 1000}) {

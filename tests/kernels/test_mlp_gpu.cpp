@@ -22,11 +22,6 @@ constexpr uint16_t kNanBits = 0x7fc0;
 constexpr double kTolerance = 1e-2;
 const std::vector<int> kTokenCounts = {1, 2, 3, 8, 17, 64, 100, 256};
 
-bool quick_mode() {
-  const char* quick = std::getenv("DEEPFUSE_TEST_QUICK");
-  return quick && std::string(quick) == "1";
-}
-
 // Random bf16 data for one shape, kept both as bf16 bits (for the GPU) and floats (reference).
 struct MlpCase {
   MlpShape shape;
@@ -78,7 +73,7 @@ TEST_P(MlpVariantsVsReference, EveryTokenCountWithAndWithoutResidual) {
   DF_REQUIRE_GPU();
   const MlpShape shape = GetParam();
   const bool small = static_cast<size_t>(shape.hidden) * shape.intermediate <= size_t{2048} * 2048;
-  if (quick_mode() && !small) GTEST_SKIP() << "DEEPFUSE_TEST_QUICK=1: large shape skipped";
+  if (testing::quick_mode() && !small) GTEST_SKIP() << "DEEPFUSE_TEST_QUICK=1: large shape skipped";
   const MlpCase c(shape, 256, shape.hidden * 131 + shape.intermediate);
   std::vector<MlpLayer> layers;
   for (MlpVariant v : {MlpVariant::naive, MlpVariant::unfused, MlpVariant::fused}) {
@@ -127,7 +122,7 @@ TEST(FusedMlp, EveryClusterSizeAndOccupancy) {
   DF_REQUIRE_GPU();
   for (MlpShape shape : {MlpShape{64, 64}, MlpShape{64, 192}, MlpShape{960, 2496}, MlpShape{896, 4864}}) {
     // Under compute-sanitizer (quick mode) the small shapes reach every instantiation.
-    if (quick_mode() && shape.hidden > 64) continue;
+    if (testing::quick_mode() && shape.hidden > 64) continue;
     const MlpCase c(shape, 100, shape.hidden + 7 * shape.intermediate);
     for (int cluster : {1, 2, 4, 8}) {
       for (int blocks_per_sm : {1, 2}) {
@@ -198,7 +193,7 @@ TEST(FusedMlp, InPlaceResidual) {
 TEST(MlpLayer, FoldedRmsNormInPlaceOnTheResidualStream) {
   DF_REQUIRE_GPU();
   for (MlpShape shape : {MlpShape{896, 4864}, MlpShape{960, 2496}, MlpShape{2048, 8192}}) {
-    if (quick_mode() && shape.hidden * shape.intermediate > 2048 * 2048) continue;  // sanitizer runs
+    if (testing::quick_mode() && shape.hidden * shape.intermediate > 2048 * 2048) continue;  // sanitizer runs
     const MlpCase c(shape, 100, shape.hidden * 3 + shape.intermediate);
     auto rng = testing::make_rng(shape.hidden + 5);
     std::vector<float> norm_weight = testing::random_uniform(rng, shape.hidden, 0.5f);

@@ -32,11 +32,6 @@ constexpr int kTableRows = 3;    // block table rows; the case's sequence is the
 constexpr int kSequence = 1;
 constexpr int kSparePages = 3;   // NaN-filled pool pages that no block table entry names
 
-bool quick_mode() {
-  const char* quick = std::getenv("DEEPFUSE_TEST_QUICK");
-  return quick && std::string(quick) == "1";
-}
-
 struct PrefillCase {
   int head_dim = 128;
   int q_heads = 8;
@@ -210,7 +205,7 @@ TEST_P(PrefillAttentionVsReference, EveryChunkLengthAndStart) {
   DF_REQUIRE_GPU();
   const auto [head_dim, q_heads, kv_heads] = GetParam();
   for (int q_len : {1, 17, 64, 100, 300}) {
-    if (quick_mode() && q_len > 100) continue;
+    if (testing::quick_mode() && q_len > 100) continue;
     for (int q_start : {0, 37}) run_and_check({head_dim, q_heads, kv_heads, q_start, q_len, 0});
   }
 }
@@ -233,7 +228,7 @@ TEST(PrefillAttention, SlidingWindow) {
       {128, 28, 4, 37, 300, 65}, {64, 4, 4, 0, 64, 63},   {128, 8, 2, 37, 100, 500},
   };
   for (const PrefillCase& c : cases) {
-    if (quick_mode() && c.q_len > 100) continue;
+    if (testing::quick_mode() && c.q_len > 100) continue;
     run_and_check(c);
   }
 }
@@ -249,7 +244,7 @@ TEST(PrefillAttention, LateChunks) {
 // Long prompts: every 37th query row (and the last) checked on the CPU.
 TEST(PrefillAttention, LongPrompts) {
   DF_REQUIRE_GPU();
-  if (quick_mode()) GTEST_SKIP() << "DEEPFUSE_TEST_QUICK=1: long prompts skipped";
+  if (testing::quick_mode()) GTEST_SKIP() << "DEEPFUSE_TEST_QUICK=1: long prompts skipped";
   run_and_check({128, 4, 2, 0, 4096, 0, 37});
   run_and_check({64, 7, 1, 1000, 3001, 700, 37});  // chunk of a 4001-token prompt, Mistral-style window
 }
@@ -257,7 +252,7 @@ TEST(PrefillAttention, LongPrompts) {
 // A 32k-token prompt: 512 query tiles, offsets past 2^31 bytes nowhere but well past 2^24 elements.
 TEST(PrefillAttention, Prompt32k) {
   DF_REQUIRE_GPU();
-  if (quick_mode()) GTEST_SKIP() << "DEEPFUSE_TEST_QUICK=1: long prompts skipped";
+  if (testing::quick_mode()) GTEST_SKIP() << "DEEPFUSE_TEST_QUICK=1: long prompts skipped";
   run_and_check({128, 2, 1, 0, 32768, 0, 997});
 }
 
