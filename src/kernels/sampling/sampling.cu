@@ -192,19 +192,9 @@ __device__ __forceinline__ void combine_argmax(SharedStorage<C>& s, float best, 
   __syncthreads();
 }
 
-template <int C, typename Seq>
-__device__ __forceinline__ void find_argmax(SharedStorage<C>& s, const Seq& q) {
-  float best = 0.0f;
-  int best_id = -1;
-  q.for_each_logit([&](int id, float v) {  // ids ascend per thread: ties keep the first
-    if (!isnan(v) && (best_id < 0 || v > best)) best = v, best_id = id;
-  });
-  combine_argmax(s, best, best_id, q.lane, q.warp);
-}
-
-// Pass 1 for a row that is 16-byte aligned (vocab a multiple of 4), where the logits are not
-// held in registers: the same warp segments, read as float4 with up to kSweepLoads loads per
-// lane in flight at once. In the decode step the lm_head's weight stream has pushed most logits
+// The float4 sweep of pass 1, for a row that is 16-byte aligned (vocab a multiple of 4) whose
+// logits are not held in registers: the same warp segments, read as float4 with up to
+// kSweepLoads loads per lane in flight at once. In the decode step the lm_head's weight stream has pushed most logits
 // out of L2, and the scalar sweep (four loads in flight) waited on HBM four times: greedy took
 // 11.3 us at batch 1 over 128256 cold ids against 4.4 with this one (docs/kernels/sampling.md, v5).
 constexpr int kSweepLoads = 8;
@@ -237,6 +227,21 @@ __device__ __forceinline__ void find_argmax_vectorized(SharedStorage<C>& s, cons
     }
   }
   combine_argmax(s, best, best_id, lane, warp);
+}
+
+// Pass 1 for any sequence view. Logits in registers were loaded all at once; read through L1,
+// the float4 sweep where the row allows (its loads in flight together, the lines left in L1 for
+// the passes after it), else one scalar sweep.
+template <int C, typename Seq>
+__device__ __forceinline__ void find_argmax(SharedStorage<C>& s, const Seq& q) {
+  if constexpr (Seq::kRegisterRows == 0)
+    if (float4_sweep_fits(q.logits, q.vocab)) return find_argmax_vectorized(s, q.logits, q.vocab);
+  float best = 0.0f;
+  int best_id = -1;
+  q.for_each_logit([&](int id, float v) {  // ids ascend per thread: ties keep the first
+    if (!isnan(v) && (best_id < 0 || v > best)) best = v, best_id = id;
+  });
+  combine_argmax(s, best, best_id, q.lane, q.warp);
 }
 
 // ---- Pass 2: radix descent.
@@ -556,12 +561,7 @@ __device__ __forceinline__ Sequence<R> sequence_view(const SamplingParams& p, in
 template <int C, int R>
 __device__ __forceinline__ int sample_slot(SharedStorage<C>& s, Sequence<R>& q, const SamplingSlot& slot,
                                            const SamplingParams& p) {
-  // Logits in registers were loaded all at once; through L1, the float4 sweep's loads are in
-  // flight together and leave the lines in L1 for the passes after it.
-  if (R == 0 && float4_sweep_fits(q.logits, q.vocab))
-    find_argmax_vectorized(s, q.logits, q.vocab);
-  else
-    find_argmax(s, q);
+  find_argmax(s, q);
   const float max_logit = s.max_logit;
   const int argmax_id = s.argmax_id;
   q.max_logit = max_logit;
@@ -625,16 +625,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<C, R>) sampling_kern
   __shared__ SharedStorage<C> s;
   const int sequence = blockIdx.x / C;
   const SamplingSlot slot = p.slots[sequence];  // read before the first barrier: the step is bumped after
-  // A greedy slot needs pass 1 only: one sweep, float4 where the row allows, else scalar through
-  // L1 rather than into registers (6.5 vs 7.3 us at batch 1 over 128256 ids). The branch depends
-  // only on the slot, so every block of the cluster takes it.
+  // A greedy slot needs pass 1 only: one sweep through L1 rather than the logits in registers
+  // (scalar: 6.5 vs 7.3 us at batch 1 over 128256 ids). The branch depends only on the slot, so
+  // every block of the cluster takes it.
   int chosen;
-  const float* logits = p.logits + static_cast<size_t>(sequence) * p.vocab;
-  const bool greedy = !(slot.temperature > 0.0f);
-  if (greedy && float4_sweep_fits(logits, p.vocab)) {
-    find_argmax_vectorized(s, logits, p.vocab);
-    chosen = s.argmax_id;
-  } else if (R > 0 && greedy) {
+  if (!(slot.temperature > 0.0f)) {
     const Sequence<0> q = sequence_view<0, C>(p, sequence, slot.temperature);
     find_argmax(s, q);
     chosen = s.argmax_id;
