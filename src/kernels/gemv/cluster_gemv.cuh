@@ -132,7 +132,7 @@ struct Partials {
 struct NothingAfterUpstream {
   __device__ void operator()() const {}
 };
-template <int NT, int kUnitRows, int C, typename HomeOf, typename AfterUpstream = NothingAfterUpstream>
+template <int NT, int kUnitRows, int C, int kStages, typename HomeOf, typename AfterUpstream = NothingAfterUpstream>
 __device__ Partials<NT, kUnitRows, C> stream_unit(const Inputs& in, int unit, int rank, unsigned char* shared_raw,
                                                   int max_ksteps, HomeOf home_of,
                                                   AfterUpstream after_upstream = {}) {
@@ -141,7 +141,6 @@ __device__ Partials<NT, kUnitRows, C> stream_unit(const Inputs& in, int unit, in
   constexpr int kWarpsPerTile = kWarps / kTiles;
   static_assert(kTiles * kWarpsPerTile == kWarps, "a unit is 64 or 128 rows");
   constexpr int kOwned = owned_rows<kUnitRows, C>();
-  constexpr int kStages = ring_stages<NT>();
   const SharedLayout<kUnitRows, C> layout(kStages, max_ksteps, kRows);
   auto* ring = reinterpret_cast<uint4(*)[kThreads]>(shared_raw + layout.ring);
   float* received = reinterpret_cast<float*>(shared_raw + layout.received);
@@ -263,11 +262,11 @@ cudaError_t shared_bytes_for_blocks_per_sm(int per_sm, size_t& bytes);
 // block asks for the shared memory of one of kSpreadBlocksPerSm blocks per SM, and the launch is
 // refused with cudaErrorCooperativeLaunchTooLarge (nothing launched) unless every cluster of the
 // grid can be resident at once.
-template <int NT, int kUnitRows, int C, typename Params>
+template <int NT, int kUnitRows, int C, int kStages = ring_stages<NT>(), typename Params>
 cudaError_t launch(void (*kernel)(Params, int), const Params& params, int units, int inner, cudaStream_t stream,
                    bool spread = false) {
   const int max_ksteps = (inner / 16 + C - 1) / C;
-  const SharedLayout<kUnitRows, C> layout(ring_stages<NT>(), max_ksteps, 8 * NT);
+  const SharedLayout<kUnitRows, C> layout(kStages, max_ksteps, 8 * NT);
   if (layout.total > static_cast<size_t>(kMaxSharedBytes)) return cudaErrorNotSupported;
   static const cudaError_t attribute = [&] {
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSharedBytes);

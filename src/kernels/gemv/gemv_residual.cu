@@ -14,7 +14,7 @@ namespace {
 
 using cluster_gemv::kThreads;
 
-template <int NT, int kUnitRows, int C>
+template <int NT, int kUnitRows, int C, int kStages>
 __global__ void __launch_bounds__(kThreads) gemv_residual_kernel(const GemvResidualParams p, int max_ksteps) {
   extern __shared__ __align__(16) unsigned char shared_raw[];
   trace::stamp(trace::Kernel::gemv_residual, trace::Mark::start);
@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(kThreads) gemv_residual_kernel(const GemvResid
   };
   const cluster_gemv::Inputs inputs{p.x, nullptr, 0.0f, p.weights, p.tokens, p.inner, nullptr};
   float first_addend = 0.0f;
-  const auto partials = cluster_gemv::stream_unit<NT, kUnitRows, C>(
+  const auto partials = cluster_gemv::stream_unit<NT, kUnitRows, C, kStages>(
       inputs, unit, rank, shared_raw, max_ksteps, home_of,
       [&] { first_addend = threadIdx.x < items ? addend(threadIdx.x) : 0.0f; });
 
@@ -60,10 +60,27 @@ __global__ void __launch_bounds__(kThreads) gemv_residual_kernel(const GemvResid
 
 template <int kUnitRows>
 cudaError_t launch_for_unit(const GemvResidualParams& p, cudaStream_t stream) {
-  return cluster_gemv::dispatch(p.tokens, p.inner, p.rows / kUnitRows, [&](auto nt, auto c, bool spread) {
+  int device = 0, sms = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) return e;
+  const int units = p.rows / kUnitRows;
+  return cluster_gemv::dispatch(p.tokens, p.inner, units, [&](auto nt, auto c, bool spread) {
     constexpr int NT = decltype(nt)::value, C = decltype(c)::value;
-    return cluster_gemv::launch<NT, kUnitRows, C>(gemv_residual_kernel<NT, kUnitRows, C>, p, p.rows / kUnitRows,
-                                                  p.inner, stream, spread);
+    constexpr int kStages = cluster_gemv::ring_stages<NT>();
+    // Two more ring stages where the packed grid holds at most two blocks per SM and a warp
+    // streams more k-steps than the default ring primes (Llama-3-8B's o_proj): the blocks start
+    // while the attention before them finishes and have more of their weights in flight by their
+    // upstream wait. No more than two: the next layer's MLP, launched programmatically at one
+    // token, must still find room beside two of these blocks (docs/kernels/qkv_rope_fused.md).
+    constexpr int kDeepStages = kStages + 2;
+    constexpr int kWarpsPerTile = cluster_gemv::kWarps / (kUnitRows / 16);
+    const int warp_ksteps = (p.inner / 16 + C * kWarpsPerTile - 1) / (C * kWarpsPerTile);
+    if constexpr (NT == 1)
+      if (!spread && units * C <= 2 * sms && warp_ksteps >= kStages)
+        return cluster_gemv::launch<NT, kUnitRows, C, kDeepStages>(
+            gemv_residual_kernel<NT, kUnitRows, C, kDeepStages>, p, units, p.inner, stream, spread);
+    return cluster_gemv::launch<NT, kUnitRows, C, kStages>(gemv_residual_kernel<NT, kUnitRows, C, kStages>, p, units,
+                                                           p.inner, stream, spread);
   });
 }
 
