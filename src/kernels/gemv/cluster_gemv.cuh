@@ -48,6 +48,8 @@ constexpr int kMaxSharedBytes = 200 * 1024;
 // under 56 KB, so 4 fit an SM and all 48 clusters of Llama-3-8B's QKV (48 heads) run at once:
 // with 12 stages only 45 clusters fit and 3 ran as a second wave (ncu: SMs idle 38% of the
 // kernel). ~150 KB in flight per SM. 32-token launches stage 4x the x rows: a shorter ring.
+// This is the default depth; stream_unit and launch take the depth as kStages, and o_proj's
+// packed grid of at most two blocks per SM gets two more (gemv_residual.cu).
 template <int NT>
 constexpr int ring_stages() {
   return NT == 4 ? 6 : 10;

@@ -67,15 +67,15 @@ cudaError_t launch_for_unit(const GemvResidualParams& p, cudaStream_t stream) {
   return cluster_gemv::dispatch(p.tokens, p.inner, units, [&](auto nt, auto c, bool spread) {
     constexpr int NT = decltype(nt)::value, C = decltype(c)::value;
     constexpr int kStages = cluster_gemv::ring_stages<NT>();
-    // Two more ring stages where the packed grid holds at most two blocks per SM and a warp
-    // streams more k-steps than the default ring primes (Llama-3-8B's o_proj): the blocks start
-    // while the attention before them finishes and have more of their weights in flight by their
-    // upstream wait. No more than two: the next layer's MLP, launched programmatically at one
-    // token, must still find room beside two of these blocks (docs/kernels/qkv_rope_fused.md).
+    // Two more ring stages where the packed cluster grid holds at most two blocks per SM and a
+    // warp streams more k-steps than the default ring primes (Llama-3-8B's o_proj): the blocks
+    // start while the attention before them finishes and have more of their weights in flight by
+    // their upstream wait. No more than two: the next layer's MLP, launched programmatically at
+    // one token, must still find room beside two of these blocks (docs/kernels/qkv_rope_fused.md).
     constexpr int kDeepStages = kStages + 2;
     constexpr int kWarpsPerTile = cluster_gemv::kWarps / (kUnitRows / 16);
     const int warp_ksteps = (p.inner / 16 + C * kWarpsPerTile - 1) / (C * kWarpsPerTile);
-    if constexpr (NT == 1)
+    if constexpr (NT == 1 && C > 1)  // measured on the H200 only
       if (!spread && units * C <= 2 * sms && warp_ksteps >= kStages)
         return cluster_gemv::launch<NT, kUnitRows, C, kDeepStages>(
             gemv_residual_kernel<NT, kUnitRows, C, kDeepStages>, p, units, p.inner, stream, spread);

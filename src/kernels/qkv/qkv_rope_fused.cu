@@ -95,8 +95,9 @@ __global__ void __launch_bounds__(kThreads) qkv_rope_fused_kernel(const QkvRopeF
     return cluster_gemv::RowHome{owner, pair - split_point(kHalf, C, owner) + (row >= kHalf ? kHighSlots : 0)};
   };
   const cluster_gemv::Inputs inputs{p.x, p.norm_weight, p.norm_eps, p.weights, p.tokens, p.hidden, p.pending};
-  const auto partials = cluster_gemv::stream_unit<NT, HD, C, cluster_gemv::ring_stages<NT>()>(inputs, unit, rank,
-                                                                                             shared_raw, max_ksteps, home_of);
+  constexpr int kStages = cluster_gemv::ring_stages<NT>();
+  const auto partials =
+      cluster_gemv::stream_unit<NT, HD, C, kStages>(inputs, unit, rank, shared_raw, max_ksteps, home_of);
 
   for (int index = threadIdx.x; index < items; index += kThreads) {
     const PairItem item = index == static_cast<int>(threadIdx.x) ? first : item_at(index);
