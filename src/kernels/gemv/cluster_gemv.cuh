@@ -305,9 +305,10 @@ cudaError_t launch(void (*kernel)(Params, int), const Params& params, int units,
   return cudaLaunchKernelEx(&launch.config, kernel, params, max_ksteps);
 }
 
-// Calls launch_instance(nt, c, spread) with std::integral_constant values nt (the n-tiles of 8
-// tokens `tokens` needs: 1, 2 or 4) and c (the cluster size), and whether launch() spreads the
-// grid. Without clusters (before Hopper, or fewer k-steps than kMaxCluster) c = 1.
+// Calls launch_instance(nt, c, spread, sms) with std::integral_constant values nt (the n-tiles of
+// 8 tokens `tokens` needs: 1, 2 or 4) and c (the cluster size), whether launch() spreads the
+// grid, and the device's SM count. Without clusters (before Hopper, or fewer k-steps than
+// kMaxCluster) c = 1.
 //
 // Spreading, at up to 16 tokens and inner >= kSpreadMinInner: a unit's blocks stream equal bytes,
 // but blocks that share an SM with more of them finish later (Llama-3-8B decode step, fused QKV:
@@ -334,13 +335,13 @@ cudaError_t dispatch(int tokens, int inner, int units, LaunchInstance&& launch_i
   const bool packed_is_even = std::ceil(packed_per_sm) <= 1.1 * packed_per_sm;
   using std::integral_constant;
   auto with_tiles = [&](auto nt) {
-    if (!clusters) return launch_instance(nt, integral_constant<int, 1>{}, false);
+    if (!clusters) return launch_instance(nt, integral_constant<int, 1>{}, false, sms);
     if (decltype(nt)::value <= 2 && inner >= kSpreadMinInner && spread_enabled() && !(tokens == 1 && packed_is_even)) {
-      cudaError_t e = launch_instance(nt, integral_constant<int, 8>{}, true);
-      if (e == cudaErrorCooperativeLaunchTooLarge) e = launch_instance(nt, integral_constant<int, 6>{}, true);
+      cudaError_t e = launch_instance(nt, integral_constant<int, 8>{}, true, sms);
+      if (e == cudaErrorCooperativeLaunchTooLarge) e = launch_instance(nt, integral_constant<int, 6>{}, true, sms);
       if (e != cudaErrorCooperativeLaunchTooLarge) return e;
     }
-    return launch_instance(nt, integral_constant<int, kMaxCluster>{}, false);
+    return launch_instance(nt, integral_constant<int, kMaxCluster>{}, false, sms);
   };
   if (tokens <= 8) return with_tiles(integral_constant<int, 1>{});
   if (tokens <= 16) return with_tiles(integral_constant<int, 2>{});

@@ -60,11 +60,8 @@ __global__ void __launch_bounds__(kThreads) gemv_residual_kernel(const GemvResid
 
 template <int kUnitRows>
 cudaError_t launch_for_unit(const GemvResidualParams& p, cudaStream_t stream) {
-  int device = 0, sms = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) return e;
   const int units = p.rows / kUnitRows;
-  return cluster_gemv::dispatch(p.tokens, p.inner, units, [&](auto nt, auto c, bool spread) {
+  return cluster_gemv::dispatch(p.tokens, p.inner, units, [&](auto nt, auto c, bool spread, int sms) {
     constexpr int NT = decltype(nt)::value, C = decltype(c)::value;
     constexpr int kStages = cluster_gemv::ring_stages<NT>();
     // Two more ring stages where the packed cluster grid holds at most two blocks per SM and a

@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kThreads) qkv_rope_fused_kernel(const QkvRopeF
 
 template <int HD>
 cudaError_t launch_for_head_dim(const QkvRopeFusedParams& p, int units, cudaStream_t stream) {
-  return cluster_gemv::dispatch(p.tokens, p.hidden, units, [&](auto nt, auto c, bool spread) {
+  return cluster_gemv::dispatch(p.tokens, p.hidden, units, [&](auto nt, auto c, bool spread, int) {
     constexpr int NT = decltype(nt)::value, C = decltype(c)::value;
     return cluster_gemv::launch<NT, HD, C>(qkv_rope_fused_kernel<NT, HD, C>, p, units, p.hidden, stream, spread);
   });
