@@ -54,6 +54,9 @@ template <int NT>
 constexpr int ring_stages() {
   return NT == 4 ? 6 : 10;
 }
+// The fused QKV kernel's spread grids (up to 8 tokens): a spread block has the shared memory of
+// one of three per SM whatever its ring needs, room for 14 stages (qkv_rope_fused.cu).
+constexpr int kSpreadRingStages = 14;
 
 // Where the epilogue finishes an output row of the unit: block `rank` of the cluster, at `slot`
 // among that block's rows.
@@ -247,6 +250,12 @@ __device__ Partials<NT, kUnitRows, C> stream_unit(const Inputs& in, int unit, in
   return {received, inverse_rms};
 }
 
+// k-steps of the largest block of a unit's cluster (the blocks split the inner dimension).
+template <int C>
+constexpr int max_ksteps_per_block(int inner) {
+  return (inner / 16 + C - 1) / C;
+}
+
 // Spread grids (see dispatch): at most this many blocks per SM, for inner dimensions of at least
 // kSpreadMinInner.
 constexpr int kSpreadBlocksPerSm = 3;
@@ -267,7 +276,7 @@ cudaError_t shared_bytes_for_blocks_per_sm(int per_sm, size_t& bytes);
 template <int NT, int kUnitRows, int C, int kStages = ring_stages<NT>(), typename Params>
 cudaError_t launch(void (*kernel)(Params, int), const Params& params, int units, int inner, cudaStream_t stream,
                    bool spread = false) {
-  const int max_ksteps = (inner / 16 + C - 1) / C;
+  const int max_ksteps = max_ksteps_per_block<C>(inner);
   const SharedLayout<kUnitRows, C> layout(kStages, max_ksteps, 8 * NT);
   if (layout.total > static_cast<size_t>(kMaxSharedBytes)) return cudaErrorNotSupported;
   static const cudaError_t attribute = [&] {
