@@ -118,8 +118,7 @@ struct Sequence {
   int rows;
   int lane, warp, rank;
   float max_logit;
-  float temperature;
-  float inverse_temperature;
+  float inverse_temperature;  // 1/T: distance() multiplies by it
   float cached[R > 0 ? R : 1];  // row i of this lane: id warp_begin + 32 i + lane
 
   // Nats below the max after temperature, >= 0; monotone (non-increasing) in the logit. A multiply
@@ -550,7 +549,6 @@ __device__ __forceinline__ Sequence<R> sequence_view(const SamplingParams& p, in
   q.lane = threadIdx.x % 32, q.warp = threadIdx.x / 32, q.rank = blockIdx.x % C;
   q.rows = rows_per_warp(p.vocab, C);
   q.warp_begin = (q.rank * kWarps + q.warp) * q.rows * 32;
-  q.temperature = temperature;
   q.inverse_temperature = 1.0f / temperature;
   q.max_logit = 0.0f;
   q.load();
