@@ -67,12 +67,12 @@ struct MlpHfWeights {
 // Launch tuning of the fused variant; 0 means the device default. The kernel scheduler (and the
 // benchmark's tuning sweep) sets it.
 struct FusedMlpTuning {
-  int blocks_per_sm = 0;  // resident blocks per SM
-  int cluster_size = 0;   // blocks sharing activations through distributed shared memory: 1, 2 (9-16 tokens), 4, 8
+  int blocks_per_sm = 0;  // resident blocks per SM (at most 1 where blocks have 16 warps: clusters of 2, or 9-16 tokens)
+  int cluster_size = 0;   // blocks sharing activations through distributed shared memory: 1, 2, 4, 8
   bool skip_reduction_diagnostic = false;  // benchmarks only: skips the cross-cluster sum (wrong y)
   // The decode engine's layers: launch as a programmatic dependent of the kernel before (blocks
-  // start early and wait for it first thing) where that measured faster, up to 8 tokens with
-  // two blocks on every SM (H <= 2048, after the engine's o_proj). Back-to-back MLP calls measured
+  // start early and wait for it first thing) where that measured faster: single tokens on the
+  // grids that cover every SM (clusters of 2 or 4). Back-to-back MLP calls measured
   // slower that way, so it is off unless asked for.
   bool programmatic_launch = false;
 };

@@ -5,7 +5,7 @@
 // ~2·M FLOP per weight byte, far under the H200's ~180 FLOP/byte: the floor is weight bytes over
 // the copy bandwidth (82 µs for Llama-3-8B's 4096x14336 at 4.3 TB/s).
 //
-// Work split. The grid is made of clusters of C blocks (C = 1, 4 or 8; Hopper thread-block
+// Work split. The grid is made of clusters of C blocks (C = 1, 2, 4 or 8; Hopper thread-block
 // clusters), each owning a contiguous slice of the intermediate dimension I (16-row tiles).
 //   Phase 1  the cluster's warps (8 or 16 per block) split the slice's (tile, k-step) space into
 //            equal ranges: g = x·Wg^T and u = x·Wu^T. Sums a range boundary cuts meet in the
@@ -27,7 +27,7 @@
 // Tensor cores: mma.m16n8k16 with weights on the 16-row side and tokens on the 8-wide side, so
 // M = 1..8 costs one n-tile. Weights are pre-packed in fragment order (fragment.cuh): each lane
 // fetches its A operand with one coalesced 16-byte copy. Each thread streams its fragments (and
-// x's B-fragment words) through its own column of a cp.async ring in shared memory, 3-4 stages
+// x's B-fragment words) through its own column of a cp.async ring in shared memory, 3-5 stages
 // deep: bytes in flight without holding registers.
 // Tokens beyond 32 go in passes of 32 (weights re-read per pass): large M is unfused territory.
 #include "kernels/mlp/swiglu_fused.cuh"
@@ -54,12 +54,16 @@ template <int NT, int C>  // NT: n-tiles of 8 tokens per pass; C: cluster size
 struct FusedConfig {
   static_assert(NT == 1 || NT == 2 || NT == 4, "passes hold 8, 16 or 32 tokens");
   static constexpr int kTokensPerPass = 8 * NT;
-  // 16 warps a block, one block per SM, at 9-16 tokens in clusters; else 8 warps, two blocks per
-  // SM. Same ring bytes per SM either way. Measured (docs/kernels/swiglu_fused.md, "One block of
-  // 16 warps"): at M = 16 one block is 4-8% faster on every shape; at M = 1 it was as fast alone
-  // but 0.3-0.8% slower in the decode step. Without clusters (sm_80: 164 KB per SM) the 16-warp
-  // block would not fit.
-  static constexpr int kWarps = NT == 2 && C > 1 ? 16 : 8;
+  // 16 warps a block (one block per SM) in clusters of 2, and at 9-16 tokens in any cluster; else
+  // 8 warps, two blocks per SM. Same ring bytes per SM either way. Measured
+  // (docs/kernels/swiglu_fused.md):
+  // - "One block of 16 warps": at M = 16 one block is 4-8% faster on every shape.
+  // - "Clusters of 2 on one block per SM": at up to 8 tokens, pairs of 16-warp blocks make half
+  //   as many clusters as pairs of 8-warp blocks on the same SMs, so half as many partial sums of
+  //   y go through L2, whose cost grows with them: the decode step at batch 8 is 2-4% faster
+  //   (Llama-3-8B, Qwen2.5-7B, Llama-3.2-1B), batch 1 up to 1.1%.
+  // Without clusters (sm_80: 164 KB per SM) the 16-warp block would not fit.
+  static constexpr int kWarps = C > 1 && (NT == 2 || C == 2) ? 16 : 8;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlocksPerSm = 16 / kWarps;
   static constexpr int kMaxTilesPerBlock = 6 * kWarps / 8;  // 16-row tiles of I one block owns
@@ -67,7 +71,10 @@ struct FusedConfig {
   static constexpr size_t kMaxSharedBytes = 227 * 1024 / kBlocksPerSm - 1024;
   static constexpr int kRowTiles = NT == 1 ? 4 : NT == 2 ? 2 : 1;  // phase-2 output row tiles per warp item
   // The load ring: kStages stages per thread, each kSteps k-steps deep (see ring_run below).
-  static constexpr int kStages = NT == 1 ? 4 : 3;
+  // One 16-warp block per SM at up to 8 tokens has room for a fifth stage: the decode step
+  // 0.1-0.5% faster on 5 of 6 cases, Llama-3-8B batch 8 0.3% slower (docs, "Clusters of 2 on one
+  // block per SM"). A fifth stage for two 8-warp blocks per SM was slower in the step.
+  static constexpr int kStages = NT == 1 ? (kWarps == 16 ? 5 : 4) : 3;
   static constexpr int kSteps1 = NT == 4 ? 1 : 2;  // phase 1: gate + up fragments (+ x words) per k-step
   static constexpr int kSteps2 = NT == 1 ? 1 : 2;  // phase 2: kRowTiles down fragments per k-step
   static constexpr int kXWords = 2 * NT;           // x B-fragment words per phase-1 k-step
@@ -423,9 +430,10 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
 
 // Whether the (NT, C) instance launches as a programmatic dependent when the caller allows it
 // (FusedMlpTuning::programmatic_launch): its blocks may start while the kernel before finishes and
-// wait for it first thing. Only single-token calls on the grids of two 8-warp blocks on every SM
-// (clusters of 2 or 4) gain, in the decode step at batch 1: Llama-3.2-1B 1-2%, Llama-3-8B 1%,
-// Qwen2.5-7B 1%. At 8 tokens Qwen2.5-7B lost 1.1-1.5% (Llama-3-8B and Llama-3.2-1B equal);
+// wait for it first thing. Only single-token calls on the grids that cover every SM (clusters of
+// 2 or 4) gain, in the decode step at batch 1: Llama-3.2-1B 1-2%, Llama-3-8B 1%, Qwen2.5-7B 1%
+// (measured with two 8-warp blocks per SM; again with one 16-warp block per SM in pairs:
+// Llama-3.2-1B 1.7%, Llama-3-8B 0.7%, Qwen2.5-7B 0.4%). At 8 tokens Qwen2.5-7B lost 1.1-1.5% (Llama-3-8B and Llama-3.2-1B equal);
 // clusters of 8 placed while o_proj's blocks still hold SMs lost 3-15%; and back-to-back calls of
 // the same grid (bench mlp, 2048x8192 M = 1 in a graph) took 40.2 µs instead of 33.3
 // (docs/kernels/swiglu_fused.md, "Overlap with the kernels around it").
@@ -520,10 +528,11 @@ cudaError_t launch_for_tokens(const SwigluFusedParams& p, const FusedMlpTuning& 
   // Clusters of 2 fit every GPC, so the grid covers all 132 SMs, at the price of more partial
   // sums per output row (docs/kernels/swiglu_fused.md, "Clusters of 2"). At 9-16 tokens (one
   // 16-warp block per SM; bench mlp --norm, M = 9 / 12 / 16, in a graph): 5-8% faster at
-  // H = 2048, 1-2% at 3584 and 4096, equal at 5120, 4-13% slower at 8192. At up to 8 tokens (two
-  // 8-warp blocks per SM) for 2048 < H < 8192: the decode step 2.5-3% faster at batch 1 on
-  // Llama-3-8B and Qwen2.5-7B and 0.8-1.3% at 8 (H = 2048 and 8192 were slower alone).
-  const bool pairs = (NT == 2 && p.hidden <= 4096) || (NT == 1 && p.hidden > 2048 && p.hidden < 8192);
+  // H = 2048, 1-2% at 3584 and 4096, equal at 5120, 4-13% slower at 8192. At up to 8 tokens, as
+  // pairs of 16-warp blocks (one per SM, FusedConfig::kWarps), for H < 8192: against the 8-warp
+  // pairs before them, the decode step 2-4% faster at batch 8 and up to 1.1% at batch 1 on
+  // Llama-3-8B, Qwen2.5-7B and Llama-3.2-1B (which had clusters of 4); at H = 8192 equal alone.
+  const bool pairs = (NT == 2 && p.hidden <= 4096) || (NT == 1 && p.hidden < 8192);
   const bool four = p.hidden <= 2048 || (NT == 2 && p.hidden < 8192);
   int cluster = tuning.cluster_size > 0 ? tuning.cluster_size : pairs ? 2 : four ? 4 : 8;
   int major = 0, device = 0;
