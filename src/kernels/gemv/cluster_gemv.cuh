@@ -161,7 +161,10 @@ __device__ Partials<NT, kUnitRows, C> stream_unit(const Inputs& in, int unit, in
   const int warp_end = k_begin + split_point(k_count, kWarpsPerTile, part + 1);
   const uint4* tile_weights = in.weights + static_cast<size_t>(unit * kTiles + tile) * ksteps * 32 + lane;
 
-  auto issue = [&](int k, int stage, int) { copy16_async(&ring[stage][tid], tile_weights + static_cast<size_t>(k) * 32); };
+  const uint64_t streamed = evict_first_policy();  // the weights are read once
+  auto issue = [&](int k, int stage, int) {
+    copy16_async_streamed(&ring[stage][tid], tile_weights + static_cast<size_t>(k) * 32, streamed);
+  };
   ring_prime<kStages, 1>(warp_begin, warp_end, issue);  // constant weights: before the upstream wait
   // Blocks write into each other's shared memory below (sums of squares, partial sums): only once
   // every block of the cluster has started. Here, before the upstream wait, the barrier is off

@@ -206,6 +206,7 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
   // positions instead of dividing f: a runtime division is ~20 dependent instructions, and the
   // instruction latency per k-step, not DRAM, bounded each warp's rate (ncu, docs).
   // down: [I tile][row tile][32 lanes] uint4; rows past the block's share are zero-filled.
+  const uint64_t streamed = evict_first_policy();  // the weights are read once
   const size_t down_k_stride = static_cast<size_t>(h_tiles) * 32;
   const uint4* const down_slice = p.down + static_cast<size_t>(cluster_begin) * down_k_stride + lane;
   struct DownCursor {
@@ -232,7 +233,8 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
   auto issue_down = [&](int, int stage, int step) {
 #pragma unroll
     for (int r = 0; r < RT; ++r)
-      copy16_async(&shared.ring16[stage][step * RT + r][tid], down.source + down.row_offset[r], down.row_valid[r]);
+      copy16_async_streamed(&shared.ring16[stage][step * RT + r][tid], down.source + down.row_offset[r], streamed,
+                            down.row_valid[r]);
     down.source += down_k_stride;
     if (++down.k == k2_steps) {
       down.k = 0;
@@ -272,8 +274,8 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
       const uint4* issue_weights = gate_up + static_cast<size_t>(f1_begin) * 64;
       auto issue = [&](int, int stage, int step) {
         // gate_up: [tile][k-step][gate | up][32 lanes] uint4; x words zero-filled past M
-        copy16_async(&shared.ring16[stage][step * 2][tid], issue_weights);
-        copy16_async(&shared.ring16[stage][step * 2 + 1][tid], issue_weights + 32);
+        copy16_async_streamed(&shared.ring16[stage][step * 2][tid], issue_weights, streamed);
+        copy16_async_streamed(&shared.ring16[stage][step * 2 + 1][tid], issue_weights + 32, streamed);
         issue_weights += 64;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
