@@ -1,5 +1,7 @@
-// Running the `deepfuse` binary from tests (DEEPFUSE_CLI is its path, set by tests.cmake) and
-// reading what it printed: shared by the CPU CLI tests and the CUDA backend's CLI tests.
+// Running the `deepfuse` binary from tests (DEEPFUSE_CLI is its path, set by tests.cmake; the
+// environment variable DEEPFUSE_CLI overrides it for binaries carried to another machine, see
+// scripts/gpu-checks.sh) and reading what it printed: shared by the CPU CLI tests and the CUDA
+// backend's CLI tests.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -23,7 +25,8 @@ struct RunResult {
 // Runs `deepfuse ARGS` through the shell, stdout and stderr captured into files under `dir`.
 inline RunResult run_cli(const ScratchDir& dir, const std::string& args) {
   const auto out = dir.path() / "stdout.txt", err = dir.path() / "stderr.txt";
-  const std::string command = std::string(DEEPFUSE_CLI) + " " + args + " >" + out.string() + " 2>" + err.string();
+  const char* moved = std::getenv("DEEPFUSE_CLI");
+  const std::string command = std::string(moved ? moved : DEEPFUSE_CLI) + " " + args + " >" + out.string() + " 2>" + err.string();
   const int status = std::system(command.c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text_file(out), read_text_file(err)};
 }
