@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "kernels/common/l2_policy.cuh"
+
 namespace deepfuse::kernels {
 
 // The load ring. Each thread streams its own fragments through its own column of shared
@@ -19,19 +21,10 @@ __device__ __forceinline__ void copy16_async(void* shared, const void* global, b
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(shared)), "l"(global),
                "r"(valid ? 16 : 0));  // src-size 0 zero-fills
 }
-// L2 policy for bytes read once per step (streamed weights): evicted before anything else, so the
-// lines that are reused (the KV cache, partial sums, activations, the residual stream) stay. The
-// fused MLP's and the cluster GEMVs' weights: decode step 0.2-1.4% faster on every case measured
-// (docs/kernels/swiglu_fused.md, "Streamed weights marked evict-first").
-__device__ __forceinline__ uint64_t evict_first_policy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
+// A weight stream's copy: evict-first in L2 (l2_policy.cuh), the policy made once per thread.
 __device__ __forceinline__ void copy16_async_streamed(void* shared, const void* global, uint64_t policy,
                                                       bool valid = true) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(shared_address(shared)),
-               "l"(global), "r"(valid ? 16 : 0), "l"(policy));
+  copy16_async_with_policy(shared_address(shared), global, policy, valid);
 }
 __device__ __forceinline__ void copy4_async(void* shared, const void* global, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(shared_address(shared)), "l"(global),
