@@ -434,11 +434,11 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
 // (FusedMlpTuning::programmatic_launch): its blocks may start while the kernel before finishes and
 // wait for it first thing. Only single-token calls on the grids that cover every SM (clusters of
 // 2 or 4) gain, in the decode step at batch 1: Llama-3.2-1B 1-2%, Llama-3-8B 1%, Qwen2.5-7B 1%
-// (measured with two 8-warp blocks per SM; again with one 16-warp block per SM in pairs:
-// Llama-3.2-1B 1.7%, Llama-3-8B 0.7%, Qwen2.5-7B 0.4%). At 8 tokens Qwen2.5-7B lost 1.1-1.5% (Llama-3-8B and Llama-3.2-1B equal);
-// clusters of 8 placed while o_proj's blocks still hold SMs lost 3-15%; and back-to-back calls of
-// the same grid (bench mlp, 2048x8192 M = 1 in a graph) took 40.2 µs instead of 33.3
-// (docs/kernels/swiglu_fused.md, "Overlap with the kernels around it").
+// with two 8-warp blocks per SM, and again with one 16-warp block per SM in pairs (Llama-3.2-1B
+// 1.7%, Llama-3-8B 0.7%, Qwen2.5-7B 0.4%). At 8 tokens Qwen2.5-7B lost 1.1-1.5% (Llama-3-8B and
+// Llama-3.2-1B equal); clusters of 8 placed while o_proj's blocks still hold SMs lost 3-15%; and
+// back-to-back calls of the same grid (bench mlp, 2048x8192 M = 1 in a graph) took 40.2 µs
+// instead of 33.3 (docs/kernels/swiglu_fused.md, "Overlap with the kernels around it").
 template <int NT, int C>
 bool launches_programmatically(const SwigluFusedParams& p, const FusedMlpTuning& tuning) {
   return tuning.programmatic_launch && NT == 1 && (C == 2 || C == 4) && p.tokens == 1 &&
