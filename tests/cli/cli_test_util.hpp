@@ -26,7 +26,8 @@ struct RunResult {
 inline RunResult run_cli(const ScratchDir& dir, const std::string& args) {
   const auto out = dir.path() / "stdout.txt", err = dir.path() / "stderr.txt";
   const char* moved = std::getenv("DEEPFUSE_CLI");
-  const std::string command = std::string(moved ? moved : DEEPFUSE_CLI) + " " + args + " >" + out.string() + " 2>" + err.string();
+  const std::string binary = moved ? moved : DEEPFUSE_CLI;
+  const std::string command = binary + " " + args + " >" + out.string() + " 2>" + err.string();
   const int status = std::system(command.c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text_file(out), read_text_file(err)};
 }

@@ -67,8 +67,8 @@ cudaError_t launch_for_unit(const GemvResidualParams& p, cudaStream_t stream) {
     // Two more ring stages where the packed cluster grid holds at most two blocks per SM and a
     // warp streams more k-steps than the default ring primes (Llama-3-8B's o_proj): the blocks
     // start while the attention before them finishes and have more of their weights in flight by
-    // their upstream wait. No more than two: the next layer's MLP, launched programmatically at
-    // one token, must still find room beside two of these blocks (docs/kernels/qkv_rope_fused.md).
+    // their upstream wait. No more than two: 16 or 20 stages measured 3.5-4% slower at batch 1,
+    // for a reason not established (docs/kernels/qkv_rope_fused.md).
     constexpr int kDeepStages = kStages + 2;
     constexpr int kWarpsPerTile = cluster_gemv::kWarps / (kUnitRows / 16);
     const int warp_ksteps = (p.inner / 16 + C * kWarpsPerTile - 1) / (C * kWarpsPerTile);
