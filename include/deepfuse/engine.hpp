@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "deepfuse/gemm_tuning.hpp"
 #include "deepfuse/mlp.hpp"
 #include "deepfuse/model_config.hpp"
 #include "deepfuse/reference.hpp"
@@ -46,6 +47,13 @@ struct EngineOptions {
   // A sequence that stops on a stop id has one step computed for nothing. false: one step per
   // step(), nothing in flight when it returns.
   bool overlap_steps = true;
+  // At construction, time cuBLASLt's suggested algorithms for each GEMM the decode steps run
+  // through it (the lm_head at every batch; QKV, o_proj and the unfused MLP where the fused
+  // kernels do not serve the batch) and keep the fastest, instead of its heuristic's first choice
+  // (Engine::gemm_tunings() lists what was found). Costs ~0.1-1 s at construction. The choice can
+  // differ between processes when two algorithms time within noise, and with it the last bits of
+  // the logits; false keeps cuBLASLt's deterministic first choice.
+  bool tune_gemms = false;
   int device = 0;
 };
 
@@ -102,6 +110,8 @@ class Engine {
   const EngineOptions& options() const;
   // Launch counts are those of the graph bucket serving `decode_batch` sequences (0: the largest).
   EngineStats stats(int decode_batch = 0) const;
+  // The GEMMs timed at construction (EngineOptions::tune_gemms), in the order they were timed.
+  const std::vector<GemmTuning>& gemm_tunings() const;
 
   // Validates (ids in range, prompt + max_new_tokens within max_context, enough KV pages for
   // the prompt in an empty cache) and queues. Throws deepfuse::Error with a one-line reason.

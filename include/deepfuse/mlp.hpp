@@ -39,7 +39,11 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
+
+#include "deepfuse/gemm_tuning.hpp"
 
 namespace deepfuse {
 
@@ -122,6 +126,13 @@ class MlpLayer {
   float* run_deferred(const __nv_bfloat16* x, int tokens, cudaStream_t stream);
 
   void set_fused_tuning(const FusedMlpTuning& tuning);
+
+  // Unfused layers sharing one scratch (a model's): times cuBLASLt's candidate algorithms for
+  // their gate_up and down GEMMs at `tokens` tokens, over all of the layers' weights, and keeps
+  // the fastest for later run() calls of that many tokens (with a residual when with_residual).
+  // Overwrites the scratch; synchronises the stream; not during a graph capture.
+  static std::vector<GemmTuning> tune_unfused_gemms(std::span<MlpLayer* const> layers, int tokens,
+                                                    bool with_residual, cudaStream_t stream);
 
   MlpVariant variant() const;
   MlpShape shape() const;

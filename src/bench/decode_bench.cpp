@@ -57,6 +57,7 @@ struct Report {
   Table decode{{"arch", "batch", "context", "ms/step", "tok/s/seq", "tok/s", "roofline ms", "%roofline", "launches",
                 "graph kernels", "GPU GB", "replay ms"}};
   Table ttft{{"arch", "prompt", "TTFT ms"}};
+  Table gemms{{"arch", "op", "M", "N", "K", "candidates", "chosen", "heuristic us", "chosen us", "gain"}};
   nlohmann::json rows = nlohmann::json::array();
 
   void skip(const std::string& what, nlohmann::json row, const std::string& reason) {
@@ -232,6 +233,7 @@ void run_arch(const std::string& arch, const DecodeBenchOptions& options, double
   engine_options.overlap_steps = options.overlap_steps;
   engine_options.mlp_variant = options.mlp_variant;
   engine_options.fused_mlp_max_tokens = options.fused_mlp_max_tokens;
+  engine_options.tune_gemms = options.tune_gemms;
 
   ModelConfig config = random_arch_config(arch);
   if (config.max_position_embeddings < engine_options.max_context) {
@@ -246,6 +248,15 @@ void run_arch(const std::string& arch, const DecodeBenchOptions& options, double
   } catch (const Error& e) {
     report.skip(arch, {{"kind", "engine"}, {"arch", arch}}, e.what());
     return;
+  }
+  for (const GemmTuning& t : engine->gemm_tunings()) {
+    const double gain = t.heuristic_us > 0 ? 100.0 * (t.heuristic_us - t.chosen_us) / t.heuristic_us : 0.0;
+    report.gemms.add({arch, t.op, std::to_string(t.m), std::to_string(t.n), std::to_string(t.k),
+                      std::to_string(t.candidates), std::to_string(t.chosen), format_fixed(t.heuristic_us, 2),
+                      format_fixed(t.chosen_us, 2), format_fixed(gain, 1) + "%"});
+    report.rows.push_back({{"kind", "gemm_tuning"}, {"arch", arch}, {"op", t.op}, {"m", t.m}, {"n", t.n}, {"k", t.k},
+                           {"candidates", t.candidates}, {"chosen", t.chosen}, {"heuristic_us", t.heuristic_us},
+                           {"chosen_us", t.chosen_us}});
   }
   const EngineStats stats = engine->stats();
   std::fprintf(stderr, "  %s: %.2f GB of weights, %.1f GB KV pool (%d pages), %d launches per step\n", arch.c_str(),
@@ -287,10 +298,11 @@ int run_decode_bench(const DecodeBenchOptions& options) {
   const double copy_bw = measure_copy_bandwidth();
   std::printf(
       "GPU: %s, %d SMs; measured copy bandwidth %.3f TB/s (read+write); CUDA graphs %s, steps overlapped %s, MLP "
-      "%s (fused up to %d tokens)\n",
+      "%s (fused up to %d tokens), cuBLASLt GEMMs %s\n",
       device.name.c_str(), device.sm_count, copy_bw / 1e12, options.cuda_graphs ? "on" : "off",
       options.overlap_steps ? "on" : "off",
-      mlp_variant_name(options.mlp_variant), options.fused_mlp_max_tokens);
+      mlp_variant_name(options.mlp_variant), options.fused_mlp_max_tokens,
+      options.tune_gemms ? "timed at construction" : "as cuBLASLt's heuristic ranks them");
   Report report;
   for (const auto& arch : options.archs) run_arch(arch, options, copy_bw, report);
 
@@ -300,11 +312,17 @@ int run_decode_bench(const DecodeBenchOptions& options) {
     std::printf("\ntime to first token (batch 1, median of %d)\n", options.ttft_repetitions);
     std::fputs(report.ttft.render().c_str(), stdout);
   }
+  if (options.tune_gemms) {
+    std::printf("\ncuBLASLt GEMMs timed at construction (µs per call in a graph, weights from HBM; chosen 0: the "
+                "heuristic's first choice kept)\n");
+    std::fputs(report.gemms.render().c_str(), stdout);
+  }
   if (!options.json_path.empty()) {
     nlohmann::json json = run_header(device.name, copy_bw);
     json.update({{"suite", "decode"}, {"cuda_graphs", options.cuda_graphs}, {"overlap_steps", options.overlap_steps},
                  {"mlp_variant", mlp_variant_name(options.mlp_variant)},
-                 {"fused_mlp_max_tokens", options.fused_mlp_max_tokens}, {"steps", options.steps},
+                 {"fused_mlp_max_tokens", options.fused_mlp_max_tokens}, {"tune_gemms", options.tune_gemms},
+                 {"steps", options.steps},
                  {"warmup", options.warmup}, {"rows", report.rows}});
     write_json(options.json_path, json);
   }

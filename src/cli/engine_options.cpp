@@ -53,6 +53,10 @@ void add_engine_options(CLI::App& command, EngineArgs& args) {
                       std::to_string(args.fused_mlp_max_tokens) + ")")
       ->check(CLI::NonNegativeNumber)
       ->group(group);
+  command
+      .add_flag("--tune-gemms", args.tune_gemms,
+                "time cuBLASLt's suggested algorithms for the decode GEMMs at start-up and keep the fastest")
+      ->group(group);
 }
 
 EngineOptions engine_options(const EngineArgs& args) {
@@ -63,6 +67,7 @@ EngineOptions engine_options(const EngineArgs& args) {
   options.cuda_graphs = !args.no_cuda_graphs;
   options.overlap_steps = !args.no_overlap_steps;
   options.fused_mlp_max_tokens = args.fused_mlp_max_tokens;
+  options.tune_gemms = args.tune_gemms;
   try {
     options.mlp_variant = parse_mlp_variant(args.mlp_variant);
   } catch (const Error&) {

@@ -160,6 +160,7 @@ void Engine::Impl::finish_setup() {
   kv = std::make_unique<runtime::KvCache>(geometry, static_cast<int>(pages), max_batch, max_pages_per_sequence,
                                           stream());
   forward = std::make_unique<runtime::ForwardPass>(config, *weights, *kv, *buffers, *gemm);
+  if (options.tune_gemms) gemm_tunings = forward->tune_decode_gemms(buckets, stream());
   DF_CHECK_CUDA(cudaStreamSynchronize(stream()));
 }
 
@@ -194,6 +195,7 @@ Engine Engine::with_random_weights(const ModelConfig& config, const EngineOption
 
 const ModelConfig& Engine::config() const { return impl_->config; }
 const EngineOptions& Engine::options() const { return impl_->options; }
+const std::vector<GemmTuning>& Engine::gemm_tunings() const { return impl_->gemm_tunings; }
 
 EngineStats Engine::stats(int decode_batch) const {
   const Impl& s = *impl_;

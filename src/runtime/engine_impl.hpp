@@ -136,6 +136,7 @@ struct Engine::Impl {
 
   std::unique_ptr<runtime::GpuWeights> weights;
   std::unique_ptr<kernels::CublasLtGemm> gemm;
+  std::vector<GemmTuning> gemm_tunings;  // EngineOptions::tune_gemms
   std::vector<kernels::DecodeAttentionPlan> decode_plans;  // one per bucket
   std::unique_ptr<runtime::StepBuffers> buffers;
   std::unique_ptr<runtime::KvCache> kv;

@@ -272,6 +272,47 @@ void ForwardPass::sample(int first_entry, int batch, cudaStream_t stream, int32_
   DF_CHECK_CUDA(kernels::launch_sampling(p, stream));
 }
 
+std::vector<GemmTuning> ForwardPass::tune_decode_gemms(std::span<const int> buckets, cudaStream_t stream) {
+  using Operands = kernels::CublasLtGemm::Operands;
+  const int hidden = config_.hidden_size, q_size = config_.q_size();
+  const int qkv_width = q_size + 2 * config_.kv_size();
+  auto* residual = buffers_.residual.as<__nv_bfloat16>();
+  auto* normed = buffers_.normed.as<__nv_bfloat16>();
+  std::vector<const __nv_bfloat16*> qkv, o_proj;
+  for (const GpuLayerWeights& w : weights_.layers) {
+    qkv.push_back(w.qkv.as<__nv_bfloat16>());
+    o_proj.push_back(w.o_proj.as<__nv_bfloat16>());
+  }
+  const GpuLayerWeights& first = weights_.layers.front();
+  const __nv_bfloat16* o_bias = first.o_bias.empty() ? nullptr : first.o_bias.as<__nv_bfloat16>();
+  const __nv_bfloat16* lm_head = weights_.lm_head_weights();
+
+  std::vector<GemmTuning> out;
+  auto tune = [&](const char* op, const Operands& operands, std::span<const __nv_bfloat16* const> weights) {
+    const auto report = gemm_.tune(operands, weights, stream);
+    out.push_back({op, operands.m, operands.n, operands.k, report.candidates, report.chosen, report.heuristic_us,
+                   report.chosen_us});
+  };
+  // The operands each call of decode_step() passes (unfused_qkv, layer, lm_head).
+  for (const int m : buckets) {
+    if (!uses_fused_front(m)) {
+      const __nv_bfloat16* x = weights_.input_norms_folded ? residual : normed;
+      tune("qkv", {m, qkv_width, hidden, x, nullptr, nullptr, buffers_.qkv.data()}, qkv);
+    }
+    if (!uses_gemv_o_proj(m))
+      tune("o_proj", {m, hidden, q_size, buffers_.attention_out.as<__nv_bfloat16>(), o_bias, residual, residual},
+           o_proj);
+    if (first.mlp_for(m).variant() == MlpVariant::unfused) {
+      std::vector<MlpLayer*> mlps;
+      for (const GpuLayerWeights& w : weights_.layers) mlps.push_back(&w.mlp_for(m));
+      for (GemmTuning& t : MlpLayer::tune_unfused_gemms(mlps, m, true, stream)) out.push_back(std::move(t));
+    }
+    tune("lm_head", {m, config_.vocab_size, hidden, normed, nullptr, nullptr, buffers_.logits.data(), true},
+         std::span(&lm_head, 1));
+  }
+  return out;
+}
+
 int ForwardPass::launches_per_layer(int attention_launches, int decode_batch) const {
   // [norm (unless folded), QKV GEMM, rope_kv_append] or the fused QKV kernel, attention, o_proj
   // (the cluster GEMV, or cuBLASLt, counted as one although a split-K algorithm adds a reduction

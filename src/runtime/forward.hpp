@@ -27,7 +27,10 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <span>
+#include <vector>
 
+#include "deepfuse/gemm_tuning.hpp"
 #include "deepfuse/model_config.hpp"
 #include "deepfuse/tensor.hpp"
 #include "kernels/attention/decode_attention.cuh"
@@ -91,6 +94,12 @@ class ForwardPass {
   // Samples logits rows 0..batch-1 with the slots of entries first_entry.. and writes the ids
   // into decode_ids[first_entry..] (and into host_ids[0..batch-1] when given: mapped pinned memory).
   void sample(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids = nullptr);
+
+  // Times cuBLASLt's candidate algorithms for every GEMM the decode steps of these batch buckets
+  // run through cuBLASLt (per bucket: lm_head, and where the fused kernels do not serve it the
+  // QKV projection, o_proj and the unfused MLP) and keeps the fastest. Scribbles on the step's
+  // buffers: only while no sequence runs (engine setup). Synchronises the stream.
+  std::vector<GemmTuning> tune_decode_gemms(std::span<const int> buckets, cudaStream_t stream);
 
   // Kernel launches (cuBLASLt GEMMs count one each) of one layer and of a whole decode step;
   // decode_batch 0 means a prefill chunk.

@@ -1,9 +1,12 @@
 // cuBLASLt GEMM modes the engine relies on, against an fp64 CPU reference on fresh random inputs:
 // bf16 output with an in-place residual addend and a bias in the epilogue (o_proj with Llama's
-// attention_bias), and fp32 output (lm_head logits). Outputs are poisoned with NaN first.
+// attention_bias), and fp32 output (lm_head logits), with cuBLASLt's first choice and after tune()
+// timed its candidates. Outputs are poisoned with NaN first.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "deepfuse/bf16.hpp"
@@ -104,6 +107,85 @@ TEST(CublasLtGemm, Fp32Output) {
       EXPECT_LT(testing::relative_error(out, ref), 1e-4) << "M=" << m << " N=" << n << " K=" << k;
     }
   }
+}
+
+// tune() times the candidates on scratch operands rotating over several weight matrices; the
+// algorithm it keeps must then compute every epilogue mode correctly on fresh operands.
+TEST(CublasLtGemm, TunedAlgorithmsStayCorrect) {
+  DF_REQUIRE_GPU();
+  auto rng = testing::make_rng(43);
+  cudaStream_t stream = nullptr;
+  DF_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  constexpr int kWeightCopies = 3;
+  for (const GemmShape& shape : {GemmShape{1024, 512}, GemmShape{3072, 1024}}) {
+    const int n = shape.n, k = shape.k;
+    for (int m : {1, 8, 32}) {
+      for (int mode = 0; mode < 3; ++mode) {  // bias + in-place addend, plain, fp32 output
+        const bool with_bias = mode == 0, with_addend = mode == 0, fp32_out = mode == 2;
+        kernels::CublasLtGemm gemm;
+        std::vector<DeviceBuffer> w_dev(kWeightCopies);
+        std::vector<std::vector<float>> w;
+        std::vector<const __nv_bfloat16*> weights;
+        for (DeviceBuffer& buffer : w_dev) {
+          w.push_back(random_bf16(rng, static_cast<size_t>(n) * k, 1.0f / std::sqrt(static_cast<float>(k)), buffer));
+          weights.push_back(buffer.as<__nv_bfloat16>());
+        }
+        DeviceBuffer x_dev, bias_dev, addend_dev;
+        const auto x = random_bf16(rng, static_cast<size_t>(m) * k, 1.0f, x_dev);
+        const auto bias = random_bf16(rng, n, 0.5f, bias_dev);
+        const auto addend = random_bf16(rng, static_cast<size_t>(m) * n, 1.0f, addend_dev);
+        const size_t count = static_cast<size_t>(m) * n;
+        DeviceBuffer scratch_x(static_cast<size_t>(m) * k * 2), scratch_y(count * 4);
+        kernels::CublasLtGemm::Operands scratch{m, n, k, scratch_x.as<__nv_bfloat16>(),
+                                                with_bias ? bias_dev.as<__nv_bfloat16>() : nullptr,
+                                                with_addend ? scratch_y.data() : nullptr, scratch_y.data(), fp32_out};
+        const auto report = gemm.tune(scratch, weights, stream);
+        const std::string what = "M=" + std::to_string(m) + " N=" + std::to_string(n) + " K=" + std::to_string(k) +
+                                 " mode " + std::to_string(mode);
+        EXPECT_GE(report.candidates, 1) << what;
+        EXPECT_GE(report.chosen, 0) << what;
+        EXPECT_GT(report.heuristic_us, 0.0) << what;
+        EXPECT_GT(report.chosen_us, 0.0) << what;
+        EXPECT_LE(report.chosen_us, report.heuristic_us) << what;
+
+        for (int copy = 0; copy < kWeightCopies; ++copy) {
+          if (fp32_out) {
+            DeviceBuffer y = DeviceBuffer::from_host(std::vector<float>(count, std::nanf("")));
+            gemm.run_fp32_out(x_dev.as<__nv_bfloat16>(), weights[copy], y.as<float>(), m, n, k, stream);
+            DF_CHECK_CUDA(cudaStreamSynchronize(stream));
+            const auto out = y.to_host<float>(count);
+            EXPECT_EQ(testing::count_nan(out), 0u) << what;
+            EXPECT_LT(testing::relative_error(out, reference_gemm(x, w[copy], nullptr, nullptr, m, n, k)), 1e-4)
+                << what;
+            continue;
+          }
+          DeviceBuffer y = DeviceBuffer::from_host(
+              with_addend ? to_bf16_bits(addend) : std::vector<uint16_t>(count, kNanBits));
+          auto* y_ptr = y.as<__nv_bfloat16>();
+          gemm.run_with_bias(x_dev.as<__nv_bfloat16>(), weights[copy],
+                             with_bias ? bias_dev.as<__nv_bfloat16>() : nullptr, with_addend ? y_ptr : nullptr, y_ptr,
+                             m, n, k, stream);
+          DF_CHECK_CUDA(cudaStreamSynchronize(stream));
+          const auto out = bf16_bits_to_floats(y.to_host<uint16_t>(count));
+          const auto ref =
+              reference_gemm(x, w[copy], with_bias ? &bias : nullptr, with_addend ? &addend : nullptr, m, n, k);
+          EXPECT_EQ(testing::count_nan(out), 0u) << what;
+          EXPECT_LT(testing::relative_error(out, ref), kTolerance) << what;
+        }
+      }
+    }
+  }
+  // Bad operands are reported, not timed.
+  kernels::CublasLtGemm gemm;
+  DeviceBuffer buffer(1 << 16);
+  auto* p = buffer.as<__nv_bfloat16>();
+  const kernels::CublasLtGemm::Operands ok{1, 64, 64, p, nullptr, nullptr, p + 4096};
+  EXPECT_THROW(gemm.tune(ok, {}, stream), Error);
+  const __nv_bfloat16* null_weight = nullptr;
+  EXPECT_THROW(gemm.tune(ok, std::span(&null_weight, 1), stream), Error);
+  const __nv_bfloat16* weight = p;
+  EXPECT_THROW(gemm.tune(ok, std::span(&weight, 1), nullptr), Error);  // the legacy stream cannot be captured
+  DF_CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
 TEST(CublasLtGemm, RejectsBadArguments) {

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -235,6 +236,36 @@ TEST_P(EngineVsReference, EitherMlpCopyServesAnyStep) {
   const char* fold = std::getenv("DEEPFUSE_FOLD_NORMS");
   const int norm_launches = fold && std::atoi(fold) == 0 ? 1 : 0;
   EXPECT_EQ(launches_per_layer[2], launches_per_layer[0] + 2 + norm_launches);
+}
+
+// EngineOptions::tune_gemms: the algorithms timed at construction serve the decode steps' cuBLASLt
+// GEMMs (the lm_head at every bucket, o_proj where the tiny models run it through cuBLASLt, the
+// unfused MLP of the batch-4 bucket), and the logits still match the reference.
+TEST_P(EngineVsReference, TimedGemmAlgorithmsMatchReference) {
+  DF_REQUIRE_GPU();
+  make_model(7);
+  EngineOptions options = tiny_engine_options();
+  options.fused_mlp_max_tokens = 2;
+  options.tune_gemms = true;
+  Engine engine = load_engine(options);
+  std::set<std::string> tuned;  // "op at m"
+  for (const GemmTuning& t : engine.gemm_tunings()) {
+    tuned.insert(t.op + " at " + std::to_string(t.m));
+    EXPECT_GE(t.candidates, 1) << t.op;
+    EXPECT_GT(t.chosen_us, 0.0) << t.op;
+    EXPECT_LE(t.chosen_us, t.heuristic_us) << t.op;
+  }
+  for (const char* op : {"lm_head at 1", "lm_head at 2", "lm_head at 4", "mlp gate_up at 4", "mlp down at 4"})
+    EXPECT_TRUE(tuned.count(op)) << op << " was not timed";
+  EXPECT_FALSE(tuned.count("mlp gate_up at 2")) << "the fused MLP serves 2 tokens";
+
+  const std::vector<int> prompts = {5, 40, 17}, totals = {30, 47, 35};
+  std::vector<std::vector<int32_t>> sequences;
+  for (int total : totals) sequences.push_back(random_ids(rng_, total, config_.vocab_size));
+  const std::vector<std::vector<float>> logits = engine.score_batch(sequences, prompts);
+  ASSERT_EQ(logits.size(), sequences.size());
+  for (size_t s = 0; s < sequences.size(); ++s)
+    expect_matches_reference(logits[s], sequences[s], "timed GEMM algorithms, sequence " + std::to_string(s));
 }
 
 // Steps until every one of `sequences` reported its finish (at most max_steps steps); returns

@@ -1,13 +1,26 @@
 #include "kernels/gemm/cublaslt_gemm.hpp"
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
+#include "core/cuda_event.hpp"
 #include "deepfuse/error.hpp"
 
 namespace deepfuse::kernels {
 
 namespace {
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+// tune(): cuBLASLt's heuristic suggests 8 algorithms for the decode shapes on the H200; a timed
+// choice must beat its first by 1% to replace it, so timing noise does not flip choices.
+constexpr int kTuneCandidates = 8;
+constexpr double kTuneMinGain = 0.01;
+
+std::string describe(int m, int n, int k, bool with_bias, bool fp32_out) {
+  return "M=" + std::to_string(m) + " N=" + std::to_string(n) + " K=" + std::to_string(k) +
+         (with_bias ? " with bias" : "") + (fp32_out ? " with fp32 output" : "");
+}
 
 void check_sizes(int m, int n, int k) {
   DF_CHECK(m >= 1 && n >= 1 && k >= 1, "GEMM sizes must be positive (M=" + std::to_string(m) +
@@ -31,7 +44,7 @@ CublasLtGemm::~CublasLtGemm() {
 // column-major view: A = W (K x N, ld K) transposed, B = X (K x M, ld K), D = Y (N x M, ld N).
 // D's rows are Y's columns, so cuBLASLt's bias (one value per row of D) is one value per output
 // feature, broadcast over the tokens: exactly a Linear layer's bias.
-const CublasLtGemm::Plan& CublasLtGemm::plan_for(const Shape& s) {
+CublasLtGemm::Plan& CublasLtGemm::plan_for(const Shape& s) {
   if (auto it = plans_.find(s.key()); it != plans_.end()) return it->second;
   Plan plan;
   DF_CHECK_CUBLAS(cublasLtMatmulDescCreate(&plan.operation, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -59,11 +72,22 @@ const CublasLtGemm::Plan& CublasLtGemm::plan_for(const Shape& s) {
   DF_CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(handle_, plan.operation, plan.w_layout, plan.x_layout, plan.y_layout,
                                                  plan.y_layout, preference, 1, &result, &found));
   cublasLtMatmulPreferenceDestroy(preference);
-  DF_CHECK(found > 0, "cuBLASLt found no algorithm for a bf16 GEMM of M=" + std::to_string(s.m) +
-                          " N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) +
-                          (s.with_bias ? " with bias" : "") + (s.fp32_out ? " with fp32 output" : ""));
+  DF_CHECK(found > 0, "cuBLASLt found no algorithm for a bf16 GEMM of " + describe(s.m, s.n, s.k, s.with_bias, s.fp32_out));
   plan.algorithm = result.algo;
   return plans_.emplace(s.key(), plan).first->second;
+}
+
+cublasStatus_t CublasLtGemm::launch(const Plan& plan, const cublasLtMatmulAlgo_t& algorithm, const Shape& s,
+                                    const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
+                                    const void* addend, void* y, cudaStream_t stream) {
+  // The bias pointer lives in the (shared, per-shape) descriptor: set it for this call. A graph
+  // capture records the value current at the call, so layers sharing a shape stay distinct.
+  if (s.with_bias)
+    DF_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  const float alpha = 1.0f, beta = addend ? 1.0f : 0.0f;
+  return cublasLtMatmul(handle_, plan.operation, &alpha, w, plan.w_layout, x, plan.x_layout, &beta,
+                        addend ? addend : y, plan.y_layout, y, plan.y_layout, &algorithm, workspace_.data(),
+                        workspace_.bytes(), stream);
 }
 
 void CublasLtGemm::matmul(const Shape& s, const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
@@ -71,14 +95,92 @@ void CublasLtGemm::matmul(const Shape& s, const __nv_bfloat16* x, const __nv_bfl
   check_sizes(s.m, s.n, s.k);
   DF_CHECK(x && w && y, "GEMM input, weight or output pointer is null");
   const Plan& plan = plan_for(s);
-  // The bias pointer lives in the (shared, per-shape) descriptor: set it for this call. A graph
-  // capture records the value current at the call, so layers sharing a shape stay distinct.
-  if (s.with_bias)
-    DF_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-  const float alpha = 1.0f, beta = addend ? 1.0f : 0.0f;
-  DF_CHECK_CUBLAS(cublasLtMatmul(handle_, plan.operation, &alpha, w, plan.w_layout, x, plan.x_layout, &beta,
-                                 addend ? addend : y, plan.y_layout, y, plan.y_layout, &plan.algorithm,
-                                 workspace_.data(), workspace_.bytes(), stream));
+  DF_CHECK_CUBLAS(launch(plan, plan.algorithm, s, x, w, bias, addend, y, stream));
+}
+
+double CublasLtGemm::time_algorithm(Plan& plan, const cublasLtMatmulAlgo_t& algorithm, const Shape& s,
+                                    const Operands& o, std::span<const __nv_bfloat16* const> weights,
+                                    cudaStream_t stream) {
+  auto call = [&](int i) {
+    return launch(plan, algorithm, s, o.x, weights[i % weights.size()], o.bias, o.addend, o.y, stream);
+  };
+  // An eager call first: cuBLASLt may refuse a suggested algorithm for these pointers.
+  if (call(0) != CUBLAS_STATUS_SUCCESS) return -1.0;
+  DF_CHECK_CUDA(cudaGetLastError());
+  DF_CHECK_CUDA(cudaStreamSynchronize(stream));
+  // Enough calls that the graph's own launch is small next to them.
+  const int calls = std::clamp(static_cast<int>(weights.size()), 8, 32);
+  cudaGraph_t graph = nullptr;
+  DF_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  bool launched = true;
+  for (int i = 0; i < calls && launched; ++i) launched = call(i) == CUBLAS_STATUS_SUCCESS;
+  DF_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  cudaError_t status = launched ? cudaGraphInstantiate(&exec, graph, 0) : cudaSuccess;
+  cudaGraphDestroy(graph);
+  DF_CHECK_CUDA(status);
+  if (!launched) return -1.0;
+  std::vector<float> ms;
+  CudaEvent start, end;
+  try {
+    for (int replay = 0; replay < 4; ++replay) {  // the first warms up
+      start.record(stream);
+      DF_CHECK_CUDA(cudaGraphLaunch(exec, stream));
+      end.record(stream);
+      end.synchronize();
+      if (replay > 0) ms.push_back(end.ms_since(start));
+    }
+  } catch (...) {
+    cudaGraphExecDestroy(exec);
+    throw;
+  }
+  cudaGraphExecDestroy(exec);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2] * 1000.0 / calls;
+}
+
+CublasLtGemm::TuneReport CublasLtGemm::tune(const Operands& o, std::span<const __nv_bfloat16* const> weights,
+                                            cudaStream_t stream) {
+  check_sizes(o.m, o.n, o.k);
+  DF_CHECK(o.x && o.y && !weights.empty(), "GEMM tuning needs an input, an output and at least one weight matrix");
+  for (const __nv_bfloat16* w : weights) DF_CHECK(w, "GEMM tuning weight pointer is null");
+  DF_CHECK(stream != nullptr, "GEMM tuning captures CUDA graphs: give it a stream other than the legacy default");
+  const Shape s{o.m, o.n, o.k, o.addend != nullptr, o.bias != nullptr, o.fp32_out};
+  Plan& plan = plan_for(s);
+
+  cublasLtMatmulPreference_t preference;
+  DF_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&preference));
+  const size_t workspace_bytes = workspace_.bytes();
+  cublasLtMatmulHeuristicResult_t results[kTuneCandidates] = {};
+  int found = 0;
+  cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                               &workspace_bytes, sizeof workspace_bytes);
+  if (status == CUBLAS_STATUS_SUCCESS)
+    status = cublasLtMatmulAlgoGetHeuristic(handle_, plan.operation, plan.w_layout, plan.x_layout, plan.y_layout,
+                                            plan.y_layout, preference, kTuneCandidates, results, &found);
+  cublasLtMatmulPreferenceDestroy(preference);
+  DF_CHECK_CUBLAS(status);
+
+  TuneReport report;
+  report.heuristic_us = -1.0;  // results[0] is plan_for's choice, if it runs
+  int best = -1;
+  double best_us = 0.0;
+  for (int i = 0; i < found; ++i) {
+    const double us = time_algorithm(plan, results[i].algo, s, o, weights, stream);
+    if (us < 0.0) continue;
+    ++report.candidates;
+    if (i == 0) report.heuristic_us = us;
+    if (best < 0 || us < best_us) best = i, best_us = us;
+  }
+  DF_CHECK(best >= 0, "cuBLASLt ran none of its suggested algorithms for a bf16 GEMM of " +
+                          describe(s.m, s.n, s.k, s.with_bias, s.fp32_out));
+  report.chosen_us = report.heuristic_us;
+  if (report.heuristic_us < 0.0 || best_us < report.heuristic_us * (1.0 - kTuneMinGain)) {
+    plan.algorithm = results[best].algo;
+    report.chosen = best;
+    report.chosen_us = best_us;
+  }
+  return report;
 }
 
 void CublasLtGemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* addend,

@@ -1,14 +1,16 @@
 // Row-major bf16 GEMM through cuBLASLt: Y[M,N] = X[M,K] · W[N,K]^T (+ bias[N]) (+ C[M,N]), fp32
 // accumulate. The prefill GEMMs, the engine's attention projections, the lm_head (fp32 logits) and
 // the unfused baselines use it. Algorithms are chosen by cuBLASLt's heuristic once per
-// (M, N, K, epilogue, output type) and cached; the workspace is allocated once, so every run
-// after the first of its shape is graph-capturable (the first only adds a host-side plan).
+// (M, N, K, epilogue, output type) and cached, unless tune() timed the candidates for that shape;
+// the workspace is allocated once, so every run after the first of its shape is graph-capturable
+// (the first only adds a host-side plan).
 #pragma once
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
 #include <map>
+#include <span>
 #include <tuple>
 
 #include "deepfuse/tensor.hpp"
@@ -35,6 +37,29 @@ class CublasLtGemm {
   void run_fp32_out(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int m, int n, int k,
                     cudaStream_t stream);
 
+  // One call's operands, for tune(): the weights come separately.
+  struct Operands {
+    int m = 0, n = 0, k = 0;
+    const __nv_bfloat16* x = nullptr;     // [m, k]
+    const __nv_bfloat16* bias = nullptr;  // [n] or null
+    const void* addend = nullptr;         // [m, n] or null; may alias y
+    void* y = nullptr;                    // [m, n], bf16, or fp32 with fp32_out
+    bool fp32_out = false;
+  };
+  struct TuneReport {
+    int candidates = 0;        // algorithms cuBLASLt suggested and that ran
+    int chosen = 0;            // index among the suggestions; 0 is the heuristic's first choice
+    double heuristic_us = 0;   // per call
+    double chosen_us = 0;
+  };
+  // Times cuBLASLt's suggested algorithms for the operands' shape and keeps the fastest for every
+  // later call of that shape (the heuristic's first choice unless another is at least 1% faster).
+  // Each candidate runs as a CUDA graph of calls rotating over `weights` ([n, k] each; pass every
+  // layer's, so each call finds its weights in HBM as a decode step does). Writes y: pass scratch
+  // operands. Synchronises the stream, which must not be the legacy default stream (graphs are
+  // captured on it) nor being captured.
+  TuneReport tune(const Operands& operands, std::span<const __nv_bfloat16* const> weights, cudaStream_t stream);
+
  private:
   struct Shape {
     int m = 0, n = 0, k = 0;
@@ -48,9 +73,17 @@ class CublasLtGemm {
     cublasLtMatrixLayout_t w_layout = nullptr, x_layout = nullptr, y_layout = nullptr;
     cublasLtMatmulAlgo_t algorithm{};
   };
-  const Plan& plan_for(const Shape& shape);
+  Plan& plan_for(const Shape& shape);
+  cublasStatus_t launch(const Plan& plan, const cublasLtMatmulAlgo_t& algorithm, const Shape& shape,
+                        const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
+                        const void* addend, void* y, cudaStream_t stream);
   void matmul(const Shape& shape, const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
               const void* addend, void* y, cudaStream_t stream);
+  // Microseconds per call of `algorithm` in a graph of calls rotating over `weights`; < 0 when
+  // cuBLASLt refuses the algorithm for these operands.
+  double time_algorithm(Plan& plan, const cublasLtMatmulAlgo_t& algorithm, const Shape& shape,
+                        const Operands& operands, std::span<const __nv_bfloat16* const> weights,
+                        cudaStream_t stream);
 
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer workspace_;

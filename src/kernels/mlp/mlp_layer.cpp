@@ -1,6 +1,7 @@
 // MlpLayer: one public entry point over the three GPU variants (see include/deepfuse/mlp.hpp).
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include "deepfuse/error.hpp"
 #include "deepfuse/mlp.hpp"
@@ -249,6 +250,35 @@ void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_b
   gemm.run(x, s.gate_up.as<__nv_bfloat16>(), nullptr, a, tokens, 2 * I, H, stream);
   DF_CHECK_CUDA(kernels::silu_and_mul(a, b, tokens, I, stream, folded_norm));
   gemm.run(b, s.down.as<__nv_bfloat16>(), residual, y, tokens, H, I, stream);
+}
+
+std::vector<GemmTuning> MlpLayer::tune_unfused_gemms(std::span<MlpLayer* const> layers, int tokens,
+                                                     bool with_residual, cudaStream_t stream) {
+  DF_CHECK(!layers.empty(), "no MLP layers to tune");
+  const Impl& first = *layers.front()->impl_;
+  first.check_tokens(tokens);
+  std::vector<const __nv_bfloat16*> gate_up, down;
+  for (const MlpLayer* layer : layers) {
+    const Impl& s = *layer->impl_;
+    DF_CHECK(s.variant == MlpVariant::unfused && s.scratch == first.scratch,
+             "tuned MLP layers must be unfused and share one scratch");
+    gate_up.push_back(s.gate_up.as<__nv_bfloat16>());
+    down.push_back(s.down.as<__nv_bfloat16>());
+  }
+  MlpScratch& scratch = *first.scratch;
+  const int H = first.shape.hidden, I = first.shape.intermediate;
+  // Scratch operands as run() uses them: x and the residual from the normalised-copy buffer.
+  auto* x = scratch.normed.as<__nv_bfloat16>();
+  kernels::CublasLtGemm::Operands up_op{tokens, 2 * I, H, x, nullptr, nullptr, scratch.intermediate_a.data()};
+  kernels::CublasLtGemm::Operands down_op{tokens, H, I, scratch.intermediate_b.as<__nv_bfloat16>(), nullptr,
+                                          with_residual ? x : nullptr, x};
+  std::vector<GemmTuning> out;
+  for (auto [name, operands, weights] : {std::tuple{"mlp gate_up", up_op, &gate_up}, {"mlp down", down_op, &down}}) {
+    const auto report = scratch.gemm.tune(operands, *weights, stream);
+    out.push_back({name, operands.m, operands.n, operands.k, report.candidates, report.chosen, report.heuristic_us,
+                   report.chosen_us});
+  }
+  return out;
 }
 
 float* MlpLayer::run_deferred(const __nv_bfloat16* x, int tokens, cudaStream_t stream) {
