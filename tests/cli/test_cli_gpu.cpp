@@ -65,7 +65,7 @@ TEST_F(CliCuda, ScoreMatchesTheReferenceBackendForEveryEngineFlag) {
   ASSERT_EQ(reference.size(), 40u * 320u);
   for (const std::string flags : {kCuda, kCuda + " --no-cuda-graphs", kCuda + " --mlp-variant unfused",
                                    kCuda + " --mlp-variant naive", kCuda + " --max-batch 3 --max-context 64",
-                                   kCuda + " --fused-mlp-max-tokens 0"}) {
+                                   kCuda + " --fused-mlp-max-tokens 0", kCuda + " --max-batch 4 --tune-gemms"}) {
     const std::vector<float> cuda = score_json(flags);
     ASSERT_EQ(cuda.size(), reference.size()) << flags;
     const testing::LogitsComparison c = testing::compare_logits(cuda, reference, 320);
