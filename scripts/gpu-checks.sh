@@ -72,9 +72,10 @@ for step in "$@"; do
       bench mlp 300 mlp ${DEEPFUSE_BENCH_ARGS:-}
       bench mlp-norm 300 mlp --norm ${DEEPFUSE_BENCH_ARGS:-}
       # One process per model, as a server runs: in one process, Llama-3.2-1B's steps measured 5%
-      # slower after another model's engine had run than alone (docs/runtime.md).
+      # slower after another model's engine had run than alone (docs/runtime.md). With the
+      # cuBLASLt algorithms timed at construction, the engine's fastest configuration.
       for arch in llama3-8b llama3.2-1b qwen2.5-7b; do
-        bench "decode-$arch" 600 decode --archs "$arch" ${DEEPFUSE_DECODE_BENCH_ARGS:-}
+        bench "decode-$arch" 600 decode --archs "$arch" --tune-gemms ${DEEPFUSE_DECODE_BENCH_ARGS:-}
       done
       bench attention 300 attention
       bench qkv 300 qkv
