@@ -72,7 +72,8 @@ CublasLtGemm::Plan& CublasLtGemm::plan_for(const Shape& s) {
   DF_CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(handle_, plan.operation, plan.w_layout, plan.x_layout, plan.y_layout,
                                                  plan.y_layout, preference, 1, &result, &found));
   cublasLtMatmulPreferenceDestroy(preference);
-  DF_CHECK(found > 0, "cuBLASLt found no algorithm for a bf16 GEMM of " + describe(s.m, s.n, s.k, s.with_bias, s.fp32_out));
+  DF_CHECK(found > 0,
+           "cuBLASLt found no algorithm for a bf16 GEMM of " + describe(s.m, s.n, s.k, s.with_bias, s.fp32_out));
   plan.algorithm = result.algo;
   return plans_.emplace(s.key(), plan).first->second;
 }
@@ -113,7 +114,12 @@ double CublasLtGemm::time_algorithm(Plan& plan, const cublasLtMatmulAlgo_t& algo
   cudaGraph_t graph = nullptr;
   DF_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   bool launched = true;
-  for (int i = 0; i < calls && launched; ++i) launched = call(i) == CUBLAS_STATUS_SUCCESS;
+  try {
+    for (int i = 0; i < calls && launched; ++i) launched = call(i) == CUBLAS_STATUS_SUCCESS;
+  } catch (...) {  // leave the stream usable
+    if (cudaStreamEndCapture(stream, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+    throw;
+  }
   DF_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec = nullptr;
   cudaError_t status = launched ? cudaGraphInstantiate(&exec, graph, 0) : cudaSuccess;
