@@ -289,9 +289,7 @@ std::vector<GemmTuning> ForwardPass::tune_decode_gemms(std::span<const int> buck
 
   std::vector<GemmTuning> out;
   auto tune = [&](const char* op, const Operands& operands, std::span<const __nv_bfloat16* const> weights) {
-    const auto report = gemm_.tune(operands, weights, stream);
-    out.push_back({op, operands.m, operands.n, operands.k, report.candidates, report.chosen, report.heuristic_us,
-                   report.chosen_us});
+    out.push_back(gemm_.tune(op, operands, weights, stream));
   };
   // The operands each call of decode_step() passes (unfused_qkv, layer, lm_head).
   for (const int m : buckets) {

@@ -139,7 +139,7 @@ TEST(CublasLtGemm, TunedAlgorithmsStayCorrect) {
         kernels::CublasLtGemm::Operands scratch{m, n, k, scratch_x.as<__nv_bfloat16>(),
                                                 with_bias ? bias_dev.as<__nv_bfloat16>() : nullptr,
                                                 with_addend ? scratch_y.data() : nullptr, scratch_y.data(), fp32_out};
-        const auto report = gemm.tune(scratch, weights, stream);
+        const GemmTuning report = gemm.tune("test", scratch, weights, stream);
         const std::string what = "M=" + std::to_string(m) + " N=" + std::to_string(n) + " K=" + std::to_string(k) +
                                  " mode " + std::to_string(mode);
         EXPECT_GE(report.candidates, 1) << what;
@@ -180,11 +180,12 @@ TEST(CublasLtGemm, TunedAlgorithmsStayCorrect) {
   DeviceBuffer buffer(1 << 16);
   auto* p = buffer.as<__nv_bfloat16>();
   const kernels::CublasLtGemm::Operands ok{1, 64, 64, p, nullptr, nullptr, p + 4096};
-  EXPECT_THROW(gemm.tune(ok, {}, stream), Error);
+  EXPECT_THROW(gemm.tune("test", ok, {}, stream), Error);
   const __nv_bfloat16* null_weight = nullptr;
-  EXPECT_THROW(gemm.tune(ok, std::span(&null_weight, 1), stream), Error);
+  EXPECT_THROW(gemm.tune("test", ok, std::span(&null_weight, 1), stream), Error);
   const __nv_bfloat16* weight = p;
-  EXPECT_THROW(gemm.tune(ok, std::span(&weight, 1), nullptr), Error);  // the legacy stream cannot be captured
+  // The legacy default stream cannot be captured.
+  EXPECT_THROW(gemm.tune("test", ok, std::span(&weight, 1), nullptr), Error);
   DF_CHECK_CUDA(cudaStreamDestroy(stream));
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/cuda_event.hpp"
@@ -145,8 +146,8 @@ double CublasLtGemm::time_algorithm(Plan& plan, const cublasLtMatmulAlgo_t& algo
   return ms[ms.size() / 2] * 1000.0 / calls;
 }
 
-CublasLtGemm::TuneReport CublasLtGemm::tune(const Operands& o, std::span<const __nv_bfloat16* const> weights,
-                                            cudaStream_t stream) {
+GemmTuning CublasLtGemm::tune(std::string op, const Operands& o, std::span<const __nv_bfloat16* const> weights,
+                              cudaStream_t stream) {
   check_sizes(o.m, o.n, o.k);
   DF_CHECK(o.x && o.y && !weights.empty(), "GEMM tuning needs an input, an output and at least one weight matrix");
   for (const __nv_bfloat16* w : weights) DF_CHECK(w, "GEMM tuning weight pointer is null");
@@ -167,7 +168,7 @@ CublasLtGemm::TuneReport CublasLtGemm::tune(const Operands& o, std::span<const _
   cublasLtMatmulPreferenceDestroy(preference);
   DF_CHECK_CUBLAS(status);
 
-  TuneReport report;
+  GemmTuning report{std::move(op), o.m, o.n, o.k};
   report.heuristic_us = -1.0;  // results[0] is plan_for's choice, if it runs
   int best = -1;
   double best_us = 0.0;

@@ -11,8 +11,10 @@
 
 #include <map>
 #include <span>
+#include <string>
 #include <tuple>
 
+#include "deepfuse/gemm_tuning.hpp"
 #include "deepfuse/tensor.hpp"
 
 namespace deepfuse::kernels {
@@ -46,19 +48,14 @@ class CublasLtGemm {
     void* y = nullptr;                    // [m, n], bf16, or fp32 with fp32_out
     bool fp32_out = false;
   };
-  struct TuneReport {
-    int candidates = 0;        // algorithms cuBLASLt suggested and that ran
-    int chosen = 0;            // index among the suggestions; 0 is the heuristic's first choice
-    double heuristic_us = 0;   // per call
-    double chosen_us = 0;
-  };
   // Times cuBLASLt's suggested algorithms for the operands' shape and keeps the fastest for every
   // later call of that shape (the heuristic's first choice unless another is at least 1% faster).
   // Each candidate runs as a CUDA graph of calls rotating over `weights` ([n, k] each; pass every
   // layer's, so each call finds its weights in HBM as a decode step does). Writes y: pass scratch
   // operands. Synchronises the stream, which must not be the legacy default stream (graphs are
-  // captured on it) nor being captured.
-  TuneReport tune(const Operands& operands, std::span<const __nv_bfloat16* const> weights, cudaStream_t stream);
+  // captured on it) nor being captured. `op` names the GEMM in the returned report.
+  GemmTuning tune(std::string op, const Operands& operands, std::span<const __nv_bfloat16* const> weights,
+                  cudaStream_t stream);
 
  private:
   struct Shape {

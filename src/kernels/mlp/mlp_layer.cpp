@@ -1,7 +1,6 @@
 // MlpLayer: one public entry point over the three GPU variants (see include/deepfuse/mlp.hpp).
 #include <memory>
 #include <string>
-#include <tuple>
 
 #include "deepfuse/error.hpp"
 #include "deepfuse/mlp.hpp"
@@ -272,13 +271,8 @@ std::vector<GemmTuning> MlpLayer::tune_unfused_gemms(std::span<MlpLayer* const> 
   kernels::CublasLtGemm::Operands up_op{tokens, 2 * I, H, x, nullptr, nullptr, scratch.intermediate_a.data()};
   kernels::CublasLtGemm::Operands down_op{tokens, H, I, scratch.intermediate_b.as<__nv_bfloat16>(), nullptr,
                                           with_residual ? x : nullptr, x};
-  std::vector<GemmTuning> out;
-  for (auto [name, operands, weights] : {std::tuple{"mlp gate_up", up_op, &gate_up}, {"mlp down", down_op, &down}}) {
-    const auto report = scratch.gemm.tune(operands, *weights, stream);
-    out.push_back({name, operands.m, operands.n, operands.k, report.candidates, report.chosen, report.heuristic_us,
-                   report.chosen_us});
-  }
-  return out;
+  return {scratch.gemm.tune("mlp gate_up", up_op, gate_up, stream),
+          scratch.gemm.tune("mlp down", down_op, down, stream)};
 }
 
 float* MlpLayer::run_deferred(const __nv_bfloat16* x, int tokens, cudaStream_t stream) {
