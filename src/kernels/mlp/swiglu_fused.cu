@@ -15,8 +15,8 @@
 //   Act      each owner computes act = bf16(silu(g)*u) for its tiles and pushes it into every
 //            block of the cluster: each block then holds the activations of the whole slice.
 //   Phase 2  block r multiplies them by Wd for its 1/C of the output rows: a partial y, summed
-//            over clusters in an fp32 accumulator in L2 with red.global.add.v4.f32 (4 rows per
-//            operation, after a 4x4 lane transpose).
+//            over clusters in an fp32 accumulator in L2 by bulk reductions (sm_90: each warp
+//            stages its rows in shared memory, one cp.reduce.async.bulk per token and run of rows).
 //   Finish   the last `finishers` blocks to arrive convert the accumulator to bf16 (+residual),
 //            and zero it and the counters for the next launch; with defer_sum there is no finish:
 //            the kernels after this one add the accumulator where y would go and zero it.
@@ -84,55 +84,55 @@ struct FusedConfig {
   // B-fragment load hit 32 different banks.
   static constexpr int kActStride = C * kMaxTilesPerBlock * 16 + 8;
   static constexpr int kSumFloats = kMaxTilesPerBlock * 2 * NT * 4 * 32;  // phase-1 g and u per tile
+  // A warp's staged partial y: one row per token of kRowTiles x 16 output rows, +4 floats so the
+  // C-fragment stores of the 8 x 4 lanes hit 32 banks (and rows stay 16-byte aligned).
+  static constexpr int kStagingStride = kRowTiles * 16 + 4;
 };
 
 template <int NT, int C>
 struct SharedStorage {
   using Config = FusedConfig<NT, C>;
   uint4 ring16[Config::kStages][Config::kSlots16][Config::kThreads];  // thread-private columns
-  uint32_t ring4[Config::kStages][Config::kSlots4][Config::kThreads];  // x words, phase 1 only
+  union {
+    uint32_t ring4[Config::kStages][Config::kSlots4][Config::kThreads];  // x words, phase 1 only
+    // Phase 2 (sm_90): each warp's partial y of one group, [token][row], for bulk reductions.
+    float staging[Config::kWarps][Config::kTokensPerPass][Config::kStagingStride];
+  };
   float sums[Config::kSumFloats];  // phase-1 g and u per tile in C-fragment order, lane-minor
   __nv_bfloat16 act[8 * NT][Config::kActStride];  // the cluster's slice, pushed by the tiles' owners
   float norm_squares[8 * NT];  // RMSNorm: the pass's per-token sums of x^2, summed over the cluster
   unsigned ticket;
 };
 
-__device__ __forceinline__ void red_add_v4(float* address, float a, float b, float c, float d) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v4.f32 [%0], {%1,%2,%3,%4};" ::"l"(address), "f"(a), "f"(b), "f"(c), "f"(d)
+// Bulk reductions: the TMA unit adds a run of floats from shared memory into global memory, one
+// instruction per run (docs/kernels/swiglu_fused.md, "Partial sums as bulk reductions").
+__device__ __forceinline__ void bulk_add_f32(float* global, const float* shared, int bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(global),
+               "r"(shared_address(shared)), "r"(bytes)
                : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// Waits until this thread's bulk reductions have read their shared-memory rows.
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+// Waits until this thread's bulk reductions are done, and orders them before its later accesses.
+__device__ __forceinline__ void bulk_wait_complete() {
+  asm volatile("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;" ::: "memory");
+}
+// Makes this thread's shared-memory writes visible to the bulk copies issued after a sync.
+__device__ __forceinline__ void fence_shared_for_bulk() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 #else
-  atomicAdd(address, a);
-  atomicAdd(address + 1, b);
-  atomicAdd(address + 2, c);
-  atomicAdd(address + 3, d);
-#endif
-}
-
-__device__ __forceinline__ float pick(const float (&c)[4], int i) {
-  return i == 0 ? c[0] : i == 1 ? c[1] : i == 2 ? c[2] : c[3];
-}
-
-// Adds one 16x8 C tile (output rows row0.., tokens token0..) into accumulator[token][row].
-// C-fragment lanes hold 2 rows x 2 tokens; a 4x4 transpose among the lanes of equal t and
-// g/4 gives each lane 4 consecutive rows of one token: one 16-byte reduction per lane.
+// Before sm_90: one atomic per value of a 16x8 C tile (output rows row0.., tokens token0..).
 __device__ __forceinline__ void add_tile_to_accumulator(float* accumulator, int hidden, int tokens, int row0,
                                                         int token0, const float (&c)[4], int lane) {
-  const int g = lane / 4, t = lane % 4, b = g % 4, a = g / 4;
-  float out[4];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int source = (b - j) & 3;  // lane b' = source sends its c[b]
-    const float received = __shfl_sync(0xffffffffu, pick(c, (b + j) & 3), (a * 4 + source) * 4 + t);
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-      if (q == source) out[q] = received;
+  for (int i = 0; i < 4; ++i) {
+    const int token = token0 + 2 * (lane % 4) + (i & 1), row = row0 + lane / 4 + (i >= 2 ? 8 : 0);
+    if (token < tokens) atomicAdd(accumulator + static_cast<size_t>(token) * hidden + row, c[i]);
   }
-  const int token = token0 + 2 * t + (b & 1);
-  const int row = row0 + 4 * a + (b >= 2 ? 8 : 0);
-  if (token < tokens)
-    red_add_v4(accumulator + static_cast<size_t>(token) * hidden + row, out[0], out[1], out[2], out[3]);
 }
+__device__ __forceinline__ void bulk_wait_complete() {}  // no bulk reductions in flight
+#endif
 
 // Adds sum(x^2) over this block's 1/C of the hidden columns, for tokens token0.. of the pass,
 // into norm_squares of every block in the cluster (one warp per token).
@@ -356,6 +356,47 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
     // ---------------- Phase 2: partial y rows = act · Wd[rows, slice]^T, summed in L2.
     {
       float acc[RT][NT][4] = {};
+      // Adds the warp's partial y of one group (RT row tiles x the pass's tokens) into the
+      // accumulator. sm_90: staged in shared memory as one row per token, then one bulk reduction
+      // per token and run of consecutive row tiles, issued by the token's lane; before, one
+      // red.v4 per lane and 16x8 tile.
+      auto reduce_group = [&](const float (&acc)[RT][NT][4], int group) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        float (*staging)[Config::kStagingStride] = shared.staging[warp];
+        const int pass_tokens = min(Config::kTokensPerPass, p.tokens - token0);
+        bulk_wait_read();  // this lane's reductions of the last group have read their row
+        __syncwarp();
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) staging[nt * 8 + 2 * t + (c & 1)][r * 16 + g + (c >= 2 ? 8 : 0)] = acc[r][nt][c];
+        fence_shared_for_bulk();
+        __syncwarp();
+        if (lane < pass_tokens) {
+          float* token_row = p.accumulator + static_cast<size_t>(token0 + lane) * hidden;
+          // The group's valid row tiles are a prefix; they are consecutive except where the
+          // rotation wraps around at h_tiles.
+          for (int r = 0; r < RT && group * RT + r < rows;) {
+            const int first = row_tile_of(group * RT + r);
+            int run = 1;
+            while (r + run < RT && group * RT + r + run < rows && row_tile_of(group * RT + r + run) == first + run) ++run;
+            bulk_add_f32(token_row + first * 16, &staging[lane][r * 16], run * 64);
+            r += run;
+          }
+          bulk_commit();
+        }
+#else
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+            if (group * RT + r < rows)
+              add_tile_to_accumulator(p.accumulator, hidden, p.tokens, row_tile_of(group * RT + r) * 16,
+                                      token0 + nt * 8, acc[r][nt], lane);
+#endif
+      };
       int group = f2_begin / k2_steps, k = f2_begin - group * k2_steps;  // running, as on the issue side
       ring_run<S, Config::kSteps2>(f2_begin, f2_end, issue_down, [&](int f, int stage, int step) {
         uint4 a[RT];
@@ -370,21 +411,19 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
           for (int r = 0; r < RT; ++r) mma_bf16_m16n8k16(acc[r][nt], a[r], b0, b1);
         }
         if (k == k2_steps - 1 || f == f2_end - 1) {  // group or range ends: reduce into L2
+          if (!skip_reduction) reduce_group(acc, group);
 #pragma unroll
-          for (int r = 0; r < RT; ++r) {
-            const int local = group * RT + r;
+          for (int r = 0; r < RT; ++r)
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-              if (local < rows && !skip_reduction)
-                add_tile_to_accumulator(p.accumulator, hidden, p.tokens, row_tile_of(local) * 16, token0 + nt * 8,
-                                        acc[r][nt], lane);
+            for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
               for (int c = 0; c < 4; ++c) acc[r][nt][c] = 0.0f;
-            }
-          }
         }
         if (++k == k2_steps) k = 0, ++group;
       });
+      // The reductions have reached L2 before the finish's ticket, and the staging rows are free
+      // for the next pass's x words.
+      bulk_wait_complete();
     }
     if (token0 + Config::kTokensPerPass < p.tokens)
       cluster_barrier<C>();  // the next pass pushes into act, which other blocks may still read
@@ -534,8 +573,13 @@ cudaError_t launch_for_tokens(const SwigluFusedParams& p, const FusedMlpTuning& 
   // pairs of 16-warp blocks (one per SM, FusedConfig::kWarps), for H < 8192: against the 8-warp
   // pairs before them, the decode step 2-4% faster at batch 8 and up to 1.1% at batch 1 on
   // Llama-3-8B, Qwen2.5-7B and Llama-3.2-1B (which had clusters of 4); at H = 8192 equal alone.
-  const bool pairs = (NT == 2 && p.hidden <= 4096) || (NT == 1 && p.hidden < 8192);
-  const bool four = p.hidden <= 2048 || (NT == 2 && p.hidden < 8192);
+  // With the partial sums as bulk reductions (docs, "Partial sums as bulk reductions"), at
+  // H = 8192 pairs also win at up to 8 tokens once I >= 3H/4 (8192x7168 3-4.5% faster, 8192x14336
+  // 4-6%; 8192x5632 and 8192x4608 equal, 8192x3584 2-3.5% slower), and at 9-16 tokens clusters
+  // of 4 beat 8 by 4-6% (8192x3584 and 8192x7168).
+  const bool pairs = (NT == 2 && p.hidden <= 4096) ||
+                     (NT == 1 && (p.hidden < 8192 || 4 * p.intermediate >= 3 * p.hidden));
+  const bool four = p.hidden <= 2048 || NT == 2;
   int cluster = tuning.cluster_size > 0 ? tuning.cluster_size : pairs ? 2 : four ? 4 : 8;
   int major = 0, device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
