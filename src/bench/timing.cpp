@@ -7,6 +7,7 @@
 
 #include "core/cuda_event.hpp"
 #include "deepfuse/error.hpp"
+#include "deepfuse/tensor.hpp"
 
 #include "deepfuse_commit.hpp"  // DEEPFUSE_GIT_COMMIT, stamped at build time (src/bench/sources.cmake)
 
@@ -30,8 +31,33 @@ GpuBench::~GpuBench() {
   if (stream) cudaStreamDestroy(stream);  // queued work still completes; nothing to report from here
 }
 
+void warm_up(const std::function<void(int rep)>& call, int min_calls, cudaStream_t stream) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < min_calls || std::chrono::steady_clock::now() - start < kWarmUpTime; ++i) {
+    call(i);
+    // The time counted is the GPU's: a queue of calls far ahead of it would end the loop early.
+    if (stream && i % 8 == 7) DF_CHECK_CUDA(cudaStreamSynchronize(stream));
+  }
+  if (stream) DF_CHECK_CUDA(cudaStreamSynchronize(stream));
+}
+
+void warm_up_clocks() {
+  constexpr size_t kBytes = size_t{64} << 20;
+  DeviceBuffer from(kBytes), to(kBytes);
+  cudaStream_t stream = nullptr;
+  DF_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  try {
+    warm_up([&](int) { DF_CHECK_CUDA(cudaMemcpyAsync(to.data(), from.data(), kBytes, cudaMemcpyDeviceToDevice, stream)); },
+            1, stream);
+  } catch (...) {
+    cudaStreamDestroy(stream);
+    throw;
+  }
+  DF_CHECK_CUDA(cudaStreamDestroy(stream));
+}
+
 double median_call_us(const std::function<void(int rep)>& call, int warmup, int repetitions, cudaStream_t stream) {
-  for (int i = 0; i < warmup; ++i) call(i);
+  warm_up(call, warmup, stream);
   std::vector<CudaEvent> events(repetitions + 1);
   for (int rep = 0; rep < repetitions; ++rep) {
     events[rep].record(stream);

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
@@ -28,8 +29,18 @@ struct GpuBench {
   double copy_bw = 0.0;  // bytes/s, read + write
 };
 
-// Median device time in microseconds of call(rep) over `repetitions` calls, after `warmup`
-// calls. Calls are enqueued back to back with an event between each, so the GPU never waits on
+// Runs call(0), call(1), ... at least `min_calls` times and for at least kWarmUpTime of wall time
+// (synchronizing `stream` every few calls; null: each call synchronizes itself). A GPU coming
+// out of a pause runs its first milliseconds at lower clocks: with 5 warm-up calls the fused
+// MLP's first token count after loading its weights read up to 10% slow (docs/kernels/swiglu_fused.md).
+inline constexpr std::chrono::milliseconds kWarmUpTime{100};
+void warm_up(const std::function<void(int rep)>& call, int min_calls, cudaStream_t stream);
+// Device-to-device copies for kWarmUpTime, for a benchmark whose calls cannot simply repeat (a
+// decode step consumes its sequences' token budget).
+void warm_up_clocks();
+
+// Median device time in microseconds of call(rep) over `repetitions` calls, after warm_up with
+// `warmup` calls. Calls are enqueued back to back with an event between each, so the GPU never waits on
 // the host and each interval includes the launch gaps a real step would see.
 double median_call_us(const std::function<void(int rep)>& call, int warmup, int repetitions, cudaStream_t stream);
 
