@@ -29,7 +29,8 @@ bool cuda_device_available();
 DeviceInfo query_device(int ordinal = 0);
 
 // Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written, as the
-// median of `repetitions` copies of `bytes` each (default 1 GiB: far beyond any L2).
+// median of `repetitions` copies of `bytes` each (default 1 GiB: far beyond any L2), after at least
+// 100 ms of warm-up copies.
 double measure_copy_bandwidth(size_t bytes = size_t{1} << 30, int repetitions = 20,
                               cudaStream_t stream = nullptr);
 

@@ -1,6 +1,7 @@
 #include "deepfuse/device.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <vector>
 
 #include "core/cuda_event.hpp"
@@ -44,12 +45,18 @@ double measure_copy_bandwidth(size_t bytes, int repetitions, cudaStream_t stream
   DF_CHECK_CUDA(cudaMemsetAsync(source.data(), 0x5a, bytes, stream));
   CudaEvent start, stop;
   std::vector<float> milliseconds;
-  for (int rep = -2; rep < repetitions; ++rep) {  // two warm-up copies
+  // Warm-up copies for at least 100 ms: an idle GPU runs its first milliseconds at lower clocks.
+  const auto warm_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  for (int copy = 0; copy < 2 || std::chrono::steady_clock::now() < warm_until; ++copy) {
+    DF_CHECK_CUDA(cudaMemcpyAsync(destination.data(), source.data(), bytes, cudaMemcpyDeviceToDevice, stream));
+    DF_CHECK_CUDA(cudaStreamSynchronize(stream));
+  }
+  for (int rep = 0; rep < repetitions; ++rep) {
     start.record(stream);
     DF_CHECK_CUDA(cudaMemcpyAsync(destination.data(), source.data(), bytes, cudaMemcpyDeviceToDevice, stream));
     stop.record(stream);
     stop.synchronize();
-    if (rep >= 0) milliseconds.push_back(stop.ms_since(start));
+    milliseconds.push_back(stop.ms_since(start));
   }
   std::nth_element(milliseconds.begin(), milliseconds.begin() + milliseconds.size() / 2, milliseconds.end());
   const double median_s = milliseconds[milliseconds.size() / 2] * 1e-3;
