@@ -47,8 +47,10 @@ void warm_up_clocks() {
   cudaStream_t stream = nullptr;
   DF_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   try {
-    warm_up([&](int) { DF_CHECK_CUDA(cudaMemcpyAsync(to.data(), from.data(), kBytes, cudaMemcpyDeviceToDevice, stream)); },
-            1, stream);
+    auto copy = [&](int) {
+      DF_CHECK_CUDA(cudaMemcpyAsync(to.data(), from.data(), kBytes, cudaMemcpyDeviceToDevice, stream));
+    };
+    warm_up(copy, 1, stream);
   } catch (...) {
     cudaStreamDestroy(stream);
     throw;

@@ -358,9 +358,9 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
       float acc[RT][NT][4] = {};
       // Adds the warp's partial y of one group (RT row tiles x the pass's tokens) into the
       // accumulator. sm_90: staged in shared memory as one row per token, then one bulk reduction
-      // per token and run of consecutive row tiles, issued by the token's lane; before, one
-      // red.v4 per lane and 16x8 tile.
-      auto reduce_group = [&](const float (&acc)[RT][NT][4], int group) {
+      // per token and run of consecutive row tiles, issued by the token's lane. Before sm_90, one
+      // atomic per value.
+      auto reduce_group = [&](int group) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         float (*staging)[Config::kStagingStride] = shared.staging[warp];
         const int pass_tokens = min(Config::kTokensPerPass, p.tokens - token0);
@@ -371,7 +371,8 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int c = 0; c < 4; ++c) staging[nt * 8 + 2 * t + (c & 1)][r * 16 + g + (c >= 2 ? 8 : 0)] = acc[r][nt][c];
+            for (int c = 0; c < 4; ++c)
+              staging[nt * 8 + 2 * t + (c & 1)][r * 16 + g + (c >= 2 ? 8 : 0)] = acc[r][nt][c];
         fence_shared_for_bulk();
         __syncwarp();
         if (lane < pass_tokens) {
@@ -381,7 +382,8 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
           for (int r = 0; r < RT && group * RT + r < rows;) {
             const int first = row_tile_of(group * RT + r);
             int run = 1;
-            while (r + run < RT && group * RT + r + run < rows && row_tile_of(group * RT + r + run) == first + run) ++run;
+            while (r + run < RT && group * RT + r + run < rows && row_tile_of(group * RT + r + run) == first + run)
+              ++run;
             bulk_add_f32(token_row + first * 16, &staging[lane][r * 16], run * 64);
             r += run;
           }
@@ -411,7 +413,7 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
           for (int r = 0; r < RT; ++r) mma_bf16_m16n8k16(acc[r][nt], a[r], b0, b1);
         }
         if (k == k2_steps - 1 || f == f2_end - 1) {  // group or range ends: reduce into L2
-          if (!skip_reduction) reduce_group(acc, group);
+          if (!skip_reduction) reduce_group(group);
 #pragma unroll
           for (int r = 0; r < RT; ++r)
 #pragma unroll
