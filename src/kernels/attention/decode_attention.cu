@@ -66,6 +66,7 @@
 #include "kernels/attention/warp_tiles.cuh"
 #include "kernels/common/cluster_launch.hpp"
 #include "kernels/common/dependent_launch.cuh"
+#include "kernels/common/log2e.cuh"
 #include "kernels/common/l2_policy.cuh"
 #include "kernels/common/pointer_checks.hpp"
 #include "kernels/common/trace.cuh"
@@ -95,7 +96,6 @@ constexpr int kMergePages = 2;
 // merged output 6-8 µs). A sequence shorter than max_context therefore keeps at least this many
 // pages per split; the plan's split count is only reached by long ones.
 constexpr int kMinPagesPerSplit = 8;
-constexpr float kLog2e = 1.4426950408889634f;
 // 2 x (96 KB + 1 KB the runtime reserves per block) fits the H100/H200's 228 KB per SM.
 static_assert(kBlocksPerSm * (kSharedBytes + 1024 + 16) <= 228 * 1024, "two blocks no longer fit one SM");
 

@@ -37,6 +37,7 @@
 #include <mutex>
 #include <vector>
 
+#include "kernels/common/log2e.cuh"
 #include "kernels/common/pointer_checks.hpp"
 #include "kernels/mlp/fragment.cuh"
 
@@ -49,7 +50,6 @@ constexpr int kRowsPerWarp = 16;                     // one mma m16 tile of quer
 constexpr int kQueryTile = kWarps * kRowsPerWarp;    // 64 query rows per CTA
 constexpr int kKeyTile = 64;                         // keys per K/V tile
 constexpr int kMaxQueryTiles = 65535;                // gridDim.y limit
-constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kKeyTile % kKvPageSize == 0, "a key tile is whole pages");
 
 template <int HeadDim>

@@ -39,6 +39,7 @@
 #include <unordered_map>
 
 #include "kernels/common/cluster_launch.hpp"
+#include "kernels/common/log2e.cuh"
 #include "kernels/sampling/sampling_primitives.cuh"
 
 namespace deepfuse::kernels {
@@ -51,7 +52,6 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kBins = 256;
 constexpr float kLevel0BinsPerNat = 8.0f;
 constexpr float kLevel0Nats = kBins / kLevel0BinsPerNat;  // tokens further below the max share the last bin
-constexpr float kLog2e = 1.4426950408889634f;
 
 struct HistogramBin {
   double mass;  // sum of w over the bin (top-p levels only)
