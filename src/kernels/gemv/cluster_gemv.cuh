@@ -253,10 +253,15 @@ __device__ Partials<NT, kUnitRows, C> stream_unit(const Inputs& in, int unit, in
   return {received, inverse_rms};
 }
 
-// k-steps of the largest block of a unit's cluster (the blocks split the inner dimension).
+// k-steps (16 columns each) of the largest of `Parts` near-equal shares of the inner dimension.
+template <int Parts>
+constexpr int max_ksteps_per_share(int inner) {
+  return (inner / 16 + Parts - 1) / Parts;
+}
+// ... of the largest block of a unit's cluster (the blocks split the inner dimension).
 template <int C>
 constexpr int max_ksteps_per_block(int inner) {
-  return (inner / 16 + C - 1) / C;
+  return max_ksteps_per_share<C>(inner);
 }
 
 // Spread grids (see dispatch): at most this many blocks per SM, for inner dimensions of at least

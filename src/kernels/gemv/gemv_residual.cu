@@ -71,7 +71,7 @@ cudaError_t launch_for_unit(const GemvResidualParams& p, cudaStream_t stream) {
     // for a reason not established (docs/kernels/qkv_rope_fused.md).
     constexpr int kDeepStages = kStages + 2;
     constexpr int kWarpsPerTile = cluster_gemv::kWarps / (kUnitRows / 16);
-    const int warp_ksteps = (p.inner / 16 + C * kWarpsPerTile - 1) / (C * kWarpsPerTile);
+    const int warp_ksteps = cluster_gemv::max_ksteps_per_share<C * kWarpsPerTile>(p.inner);
     if constexpr (NT == 1 && C > 1)  // measured on the H200 only
       if (!spread && units * C <= 2 * sms && warp_ksteps >= kStages)
         return cluster_gemv::launch<NT, kUnitRows, C, kDeepStages>(
