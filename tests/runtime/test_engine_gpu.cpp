@@ -140,6 +140,25 @@ class EngineVsReference : public ::testing::TestWithParam<int> {
     EXPECT_GT(c.top1_agreement(), kMinTop1Agreement) << what << ": " << c.describe();
   }
 
+  // Fresh random ids for sequences of `totals` tokens each.
+  std::vector<std::vector<int32_t>> random_sequences(const std::vector<int>& totals) {
+    std::vector<std::vector<int32_t>> sequences;
+    for (int total : totals) sequences.push_back(random_ids(rng_, total, config_.vocab_size));
+    return sequences;
+  }
+
+  // Teacher-forced logits of `sequences` scored as one ragged batch (prompt s of prompts[s]
+  // tokens, the rest decode steps), each against the reference.
+  void expect_batch_matches_reference(Engine& engine, const std::vector<std::vector<int32_t>>& sequences,
+                                      const std::vector<int>& prompts, const std::string& what) const {
+    const std::vector<std::vector<float>> logits = engine.score_batch(sequences, prompts);
+    ASSERT_EQ(logits.size(), sequences.size()) << what;
+    for (size_t s = 0; s < sequences.size(); ++s)
+      expect_matches_reference(logits[s], sequences[s],
+                               what + ", sequence " + std::to_string(s) + " (prompt " + std::to_string(prompts[s]) +
+                                   ", " + std::to_string(sequences[s].size()) + " tokens)");
+  }
+
   // How many of `ours` (greedy tokens after `prompt`) equal the reference's greedy decode, one
   // token at a time; the first divergence must be a near tie of the reference, after which the two
   // continue from different text and are not compared.
@@ -196,15 +215,7 @@ TEST_P(EngineVsReference, RaggedBatchMatchesReferencePerSequence) {
   Engine engine = load_engine(tiny_engine_options());
   // Three sequences (batch bucket 4, one padded slot) whose prompts and decode lengths all differ,
   // so some sit out the last steps.
-  const std::vector<int> prompts = {5, 40, 17}, totals = {32, 49, 37};
-  std::vector<std::vector<int32_t>> sequences;
-  for (int total : totals) sequences.push_back(random_ids(rng_, total, config_.vocab_size));
-  const std::vector<std::vector<float>> logits = engine.score_batch(sequences, prompts);
-  ASSERT_EQ(logits.size(), sequences.size());
-  for (size_t s = 0; s < sequences.size(); ++s)
-    expect_matches_reference(logits[s], sequences[s],
-                             "sequence " + std::to_string(s) + " of the ragged batch (prompt " +
-                                 std::to_string(prompts[s]) + ", " + std::to_string(totals[s]) + " tokens)");
+  expect_batch_matches_reference(engine, random_sequences({32, 49, 37}), {5, 40, 17}, "ragged batch");
 }
 
 TEST_P(EngineVsReference, EitherMlpCopyServesAnyStep) {
@@ -213,19 +224,13 @@ TEST_P(EngineVsReference, EitherMlpCopyServesAnyStep) {
   // The default (8) sends the 40-token prefill above to the MLP's unfused copy and the decode
   // steps to the fused kernel. Limit 0: the fused kernel serves every step, prefills included;
   // limit 2: the batch of three (bucket 4) decodes through the unfused copy.
-  const std::vector<int> prompts = {5, 40, 17}, totals = {30, 47, 35};
-  std::vector<std::vector<int32_t>> sequences;
-  for (int total : totals) sequences.push_back(random_ids(rng_, total, config_.vocab_size));
+  const std::vector<std::vector<int32_t>> sequences = random_sequences({30, 47, 35});
   std::map<int, int> launches_per_layer;  // by limit
   for (int limit : {0, 2}) {
     EngineOptions options = tiny_engine_options();
     options.fused_mlp_max_tokens = limit;
     Engine engine = load_engine(options);
-    const std::vector<std::vector<float>> logits = engine.score_batch(sequences, prompts);
-    ASSERT_EQ(logits.size(), sequences.size());
-    for (size_t s = 0; s < sequences.size(); ++s)
-      expect_matches_reference(logits[s], sequences[s],
-                               "fused MLP up to " + std::to_string(limit) + " tokens, sequence " + std::to_string(s));
+    expect_batch_matches_reference(engine, sequences, {5, 40, 17}, "fused MLP up to " + std::to_string(limit) + " tokens");
     // The captured step's kernels, counted from the graph: at least one per launch of the op list.
     const EngineStats stats = engine.stats(3);
     EXPECT_GE(stats.kernels_per_decode_step, stats.launches_per_decode_step) << "limit " << limit;
@@ -259,13 +264,7 @@ TEST_P(EngineVsReference, TimedGemmAlgorithmsMatchReference) {
     EXPECT_TRUE(tuned.count(op)) << op << " was not timed";
   EXPECT_FALSE(tuned.count("mlp gate_up at 2")) << "the fused MLP serves 2 tokens";
 
-  const std::vector<int> prompts = {5, 40, 17}, totals = {30, 47, 35};
-  std::vector<std::vector<int32_t>> sequences;
-  for (int total : totals) sequences.push_back(random_ids(rng_, total, config_.vocab_size));
-  const std::vector<std::vector<float>> logits = engine.score_batch(sequences, prompts);
-  ASSERT_EQ(logits.size(), sequences.size());
-  for (size_t s = 0; s < sequences.size(); ++s)
-    expect_matches_reference(logits[s], sequences[s], "timed GEMM algorithms, sequence " + std::to_string(s));
+  expect_batch_matches_reference(engine, random_sequences({30, 47, 35}), {5, 40, 17}, "timed GEMM algorithms");
 }
 
 // Steps until every one of `sequences` reported its finish (at most max_steps steps); returns
