@@ -20,7 +20,7 @@ namespace {
 
 constexpr uint16_t kNanBits = 0x7fc0;
 constexpr double kTolerance = 1e-2;
-const std::vector<int> kTokenCounts = {1, 2, 3, 8, 17, 64, 100, 256};
+const std::vector<int> kTokenCounts = {1, 2, 3, 8, 12, 16, 17, 64, 100, 256};
 
 // Random bf16 data for one shape, kept both as bf16 bits (for the GPU) and floats (reference).
 struct MlpCase {
