@@ -22,6 +22,7 @@ struct AttentionBenchOptions {
   int splits = 0;            // > 0: force the split count (compare plans); 0: the plan's choice
   double l2_multiple = 4.0;  // KV copies rotated per call cover at least this many L2s
   std::string json_path;     // empty: no JSON
+  std::string trace_path;    // per-block timelines of a few calls per case (a -DDEEPFUSE_TRACE=ON build)
 };
 
 // 1x8k, 1x32k, 8x32k, 32x8k: one long sequence, a batch of long ones, many shorter ones.

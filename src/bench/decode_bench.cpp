@@ -107,14 +107,7 @@ void trace_one_step(Engine& engine, const std::string& arch, int batch, int cont
   const double step_ms = ms_since(start);
   const std::vector<trace::Event> events = trace::collect();
   DF_CHECK(events.size() < kTraceCapacity, "bench decode --trace: the step overflowed the trace buffer");
-  std::ofstream out(path, std::ios::app);
-  DF_CHECK(out.good(), "bench decode --trace: cannot write " + path);
-  if (out.tellp() == 0) out << "arch,batch,context,step_ms,grid,kernel,mark,block,sm,time_ns\n";
-  for (const trace::Event& e : events)
-    out << arch << ',' << batch << ',' << context << ',' << step_ms << ',' << e.grid << ','
-        << trace::kernel_name(e.kernel) << ',' << trace::mark_name(e.mark) << ',' << e.block << ',' << e.sm << ','
-        << e.time_ns << '\n';
-  DF_CHECK(out.good(), "bench decode --trace: writing " + path + " failed");
+  append_trace_csv(path, arch, batch, context, step_ms, events);
 }
 
 void run_decode_case(Engine& engine, const std::string& arch, int batch, int context, const DecodeBenchOptions& options,

@@ -58,6 +58,19 @@ void warm_up_clocks() {
   DF_CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
+void append_trace_csv(const std::string& path, const std::string& arch, int batch, int context, double case_ms,
+                      const std::vector<kernels::trace::Event>& events) {
+  namespace trace = kernels::trace;
+  std::ofstream out(path, std::ios::app);
+  DF_CHECK(out.good(), "--trace: cannot write " + path);
+  if (out.tellp() == 0) out << "arch,batch,context,step_ms,grid,kernel,mark,block,sm,time_ns\n";
+  for (const trace::Event& e : events)
+    out << arch << ',' << batch << ',' << context << ',' << case_ms << ',' << e.grid << ','
+        << trace::kernel_name(e.kernel) << ',' << trace::mark_name(e.mark) << ',' << e.block << ',' << e.sm << ','
+        << e.time_ns << '\n';
+  DF_CHECK(out.good(), "--trace: writing " + path + " failed");
+}
+
 double median_call_us(const std::function<void(int rep)>& call, int warmup, int repetitions, cudaStream_t stream) {
   warm_up(call, warmup, stream);
   std::vector<CudaEvent> events(repetitions + 1);

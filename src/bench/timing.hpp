@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "deepfuse/device.hpp"
+#include "kernels/common/trace.hpp"
 
 namespace deepfuse::bench {
 
@@ -57,6 +58,12 @@ int graph_calls_for_copies(int copies, int at_least = 20);
 
 // Median wall time in microseconds of a host-side call (CPU reference backend).
 double median_host_call_us(const std::function<void()>& call, int repetitions);
+
+// Appends traced events (kernels/common/trace.hpp, a -DDEEPFUSE_TRACE=ON build) to the CSV at
+// `path` that scripts/summarize_trace.py reads: a header when the file is empty, then one row per
+// block mark labelled with the case (arch or kernel name, batch, context) and its wall time.
+void append_trace_csv(const std::string& path, const std::string& arch, int batch, int context, double case_ms,
+                      const std::vector<kernels::trace::Event>& events);
 
 // A text table: set the header once, add rows of already formatted cells, print.
 class Table {

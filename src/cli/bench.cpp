@@ -163,6 +163,8 @@ void register_bench(CLI::App& app, Action& action) {
                         "force this many splits per sequence (default: the plan's choice)")
       ->check(CLI::Range(1, 256));
   attention->add_option("--json", attention_args->options.json_path, "write the rows as JSON to this file");
+  attention->add_option("--trace", attention_args->options.trace_path,
+                        "write per-block timelines of a graph of calls per case as CSV (needs -DDEEPFUSE_TRACE=ON)");
   attention->callback([attention_args, &action] {
     action = [attention_args] {
       bench::AttentionBenchOptions options = attention_args->options;
