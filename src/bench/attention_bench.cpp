@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <functional>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -15,7 +13,6 @@
 #include "deepfuse/reference.hpp"
 #include "deepfuse/tensor.hpp"
 #include "kernels/attention/decode_attention.cuh"
-#include "kernels/common/trace.hpp"
 #include "kernels/fill.cuh"
 
 namespace deepfuse::bench {
@@ -55,20 +52,6 @@ double kv_bytes(const AttentionBenchCase& c, const AttentionBenchOptions& o) {
   return 2.0 * c.batch * static_cast<double>(c.context) * o.kv_heads * o.head_dim * 2.0;
 }
 
-// Per-block timelines (kernels/common/trace.hpp) of a graph of calls back to back, appended to
-// the CSV scripts/summarize_trace.py reads.
-constexpr unsigned kTraceCapacity = 1u << 20;
-void trace_calls(const std::function<void(int)>& call, const AttentionBenchCase& c, int copies,
-                 const std::string& path, cudaStream_t stream) {
-  namespace trace = kernels::trace;
-  trace::begin(kTraceCapacity);
-  call(0);  // an eager launch hands the kernel the (new) trace buffer
-  const double us = median_graph_call_us(call, graph_calls_for_copies(copies, 8), 1, stream);
-  const std::vector<trace::Event> events = trace::collect();
-  DF_CHECK(events.size() < kTraceCapacity, "bench attention --trace: the calls overflowed the trace buffer");
-  append_trace_csv(path, "attention", c.batch, c.context, us / 1e3, events);
-}
-
 struct Row {
   AttentionBenchCase shape;
   kernels::DecodeAttentionPlan plan;
@@ -82,11 +65,7 @@ int run_gpu(const AttentionBenchOptions& o) {
   const DeviceInfo& device = gpu.device;
   cudaStream_t stream = gpu.stream;
   const double copy_bw = gpu.copy_bw;
-  if (!o.trace_path.empty()) {
-    DF_CHECK(kernels::trace::compiled_in(), "bench attention --trace needs a -DDEEPFUSE_TRACE=ON build");
-    std::ofstream truncate(o.trace_path);
-    DF_CHECK(truncate.good(), "bench attention --trace: cannot write " + o.trace_path);
-  }
+  if (!o.trace_path.empty()) start_trace_csv("attention", o.trace_path);
   std::printf("decode attention: %d query heads, %d kv heads, head_dim %d, bf16, pages of %d tokens\n", o.q_heads,
               o.kv_heads, o.head_dim, kernels::kKvPageSize);
 
@@ -132,7 +111,9 @@ int run_gpu(const AttentionBenchOptions& o) {
     const double stream_us = median_call_us(call, o.warmup, o.repetitions, stream);
     const double graph_us =
         median_graph_call_us(call, graph_calls_for_copies(copies), std::max(5, o.repetitions / 10), stream);
-    if (!o.trace_path.empty()) trace_calls(call, c, copies, o.trace_path, stream);
+    if (!o.trace_path.empty())
+      trace_graph_calls(call, graph_calls_for_copies(copies, 8), "attention", "attention", c.batch, c.context,
+                        o.trace_path, stream);
     DF_CHECK_CUDA(cudaStreamSynchronize(stream));
     for (uint16_t bits : out.to_host<uint16_t>(out_elements))
       DF_CHECK((bits & 0x7f80u) != 0x7f80u, "decode attention produced a non-finite output at " + case_name(c));

@@ -59,6 +59,7 @@ int run_gpu(const MlpBenchOptions& options) {
   cudaStream_t stream = gpu.stream;
   const double copy_bw = gpu.copy_bw;
 
+  if (!options.trace_path.empty()) start_trace_csv("mlp", options.trace_path);
   const int max_tokens = *std::max_element(options.token_counts.begin(), options.token_counts.end());
   std::vector<Row> rows;
   for (const MlpShape& shape : options.shapes) {
@@ -99,6 +100,9 @@ int run_gpu(const MlpBenchOptions& options) {
         const double us = median_call_us(call, options.warmup, options.repetitions, stream);
         const double graph_us =
             median_graph_call_us(call, graph_calls_for_copies(copies), std::max(5, options.repetitions / 5), stream);
+        if (!options.trace_path.empty())
+          trace_graph_calls(call, graph_calls_for_copies(copies, 8), "mlp", name + "-" + shape_name(shape), tokens, 0,
+                            options.trace_path, stream);
         rows.push_back({shape, tokens, name, us, graph_us, layers[0].launches_per_call(options.residual)});
       }
     }

@@ -71,6 +71,25 @@ void append_trace_csv(const std::string& path, const std::string& arch, int batc
   DF_CHECK(out.good(), "--trace: writing " + path + " failed");
 }
 
+void start_trace_csv(const std::string& suite, const std::string& path) {
+  DF_CHECK(kernels::trace::compiled_in(), "bench " + suite + " --trace needs a -DDEEPFUSE_TRACE=ON build");
+  std::ofstream truncate(path);
+  DF_CHECK(truncate.good(), "bench " + suite + " --trace: cannot write " + path);
+}
+
+void trace_graph_calls(const std::function<void(int rep)>& call, int calls, const std::string& suite,
+                       const std::string& label, int batch, int context, const std::string& path,
+                       cudaStream_t stream) {
+  namespace trace = kernels::trace;
+  constexpr unsigned kCapacity = 1u << 20;  // events: a few marks per block of every call
+  trace::begin(kCapacity);
+  call(0);  // an eager launch hands the kernel the (new) trace buffer
+  const double us = median_graph_call_us(call, calls, 1, stream);
+  const std::vector<trace::Event> events = trace::collect();
+  DF_CHECK(events.size() < kCapacity, "bench " + suite + " --trace: the calls overflowed the trace buffer");
+  append_trace_csv(path, label, batch, context, us / 1e3, events);
+}
+
 double median_call_us(const std::function<void(int rep)>& call, int warmup, int repetitions, cudaStream_t stream) {
   warm_up(call, warmup, stream);
   std::vector<CudaEvent> events(repetitions + 1);

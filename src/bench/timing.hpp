@@ -65,6 +65,15 @@ double median_host_call_us(const std::function<void()>& call, int repetitions);
 void append_trace_csv(const std::string& path, const std::string& arch, int batch, int context, double case_ms,
                       const std::vector<kernels::trace::Event>& events);
 
+// Per-block timelines of one graph of `calls` calls back to back (as median_graph_call_us runs
+// them), appended to `path` with append_trace_csv under the label (case, batch, context). Needs
+// a -DDEEPFUSE_TRACE=ON build; `suite` names the benchmark in its errors.
+void trace_graph_calls(const std::function<void(int rep)>& call, int calls, const std::string& suite,
+                       const std::string& label, int batch, int context, const std::string& path,
+                       cudaStream_t stream);
+// Checks that this build stamps marks and empties the CSV at `path` before a run appends to it.
+void start_trace_csv(const std::string& suite, const std::string& path);
+
 // A text table: set the header once, add rows of already formatted cells, print.
 class Table {
  public:

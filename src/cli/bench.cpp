@@ -127,6 +127,8 @@ void register_bench(CLI::App& app, Action& action) {
   mlp->add_flag("--no-residual", args->no_residual, "time without the fused residual add");
   mlp->add_flag("--norm", args->options.norm, "fold an RMSNorm of x in (the decode engine's configuration)");
   mlp->add_option("--json", args->options.json_path, "write the rows as JSON to this file");
+  mlp->add_option("--trace", args->options.trace_path,
+                  "write per-block timelines of a graph of calls per row as CSV (needs -DDEEPFUSE_TRACE=ON)");
   mlp->callback([args, &action] {
     action = [args] {
       bench::MlpBenchOptions options = args->options;
