@@ -37,12 +37,15 @@
 #include <mutex>
 #include <vector>
 
+#include "kernels/attention/warp_tiles.cuh"
 #include "kernels/common/log2e.cuh"
 #include "kernels/common/pointer_checks.hpp"
 #include "kernels/mlp/fragment.cuh"
 
 namespace deepfuse::kernels {
 namespace {
+
+using namespace warp_tiles;  // cp.async, ldmatrix and bf16 packing wrappers
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
@@ -69,47 +72,6 @@ struct PrefillTile {
 };
 static_assert(kQueryTile == 64 && kKeyTile == 64, "PrefillTile assumes 64-row tiles");
 
-// ---- PTX wrappers: asynchronous copies, fragment loads.
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-// 16 bytes global -> shared, bypassing L1; `valid` false zero-fills and reads nothing.
-__device__ __forceinline__ void copy16_async(void* shared, const void* global, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(shared)), "l"(global),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void commit_async() { asm volatile("cp.async.commit_group;"); }
-template <int Pending>
-__device__ __forceinline__ void wait_async() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(Pending) : "memory");
-}
-
-// The "memory" clobbers keep the compiler from moving plain shared-memory accesses (the output
-// staging) across the waits and fragment loads; ptxas still schedules by the real dependencies.
-
-// Four 8x8 bf16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, register i receives
-// it in mma fragment order (lane holds row lane/4, columns 2·(lane%4), +1).
-__device__ __forceinline__ void load_matrix_x4(uint32_t (&r)[4], const __nv_bfloat16* row) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared_address(row))
-               : "memory");
-}
-// The same, transposed: lane holds rows 2·(lane%4), +1 of column lane/4.
-__device__ __forceinline__ void load_matrix_x4_transposed(uint32_t (&r)[4], const __nv_bfloat16* row) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared_address(row))
-               : "memory");
-}
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float low, float high) {
-  const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
-  return *reinterpret_cast<const uint32_t*>(&pair);
-}
-
 // ---- Tile loads: every thread copies kChunksPerThread 16-byte chunks; consecutive threads take
 // consecutive chunks of a row, so each warp reads whole 128-byte lines.
 
@@ -125,7 +87,7 @@ __device__ __forceinline__ void load_query_tile(const PrefillAttentionParams& p,
     const int q_row = first_row + row;
     const bool inside = q_row < p.q_len;  // rows past the chunk are zeros, never written back
     const size_t offset = inside ? (static_cast<size_t>(q_row) * p.q_heads + head) * HeadDim + column : 0;
-    copy16_async(q_tile + row * Tile::kRowStride + column, p.q + offset, inside);
+    copy16_async(shared_address(q_tile + row * Tile::kRowStride + column), p.q + offset, inside);
   }
 }
 
@@ -149,8 +111,8 @@ __device__ __forceinline__ void load_key_value_tile(const PrefillAttentionParams
       offset = p.kv.page_offset(page, kv_head) + static_cast<size_t>(key % kKvPageSize) * HeadDim + column;
     }
     const int slot = row * Tile::kRowStride + column;
-    copy16_async(k_tile + slot, p.kv.k_pages + offset, inside);
-    copy16_async(v_tile + slot, p.kv.v_pages + offset, inside);
+    copy16_async(shared_address(k_tile + slot), p.kv.k_pages + offset, inside);
+    copy16_async(shared_address(v_tile + slot), p.kv.v_pages + offset, inside);
   }
 }
 
@@ -172,10 +134,10 @@ __device__ __forceinline__ void multiply_query_key(float (&scores)[kKeyTile / 8]
   for (int k_pair = 0; k_pair < HeadDim / 32; ++k_pair) {
 #pragma unroll
     for (int j = 0; j < kKeyTile / 8; ++j) {
-      uint32_t b[4];
-      load_matrix_x4(b, k_tile + (8 * j + (lane & 7)) * Tile::kRowStride + 32 * k_pair + (lane >> 3) * 8);
-      mma_bf16_m16n8k16(scores[j], q_fragments[2 * k_pair], b[0], b[1]);
-      mma_bf16_m16n8k16(scores[j], q_fragments[2 * k_pair + 1], b[2], b[3]);
+      const uint4 b =
+          load_matrix_x4(shared_address(k_tile + (8 * j + (lane & 7)) * Tile::kRowStride + 32 * k_pair + (lane >> 3) * 8));
+      mma_bf16_m16n8k16(scores[j], q_fragments[2 * k_pair], b.x, b.y);
+      mma_bf16_m16n8k16(scores[j], q_fragments[2 * k_pair + 1], b.z, b.w);
     }
   }
 }
@@ -248,11 +210,10 @@ __device__ __forceinline__ void multiply_probability_value(const float (&probabi
     // One transposed ldmatrix.x4 covers 16 keys x 16 dimensions: the B operands of two n-tiles.
 #pragma unroll
     for (int n_pair = 0; n_pair < HeadDim / 16; ++n_pair) {
-      uint32_t b[4];
-      load_matrix_x4_transposed(b, v_tile + (16 * step + (lane & 15)) * Tile::kRowStride + 16 * n_pair +
-                                       (lane >> 4) * 8);
-      mma_bf16_m16n8k16(output[2 * n_pair], a, b[0], b[1]);
-      mma_bf16_m16n8k16(output[2 * n_pair + 1], a, b[2], b[3]);
+      const uint4 b = load_matrix_x4_transposed(
+          shared_address(v_tile + (16 * step + (lane & 15)) * Tile::kRowStride + 16 * n_pair + (lane >> 4) * 8));
+      mma_bf16_m16n8k16(output[2 * n_pair], a, b.x, b.y);
+      mma_bf16_m16n8k16(output[2 * n_pair + 1], a, b.z, b.w);
     }
   }
 }
@@ -334,9 +295,8 @@ __global__ void __launch_bounds__(kThreads, PrefillTile<HeadDim>::kMinBlocksPerS
   uint4 q_fragments[HeadDim / 16];
 #pragma unroll
   for (int k = 0; k < HeadDim / 16; ++k) {
-    uint32_t r[4];
-    load_matrix_x4(r, q_tile + (warp * kRowsPerWarp + (lane & 15)) * Tile::kRowStride + 16 * k + (lane >> 4) * 8);
-    q_fragments[k] = make_uint4(r[0], r[1], r[2], r[3]);
+    q_fragments[k] = load_matrix_x4(
+        shared_address(q_tile + (warp * kRowsPerWarp + (lane & 15)) * Tile::kRowStride + 16 * k + (lane >> 4) * 8));
   }
 
   float output[HeadDim / 8][4] = {};
