@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <vector>
 
@@ -22,6 +23,21 @@ size_t bf16_bytes(size_t elements) { return elements * sizeof(__nv_bfloat16); }
 
 // Launchers may legitimately need no workspace; a small allocation keeps the pointer non-null.
 constexpr size_t kMinWorkspaceBytes = 256;
+
+// Diagnostic only: DEEPFUSE_KNOCKOUT=mask leaves kinds of layer kernels out of every decode step,
+// so a benchmark measures what each adds to the step (scripts/knockouts.sh; docs/runtime.md,
+// "Where a batch-1 step's time goes"). Outputs are wrong while it is set, and a warning says so.
+enum KnockedOut : int { kNoQkv = 1, kNoAttention = 2, kNoOProj = 4, kNoMlp = 8 };
+int knocked_out() {
+  static const int mask = [] {
+    const int m = ab_switch("DEEPFUSE_KNOCKOUT", 0);
+    if (m != 0)
+      std::fprintf(stderr, "warning: DEEPFUSE_KNOCKOUT=%d leaves kernels out of every decode step: outputs are wrong\n",
+                   m);
+    return m;
+  }();
+  return mask;
+}
 
 }  // namespace
 
@@ -98,8 +114,11 @@ float* ForwardPass::layer(int index, int tokens, const int32_t* positions, const
   auto* residual = buffers_.residual.as<__nv_bfloat16>();
   auto* attention_out = buffers_.attention_out.as<__nv_bfloat16>();
   const kernels::PagedKv kv = kv_.layer(index);
+  const int knocked = attention.decode_plan ? knocked_out() : 0;
 
-  if (attention.decode_plan && uses_fused_front(tokens)) {
+  if (knocked & kNoQkv) {
+    // diagnostic: left out
+  } else if (attention.decode_plan && uses_fused_front(tokens)) {
     // 1-3 fused: input RMSNorm, QKV (+bias), RoPE and the KV append in one launch.
     kernels::QkvRopeFusedParams p;
     p.x = residual;
@@ -120,13 +139,15 @@ float* ForwardPass::layer(int index, int tokens, const int32_t* positions, const
   } else {
     unfused_qkv(w, tokens, positions, rows, kv, stream);
   }
-  attend(kv, tokens, attention, stream);
+  if (!(knocked & kNoAttention)) attend(kv, tokens, attention, stream);
 
   // 5. output projection, added into the residual stream in place (+ Llama's o_proj bias): the
   // cluster GEMV in small decode steps of large models (one launch; cuBLASLt's small-M choice is
   // a split-K GEMM plus a reduction kernel), cuBLASLt otherwise.
   const __nv_bfloat16* o_bias = w.o_bias.empty() ? nullptr : w.o_bias.as<__nv_bfloat16>();
-  if (attention.decode_plan && uses_gemv_o_proj(tokens)) {
+  if (knocked & kNoOProj) {
+    // diagnostic: left out
+  } else if (attention.decode_plan && uses_gemv_o_proj(tokens)) {
     kernels::GemvResidualParams p;
     p.x = attention_out;
     p.weights = w.o_proj_packed.as<uint4>();
@@ -147,6 +168,7 @@ float* ForwardPass::layer(int index, int tokens, const int32_t* positions, const
   // fused variant folds the norm into its one launch), or left for the next block's kernels.
   // Steps above the fused MLP's token limit run the unfused copy when the weights hold one.
   MlpLayer& mlp = w.mlp_for(tokens);
+  if (knocked & kNoMlp) return nullptr;
   if (defers_sum) return mlp.run_deferred(residual, tokens, stream);
   mlp.run(residual, residual, residual, tokens, stream);
   return nullptr;
