@@ -121,11 +121,11 @@ def main():
         print("  median per launch, µs from the previous traced launch's last end")
         print(header)
         for kernel, ds in per_kernel.items():
-            means = []
+            medians = []
             for c in columns:
                 values = [d[c] for d in ds if d[c] is not None]
-                means.append(statistics.median(values) if values else None)
-            print(f"  {kernel:<18}{len(ds):>4}" + "".join(f"{fmt(v):>16}" for v in means))
+                medians.append(statistics.median(values) if values else None)
+            print(f"  {kernel:<18}{len(ds):>4}" + "".join(f"{fmt(v):>16}" for v in medians))
         print(f"  first {args.launches} launches")
         print(header.replace("   n", "blks"))
         for launch, d in rows[: args.launches]:
