@@ -5,9 +5,11 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <thread>
 
+#include "bench/power_cap.hpp"
 #include "bench/timing.hpp"
 #include "deepfuse/bf16.hpp"
 #include "deepfuse/device.hpp"
@@ -45,7 +47,11 @@ struct Row {
   double us;        // per call, launched one by one from the host (launch gaps included)
   double graph_us;  // per call, back to back in a CUDA graph (as in the decode step)
   int launches;
+  std::optional<double> power_capped;  // fraction of the row's timing the power limit held clocks down
 };
+
+// Rows whose timing the power limit throttled for more than this fraction get a note.
+constexpr double kPowerCappedNote = 0.05;
 
 // Weight copies that together cover `l2_multiple` L2 caches, so no call finds its weights cached.
 int weight_copies(const MlpShape& shape, size_t l2_bytes, double l2_multiple) {
@@ -60,6 +66,7 @@ int run_gpu(const MlpBenchOptions& options) {
   const double copy_bw = gpu.copy_bw;
 
   if (!options.trace_path.empty()) start_trace_csv("mlp", options.trace_path);
+  const PowerCapCounter power_cap;
   const int max_tokens = *std::max_element(options.token_counts.begin(), options.token_counts.end());
   std::vector<Row> rows;
   for (const MlpShape& shape : options.shapes) {
@@ -97,13 +104,15 @@ int run_gpu(const MlpBenchOptions& options) {
         auto call = [&](int rep) {
           layers[rep % copies].run(x.as<__nv_bfloat16>(), res, y.as<__nv_bfloat16>(), tokens, stream);
         };
+        const PowerCapWindow capped(power_cap);
         const double us = median_call_us(call, options.warmup, options.repetitions, stream);
         const double graph_us =
             median_graph_call_us(call, graph_calls_for_copies(copies), std::max(5, options.repetitions / 5), stream);
+        const std::optional<double> power_capped = capped.fraction();
         if (!options.trace_path.empty())
           trace_graph_calls(call, graph_calls_for_copies(copies, 8), "mlp", name + "-" + shape_name(shape), tokens, 0,
                             options.trace_path, stream);
-        rows.push_back({shape, tokens, name, us, graph_us, layers[0].launches_per_call(options.residual)});
+        rows.push_back({shape, tokens, name, us, graph_us, layers[0].launches_per_call(options.residual), power_capped});
       }
     }
     std::fprintf(stderr, "  measured %s (%d weight copies)\n", shape_name(shape).c_str(), copies);
@@ -115,11 +124,13 @@ int run_gpu(const MlpBenchOptions& options) {
     if (r.variant == "unfused") unfused[{shape_name(r.shape), r.tokens}] = &r;
 
   Table table({"shape", "M", "variant", "us", "TB/s", "%copy", "us graph", "%copy graph", "launches",
-               "fused/unfused", "graph"});
+               "fused/unfused", "graph", "power-capped"});
+  int capped_rows = 0;
   nlohmann::json json = run_header(device.name, copy_bw);
   json["suite"] = "mlp";
   json["residual"] = options.residual;
   json["norm"] = options.norm;
+  json["power_cap_counter"] = power_cap.available();
   json["rows"] = nlohmann::json::array();
   for (const Row& r : rows) {
     const double bytes = static_cast<double>(r.shape.weight_bytes());
@@ -136,12 +147,19 @@ int run_gpu(const MlpBenchOptions& options) {
       row["speedup_vs_unfused"] = it->second->us / r.us;
       row["graph_speedup_vs_unfused"] = it->second->graph_us / r.graph_us;
     }
+    row["power_capped_fraction"] = r.power_capped ? nlohmann::json(*r.power_capped) : nlohmann::json(nullptr);
+    if (r.power_capped && *r.power_capped > kPowerCappedNote) ++capped_rows;
     table.add({shape_name(r.shape), std::to_string(r.tokens), r.variant, format_fixed(r.us, 1), format_fixed(tbps, 2),
                format_fixed(pct, 1), format_fixed(r.graph_us, 1), format_fixed(graph_pct, 1),
-               std::to_string(r.launches), speedup, graph_speedup});
+               std::to_string(r.launches), speedup, graph_speedup,
+               r.power_capped ? format_fixed(100.0 * *r.power_capped, 0) + "%" : "-"});
     json["rows"].push_back(row);
   }
   std::fputs(table.render().c_str(), stdout);
+  if (capped_rows > 0)
+    std::printf("note: the power limit held the clocks down for more than %.0f%% of %d rows' timing "
+                "(power-capped): those rows may read slow\n",
+                100.0 * kPowerCappedNote, capped_rows);
   if (!options.json_path.empty()) write_json(options.json_path, json);
   return 0;
 }

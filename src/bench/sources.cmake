@@ -3,6 +3,7 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/attention_bench.cpp
   ${CMAKE_CURRENT_LIST_DIR}/decode_bench.cpp
   ${CMAKE_CURRENT_LIST_DIR}/mlp_bench.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/power_cap.cpp
   ${CMAKE_CURRENT_LIST_DIR}/qkv_bench.cpp
   ${CMAKE_CURRENT_LIST_DIR}/sampling_bench.cpp)
 

@@ -1,0 +1,47 @@
+// How long the GPU's power limit held its clocks down, from NVML's cumulative "power violation"
+// counter (nvmlDeviceGetViolationStatus with the power policy: nanoseconds the GPU spent below its
+// application clocks because of power). A benchmark reads it around each row: `bench mlp` runs
+// at the H200's 700 W cap, where rows read up to 13% slow (docs/kernels/swiglu_fused.md).
+//
+// libnvidia-ml.so.1 comes with the driver, not the toolkit: it is opened at run time, so nothing
+// changes at build time and a machine without it (CI) reports the counter unavailable.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+namespace deepfuse::bench {
+
+class PowerCapCounter {
+ public:
+  // For the current CUDA device; unavailable without NVML or without the counter.
+  PowerCapCounter();
+  ~PowerCapCounter();
+  PowerCapCounter(const PowerCapCounter&) = delete;
+  PowerCapCounter& operator=(const PowerCapCounter&) = delete;
+
+  bool available() const { return device_ != nullptr; }
+  // Nanoseconds held below the application clocks by the power limit since the driver started.
+  std::optional<uint64_t> capped_ns() const;
+
+ private:
+  void* library_ = nullptr;
+  void* device_ = nullptr;  // nvmlDevice_t
+  int (*violation_status_)(void*, int, void*) = nullptr;
+  int (*shutdown_)() = nullptr;
+};
+
+// Fraction of a stretch of wall time the power limit held the clocks down: start() before it,
+// fraction() after (nullopt without the counter).
+class PowerCapWindow {
+ public:
+  explicit PowerCapWindow(const PowerCapCounter& counter);
+  std::optional<double> fraction() const;
+
+ private:
+  const PowerCapCounter& counter_;
+  std::optional<uint64_t> start_ns_;
+  int64_t start_wall_ns_ = 0;
+};
+
+}  // namespace deepfuse::bench
