@@ -9,6 +9,7 @@
 
 #include <cuda_profiler_api.h>
 
+#include "bench/power_cap.hpp"
 #include "bench/timing.hpp"
 #include "deepfuse/device.hpp"
 #include "deepfuse/engine.hpp"
@@ -59,6 +60,8 @@ struct Report {
   Table ttft{{"arch", "prompt", "TTFT ms"}};
   Table gemms{{"arch", "op", "M", "N", "K", "candidates", "chosen", "heuristic us", "chosen us", "gain"}};
   nlohmann::json rows = nlohmann::json::array();
+  PowerCapCounter power_cap;      // how much of each case's timed steps ran power-capped
+  std::vector<std::string> capped;  // cases capped for more than 5% of their timed steps
 
   void skip(const std::string& what, nlohmann::json row, const std::string& reason) {
     std::printf("  skipped %s: %s\n", what.c_str(), reason.c_str());
@@ -127,16 +130,19 @@ void run_decode_case(Engine& engine, const std::string& arch, int batch, int con
   std::vector<SequenceId> sequences;
   std::vector<double> step_ms;
   double replay_ms = 0.0;  // the captured step replayed back to back: the GPU's time without host gaps
+  std::optional<double> power_capped;
   try {
     for (int b = 0; b < batch; ++b) sequences.push_back(engine.add_prefilled_for_benchmark(context, tokens_per_sequence));
     warm_up_clocks();
     for (int s = 0; s < options.warmup; ++s) step_all(engine, batch);
     cudaProfilerStart();  // a profiler started with --profile-from-start off sees the timed steps only
+    const PowerCapWindow capped(report.power_cap);
     for (int s = 0; s < options.steps; ++s) {
       const auto start = Clock::now();
       step_all(engine, batch);  // step() ends with its one synchronisation, so wall time is the step
       step_ms.push_back(ms_since(start));
     }
+    power_capped = capped.fraction();
     cudaProfilerStop();
     replay_ms = engine.decode_replay_ms_for_benchmark(options.steps);
     if (!options.trace_path.empty()) trace_one_step(engine, arch, batch, context, options.trace_path);
@@ -170,7 +176,9 @@ void run_decode_case(Engine& engine, const std::string& arch, int batch, int con
               {"launches_per_step", stats.launches_per_decode_step},
               {"launches_per_layer", stats.launches_per_layer},
               {"graph_kernels_per_step", stats.kernels_per_decode_step},
-              {"gpu_memory_bytes", stats.gpu_memory_used}});
+              {"gpu_memory_bytes", stats.gpu_memory_used},
+              {"power_capped_fraction", power_capped ? nlohmann::json(*power_capped) : nlohmann::json(nullptr)}});
+  if (power_capped && *power_capped > 0.05) report.capped.push_back(label);
   report.rows.push_back(row);
 }
 
@@ -302,6 +310,9 @@ int run_decode_bench(const DecodeBenchOptions& options) {
 
   std::printf("\ndecode step (median of %d; roofline = (weights + KV read) / copy bandwidth)\n", options.steps);
   std::fputs(report.decode.render().c_str(), stdout);
+  for (const std::string& label : report.capped)
+    std::printf("note: %s ran power-capped for more than 5%% of its timed steps (JSON power_capped_fraction)\n",
+                label.c_str());
   if (!options.ttft_prompts.empty()) {
     std::printf("\ntime to first token (batch 1, median of %d)\n", options.ttft_repetitions);
     std::fputs(report.ttft.render().c_str(), stdout);
