@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <optional>
 #include <random>
 
@@ -61,7 +60,7 @@ struct Report {
   Table gemms{{"arch", "op", "M", "N", "K", "candidates", "chosen", "heuristic us", "chosen us", "gain"}};
   nlohmann::json rows = nlohmann::json::array();
   PowerCapCounter power_cap;      // how much of each case's timed steps ran power-capped
-  std::vector<std::string> capped;  // cases capped for more than 5% of their timed steps
+  std::vector<std::string> capped;  // cases capped for more than kPowerCappedNote of their timed steps
 
   void skip(const std::string& what, nlohmann::json row, const std::string& reason) {
     std::printf("  skipped %s: %s\n", what.c_str(), reason.c_str());
@@ -178,7 +177,7 @@ void run_decode_case(Engine& engine, const std::string& arch, int batch, int con
               {"graph_kernels_per_step", stats.kernels_per_decode_step},
               {"gpu_memory_bytes", stats.gpu_memory_used},
               {"power_capped_fraction", power_capped ? nlohmann::json(*power_capped) : nlohmann::json(nullptr)}});
-  if (power_capped && *power_capped > 0.05) report.capped.push_back(label);
+  if (power_capped && *power_capped > kPowerCappedNote) report.capped.push_back(label);
   report.rows.push_back(row);
 }
 
@@ -293,9 +292,8 @@ int run_decode_bench(const DecodeBenchOptions& options) {
   DF_CHECK(cuda_device_available(), "bench decode: no CUDA device found (the decode benchmark runs the CUDA engine)");
   const DeviceInfo device = query_device();
   if (!options.trace_path.empty()) {
+    start_trace_csv("decode", options.trace_path);
     kernels::trace::begin(kTraceCapacity);  // before the engines' first launches: see trace::begin
-    std::ofstream truncate(options.trace_path);
-    DF_CHECK(truncate.good(), "bench decode --trace: cannot write " + options.trace_path);
   }
   const double copy_bw = measure_copy_bandwidth();
   std::printf(
@@ -311,8 +309,8 @@ int run_decode_bench(const DecodeBenchOptions& options) {
   std::printf("\ndecode step (median of %d; roofline = (weights + KV read) / copy bandwidth)\n", options.steps);
   std::fputs(report.decode.render().c_str(), stdout);
   for (const std::string& label : report.capped)
-    std::printf("note: %s ran power-capped for more than 5%% of its timed steps (JSON power_capped_fraction)\n",
-                label.c_str());
+    std::printf("note: %s ran power-capped for more than %.0f%% of its timed steps (JSON power_capped_fraction)\n",
+                label.c_str(), 100.0 * kPowerCappedNote);
   if (!options.ttft_prompts.empty()) {
     std::printf("\ntime to first token (batch 1, median of %d)\n", options.ttft_repetitions);
     std::fputs(report.ttft.render().c_str(), stdout);

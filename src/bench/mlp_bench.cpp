@@ -50,9 +50,6 @@ struct Row {
   std::optional<double> power_capped;  // fraction of the row's timing the power limit held clocks down
 };
 
-// Rows whose timing the power limit throttled for more than this fraction get a note.
-constexpr double kPowerCappedNote = 0.05;
-
 // Weight copies that together cover `l2_multiple` L2 caches, so no call finds its weights cached.
 int weight_copies(const MlpShape& shape, size_t l2_bytes, double l2_multiple) {
   const double needed = l2_multiple * static_cast<double>(l2_bytes) / static_cast<double>(shape.weight_bytes());

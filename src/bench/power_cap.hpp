@@ -12,6 +12,9 @@
 
 namespace deepfuse::bench {
 
+// Rows whose timing the power limit held down for more than this fraction get a note.
+inline constexpr double kPowerCappedNote = 0.05;
+
 class PowerCapCounter {
  public:
   // For the current CUDA device; unavailable without NVML or without the counter.
@@ -31,8 +34,8 @@ class PowerCapCounter {
   int (*shutdown_)() = nullptr;
 };
 
-// Fraction of a stretch of wall time the power limit held the clocks down: start() before it,
-// fraction() after (nullopt without the counter).
+// Fraction of a stretch of wall time the power limit held the clocks down: construct it at the
+// start, call fraction() at the end (nullopt without the counter).
 class PowerCapWindow {
  public:
   explicit PowerCapWindow(const PowerCapCounter& counter);

@@ -4,13 +4,13 @@
 
 #include <cuda_runtime_api.h>
 
-#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "core/warm_up.hpp"  // warm_up, kWarmUpTime: every timing below warms the GPU first
 #include "deepfuse/device.hpp"
 #include "kernels/common/trace.hpp"
 
@@ -30,12 +30,6 @@ struct GpuBench {
   double copy_bw = 0.0;  // bytes/s, read + write
 };
 
-// Runs call(0), call(1), ... at least `min_calls` times and for at least kWarmUpTime of wall time
-// (synchronizing `stream` every few calls; null: each call synchronizes itself). A GPU coming
-// out of a pause runs its first milliseconds at lower clocks: with 5 warm-up calls the fused
-// MLP's first token count after loading its weights read up to 10% slow (docs/kernels/swiglu_fused.md).
-inline constexpr std::chrono::milliseconds kWarmUpTime{100};
-void warm_up(const std::function<void(int rep)>& call, int min_calls, cudaStream_t stream);
 // Device-to-device copies for kWarmUpTime, for a benchmark whose calls cannot simply repeat (a
 // decode step consumes its sequences' token budget).
 void warm_up_clocks();

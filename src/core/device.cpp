@@ -1,10 +1,10 @@
 #include "deepfuse/device.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <vector>
 
 #include "core/cuda_event.hpp"
+#include "core/warm_up.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/tensor.hpp"
 
@@ -45,12 +45,10 @@ double measure_copy_bandwidth(size_t bytes, int repetitions, cudaStream_t stream
   DF_CHECK_CUDA(cudaMemsetAsync(source.data(), 0x5a, bytes, stream));
   CudaEvent start, stop;
   std::vector<float> milliseconds;
-  // Warm-up copies for at least 100 ms: an idle GPU runs its first milliseconds at lower clocks.
-  const auto warm_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
-  for (int copy = 0; copy < 2 || std::chrono::steady_clock::now() < warm_until; ++copy) {
+  auto copy = [&](int) {
     DF_CHECK_CUDA(cudaMemcpyAsync(destination.data(), source.data(), bytes, cudaMemcpyDeviceToDevice, stream));
-    DF_CHECK_CUDA(cudaStreamSynchronize(stream));
-  }
+  };
+  warm_up(copy, 2, stream);
   for (int rep = 0; rep < repetitions; ++rep) {
     start.record(stream);
     DF_CHECK_CUDA(cudaMemcpyAsync(destination.data(), source.data(), bytes, cudaMemcpyDeviceToDevice, stream));
