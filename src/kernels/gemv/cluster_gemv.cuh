@@ -48,11 +48,14 @@ constexpr int kMaxSharedBytes = 200 * 1024;
 // under 56 KB, so 4 fit an SM and all 48 clusters of Llama-3-8B's QKV (48 heads) run at once:
 // with 12 stages only 45 clusters fit and 3 ran as a second wave (ncu: SMs idle 38% of the
 // kernel). ~150 KB in flight per SM. 32-token launches stage 4x the x rows: a shorter ring.
+// Clusters of 4 (short inner dimensions, see dispatch) give each block twice the k-steps of a
+// cluster of 8: 18 stages prime a warp's whole share at inner 2048, two blocks per SM (10 stages
+// there: Llama-3.2-1B's step 0.8% slower than 18, 26 stages 5% slower: docs/kernels/qkv_rope_fused.md).
 // This is the default depth; stream_unit and launch take the depth as kStages, and o_proj's
 // packed grid of at most two blocks per SM gets two more (gemv_residual.cu).
-template <int NT>
+template <int NT, int C>
 constexpr int ring_stages() {
-  return NT == 4 ? 6 : 10;
+  return NT == 4 ? 6 : NT == 1 && C == 4 ? 18 : 10;
 }
 // The fused QKV kernel's spread grids (up to 8 tokens): a spread block has the shared memory of
 // one of three per SM whatever its ring needs, room for 14 stages (qkv_rope_fused.cu).
@@ -281,7 +284,7 @@ cudaError_t shared_bytes_for_blocks_per_sm(int per_sm, size_t& bytes);
 // block asks for the shared memory of one of kSpreadBlocksPerSm blocks per SM, and the launch is
 // refused with cudaErrorCooperativeLaunchTooLarge (nothing launched) unless every cluster of the
 // grid can be resident at once.
-template <int NT, int kUnitRows, int C, int kStages = ring_stages<NT>(), typename Params>
+template <int NT, int kUnitRows, int C, int kStages = ring_stages<NT, C>(), typename Params>
 cudaError_t launch(void (*kernel)(Params, int), const Params& params, int units, int inner, cudaStream_t stream,
                    bool spread = false) {
   const int max_ksteps = max_ksteps_per_block<C>(inner);
@@ -341,6 +344,15 @@ cudaError_t launch(void (*kernel)(Params, int), const Params& params, int units,
 // rounds, Llama-3-8B batch 1 / 512: 4.015-4.018 ms spread, 3.992-3.993 packed (and 4.065-4.067 /
 // 4.042-4.046 on a second machine). Qwen2.5-7B's 36 and 28 units fall unevenly (38% and 18% above
 // the mean) and keep the spread, 0.9% faster there (docs/kernels/qkv_rope_fused.md).
+//
+// Short inner dimensions (below kSpreadMinInner, packed grids) at up to 8 tokens take clusters of
+// 4 instead of 8: half as many blocks, each with twice the k-steps (32 at Llama-3.2-1B's 2048),
+// so the grid is placed sooner as the kernel before frees its SMs and pays its per-block costs
+// (x staging, cluster barrier, epilogue) half as often. A/B in one run on the H200, Llama-3.2-1B,
+// ms per step, clusters of 8 / 4 (18-stage ring) for the QKV / and for o_proj too: batch 1 / 512
+// 0.875 / 0.855-0.856 / 0.850-0.851, batch 1 / 8k 0.945 / 0.931-0.933 / 0.920-0.921, batch 8 /
+// 512 0.955 / 0.947-0.949 (o_proj there is cuBLASLt's). Llama-3-8B and Qwen2.5-7B (inner 4096 and
+// 3584) lost 0.1-0.8% and 0.8-1.8% with clusters of 4 at one token and keep 8.
 template <typename LaunchInstance>
 cudaError_t dispatch(int tokens, int inner, int units, LaunchInstance&& launch_instance) {
   int device = 0, major = 0, sms = 0;
@@ -353,6 +365,8 @@ cudaError_t dispatch(int tokens, int inner, int units, LaunchInstance&& launch_i
   using std::integral_constant;
   auto with_tiles = [&](auto nt) {
     if (!clusters) return launch_instance(nt, integral_constant<int, 1>{}, false, sms);
+    if constexpr (decltype(nt)::value == 1)
+      if (inner < kSpreadMinInner) return launch_instance(nt, integral_constant<int, 4>{}, false, sms);
     if (decltype(nt)::value <= 2 && inner >= kSpreadMinInner && spread_enabled() && !(tokens == 1 && packed_is_even)) {
       cudaError_t e = launch_instance(nt, integral_constant<int, 8>{}, true, sms);
       if (e == cudaErrorCooperativeLaunchTooLarge) e = launch_instance(nt, integral_constant<int, 6>{}, true, sms);

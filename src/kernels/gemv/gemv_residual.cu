@@ -63,7 +63,7 @@ cudaError_t launch_for_unit(const GemvResidualParams& p, cudaStream_t stream) {
   const int units = p.rows / kUnitRows;
   return cluster_gemv::dispatch(p.tokens, p.inner, units, [&](auto nt, auto c, bool spread, int sms) {
     constexpr int NT = decltype(nt)::value, C = decltype(c)::value;
-    constexpr int kStages = cluster_gemv::ring_stages<NT>();
+    constexpr int kStages = cluster_gemv::ring_stages<NT, C>();
     // Two more ring stages where the packed cluster grid holds at most two blocks per SM and a
     // warp streams more k-steps than the default ring primes (Llama-3-8B's o_proj): the blocks
     // start while the attention before them finishes and have more of their weights in flight by

@@ -129,7 +129,7 @@ cudaError_t launch_for_head_dim(const QkvRopeFusedParams& p, int units, cudaStre
                                                       stream, spread);
       }
     }
-    constexpr int kStages = cluster_gemv::ring_stages<NT>();
+    constexpr int kStages = cluster_gemv::ring_stages<NT, C>();
     return cluster_gemv::launch<NT, HD, C, kStages>(qkv_rope_fused_kernel<NT, HD, C, kStages>, p, units, p.hidden,
                                                     stream, spread);
   });
