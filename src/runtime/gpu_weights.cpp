@@ -271,18 +271,15 @@ class RandomFiller {
 int gemv_o_proj_max_tokens(const ModelConfig& c, MlpVariant mlp_variant) {
   // Measured on H200 (A/B in one run, ms per step): on Llama-3-8B and Qwen2.5-7B the cluster GEMV
   // equals cuBLASLt up to 8 sequences (-0.5% .. +0.7%) and saves the split-K reduction launch; at
-  // 16 cuBLASLt's step is 1.7% (8B) and 3.9% (Qwen) faster. On Llama-3.2-1B's 2048 x 2048 the
-  // GEMV was 2-3% slower alone; with the MLP's sum deferred to it (batch 1 only,
-  // runtime/forward.cpp) the step is 3% faster at batch 1 (1.012-1.015 -> 0.975-0.986 ms) and
-  // 0.5-3% slower at 8-16 sequences, so small o_proj matrices take it at batch 1 only.
+  // 16 cuBLASLt's step is 1.7% (8B) and 3.9% (Qwen) faster. Llama-3.2-1B's 2048 x 2048 took it at
+  // batch 1 only until its grid moved to clusters of 4 (kernels/gemv/cluster_gemv.cuh, dispatch);
+  // since, the GEMV is 1.9-2.9% faster per step at 8 sequences too (512 to 8k tokens) and 2.8%
+  // slower at 16.
   // DEEPFUSE_OPROJ_GEMV=0 / 1 forces never / every fused-front step, for A/B measurements.
   static const int forced = ab_switch("DEEPFUSE_OPROJ_GEMV", -1);
-  constexpr int kLargeMaxTokens = 8;
-  constexpr long long kMinElements = 12 << 20;
+  constexpr int kMaxTokens = 8;
   if (!uses_fused_qkv(c, mlp_variant) || forced == 0) return 0;
-  if (forced > 0) return kernels::kGemvResidualMaxTokens;
-  const bool large = static_cast<long long>(c.hidden_size) * c.q_size() >= kMinElements;
-  return large ? kLargeMaxTokens : 1;
+  return forced > 0 ? kernels::kGemvResidualMaxTokens : kMaxTokens;
 }
 
 bool uses_fused_qkv(const ModelConfig& c, MlpVariant mlp_variant) {

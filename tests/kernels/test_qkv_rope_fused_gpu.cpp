@@ -158,9 +158,9 @@ void check_case(const QkvShape& s, int tokens, uint64_t salt, bool pending = fal
 TEST(QkvRopeFused, MatchesReferenceAcrossShapesAndTokenCounts) {
   DF_REQUIRE_GPU();
   const std::vector<QkvShape> shapes = {
-      {256, 4, 2, 64, false, false},     // tiny: clusters of 4 (8 from 9 tokens), 4 (2) k-steps per block
+      {256, 4, 2, 64, false, false},     // tiny: clusters of 4 (of 8 at 32 tokens), 4 (2) k-steps per block
       {896, 14, 2, 64, true, false},     // Qwen2.5-0.5B-like: bias, 7 q heads per kv head
-      {2048, 32, 8, 64, false, true},    // Llama-3.2-1B (clusters of 4 at <= 8 tokens)
+      {2048, 32, 8, 64, false, true},    // Llama-3.2-1B (clusters of 4 up to 16 tokens)
       {3584, 28, 4, 128, true, false},   // Qwen2.5-7B
       {4096, 32, 8, 128, false, true},   // Llama-3-8B (at <= 8 tokens a spread grid, clusters of 6 on an H200)
       {4096, 64, 8, 128, false, false},  // 80 head units: too many for a spread grid on an H200, the packed one

@@ -54,7 +54,7 @@ TEST(RandomArch, GemvOprojBatchLimits) {
   if (std::getenv("DEEPFUSE_OPROJ_GEMV")) GTEST_SKIP() << "DEEPFUSE_OPROJ_GEMV overrides the rule";
   EXPECT_EQ(runtime::gemv_o_proj_max_tokens(random_arch_config("llama3-8b"), MlpVariant::fused), 8);
   EXPECT_EQ(runtime::gemv_o_proj_max_tokens(random_arch_config("qwen2.5-7b"), MlpVariant::fused), 8);
-  EXPECT_EQ(runtime::gemv_o_proj_max_tokens(random_arch_config("llama3.2-1b"), MlpVariant::fused), 1);
+  EXPECT_EQ(runtime::gemv_o_proj_max_tokens(random_arch_config("llama3.2-1b"), MlpVariant::fused), 8);
   EXPECT_EQ(runtime::gemv_o_proj_max_tokens(random_arch_config("llama3-8b"), MlpVariant::unfused), 0);
   // The packed copy is counted in the weights only when the GEMV can run.
   const ModelConfig small = random_arch_config("llama3.2-1b");

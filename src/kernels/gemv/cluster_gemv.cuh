@@ -345,14 +345,15 @@ cudaError_t launch(void (*kernel)(Params, int), const Params& params, int units,
 // 4.042-4.046 on a second machine). Qwen2.5-7B's 36 and 28 units fall unevenly (38% and 18% above
 // the mean) and keep the spread, 0.9% faster there (docs/kernels/qkv_rope_fused.md).
 //
-// Short inner dimensions (below kSpreadMinInner, packed grids) at up to 8 tokens take clusters of
-// 4 instead of 8: half as many blocks, each with twice the k-steps (32 at Llama-3.2-1B's 2048),
-// so the grid is placed sooner as the kernel before frees its SMs and pays its per-block costs
-// (x staging, cluster barrier, epilogue) half as often. A/B in one run on the H200, Llama-3.2-1B,
-// ms per step, clusters of 8 / 4 (18-stage ring) for the QKV / and for o_proj too: batch 1 / 512
-// 0.875 / 0.855-0.856 / 0.850-0.851, batch 1 / 8k 0.945 / 0.931-0.933 / 0.920-0.921, batch 8 /
-// 512 0.955 / 0.947-0.949 (o_proj there is cuBLASLt's). Llama-3-8B and Qwen2.5-7B (inner 4096 and
-// 3584) lost 0.1-0.8% and 0.8-1.8% with clusters of 4 at one token and keep 8.
+// Short inner dimensions (below kSpreadMinInner, packed grids) at up to 16 tokens take clusters
+// of 4 instead of 8: half as many blocks, each with twice the k-steps (32 at Llama-3.2-1B's
+// 2048), so the grid is placed sooner as the kernel before frees its SMs and pays its per-block
+// costs (x staging, cluster barrier, epilogue) half as often. A/B in one run on the H200,
+// Llama-3.2-1B, ms per step, clusters of 8 / 4 (18-stage ring at up to 8 tokens) for the QKV /
+// and for o_proj too: batch 1 / 512 0.875 / 0.855-0.856 / 0.850-0.851, batch 1 / 8k 0.945 /
+// 0.931-0.933 / 0.920-0.921; at 16 sequences (QKV only, 10 stages; 18 were 1% slower) 1.200 /
+// 1.092-1.093. Llama-3-8B and Qwen2.5-7B (inner 4096 and 3584) lost 0.1-0.8% and 0.8-1.8% with
+// clusters of 4 at one token and keep 8 (docs/kernels/qkv_rope_fused.md).
 template <typename LaunchInstance>
 cudaError_t dispatch(int tokens, int inner, int units, LaunchInstance&& launch_instance) {
   int device = 0, major = 0, sms = 0;
@@ -365,7 +366,7 @@ cudaError_t dispatch(int tokens, int inner, int units, LaunchInstance&& launch_i
   using std::integral_constant;
   auto with_tiles = [&](auto nt) {
     if (!clusters) return launch_instance(nt, integral_constant<int, 1>{}, false, sms);
-    if constexpr (decltype(nt)::value == 1)
+    if constexpr (decltype(nt)::value <= 2)
       if (inner < kSpreadMinInner) return launch_instance(nt, integral_constant<int, 4>{}, false, sms);
     if (decltype(nt)::value <= 2 && inner >= kSpreadMinInner && spread_enabled() && !(tokens == 1 && packed_is_even)) {
       cudaError_t e = launch_instance(nt, integral_constant<int, 8>{}, true, sms);
