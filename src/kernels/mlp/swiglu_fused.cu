@@ -473,17 +473,17 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
 
 // Whether the (NT, C) instance launches as a programmatic dependent when the caller allows it
 // (FusedMlpTuning::programmatic_launch): its blocks may start while the kernel before finishes and
-// wait for it first thing. Only single-token calls on the grids that cover every SM (clusters of
-// 2 or 4) gain, in the decode step at batch 1: Llama-3.2-1B 1-2%, Llama-3-8B 1%, Qwen2.5-7B 1%
-// with two 8-warp blocks per SM, and again with one 16-warp block per SM in pairs (Llama-3.2-1B
-// 1.7%, Llama-3-8B 0.7%, Qwen2.5-7B 0.4%). At 8 tokens Qwen2.5-7B lost 1.1-1.5% (Llama-3-8B and
-// Llama-3.2-1B equal); clusters of 8 placed while o_proj's blocks still hold SMs lost 3-15%; and
-// back-to-back calls of the same grid (bench mlp, 2048x8192 M = 1 in a graph) took 40.2 µs
-// instead of 33.3 (docs/kernels/swiglu_fused.md, "Overlap with the kernels around it").
+// wait for it first thing. Calls of up to 8 tokens on the grids that cover every SM (clusters of
+// 2 or 4) gain in the decode step: at batch 1 Llama-3.2-1B 1.7%, Llama-3-8B 0.7%, Qwen2.5-7B 0.4%;
+// at 2-8 sequences, once the o_proj before it was the cluster GEMV on every model (A/B in one
+// run, two rounds, 512 and 8k tokens), Llama-3.2-1B 1.8-2.6%, Llama-3-8B 0.8-1.6%, Qwen2.5-7B
+// 0.1-0.9% (with cuBLASLt's o_proj before it, Qwen2.5-7B had lost 1.1-1.5% at 8). Clusters of 8
+// placed while o_proj's blocks still hold SMs lost 3-15%; and back-to-back calls of the same grid
+// (bench mlp, 2048x8192 M = 1 in a graph) took 40.2 µs instead of 33.3
+// (docs/kernels/swiglu_fused.md, "Overlap with the kernels around it").
 template <int NT, int C>
-bool launches_programmatically(const SwigluFusedParams& p, const FusedMlpTuning& tuning) {
-  return tuning.programmatic_launch && NT == 1 && (C == 2 || C == 4) && p.tokens == 1 &&
-         programmatic_launches_enabled();
+bool launches_programmatically(const FusedMlpTuning& tuning) {
+  return tuning.programmatic_launch && NT == 1 && (C == 2 || C == 4) && programmatic_launches_enabled();
 }
 
 // The launch configuration of `blocks` blocks of the (NT, C) instance, in clusters of C.
@@ -556,7 +556,7 @@ cudaError_t launch_instance(const SwigluFusedParams& p, const FusedMlpTuning& tu
   const int finishers = std::max(1, std::min({kMaxFinishers, blocks / 2, resident / 2}));
 
   trace::attach_unit();
-  const FusedLaunch<NT, C> launch(blocks, stream, launches_programmatically<NT, C>(p, tuning));
+  const FusedLaunch<NT, C> launch(blocks, stream, launches_programmatically<NT, C>(tuning));
   return cudaLaunchKernelEx(&launch.config, swiglu_fused_kernel<NT, C>, p, finishers, tuning.skip_reduction_diagnostic);
 }
 
