@@ -49,8 +49,9 @@ constexpr int kMaxSharedBytes = 200 * 1024;
 // with 12 stages only 45 clusters fit and 3 ran as a second wave (ncu: SMs idle 38% of the
 // kernel). ~150 KB in flight per SM. 32-token launches stage 4x the x rows: a shorter ring.
 // Clusters of 4 (short inner dimensions, see dispatch) give each block twice the k-steps of a
-// cluster of 8: 18 stages prime a warp's whole share at inner 2048, two blocks per SM (10 stages
-// there: Llama-3.2-1B's step 0.8% slower than 18, 26 stages 5% slower: docs/kernels/qkv_rope_fused.md).
+// cluster of 8: 18 stages prime a warp's whole share at inner 2048, two blocks per SM (Llama-3.2-1B
+// with 10 stages: batch 1 / 512 1.5% slower, 8k and batch 8 equal; 26 stages, one block per SM:
+// 7% slower; docs/kernels/qkv_rope_fused.md).
 // This is the default depth; stream_unit and launch take the depth as kStages, and o_proj's
 // packed grid of at most two blocks per SM gets two more (gemv_residual.cu).
 template <int NT, int C>
