@@ -104,7 +104,7 @@ float* ForwardPass::layer(int index, int tokens, const int32_t* positions, const
   // The MLP sum may skip the residual stream only when the two kernels that read the stream
   // before the next MLP can take it: the fused QKV (x + sum) and the o_proj GEMV (residual + sum,
   // which also clears it); the last block's MLP feeds the final norm and writes the stream itself.
-  // Whenever they can (up to 8 sequences on models whose o_proj is the GEMV there): A/B in the
+  // Whenever they can (up to 8 sequences, where o_proj is the GEMV): A/B in the
   // decode step, deferring at 2-8 sequences too against batch 1 only, 0.7-1.7% faster on
   // Llama-3-8B and Qwen2.5-7B at 2, 4 and 8 sequences, 512 and 8k tokens (docs/kernels/swiglu_fused.md,
   // "The sum left for the next block at batch 1", where an earlier kernel set lost at 8).
@@ -115,66 +115,75 @@ float* ForwardPass::layer(int index, int tokens, const int32_t* positions, const
   const bool defers_sum =
       reads_pending && mlp.variant() == MlpVariant::fused && index + 1 < config_.num_hidden_layers;
   DF_CHECK(!pending || reads_pending, "a deferred MLP sum reached a block that cannot add it");
-  const int hidden = config_.hidden_size, q_size = config_.q_size();
   auto* residual = buffers_.residual.as<__nv_bfloat16>();
-  auto* attention_out = buffers_.attention_out.as<__nv_bfloat16>();
   const kernels::PagedKv kv = kv_.layer(index);
   const int knocked = attention.decode_plan ? knocked_out() : 0;
 
-  if (knocked & kNoQkv) {
-    // diagnostic: left out
-  } else if (attention.decode_plan && uses_fused_front(tokens)) {
-    // 1-3 fused: input RMSNorm, QKV (+bias), RoPE and the KV append in one launch.
-    kernels::QkvRopeFusedParams p;
-    p.x = residual;
-    p.norm_weight = w.input_norm.as<__nv_bfloat16>();
-    p.norm_eps = static_cast<float>(config_.rms_norm_eps);
-    p.weights = w.qkv_packed.as<uint4>();
-    p.bias = w.qkv_bias.empty() ? nullptr : w.qkv_bias.as<__nv_bfloat16>();
-    p.inv_freq = weights_.rope_inv_freq.as<float>();
-    p.positions = positions;
-    p.sequences = rows;
-    p.q_out = buffers_.q_rot.as<__nv_bfloat16>();
-    p.kv = kv;
-    p.tokens = tokens;
-    p.hidden = hidden;
-    p.q_heads = config_.num_attention_heads;
-    p.pending = pending;
-    DF_CHECK_CUDA(kernels::launch_qkv_rope_fused(p, stream));
-  } else {
-    unfused_qkv(w, tokens, positions, rows, kv, stream);
+  // 1-4. input RMSNorm, QKV (+bias), RoPE and the KV append; then attention.
+  if (!(knocked & kNoQkv)) {
+    if (attention.decode_plan && uses_fused_front(tokens))
+      fused_qkv(w, tokens, positions, rows, kv, pending, stream);
+    else
+      unfused_qkv(w, tokens, positions, rows, kv, stream);
   }
   if (!(knocked & kNoAttention)) attend(kv, tokens, attention, stream);
-
-  // 5. output projection, added into the residual stream in place (+ Llama's o_proj bias): the
-  // cluster GEMV in small decode steps of large models (one launch; cuBLASLt's small-M choice is
-  // a split-K GEMM plus a reduction kernel), cuBLASLt otherwise.
-  const __nv_bfloat16* o_bias = w.o_bias.empty() ? nullptr : w.o_bias.as<__nv_bfloat16>();
-  if (knocked & kNoOProj) {
-    // diagnostic: left out
-  } else if (attention.decode_plan && uses_gemv_o_proj(tokens)) {
-    kernels::GemvResidualParams p;
-    p.x = attention_out;
-    p.weights = w.o_proj_packed.as<uint4>();
-    p.bias = o_bias;
-    p.residual = residual;
-    p.y = residual;
-    p.tokens = tokens;
-    p.rows = hidden;
-    p.inner = q_size;
-    p.pending = pending;  // added to the residual, then zero for that MLP's next call
-    DF_CHECK_CUDA(kernels::launch_gemv_residual(p, stream));
-  } else {
-    gemm_.run_with_bias(attention_out, w.o_proj.as<__nv_bfloat16>(), o_bias, residual, residual, tokens, hidden,
-                        q_size, stream);
-  }
-
+  // 5. output projection, added into the residual stream in place.
+  if (!(knocked & kNoOProj)) output_projection(w, tokens, reads_pending, pending, stream);
   // 6-7. post-attention RMSNorm and the SwiGLU MLP, added into the residual stream in place (the
   // fused variant folds the norm into its one launch), or left for the next block's kernels.
   if (knocked & kNoMlp) return nullptr;
   if (defers_sum) return mlp.run_deferred(residual, tokens, stream);
   mlp.run(residual, residual, residual, tokens, stream);
   return nullptr;
+}
+
+// The decode step's front half in one launch: input RMSNorm, QKV (+bias), RoPE and the KV append,
+// reading the residual stream plus the previous block's pending MLP sum when there is one.
+void ForwardPass::fused_qkv(const GpuLayerWeights& w, int tokens, const int32_t* positions, const int32_t* rows,
+                            const kernels::PagedKv& kv, const float* pending, cudaStream_t stream) {
+  kernels::QkvRopeFusedParams p;
+  p.x = buffers_.residual.as<__nv_bfloat16>();
+  p.norm_weight = w.input_norm.as<__nv_bfloat16>();
+  p.norm_eps = static_cast<float>(config_.rms_norm_eps);
+  p.weights = w.qkv_packed.as<uint4>();
+  p.bias = w.qkv_bias.empty() ? nullptr : w.qkv_bias.as<__nv_bfloat16>();
+  p.inv_freq = weights_.rope_inv_freq.as<float>();
+  p.positions = positions;
+  p.sequences = rows;
+  p.q_out = buffers_.q_rot.as<__nv_bfloat16>();
+  p.kv = kv;
+  p.tokens = tokens;
+  p.hidden = config_.hidden_size;
+  p.q_heads = config_.num_attention_heads;
+  p.pending = pending;
+  DF_CHECK_CUDA(kernels::launch_qkv_rope_fused(p, stream));
+}
+
+// o_proj (+ Llama's o_proj bias) added into the residual stream in place: the cluster GEMV in
+// small decode steps (one launch, which also adds and clears a pending MLP sum; cuBLASLt's small-M
+// choice is a split-K GEMM plus a reduction kernel), cuBLASLt otherwise.
+void ForwardPass::output_projection(const GpuLayerWeights& w, int tokens, bool gemv, float* pending,
+                                    cudaStream_t stream) {
+  auto* residual = buffers_.residual.as<__nv_bfloat16>();
+  const auto* attention_out = buffers_.attention_out.as<__nv_bfloat16>();
+  const __nv_bfloat16* o_bias = w.o_bias.empty() ? nullptr : w.o_bias.as<__nv_bfloat16>();
+  const int hidden = config_.hidden_size, q_size = config_.q_size();
+  if (!gemv) {
+    gemm_.run_with_bias(attention_out, w.o_proj.as<__nv_bfloat16>(), o_bias, residual, residual, tokens, hidden,
+                        q_size, stream);
+    return;
+  }
+  kernels::GemvResidualParams p;
+  p.x = attention_out;
+  p.weights = w.o_proj_packed.as<uint4>();
+  p.bias = o_bias;
+  p.residual = residual;
+  p.y = residual;
+  p.tokens = tokens;
+  p.rows = hidden;
+  p.inner = q_size;
+  p.pending = pending;  // added to the residual, then zero for that MLP's next call
+  DF_CHECK_CUDA(kernels::launch_gemv_residual(p, stream));
 }
 
 bool ForwardPass::uses_fused_front(int decode_tokens) const {

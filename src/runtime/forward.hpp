@@ -122,8 +122,12 @@ class ForwardPass {
   bool uses_fused_front(int decode_tokens) const;
   // Whether it also runs o_proj + residual as one cluster GEMV (the weights hold a packed o_proj).
   bool uses_gemv_o_proj(int decode_tokens) const;
+  void fused_qkv(const GpuLayerWeights& w, int tokens, const int32_t* positions, const int32_t* rows,
+                 const kernels::PagedKv& kv, const float* pending, cudaStream_t stream);
   void unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_t* positions, const int32_t* rows,
                    const kernels::PagedKv& kv, cudaStream_t stream);
+  // gemv: the cluster GEMV (uses_gemv_o_proj), which adds and clears `pending`; else cuBLASLt.
+  void output_projection(const GpuLayerWeights& w, int tokens, bool gemv, float* pending, cudaStream_t stream);
   void attend(const kernels::PagedKv& kv, int tokens, const Attention& attention, cudaStream_t stream);
   void rms_norm(const __nv_bfloat16* weight, int first_row, int rows, cudaStream_t stream);
 
