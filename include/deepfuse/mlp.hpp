@@ -75,8 +75,8 @@ struct FusedMlpTuning {
   int cluster_size = 0;   // blocks sharing activations through distributed shared memory: 1, 2, 4, 8
   bool skip_reduction_diagnostic = false;  // benchmarks only: skips the cross-cluster sum (wrong y)
   // The decode engine's layers: launch as a programmatic dependent of the kernel before (blocks
-  // start early and wait for it first thing) where that measured faster: single tokens on the
-  // grids that cover every SM (clusters of 2 or 4). Back-to-back MLP calls measured
+  // start early and wait for it first thing) where that measured faster: calls of up to 8 tokens
+  // on the grids that cover every SM (clusters of 2 or 4). Back-to-back MLP calls measured
   // slower that way, so it is off unless asked for.
   bool programmatic_launch = false;
 };
