@@ -162,7 +162,7 @@ TEST(QkvRopeFused, MatchesReferenceAcrossShapesAndTokenCounts) {
       {896, 14, 2, 64, true, false},     // Qwen2.5-0.5B-like: bias, 7 q heads per kv head
       {2048, 32, 8, 64, false, true},    // Llama-3.2-1B (clusters of 4 up to 16 tokens)
       {3584, 28, 4, 128, true, false},   // Qwen2.5-7B
-      {4096, 32, 8, 128, false, true},   // Llama-3-8B (at <= 8 tokens a spread grid, clusters of 6 on an H200)
+      {4096, 32, 8, 128, false, true},   // Llama-3-8B (packed at <= 8 tokens; at 9-16 a spread grid, clusters of 6 on an H200)
       {4096, 64, 8, 128, false, false},  // 80 head units: too many for a spread grid on an H200, the packed one
       {64, 2, 1, 128, false, false},     // hidden below a cluster's worth of k-steps: C = 1
   };

@@ -340,10 +340,12 @@ cudaError_t launch(void (*kernel)(Params, int), const Params& params, int units,
 // Measured in the decode step (docs/kernels/qkv_rope_fused.md, "Spread grids"): Llama-3-8B 0.8-0.9%
 // faster at batch 1 and 8 and 2.2-3.9% at 16, Qwen2.5-7B 0.3-1.7% at 1 and 8 (equal at 16);
 // Llama-3.2-1B (inner 2048) lost 1.3% at batch 8 with its QKV spread, and keeps the packed grid.
-// At one token a grid whose packed blocks already fall evenly on the SMs (the fullest at most 10%
-// above the mean: Llama-3-8B's QKV, 48 units, and o_proj, 32) stays packed. A/B in one run, three
-// rounds, Llama-3-8B batch 1 / 512: 4.015-4.018 ms spread, 3.992-3.993 packed (and 4.065-4.067 /
-// 4.042-4.046 on a second machine). Qwen2.5-7B's 36 and 28 units fall unevenly (38% and 18% above
+// Up to 8 tokens a grid whose packed blocks already fall evenly on the SMs (the fullest at most
+// 10% above the mean: Llama-3-8B's QKV, 48 units, and o_proj, 32) stays packed. A/B in one run,
+// three rounds, Llama-3-8B batch 1 / 512: 4.015-4.018 ms spread, 3.992-3.993 packed (and
+// 4.065-4.067 / 4.042-4.046 on a second machine); at 2-8 sequences too, once the MLP after
+// o_proj launched early there (three rounds, spread / packed): b2 / 512 3.929-3.932 /
+// 3.918-3.920, b8 / 512 4.085-4.087 / 4.062-4.066, b8 / 8k 5.876-5.879 / 5.856-5.859. Qwen2.5-7B's 36 and 28 units fall unevenly (38% and 18% above
 // the mean) and keep the spread, 0.9% faster there (docs/kernels/qkv_rope_fused.md).
 //
 // Short inner dimensions (below kSpreadMinInner, packed grids) at up to 16 tokens take clusters
@@ -369,7 +371,7 @@ cudaError_t dispatch(int tokens, int inner, int units, LaunchInstance&& launch_i
     if (!clusters) return launch_instance(nt, integral_constant<int, 1>{}, false, sms);
     if constexpr (decltype(nt)::value <= 2)
       if (inner < kSpreadMinInner) return launch_instance(nt, integral_constant<int, 4>{}, false, sms);
-    if (decltype(nt)::value <= 2 && inner >= kSpreadMinInner && spread_enabled() && !(tokens == 1 && packed_is_even)) {
+    if (decltype(nt)::value <= 2 && inner >= kSpreadMinInner && spread_enabled() && !(decltype(nt)::value == 1 && packed_is_even)) {
       cudaError_t e = launch_instance(nt, integral_constant<int, 8>{}, true, sms);
       if (e == cudaErrorCooperativeLaunchTooLarge) e = launch_instance(nt, integral_constant<int, 6>{}, true, sms);
       if (e != cudaErrorCooperativeLaunchTooLarge) return e;
