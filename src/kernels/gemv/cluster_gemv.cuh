@@ -369,12 +369,13 @@ cudaError_t dispatch(int tokens, int inner, int units, LaunchInstance&& launch_i
   using std::integral_constant;
   auto with_tiles = [&](auto nt) {
     if (!clusters) return launch_instance(nt, integral_constant<int, 1>{}, false, sms);
-    if constexpr (decltype(nt)::value <= 2)
+    if constexpr (decltype(nt)::value <= 2) {  // 32-token launches always take the packed grid of 8
       if (inner < kSpreadMinInner) return launch_instance(nt, integral_constant<int, 4>{}, false, sms);
-    if (decltype(nt)::value <= 2 && inner >= kSpreadMinInner && spread_enabled() && !(decltype(nt)::value == 1 && packed_is_even)) {
-      cudaError_t e = launch_instance(nt, integral_constant<int, 8>{}, true, sms);
-      if (e == cudaErrorCooperativeLaunchTooLarge) e = launch_instance(nt, integral_constant<int, 6>{}, true, sms);
-      if (e != cudaErrorCooperativeLaunchTooLarge) return e;
+      if (spread_enabled() && !(decltype(nt)::value == 1 && packed_is_even)) {
+        cudaError_t e = launch_instance(nt, integral_constant<int, 8>{}, true, sms);
+        if (e == cudaErrorCooperativeLaunchTooLarge) e = launch_instance(nt, integral_constant<int, 6>{}, true, sms);
+        if (e != cudaErrorCooperativeLaunchTooLarge) return e;
+      }
     }
     return launch_instance(nt, integral_constant<int, kMaxCluster>{}, false, sms);
   };
