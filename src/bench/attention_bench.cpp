@@ -72,7 +72,8 @@ int run_gpu(const AttentionBenchOptions& o) {
   std::vector<Row> rows;
   for (const AttentionBenchCase& c : o.cases) {
     const kernels::DecodeAttentionPlan plan =
-        kernels::plan_decode_attention(c.batch, o.q_heads, o.kv_heads, o.head_dim, c.context, device.sm_count, o.splits);
+        kernels::plan_decode_attention(c.batch, o.q_heads, o.kv_heads, o.head_dim, c.context, device.sm_count, o.splits,
+                                      o.warps);
     // Enough separate pools of K/V pages (each with its own scattered block table) that the
     // pages a call reads were evicted from L2 since the last call that read them.
     const int pages_per_seq = (c.context + kernels::kKvPageSize - 1) / kernels::kKvPageSize;
@@ -121,7 +122,7 @@ int run_gpu(const AttentionBenchOptions& o) {
     std::fprintf(stderr, "  measured %s (%d KV copies, %.0f MB each)\n", case_name(c).c_str(), copies, bytes_per_call / 1e6);
   }
 
-  Table table({"batch x context", "q/kv heads", "d", "splits", "us graph", "TB/s", "%copy", "us stream",
+  Table table({"batch x context", "q/kv heads", "d", "splits", "warps", "us graph", "TB/s", "%copy", "us stream",
                "%copy stream", "launches"});
   nlohmann::json json = run_header(device.name, copy_bw);
   json["suite"] = "attention";
@@ -133,12 +134,13 @@ int run_gpu(const AttentionBenchOptions& o) {
     const double pct_stream = 100.0 * bytes / (r.stream_us * 1e-6) / copy_bw;
     const int launches = kernels::decode_attention_launches(r.plan);
     table.add({case_name(r.shape), std::to_string(o.q_heads) + "/" + std::to_string(o.kv_heads),
-               std::to_string(o.head_dim), std::to_string(r.plan.splits_per_sequence), format_fixed(r.graph_us, 1), format_fixed(tbps, 2),
+               std::to_string(o.head_dim), std::to_string(r.plan.splits_per_sequence),
+               std::to_string(r.plan.warps_per_block), format_fixed(r.graph_us, 1), format_fixed(tbps, 2),
                format_fixed(pct, 1), format_fixed(r.stream_us, 1), format_fixed(pct_stream, 1),
                std::to_string(launches)});
     json["rows"].push_back({{"batch", r.shape.batch}, {"context", r.shape.context}, {"q_heads", o.q_heads},
                             {"kv_heads", o.kv_heads}, {"head_dim", o.head_dim},
-                            {"splits", r.plan.splits_per_sequence},
+                            {"splits", r.plan.splits_per_sequence}, {"warps_per_block", r.plan.warps_per_block},
                             {"kv_copies", r.kv_copies}, {"us", r.graph_us}, {"tbps", tbps}, {"pct_copy", pct},
                             {"us_stream", r.stream_us}, {"pct_copy_stream", pct_stream}, {"launches", launches}});
   }

@@ -164,6 +164,9 @@ void register_bench(CLI::App& app, Action& action) {
   attention->add_option("--splits", attention_args->options.splits,
                         "force this many splits per sequence (default: the plan's choice)")
       ->check(CLI::Range(1, 256));
+  attention->add_option("--warps", attention_args->options.warps,
+                        "force blocks of this many warps, 4 or 8 (default: the plan's choice)")
+      ->check(CLI::IsMember({4, 8}));
   attention->add_option("--json", attention_args->options.json_path, "write the rows as JSON to this file");
   attention->add_option("--trace", attention_args->options.trace_path,
                         "write per-block timelines of a graph of calls per case as CSV (needs -DDEEPFUSE_TRACE=ON)");

@@ -200,26 +200,29 @@ void PrintTo(const AttentionCase& c, std::ostream* os) { *os << c.name; }
 class DecodeAttentionVsReference : public ::testing::TestWithParam<AttentionCase> {};
 
 // Each case under plans for the device's SM count, for 1 SM (few splits) and for 1000 SMs (the
-// most splits: multi-chunk merges); each plan launched twice to show the counters reset.
+// most splits: multi-chunk merges), with blocks of 4 and of 8 warps; each plan launched twice to
+// show the counters reset.
 TEST_P(DecodeAttentionVsReference, EveryPlanTwice) {
   DF_REQUIRE_GPU();
   const AttentionCase& c = GetParam();
   if (testing::quick_mode() && c.large) GTEST_SKIP() << "DEEPFUSE_TEST_QUICK=1: large case skipped";
   const PagedBatch batch(c.heads, c.max_context, c.seq_lens, std::hash<std::string>{}(c.name));
   const float scale = default_scale(c.heads);
-  for (int sms : {query_device().sm_count, 1, 1000}) {
-    const DecodeAttentionPlan plan = kernels::plan_decode_attention(batch.batch(), c.heads.q_heads, c.heads.kv_heads,
-                                                                    c.heads.head_dim, c.max_context, sms);
-    DeviceBuffer workspace(std::max<size_t>(plan.workspace_bytes, 16));
-    workspace.zero();
-    for (int launch = 1; launch <= 2; ++launch) {
-      const std::string what = c.name + " (plan for " + std::to_string(sms) + " SMs: " +
-                                std::to_string(plan.splits_per_sequence) + " splits of " +
-                                std::to_string(plan.pages_per_split) + " pages, launch " + std::to_string(launch) + ")";
-      expect_matches_reference(batch, run_once(batch, plan, scale, c.sliding_window, workspace), scale,
-                               c.sliding_window, what);
+  for (int warps : {4, 8})
+    for (int sms : {query_device().sm_count, 1, 1000}) {
+      const DecodeAttentionPlan plan = kernels::plan_decode_attention(
+          batch.batch(), c.heads.q_heads, c.heads.kv_heads, c.heads.head_dim, c.max_context, sms, 0, warps);
+      DeviceBuffer workspace(std::max<size_t>(plan.workspace_bytes, 16));
+      workspace.zero();
+      for (int launch = 1; launch <= 2; ++launch) {
+        const std::string what = c.name + " (plan for " + std::to_string(sms) + " SMs, blocks of " +
+                                 std::to_string(warps) + " warps: " + std::to_string(plan.splits_per_sequence) +
+                                 " splits of " + std::to_string(plan.pages_per_split) + " pages, launch " +
+                                 std::to_string(launch) + ")";
+        expect_matches_reference(batch, run_once(batch, plan, scale, c.sliding_window, workspace), scale,
+                                 c.sliding_window, what);
+      }
     }
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, DecodeAttentionVsReference, ::testing::ValuesIn(attention_cases()),

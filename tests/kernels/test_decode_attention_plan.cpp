@@ -72,19 +72,18 @@ TEST(DecodeAttentionPlan, EveryPlanIsConsistent) {
           }
 }
 
-// With enough pages to go round, the blocks fill the SMs and fit the resident slots (two per SM)
-// in one wave, or cover several waves almost fully.
+// With enough pages to go round, the blocks fill the SMs and fit the resident slots (two 4-warp
+// blocks or one 8-warp block per SM) in one wave, or cover several waves almost fully.
 TEST(DecodeAttentionPlan, FillsTheGpuWithoutARaggedLastWave) {
-  const int slots_per_sm = 2;
   for (int sms : {78, 114, 132})
     for (int batch : {1, 2, 5, 8, 32, 48})
       for (int context : {8192, 32768, 100000}) {
         const PlanInput in{batch, 32, 8, 128, context, sms};
         const auto plan = plan_decode_attention(batch, 32, 8, 128, context, sms);
         const long long blocks = static_cast<long long>(batch) * 8 * plan.splits_per_sequence;
-        const long long slots = static_cast<long long>(sms) * slots_per_sm;
+        const long long slots = static_cast<long long>(sms) * (8 / plan.warps_per_block);
         const long long waves = (blocks + slots - 1) / slots;
-        EXPECT_GE(blocks, sms) << describe(in) << ": only " << blocks << " blocks";
+        EXPECT_GE(blocks * plan.warps_per_block, 4LL * sms) << describe(in) << ": only " << blocks << " blocks";
         // Fraction of the resident slots busy, averaged over the waves.
         const double occupancy = static_cast<double>(blocks) / static_cast<double>(waves * slots);
         EXPECT_GT(occupancy, 0.8) << describe(in) << ": " << blocks << " blocks in " << waves << " waves";
@@ -94,13 +93,34 @@ TEST(DecodeAttentionPlan, FillsTheGpuWithoutARaggedLastWave) {
 // The benchmark shapes on an H200 (132 SMs).
 TEST(DecodeAttentionPlan, H200BenchmarkShapes) {
   const auto one_by_8k = plan_decode_attention(1, 32, 8, 128, 8192, 132);
+  EXPECT_EQ(one_by_8k.warps_per_block, 8);
   EXPECT_GE(one_by_8k.splits_per_sequence, 16) << "one sequence must spread over the SMs";
   const auto one_by_32k = plan_decode_attention(1, 32, 8, 128, 32768, 132);
-  EXPECT_GE(8 * one_by_32k.splits_per_sequence, 132);
-  EXPECT_LE(8 * one_by_32k.splits_per_sequence, 2 * 132);
+  EXPECT_GE(8 * one_by_32k.splits_per_sequence, 128);
+  EXPECT_LE(8 * one_by_32k.splits_per_sequence, 132) << "one 8-warp block per SM, one wave";
+  const auto eight_by_32k = plan_decode_attention(8, 32, 8, 128, 32768, 132);
+  EXPECT_EQ(eight_by_32k.warps_per_block, 4);
+  EXPECT_EQ(eight_by_32k.splits_per_sequence, 4) << "256 blocks of 4 warps in the 264 slots";
   const auto many = plan_decode_attention(32, 32, 8, 128, 8192, 132);
   EXPECT_EQ(many.splits_per_sequence, 1) << "256 (sequence, kv head) blocks already fill 132 SMs";
   EXPECT_EQ(many.workspace_bytes, 0u);
+}
+
+// One sequence takes 8-warp blocks (half the splits to merge), more take 4-warp blocks; a forced
+// block shape is kept, and short sequences keep 2 pages per warp and split.
+TEST(DecodeAttentionPlan, BlockShapePerBatch) {
+  for (int batch : {1, 2, 8}) {
+    const PlanInput in{batch, 32, 8, 128, 8192, 132};
+    const auto plan = plan_decode_attention(batch, 32, 8, 128, 8192, 132);
+    expect_consistent(in, plan);
+    EXPECT_EQ(plan.warps_per_block, batch == 1 ? 8 : 4) << describe(in);
+    EXPECT_EQ(plan.min_pages_per_split, 2 * plan.warps_per_block) << describe(in);
+    for (int warps : {4, 8}) {
+      const auto forced = plan_decode_attention(batch, 32, 8, 128, 8192, 132, 0, warps);
+      expect_consistent(in, forced);
+      EXPECT_EQ(forced.warps_per_block, warps) << describe(in);
+    }
+  }
 }
 
 // A forced split count is taken as far as distinct, non-empty splits allow.
@@ -137,6 +157,7 @@ TEST(DecodeAttentionPlan, RejectsBadSizes) {
   EXPECT_THROW(plan_decode_attention(1, 32, 8, 128, 4096, 0), Error);
   EXPECT_THROW(plan_decode_attention(1, 32, 8, 128, 4096, 132, 257), Error);
   EXPECT_THROW(plan_decode_attention(1, 32, 8, 128, 4096, 132, -1), Error);
+  EXPECT_THROW(plan_decode_attention(1, 32, 8, 128, 4096, 132, 0, 6), Error);  // 4 or 8 warps
   try {
     plan_decode_attention(1, 32, 8, 96, 4096, 132);
   } catch (const Error& e) {

@@ -12,17 +12,19 @@
 //
 // Filling the GPU. A block owns one (sequence, kv head, split): the sequence's pages in the
 // window are cut into `splits` equal chunks on the device (lengths are read there, so one graph
-// serves every length up to plan.max_context). The plan picks splits so that batch x kv_heads x
-// splits blocks fill the 2 x 132 resident block slots without a ragged last wave: 1 x 8k gets 32
-// splits of 16 pages, 1 x 32k 33 splits of 63 pages, 8 x 32k 4 splits, 32 x 8k one. A shorter
-// sequence takes fewer splits of at least plan.min_pages_per_split (8) pages: its merge would
-// cost more than the streaming the extra splits spread.
+// serves every length up to plan.max_context). Blocks are 4 warps (two per SM) or, for a single
+// sequence, 8 warps (one per SM, a split streamed twice as fast: half the partials to merge). The
+// plan picks splits so that batch x kv_heads x splits blocks fill the resident block slots
+// without a ragged last wave: 1 x 8k gets 16 splits of 32 pages, 1 x 32k 16 of 128, 8 x 32k 4
+// splits of 4 warps, 32 x 8k one. A shorter sequence takes fewer splits of at least
+// plan.min_pages_per_split (2 per warp) pages: its merge would cost more than the streaming the
+// extra splits spread.
 //
 // Bytes in flight (Little's law). 4.3 TB/s x ~1 µs of loaded HBM latency is ~4.3 MB in flight,
-// ~33 KB per SM. Each warp streams its own pages (warp w takes pages w, w+4, ...) through its
+// ~33 KB per SM. Each warp streams its own pages (warp w takes pages w, w+W, ...) through its
 // own ring of cp.async stages in shared memory, one (K page, V page) pair per stage: 3 stages of
 // 8 KB at D = 128, 6 of 4 KB at D = 64, 24 KB per warp. With one stage being consumed, 16-20 KB
-// per warp are in flight: 128-160 KB per SM with two blocks of four warps resident, about 4x
+// per warp are in flight: 128-160 KB per SM with 8 warps resident, about 4x
 // what Little asks, so latency spikes and the start of each block are covered. At 1 x 8k each
 // warp has only ~4 pages: all its loads go out at once.
 //
@@ -37,7 +39,7 @@
 // 9..16 use two n-tiles. Shared rows are XOR-swizzled by 16-byte chunk (chunk ^ row % 8) so the
 // 8 rows an ldmatrix phase reads hit 8 different bank groups.
 //
-// Merge. The four warps of a block meet in shared memory (max, sum, O per head). A block that is
+// Merge. The warps of a block meet in shared memory (max, sum, O per head). A block that is
 // its sequence's only split writes bf16 out directly. Otherwise it writes its normalised partial O
 // (bf16) and log-sum-exp (fp32) to the workspace and takes a ticket (release + acquire) from the
 // (sequence, kv head) counter; the last block to arrive pulls every split's partials through
@@ -77,16 +79,12 @@ namespace {
 
 using namespace warp_tiles;
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
-constexpr int kBlocksPerSm = 2;                // what the shared-memory budget below allows
 constexpr int kRingBytesPerWarp = 24 * 1024;
-constexpr int kSharedBytes = kWarps * kRingBytesPerWarp;
 constexpr int kMaxGroup = 16;                  // query heads per kv head: two 8-wide n-tiles
 constexpr int kMaxSplits = 256;
-// Plan costs in pages a block streams (~0.5 µs each at a 1/264 share of 4.3 TB/s): a block's
-// start (length, then page-table reads) and a split merge each cost about two. The model fills
-// both resident slots of every SM: plans of one block per SM (16 splits at 1 x 8k) stream as
+// Plan costs in pages a 4-warp block streams (~0.5 µs each at a 1/264 share of 4.3 TB/s): a
+// block's start (length, then page-table reads) and a split merge each cost about two. The model
+// fills every resident slot: plans of one 4-warp block per SM (16 splits at 1 x 8k) stream as
 // fast alone, but lose 3-35 µs in a graph where the next launch starts early (docs).
 constexpr int kBlockStartPages = 2;
 constexpr int kMergePages = 2;
@@ -94,10 +92,21 @@ constexpr int kMergePages = 2;
 // ticket, its L2 round trips for the partials and the next kernel's wait come after the stream
 // (per-block timelines, Llama-3-8B at 512 tokens: cache reads done 2 µs after the upstream wait,
 // merged output 6-8 µs). A sequence shorter than max_context therefore keeps at least this many
-// pages per split; the plan's split count is only reached by long ones.
+// pages per split (4-warp blocks; twice as many for 8 warps); the plan's split count is only
+// reached by long ones.
 constexpr int kMinPagesPerSplit = 8;
-// 2 x (96 KB + 1 KB the runtime reserves per block) fits the H100/H200's 228 KB per SM.
-static_assert(kBlocksPerSm * (kSharedBytes + 1024 + 16) <= 228 * 1024, "two blocks no longer fit one SM");
+
+// A block of W = 4 or 8 warps, each with its own ring. Two 4-warp blocks fit an SM (2 x (96 KB +
+// the 1 KB the runtime reserves per block) of the H100/H200's 228 KB), one 8-warp block: it
+// streams a split twice as fast, so a sequence needs half the splits, partials and merges.
+template <int W>
+struct BlockShape {
+  static_assert(W == 4 || W == 8, "4 or 8 warps per block");
+  static constexpr int kThreads = 32 * W;
+  static constexpr int kSharedBytes = W * kRingBytesPerWarp;
+  static constexpr int kPerSm = 8 / W;
+  static_assert(kPerSm * (kSharedBytes + 1024 + 16) <= 228 * 1024, "the blocks no longer fit one SM");
+};
 
 template <int D>
 struct Geometry {
@@ -186,9 +195,10 @@ __device__ __forceinline__ unsigned ticket_acq_rel(unsigned* counter) {
 
 // Cross-split merge, run by the last block of a (sequence, kv head) to finish. out points at the
 // group's first head; slot0 is the (pair, split 0) index into lse and partial.
-template <int D, int HT>
+template <int D, int HT, int W>
 __device__ void merge_splits(const KernelArgs& a, int active, size_t slot0, __nv_bfloat16* out,
                              unsigned char* shared) {
+  constexpr int kWarps = W, kThreads = BlockShape<W>::kThreads, kSharedBytes = BlockShape<W>::kSharedBytes;
   constexpr int kVector = 8;  // bf16 values per 16-byte copy
   const int group = a.group, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int items = group * (D / kVector);  // 16-byte vectors of the group's partial output
@@ -267,10 +277,13 @@ __device__ void merge_splits(const KernelArgs& a, int active, size_t slot0, __nv
   }
 }
 
-// One block per (split, kv head, sequence) = (blockIdx.x, .y, .z). HT: 8-head n-tiles (1 or 2).
-template <int D, int HT>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_attention_kernel(const KernelArgs a) {
+// One block per (split, kv head, sequence) = (blockIdx.x, .y, .z). HT: 8-head n-tiles (1 or 2);
+// W: warps per block.
+template <int D, int HT, int W>
+__global__ void __launch_bounds__(BlockShape<W>::kThreads, BlockShape<W>::kPerSm)
+    decode_attention_kernel(const KernelArgs a) {
   using Geo = Geometry<D>;
+  constexpr int kWarps = W, kThreads = BlockShape<W>::kThreads, kSharedBytes = BlockShape<W>::kSharedBytes;
   constexpr int S = Geo::kStages;
   extern __shared__ __align__(128) unsigned char shared[];
   __shared__ unsigned ticket;
@@ -513,12 +526,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) decode_attention_kerne
   __syncthreads();
   if (ticket != static_cast<unsigned>(range.active - 1)) return;
   if (threadIdx.x == 0) atomicExch(counter, 0u);  // every split has counted: ready for the next launch
-  merge_splits<D, HT>(a, range.active, slot - split, out, shared);
+  merge_splits<D, HT, W>(a, range.active, slot - split, out, shared);
   trace::stamp(trace::Kernel::unknown, trace::Mark::finish);
 }
 
 // Shared-memory opt-in, once per (instantiation, device).
-template <int D, int HT>
+template <int D, int HT, int W>
 cudaError_t prepare_kernel() {
   static std::mutex mutex;
   static std::vector<int> prepared_devices;
@@ -526,8 +539,9 @@ cudaError_t prepare_kernel() {
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   std::lock_guard<std::mutex> lock(mutex);
   if (std::find(prepared_devices.begin(), prepared_devices.end(), device) != prepared_devices.end()) return cudaSuccess;
-  auto kernel = decode_attention_kernel<D, HT>;
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes); e != cudaSuccess)
+  auto kernel = decode_attention_kernel<D, HT, W>;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, BlockShape<W>::kSharedBytes);
+      e != cudaSuccess)
     return e;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                            cudaSharedmemCarveoutMaxShared);
@@ -537,15 +551,16 @@ cudaError_t prepare_kernel() {
   return cudaSuccess;
 }
 
-template <int D, int HT>
+template <int D, int HT, int W>
 cudaError_t launch_instance(const KernelArgs& args, dim3 grid, cudaStream_t stream) {
-  if (cudaError_t e = prepare_kernel<D, HT>(); e != cudaSuccess) return e;
+  if (cudaError_t e = prepare_kernel<D, HT, W>(); e != cudaSuccess) return e;
   trace::attach_unit();
   // A programmatic dependent launch: blocks may start (lengths, page ids) while the kernel before
   // finishes; they wait for it before reading q and the cache. Measured in the decode step:
   // -0.9% (Llama-3-8B), -1.6% (Llama-3.2-1B), -1.1% (Qwen2.5-7B) per step at batch 1.
-  const ClusterLaunch launch(grid, kThreads, kSharedBytes, 1, stream, programmatic_launches_enabled());
-  return cudaLaunchKernelEx(&launch.config, decode_attention_kernel<D, HT>, args);
+  const ClusterLaunch launch(grid, BlockShape<W>::kThreads, BlockShape<W>::kSharedBytes, 1, stream,
+                             programmatic_launches_enabled());
+  return cudaLaunchKernelEx(&launch.config, decode_attention_kernel<D, HT, W>, args);
 }
 
 int pages_for(int context) { return (context + kKvPageSize - 1) / kKvPageSize; }
@@ -555,7 +570,7 @@ bool plan_is_consistent(const DecodeAttentionPlan& plan) {
   if (plan.batch < 1 || plan.kv_heads < 1 || plan.q_heads < 1 || plan.q_heads % plan.kv_heads != 0 ||
       plan.q_heads / plan.kv_heads > kMaxGroup || (plan.head_dim != 64 && plan.head_dim != 128) ||
       plan.max_context < 1 || plan.splits_per_sequence < 1 || plan.splits_per_sequence > kMaxSplits ||
-      plan.pages_per_split < 1 || plan.min_pages_per_split < 1)
+      plan.pages_per_split < 1 || plan.min_pages_per_split < 1 || (plan.warps_per_block != 4 && plan.warps_per_block != 8))
     return false;
   if (static_cast<long long>(plan.splits_per_sequence) * plan.pages_per_split < pages_for(plan.max_context)) return false;
   const WorkspaceLayout layout = workspace_layout(plan.batch, plan.kv_heads, plan.q_heads / plan.kv_heads,
@@ -566,7 +581,7 @@ bool plan_is_consistent(const DecodeAttentionPlan& plan) {
 }  // namespace
 
 DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, int head_dim, int max_context,
-                                          int num_sms, int forced_splits) {
+                                          int num_sms, int forced_splits, int forced_warps) {
   auto text = [](int v) { return std::to_string(v); };
   DF_CHECK(batch >= 1 && batch <= 65535, "decode attention: batch " + text(batch) + " is outside [1, 65535]");
   DF_CHECK(kv_heads >= 1 && kv_heads <= 65535, "decode attention: kv_heads " + text(kv_heads) + " is outside [1, 65535]");
@@ -579,19 +594,26 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
   DF_CHECK(num_sms >= 1, "decode attention: num_sms " + text(num_sms) + " must be at least 1");
   DF_CHECK(forced_splits >= 0 && forced_splits <= kMaxSplits,
            "decode attention: forced_splits " + text(forced_splits) + " is outside [0, " + text(kMaxSplits) + "]");
+  DF_CHECK(forced_warps == 0 || forced_warps == 4 || forced_warps == 8,
+           "decode attention: forced_warps " + text(forced_warps) + " (0, 4 or 8 supported)");
 
-  // Cost of s splits, in pages streamed by the slowest SM: waves of resident blocks times each
+  // A single sequence takes blocks of 8 warps: half the splits and partials for its merge. In the
+  // decode step at batch 1 0.3-0.9% faster on every model (512 and 8k tokens), 1 x 32k alone 94%
+  // of copy instead of 90.5%; with 2-8 sequences mixed (-0.7% to +1.5%; docs).
+  const long long pairs = static_cast<long long>(batch) * kv_heads;
+  const int warps = forced_warps > 0 ? forced_warps : batch == 1 ? 8 : 4;
+  const int min_pages = kMinPagesPerSplit * warps / 4;
+  // Cost of s splits, in pages a 4-warp block streams: waves of resident blocks times each
   // block's start and pages, plus the merge. Only s that leave no split empty are distinct.
   const int max_pages = pages_for(max_context);
-  const long long pairs = static_cast<long long>(batch) * kv_heads;
-  const long long slots = static_cast<long long>(num_sms) * kBlocksPerSm;
+  const long long slots = static_cast<long long>(num_sms) * (8 / warps);
   int best_splits = 1;
   long long best_cost = std::numeric_limits<long long>::max();
   for (int splits = 1; splits <= std::min(max_pages, kMaxSplits); ++splits) {
     const int per_split = (max_pages + splits - 1) / splits;
     if ((max_pages + per_split - 1) / per_split != splits) continue;
     const long long waves = (pairs * splits + slots - 1) / slots;
-    const long long cost = waves * (kBlockStartPages + per_split) + (splits > 1 ? kMergePages : 0);
+    const long long cost = waves * (kBlockStartPages + (per_split * 4 + warps - 1) / warps) + (splits > 1 ? kMergePages : 0);
     if (cost < best_cost) best_cost = cost, best_splits = splits;
   }
 
@@ -609,7 +631,8 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
   plan.max_context = max_context;
   plan.splits_per_sequence = best_splits;
   plan.pages_per_split = (max_pages + best_splits - 1) / best_splits;
-  plan.min_pages_per_split = forced_splits > 0 ? 1 : kMinPagesPerSplit;
+  plan.min_pages_per_split = forced_splits > 0 ? 1 : min_pages;
+  plan.warps_per_block = warps;
   plan.workspace_bytes = workspace_layout(batch, kv_heads, q_heads / kv_heads, head_dim, best_splits).bytes;
   return plan;
 }
@@ -652,10 +675,15 @@ cudaError_t launch_decode_attention(const DecodeAttentionPlan& plan, const Decod
   args.scale_log2 = params.scale * kLog2e;
 
   const dim3 grid(plan.splits_per_sequence, plan.kv_heads, plan.batch);
-  if (plan.head_dim == 64) {
-    return group <= 8 ? launch_instance<64, 1>(args, grid, stream) : launch_instance<64, 2>(args, grid, stream);
+  const bool one_tile = group <= 8;
+  if (plan.warps_per_block == 8) {
+    if (plan.head_dim == 64)
+      return one_tile ? launch_instance<64, 1, 8>(args, grid, stream) : launch_instance<64, 2, 8>(args, grid, stream);
+    return one_tile ? launch_instance<128, 1, 8>(args, grid, stream) : launch_instance<128, 2, 8>(args, grid, stream);
   }
-  return group <= 8 ? launch_instance<128, 1>(args, grid, stream) : launch_instance<128, 2>(args, grid, stream);
+  if (plan.head_dim == 64)
+    return one_tile ? launch_instance<64, 1, 4>(args, grid, stream) : launch_instance<64, 2, 4>(args, grid, stream);
+  return one_tile ? launch_instance<128, 1, 4>(args, grid, stream) : launch_instance<128, 2, 4>(args, grid, stream);
 }
 
 int decode_attention_launches(const DecodeAttentionPlan&) { return 1; }

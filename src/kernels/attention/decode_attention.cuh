@@ -30,15 +30,17 @@ struct DecodeAttentionPlan {
   int splits_per_sequence = 0;  // chunks each sequence's context is cut into
   int pages_per_split = 0;      // whole pages per chunk
   int min_pages_per_split = 1;  // shorter sequences take fewer splits, each at least this long
+  int warps_per_block = 4;      // 4 (two blocks per SM) or 8 (one)
   size_t workspace_bytes = 0;   // partial outputs, log-sum-exps and merge counters
 };
 
 // Chooses splits so batch * kv_heads * splits blocks fill the SMs at the least cost (streaming,
 // block starts, merge) at max_context; a shorter sequence is cut into fewer splits of at least
 // min_pages_per_split pages on the device. forced_splits > 0 takes that many instead, at any
-// length (at most one per page; for benchmarks and tests comparing plans).
+// length (at most one per page; for benchmarks and tests comparing plans); forced_warps 4 or 8
+// fixes the block shape.
 DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, int head_dim, int max_context,
-                                          int num_sms, int forced_splits = 0);
+                                          int num_sms, int forced_splits = 0, int forced_warps = 0);
 
 struct DecodeAttentionParams {
   const __nv_bfloat16* q = nullptr;     // [batch, q_heads, head_dim], rotated
