@@ -57,7 +57,7 @@ struct Report {
   Table decode{{"arch", "batch", "context", "ms/step", "tok/s/seq", "tok/s", "roofline ms", "%roofline", "launches",
                 "graph kernels", "GPU GB", "replay ms"}};
   Table ttft{{"arch", "prompt", "TTFT ms"}};
-  Table gemms{{"arch", "op", "M", "N", "K", "candidates", "chosen", "heuristic us", "chosen us", "gain"}};
+  Table gemms{{"arch", "op", "M", "N", "K", "candidates", "chosen", "split-K", "heuristic us", "chosen us", "gain"}};
   nlohmann::json rows = nlohmann::json::array();
   PowerCapCounter power_cap;      // how much of each case's timed steps ran power-capped
   std::vector<std::string> capped;  // cases capped for more than kPowerCappedNote of their timed steps
@@ -253,10 +253,12 @@ void run_arch(const std::string& arch, const DecodeBenchOptions& options, double
   for (const GemmTuning& t : engine->gemm_tunings()) {
     const double gain = t.heuristic_us > 0 ? 100.0 * (t.heuristic_us - t.chosen_us) / t.heuristic_us : 0.0;
     report.gemms.add({arch, t.op, std::to_string(t.m), std::to_string(t.n), std::to_string(t.k),
-                      std::to_string(t.candidates), std::to_string(t.chosen), format_fixed(t.heuristic_us, 2),
+                      std::to_string(t.candidates), std::to_string(t.chosen), std::to_string(t.chosen_splits),
+                      format_fixed(t.heuristic_us, 2),
                       format_fixed(t.chosen_us, 2), format_fixed(gain, 1) + "%"});
     report.rows.push_back({{"kind", "gemm_tuning"}, {"arch", arch}, {"op", t.op}, {"m", t.m}, {"n", t.n}, {"k", t.k},
-                           {"candidates", t.candidates}, {"chosen", t.chosen}, {"heuristic_us", t.heuristic_us},
+                           {"candidates", t.candidates}, {"chosen", t.chosen}, {"split_k", t.chosen_splits},
+                           {"heuristic_us", t.heuristic_us},
                            {"chosen_us", t.chosen_us}});
   }
   const EngineStats stats = engine->stats();
@@ -317,7 +319,7 @@ int run_decode_bench(const DecodeBenchOptions& options) {
   }
   if (options.tune_gemms) {
     std::printf("\ncuBLASLt GEMMs timed at construction (µs per call in a graph, weights from HBM; chosen 0: the "
-                "heuristic's first choice kept)\n");
+                "heuristic's first choice kept; past its suggestions, the split-K ones unsplit)\n");
     std::fputs(report.gemms.render().c_str(), stdout);
   }
   if (!options.json_path.empty()) {

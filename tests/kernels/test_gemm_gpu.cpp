@@ -189,6 +189,60 @@ TEST(CublasLtGemm, TunedAlgorithmsStayCorrect) {
   DF_CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
+// Every algorithm tune() may keep, cuBLASLt's suggestions and the split-K ones unsplit, computes
+// each epilogue mode correctly: skinny shapes like the decode step's, which cuBLASLt splits.
+TEST(CublasLtGemm, EveryTuningCandidateIsCorrect) {
+  DF_REQUIRE_GPU();
+  auto rng = testing::make_rng(47);
+  for (const GemmShape& shape : {GemmShape{512, 2048}, GemmShape{256, 4096}}) {
+    const int n = shape.n, k = shape.k;
+    DeviceBuffer w_dev, bias_dev;
+    const auto w = random_bf16(rng, static_cast<size_t>(n) * k, 1.0f / std::sqrt(static_cast<float>(k)), w_dev);
+    const auto bias = random_bf16(rng, n, 0.5f, bias_dev);
+    for (int m : {1, 16, 32}) {
+      DeviceBuffer x_dev, addend_dev;
+      const auto x = random_bf16(rng, static_cast<size_t>(m) * k, 1.0f, x_dev);
+      const auto addend = random_bf16(rng, static_cast<size_t>(m) * n, 1.0f, addend_dev);
+      const size_t count = static_cast<size_t>(m) * n;
+      const auto ref_full = reference_gemm(x, w, &bias, &addend, m, n, k);
+      const auto ref_plain = reference_gemm(x, w, nullptr, nullptr, m, n, k);
+      for (int mode = 0; mode < 2; ++mode) {  // bias + in-place addend, fp32 output
+        const bool fp32_out = mode == 1;
+        kernels::CublasLtGemm gemm;
+        DeviceBuffer y(count * 4);
+        const kernels::CublasLtGemm::Operands operands{m, n, k, x_dev.as<__nv_bfloat16>(),
+                                                       fp32_out ? nullptr : bias_dev.as<__nv_bfloat16>(),
+                                                       fp32_out ? nullptr : y.data(), y.data(), fp32_out};
+        const int candidates = gemm.candidate_count(operands);
+        EXPECT_GE(candidates, 1);
+        for (int i = 0; i < candidates; ++i) {
+          const std::string what = "M=" + std::to_string(m) + " N=" + std::to_string(n) + " K=" + std::to_string(k) +
+                                   (fp32_out ? " fp32 out" : " bias + addend") + ", candidate " + std::to_string(i) +
+                                   " of " + std::to_string(candidates);
+          gemm.use_candidate(operands, i);
+          if (fp32_out) {
+            DF_CHECK_CUDA(cudaMemset(y.data(), 0xff, count * 4));  // NaN
+            gemm.run_fp32_out(x_dev.as<__nv_bfloat16>(), w_dev.as<__nv_bfloat16>(), y.as<float>(), m, n, k, nullptr);
+            DF_CHECK_CUDA(cudaDeviceSynchronize());
+            const auto out = y.to_host<float>(count);
+            EXPECT_EQ(testing::count_nan(out), 0u) << what;
+            EXPECT_LT(testing::relative_error(out, ref_plain), 1e-4) << what;
+          } else {
+            DF_CHECK_CUDA(cudaMemcpy(y.data(), addend_dev.data(), count * 2, cudaMemcpyDeviceToDevice));
+            auto* y_ptr = y.as<__nv_bfloat16>();
+            gemm.run_with_bias(x_dev.as<__nv_bfloat16>(), w_dev.as<__nv_bfloat16>(), bias_dev.as<__nv_bfloat16>(),
+                               y_ptr, y_ptr, m, n, k, nullptr);
+            DF_CHECK_CUDA(cudaDeviceSynchronize());
+            const auto out = bf16_bits_to_floats(y.to_host<uint16_t>(count));
+            EXPECT_EQ(testing::count_nan(out), 0u) << what;
+            EXPECT_LT(testing::relative_error(out, ref_full), kTolerance) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(CublasLtGemm, RejectsBadArguments) {
   DF_REQUIRE_GPU();
   kernels::CublasLtGemm gemm;

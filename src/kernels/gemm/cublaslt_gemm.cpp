@@ -1,6 +1,7 @@
 #include "kernels/gemm/cublaslt_gemm.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,10 +14,52 @@ namespace deepfuse::kernels {
 namespace {
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
-// tune(): cuBLASLt's heuristic suggests 8 algorithms for the decode shapes on the H200; a timed
-// choice must beat its first by 1% to replace it, so timing noise does not flip choices.
+// tune(): cuBLASLt's heuristic suggests 8 algorithms for the decode shapes on the H200 (tune() adds
+// the split ones unsplit); a timed choice must beat its first by 1% to replace it, so timing noise
+// does not flip choices.
 constexpr int kTuneCandidates = 8;
 constexpr double kTuneMinGain = 0.01;
+
+int split_k_of(const cublasLtMatmulAlgo_t& algorithm) {
+  int32_t splits = 1;
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algorithm, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits,
+                                           &written) != CUBLAS_STATUS_SUCCESS)
+    return 0;
+  return splits;
+}
+
+// The heuristic's suggestions without split-K, where they split and cuBLASLt accepts the unsplit
+// algorithm for this operation (cublasLtMatmulAlgoCheck). For the decode step's skinny GEMMs (a
+// few tokens, N of a few thousand) it suggests splitting K with a separate reduction kernel; the
+// same algorithms unsplit stream o_proj at 16-32 tokens 10-18% faster (docs/runtime.md, "Unsplit
+// suggestions"). Other split factors were timed too and never won by more than noise in the step.
+std::vector<cublasLtMatmulAlgo_t> unsplit_variants(cublasLtHandle_t handle, cublasLtMatmulDesc_t operation,
+                                                   cublasLtMatrixLayout_t w, cublasLtMatrixLayout_t x,
+                                                   cublasLtMatrixLayout_t y,
+                                                   const std::vector<cublasLtMatmulAlgo_t>& suggested) {
+  std::vector<cublasLtMatmulAlgo_t> variants;
+  auto known = [&](const cublasLtMatmulAlgo_t& a) {
+    auto same = [&](const cublasLtMatmulAlgo_t& b) { return std::memcmp(&a, &b, sizeof a) == 0; };
+    return std::any_of(suggested.begin(), suggested.end(), same) || std::any_of(variants.begin(), variants.end(), same);
+  };
+  for (const cublasLtMatmulAlgo_t& algorithm : suggested) {
+    if (split_k_of(algorithm) <= 1) continue;
+    cublasLtMatmulAlgo_t variant = algorithm;
+    const int32_t one = 1;
+    const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoConfigSetAttribute(&variant, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof one) !=
+            CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoConfigSetAttribute(&variant, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none, sizeof none) !=
+            CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoCheck(handle, operation, w, x, y, y, &variant, &check) != CUBLAS_STATUS_SUCCESS ||
+        known(variant))
+      continue;
+    variants.push_back(variant);
+  }
+  return variants;
+}
 
 std::string describe(int m, int n, int k, bool with_bias, bool fp32_out) {
   return "M=" + std::to_string(m) + " N=" + std::to_string(n) + " K=" + std::to_string(k) +
@@ -146,15 +189,7 @@ double CublasLtGemm::time_algorithm(Plan& plan, const cublasLtMatmulAlgo_t& algo
   return ms[ms.size() / 2] * 1000.0 / calls;
 }
 
-GemmTuning CublasLtGemm::tune(std::string op, const Operands& o, std::span<const __nv_bfloat16* const> weights,
-                              cudaStream_t stream) {
-  check_sizes(o.m, o.n, o.k);
-  DF_CHECK(o.x && o.y && !weights.empty(), "GEMM tuning needs an input, an output and at least one weight matrix");
-  for (const __nv_bfloat16* w : weights) DF_CHECK(w, "GEMM tuning weight pointer is null");
-  DF_CHECK(stream != nullptr, "GEMM tuning captures CUDA graphs: give it a stream other than the legacy default");
-  const Shape s{o.m, o.n, o.k, o.addend != nullptr, o.bias != nullptr, o.fp32_out};
-  Plan& plan = plan_for(s);
-
+std::vector<cublasLtMatmulAlgo_t> CublasLtGemm::candidates_for(const Plan& plan) {
   cublasLtMatmulPreference_t preference;
   DF_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&preference));
   const size_t workspace_bytes = workspace_.bytes();
@@ -167,36 +202,70 @@ GemmTuning CublasLtGemm::tune(std::string op, const Operands& o, std::span<const
                                             plan.y_layout, preference, kTuneCandidates, results, &found);
   cublasLtMatmulPreferenceDestroy(preference);
   DF_CHECK_CUBLAS(status);
+  std::vector<cublasLtMatmulAlgo_t> suggested;
+  for (int i = 0; i < found; ++i) suggested.push_back(results[i].algo);
+  std::vector<cublasLtMatmulAlgo_t> candidates = suggested;
+  for (const cublasLtMatmulAlgo_t& variant :
+       unsplit_variants(handle_, plan.operation, plan.w_layout, plan.x_layout, plan.y_layout, suggested))
+    candidates.push_back(variant);
+  return candidates;
+}
+
+GemmTuning CublasLtGemm::tune(std::string op, const Operands& o, std::span<const __nv_bfloat16* const> weights,
+                              cudaStream_t stream) {
+  check_sizes(o.m, o.n, o.k);
+  DF_CHECK(o.x && o.y && !weights.empty(), "GEMM tuning needs an input, an output and at least one weight matrix");
+  for (const __nv_bfloat16* w : weights) DF_CHECK(w, "GEMM tuning weight pointer is null");
+  DF_CHECK(stream != nullptr, "GEMM tuning captures CUDA graphs: give it a stream other than the legacy default");
+  const Shape s = shape_of(o);
+  Plan& plan = plan_for(s);
+  const std::vector<cublasLtMatmulAlgo_t> candidates = candidates_for(plan);
+  const int count = static_cast<int>(candidates.size());
 
   // Two rounds, each candidate keeping its faster time: tuning often starts on a GPU left idle
   // while the engine packed its weights, whose clocks take ~100 ms of work to come up, so the
   // first candidates timed (the heuristic's own choice first) would read slow (`bench mlp`'s first
   // rows read up to 10% slow that way before its warm-up, docs/kernels/swiglu_fused.md).
-  std::vector<double> us(found, -1.0);
+  std::vector<double> us(count, -1.0);
   for (int round = 0; round < 2; ++round)
-    for (int i = 0; i < found; ++i) {
+    for (int i = 0; i < count; ++i) {
       if (round > 0 && us[i] < 0.0) continue;  // refused in the first round
-      const double t = time_algorithm(plan, results[i].algo, s, o, weights, stream);
+      const double t = time_algorithm(plan, candidates[i], s, o, weights, stream);
       if (t >= 0.0 && (us[i] < 0.0 || t < us[i])) us[i] = t;
     }
   GemmTuning report{std::move(op), o.m, o.n, o.k};
-  report.heuristic_us = us.empty() ? -1.0 : us[0];  // results[0] is plan_for's choice, if it runs
+  report.heuristic_us = us.empty() ? -1.0 : us[0];  // candidates[0] is plan_for's choice, if it runs
   int best = -1;
-  double best_us = 0.0;
-  for (int i = 0; i < found; ++i) {
+  for (int i = 0; i < count; ++i) {
     if (us[i] < 0.0) continue;
     ++report.candidates;
-    if (best < 0 || us[i] < best_us) best = i, best_us = us[i];
+    if (report.heuristic_us >= 0.0 && us[i] >= report.heuristic_us * (1.0 - kTuneMinGain)) continue;
+    if (best < 0 || us[i] < us[best]) best = i;
   }
-  DF_CHECK(best >= 0, "cuBLASLt ran none of its suggested algorithms for a bf16 GEMM of " +
-                          describe(s.m, s.n, s.k, s.with_bias, s.fp32_out));
+  DF_CHECK(report.candidates > 0, "cuBLASLt ran none of its suggested algorithms for a bf16 GEMM of " +
+                                      describe(s.m, s.n, s.k, s.with_bias, s.fp32_out));
   report.chosen_us = report.heuristic_us;
-  if (report.heuristic_us < 0.0 || best_us < report.heuristic_us * (1.0 - kTuneMinGain)) {
-    plan.algorithm = results[best].algo;
+  if (best >= 0) {
+    plan.algorithm = candidates[best];
     report.chosen = best;
-    report.chosen_us = best_us;
+    report.chosen_us = us[best];
   }
+  report.chosen_splits = split_k_of(plan.algorithm);
   return report;
+}
+
+int CublasLtGemm::candidate_count(const Operands& o) {
+  check_sizes(o.m, o.n, o.k);
+  return static_cast<int>(candidates_for(plan_for(shape_of(o))).size());
+}
+
+void CublasLtGemm::use_candidate(const Operands& o, int index) {
+  check_sizes(o.m, o.n, o.k);
+  Plan& plan = plan_for(shape_of(o));
+  const std::vector<cublasLtMatmulAlgo_t> candidates = candidates_for(plan);
+  DF_CHECK(index >= 0 && index < static_cast<int>(candidates.size()),
+           "GEMM candidate " + std::to_string(index) + " of " + std::to_string(candidates.size()));
+  plan.algorithm = candidates[index];
 }
 
 void CublasLtGemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* addend,

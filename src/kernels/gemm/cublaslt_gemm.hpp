@@ -13,6 +13,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "deepfuse/gemm_tuning.hpp"
 #include "deepfuse/tensor.hpp"
@@ -57,6 +58,11 @@ class CublasLtGemm {
   GemmTuning tune(std::string op, const Operands& operands, std::span<const __nv_bfloat16* const> weights,
                   cudaStream_t stream);
 
+  // The algorithms tune() times for the operands' shape (cuBLASLt's suggestions, then the split
+  // ones unsplit), and one of them made the shape's algorithm: for tests that run them all.
+  int candidate_count(const Operands& operands);
+  void use_candidate(const Operands& operands, int index);
+
  private:
   struct Shape {
     int m = 0, n = 0, k = 0;
@@ -70,7 +76,11 @@ class CublasLtGemm {
     cublasLtMatrixLayout_t w_layout = nullptr, x_layout = nullptr, y_layout = nullptr;
     cublasLtMatmulAlgo_t algorithm{};
   };
+  static Shape shape_of(const Operands& o) {
+    return {o.m, o.n, o.k, o.addend != nullptr, o.bias != nullptr, o.fp32_out};
+  }
   Plan& plan_for(const Shape& shape);
+  std::vector<cublasLtMatmulAlgo_t> candidates_for(const Plan& plan);
   cublasStatus_t launch(const Plan& plan, const cublasLtMatmulAlgo_t& algorithm, const Shape& shape,
                         const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
                         const void* addend, void* y, cudaStream_t stream);
