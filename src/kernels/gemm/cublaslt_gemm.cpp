@@ -33,7 +33,8 @@ int split_k_of(const cublasLtMatmulAlgo_t& algorithm) {
 // algorithm for this operation (cublasLtMatmulAlgoCheck). For the decode step's skinny GEMMs (a
 // few tokens, N of a few thousand) it suggests splitting K with a separate reduction kernel; the
 // same algorithms unsplit stream o_proj at 16-32 tokens 10-18% faster (docs/runtime.md, "Unsplit
-// suggestions"). Other split factors were timed too and never won by more than noise in the step.
+// suggestions"). Other split factors, timed too, won a few percent alone at most and nothing the
+// step could tell apart from noise.
 std::vector<cublasLtMatmulAlgo_t> unsplit_variants(cublasLtHandle_t handle, cublasLtMatmulDesc_t operation,
                                                    cublasLtMatrixLayout_t w, cublasLtMatrixLayout_t x,
                                                    cublasLtMatrixLayout_t y,
