@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -58,6 +59,7 @@ struct Row {
   int kv_copies;
   double graph_us;   // per call, back to back in a CUDA graph (as in the decode step)
   double stream_us;  // per call, launched one by one from the host with an event between
+  std::optional<double> power_capped;  // share of both timings the power limit held the clocks down
 };
 
 int run_gpu(const AttentionBenchOptions& o) {
@@ -109,25 +111,30 @@ int run_gpu(const AttentionBenchOptions& o) {
       params.kv.block_table = block_tables.as<const int32_t>() + (rep % copies) * pages_per_call;
       DF_CHECK_CUDA(kernels::launch_decode_attention(plan, params, stream));
     };
+    const PowerCapWindow capped(gpu.power_cap);
     const double stream_us = median_call_us(call, o.warmup, o.repetitions, stream);
     const double graph_us =
         median_graph_call_us(call, graph_calls_for_copies(copies), std::max(5, o.repetitions / 10), stream);
+    const std::optional<double> power_capped = capped.fraction();
     if (!o.trace_path.empty())
       trace_graph_calls(call, graph_calls_for_copies(copies, 8), "attention", "attention", c.batch, c.context,
                         o.trace_path, stream);
     DF_CHECK_CUDA(cudaStreamSynchronize(stream));
     for (uint16_t bits : out.to_host<uint16_t>(out_elements))
       DF_CHECK((bits & 0x7f80u) != 0x7f80u, "decode attention produced a non-finite output at " + case_name(c));
-    rows.push_back({c, plan, copies, graph_us, stream_us});
+    rows.push_back({c, plan, copies, graph_us, stream_us, power_capped});
     std::fprintf(stderr, "  measured %s (%d KV copies, %.0f MB each)\n", case_name(c).c_str(), copies, bytes_per_call / 1e6);
   }
 
   Table table({"batch x context", "q/kv heads", "d", "splits", "warps", "us graph", "TB/s", "%copy", "us stream",
-               "%copy stream", "launches"});
+               "%copy stream", "launches", "power-capped"});
   nlohmann::json json = run_header(device.name, copy_bw);
   json["suite"] = "attention";
+  json["power_cap_counter"] = gpu.power_cap.available();
   json["rows"] = nlohmann::json::array();
+  int capped_rows = 0;
   for (const Row& r : rows) {
+    if (power_capped_noteworthy(r.power_capped)) ++capped_rows;
     const double bytes = kv_bytes(r.shape, o);
     const double tbps = bytes / (r.graph_us * 1e-6) / 1e12;
     const double pct = 100.0 * tbps * 1e12 / copy_bw;
@@ -137,14 +144,16 @@ int run_gpu(const AttentionBenchOptions& o) {
                std::to_string(o.head_dim), std::to_string(r.plan.splits_per_sequence),
                std::to_string(r.plan.warps_per_block), format_fixed(r.graph_us, 1), format_fixed(tbps, 2),
                format_fixed(pct, 1), format_fixed(r.stream_us, 1), format_fixed(pct_stream, 1),
-               std::to_string(launches)});
+               std::to_string(launches), power_capped_cell(r.power_capped)});
     json["rows"].push_back({{"batch", r.shape.batch}, {"context", r.shape.context}, {"q_heads", o.q_heads},
                             {"kv_heads", o.kv_heads}, {"head_dim", o.head_dim},
                             {"splits", r.plan.splits_per_sequence}, {"warps_per_block", r.plan.warps_per_block},
                             {"kv_copies", r.kv_copies}, {"us", r.graph_us}, {"tbps", tbps}, {"pct_copy", pct},
-                            {"us_stream", r.stream_us}, {"pct_copy_stream", pct_stream}, {"launches", launches}});
+                            {"us_stream", r.stream_us}, {"pct_copy_stream", pct_stream}, {"launches", launches},
+                            {"power_capped_fraction", power_capped_json(r.power_capped)}});
   }
   std::fputs(table.render().c_str(), stdout);
+  print_power_capped_note(capped_rows);
   if (!o.json_path.empty()) write_json(o.json_path, json);
   return 0;
 }

@@ -63,7 +63,6 @@ int run_gpu(const MlpBenchOptions& options) {
   const double copy_bw = gpu.copy_bw;
 
   if (!options.trace_path.empty()) start_trace_csv("mlp", options.trace_path);
-  const PowerCapCounter power_cap;
   const int max_tokens = *std::max_element(options.token_counts.begin(), options.token_counts.end());
   std::vector<Row> rows;
   for (const MlpShape& shape : options.shapes) {
@@ -101,7 +100,7 @@ int run_gpu(const MlpBenchOptions& options) {
         auto call = [&](int rep) {
           layers[rep % copies].run(x.as<__nv_bfloat16>(), res, y.as<__nv_bfloat16>(), tokens, stream);
         };
-        const PowerCapWindow capped(power_cap);
+        const PowerCapWindow capped(gpu.power_cap);
         const double us = median_call_us(call, options.warmup, options.repetitions, stream);
         const double graph_us =
             median_graph_call_us(call, graph_calls_for_copies(copies), std::max(5, options.repetitions / 5), stream);
@@ -127,7 +126,7 @@ int run_gpu(const MlpBenchOptions& options) {
   json["suite"] = "mlp";
   json["residual"] = options.residual;
   json["norm"] = options.norm;
-  json["power_cap_counter"] = power_cap.available();
+  json["power_cap_counter"] = gpu.power_cap.available();
   json["rows"] = nlohmann::json::array();
   for (const Row& r : rows) {
     const double bytes = static_cast<double>(r.shape.weight_bytes());
@@ -144,19 +143,15 @@ int run_gpu(const MlpBenchOptions& options) {
       row["speedup_vs_unfused"] = it->second->us / r.us;
       row["graph_speedup_vs_unfused"] = it->second->graph_us / r.graph_us;
     }
-    row["power_capped_fraction"] = r.power_capped ? nlohmann::json(*r.power_capped) : nlohmann::json(nullptr);
-    if (r.power_capped && *r.power_capped > kPowerCappedNote) ++capped_rows;
+    row["power_capped_fraction"] = power_capped_json(r.power_capped);
+    if (power_capped_noteworthy(r.power_capped)) ++capped_rows;
     table.add({shape_name(r.shape), std::to_string(r.tokens), r.variant, format_fixed(r.us, 1), format_fixed(tbps, 2),
                format_fixed(pct, 1), format_fixed(r.graph_us, 1), format_fixed(graph_pct, 1),
-               std::to_string(r.launches), speedup, graph_speedup,
-               r.power_capped ? format_fixed(100.0 * *r.power_capped, 0) + "%" : "-"});
+               std::to_string(r.launches), speedup, graph_speedup, power_capped_cell(r.power_capped)});
     json["rows"].push_back(row);
   }
   std::fputs(table.render().c_str(), stdout);
-  if (capped_rows > 0)
-    std::printf("note: the power limit held the clocks down for more than %.0f%% of %d rows' timing "
-                "(power-capped): those rows may read slow\n",
-                100.0 * kPowerCappedNote, capped_rows);
+  print_power_capped_note(capped_rows);
   if (!options.json_path.empty()) write_json(options.json_path, json);
   return 0;
 }

@@ -1,5 +1,7 @@
 #include "bench/power_cap.hpp"
 
+#include <cstdio>
+
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
@@ -58,6 +60,26 @@ std::optional<uint64_t> PowerCapCounter::capped_ns() const {
   ViolationTime time{};
   if (violation_status_(device_, kPerfPolicyPower, &time) != kNvmlSuccess) return std::nullopt;
   return time.violation_time_ns;
+}
+
+std::string power_capped_cell(const std::optional<double>& fraction) {
+  if (!fraction) return "-";
+  char text[16];
+  std::snprintf(text, sizeof text, "%.0f%%", 100.0 * *fraction);
+  return text;
+}
+
+nlohmann::json power_capped_json(const std::optional<double>& fraction) {
+  return fraction ? nlohmann::json(*fraction) : nlohmann::json(nullptr);
+}
+
+bool power_capped_noteworthy(const std::optional<double>& fraction) { return fraction && *fraction > kPowerCappedNote; }
+
+void print_power_capped_note(int rows) {
+  if (rows > 0)
+    std::printf("note: the power limit held the clocks down for more than %.0f%% of %d rows' timing "
+                "(power-capped): those rows may read slow\n",
+                100.0 * kPowerCappedNote, rows);
 }
 
 PowerCapWindow::PowerCapWindow(const PowerCapCounter& counter)

@@ -9,6 +9,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
 
 namespace deepfuse::bench {
 
@@ -46,5 +49,12 @@ class PowerCapWindow {
   std::optional<uint64_t> start_ns_;
   int64_t start_wall_ns_ = 0;
 };
+
+// A row's share in its table ("12%"; "-" without the counter) and in its JSON (null without it).
+std::string power_capped_cell(const std::optional<double>& fraction);
+nlohmann::json power_capped_json(const std::optional<double>& fraction);
+bool power_capped_noteworthy(const std::optional<double>& fraction);  // above kPowerCappedNote
+// The note under a table when `rows` of its rows ran power-capped above kPowerCappedNote.
+void print_power_capped_note(int rows);
 
 }  // namespace deepfuse::bench

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <memory>
 #include <numeric>
+#include <optional>
 
 #include "bench/timing.hpp"
 #include "deepfuse/device.hpp"
@@ -35,8 +36,31 @@ struct QkvWeights {
   DeviceBuffer row_major, packed, bias, norm;
 };
 
-int run_shape(const QkvBenchShape& s, const QkvBenchOptions& options, const DeviceInfo& device, double copy_bw,
-              cudaStream_t stream, Table& table, nlohmann::json& json_rows) {
+// The rows as they accumulate: the table, the JSON, how many ran power-capped.
+struct Results {
+  Table table{{"shape", "M", "variant", "us", "TB/s", "%copy", "launches", "fused/unfused", "power-capped"}};
+  nlohmann::json rows = nlohmann::json::array();
+  int capped_rows = 0;
+
+  // One row of the pair timed together (unfused or cuBLASLt, then fused) in one power-cap window.
+  void add(const std::string& shape, int tokens, const std::string& variant, double us, double bytes, double copy_bw,
+           int launches, double unfused_us, const std::optional<double>& power_capped, nlohmann::json json) {
+    const double tbps = bytes / (us * 1e-6) / 1e12, pct = 100.0 * tbps * 1e12 / copy_bw;
+    const bool fused = variant == "fused";
+    if (power_capped_noteworthy(power_capped)) ++capped_rows;
+    table.add({shape, std::to_string(tokens), variant, format_fixed(us, 1), format_fixed(tbps, 2), format_fixed(pct, 1),
+               std::to_string(launches), fused ? format_fixed(unfused_us / us, 2) + "x" : "",
+               power_capped_cell(power_capped)});
+    json.update({{"shape", shape}, {"m", tokens}, {"variant", variant}, {"us", us}, {"tbps", tbps}, {"pct_copy", pct},
+                 {"launches", launches}, {"speedup_vs_unfused", unfused_us / us},
+                 {"power_capped_fraction", power_capped_json(power_capped)}});
+    rows.push_back(json);
+  }
+};
+
+int run_shape(const QkvBenchShape& s, const QkvBenchOptions& options, const GpuBench& gpu, Results& out) {
+  const DeviceInfo& device = gpu.device;
+  cudaStream_t stream = gpu.stream;
   const int rows = (s.q_heads + 2 * s.kv_heads) * s.head_dim;
   const size_t elements = static_cast<size_t>(rows) * s.hidden;
   const int copies = std::max(2, static_cast<int>(std::ceil(options.l2_multiple * device.l2_bytes / s.weight_bytes())));
@@ -118,28 +142,24 @@ int run_shape(const QkvBenchShape& s, const QkvBenchOptions& options, const Devi
       r.q_heads = s.q_heads;
       DF_CHECK_CUDA(kernels::launch_rope_kv_append(r, stream));
     };
+    const PowerCapWindow capped(gpu.power_cap);
     const double unfused_us = median_call_us(unfused, options.warmup, options.repetitions, stream);
     const double fused_us = median_call_us(fused, options.warmup, options.repetitions, stream);
+    const std::optional<double> power_capped = capped.fraction();
+    const nlohmann::json heads = {{"hidden", s.hidden}, {"q_heads", s.q_heads}, {"kv_heads", s.kv_heads},
+                                  {"head_dim", s.head_dim}};
     for (const auto& [variant, us, launches] :
-         {std::tuple{"unfused", unfused_us, 3}, std::tuple{"fused", fused_us, 1}}) {
-      const double tbps = s.weight_bytes() / (us * 1e-6) / 1e12;
-      const double pct = 100.0 * tbps * 1e12 / copy_bw;
-      const std::string speedup = std::string(variant) == "fused" ? format_fixed(unfused_us / us, 2) + "x" : "";
-      table.add({s.name, std::to_string(tokens), variant, format_fixed(us, 1), format_fixed(tbps, 2), format_fixed(pct, 1),
-                 std::to_string(launches), speedup});
-      json_rows.push_back({{"shape", s.name}, {"hidden", s.hidden}, {"q_heads", s.q_heads}, {"kv_heads", s.kv_heads},
-                           {"head_dim", s.head_dim}, {"m", tokens}, {"variant", variant}, {"us", us},
-                           {"tbps", tbps}, {"pct_copy", pct}, {"launches", launches},
-                           {"speedup_vs_unfused", unfused_us / us}});
-    }
+         {std::tuple{"unfused", unfused_us, 3}, std::tuple{"fused", fused_us, 1}})
+      out.add(s.name, tokens, variant, us, s.weight_bytes(), gpu.copy_bw, launches, unfused_us, power_capped, heads);
   }
   return copies;
 }
 
 // The output projection with the residual: cuBLASLt (residual as the GEMM's addend) vs the
 // cluster GEMV, rows = hidden, inner = q_heads * head_dim.
-void run_output_projection(const QkvBenchShape& s, const QkvBenchOptions& options, const DeviceInfo& device,
-                           double copy_bw, cudaStream_t stream, Table& table, nlohmann::json& json_rows) {
+void run_output_projection(const QkvBenchShape& s, const QkvBenchOptions& options, const GpuBench& gpu, Results& out) {
+  const DeviceInfo& device = gpu.device;
+  cudaStream_t stream = gpu.stream;
   const int rows = s.hidden, inner = s.q_heads * s.head_dim;
   const size_t bytes = static_cast<size_t>(rows) * inner * 2;
   const int copies = std::max(2, static_cast<int>(std::ceil(options.l2_multiple * device.l2_bytes / bytes)));
@@ -174,16 +194,13 @@ void run_output_projection(const QkvBenchShape& s, const QkvBenchOptions& option
       p.inner = inner;
       DF_CHECK_CUDA(kernels::launch_gemv_residual(p, stream));
     };
+    const PowerCapWindow capped(gpu.power_cap);
     const double unfused_us = median_call_us(unfused, options.warmup, options.repetitions, stream);
     const double fused_us = median_call_us(fused, options.warmup, options.repetitions, stream);
-    for (const auto& [variant, us] : {std::pair{"cublaslt", unfused_us}, std::pair{"fused", fused_us}}) {
-      const double tbps = bytes / (us * 1e-6) / 1e12, pct = 100.0 * tbps * 1e12 / copy_bw;
-      const std::string speedup = std::string(variant) == "fused" ? format_fixed(unfused_us / us, 2) + "x" : "";
-      table.add({name, std::to_string(tokens), variant, format_fixed(us, 1), format_fixed(tbps, 2), format_fixed(pct, 1),
-                 "1", speedup});
-      json_rows.push_back({{"shape", name}, {"m", tokens}, {"variant", variant}, {"us", us}, {"tbps", tbps},
-                           {"pct_copy", pct}, {"speedup_vs_unfused", unfused_us / us}});
-    }
+    const std::optional<double> power_capped = capped.fraction();
+    for (const auto& [variant, us] : {std::pair{"cublaslt", unfused_us}, std::pair{"fused", fused_us}})
+      out.add(name, tokens, variant, us, static_cast<double>(bytes), gpu.copy_bw, 1, unfused_us, power_capped,
+              nlohmann::json::object());
   }
 }
 
@@ -195,19 +212,18 @@ int run_qkv_bench(const QkvBenchOptions& options) {
     DF_CHECK(m >= 1 && m <= kernels::kQkvFusedMaxTokens,
              "bench qkv: token count " + std::to_string(m) + " outside 1.." + std::to_string(kernels::kQkvFusedMaxTokens));
   const GpuBench gpu;
-  const DeviceInfo& device = gpu.device;
-  cudaStream_t stream = gpu.stream;
-  const double copy_bw = gpu.copy_bw;
-  Table table({"shape", "M", "variant", "us", "TB/s", "%copy", "launches", "fused/unfused"});
-  nlohmann::json json = run_header(device.name, copy_bw);
-  json["suite"] = "qkv";
-  json["rows"] = nlohmann::json::array();
+  Results out;
   for (const QkvBenchShape& s : options.shapes) {
-    const int copies = run_shape(s, options, device, copy_bw, stream, table, json["rows"]);
-    run_output_projection(s, options, device, copy_bw, stream, table, json["rows"]);
+    const int copies = run_shape(s, options, gpu, out);
+    run_output_projection(s, options, gpu, out);
     std::fprintf(stderr, "  measured %s (%d weight copies)\n", s.name.c_str(), copies);
   }
-  std::fputs(table.render().c_str(), stdout);
+  std::fputs(out.table.render().c_str(), stdout);
+  print_power_capped_note(out.capped_rows);
+  nlohmann::json json = run_header(gpu.device.name, gpu.copy_bw);
+  json["suite"] = "qkv";
+  json["power_cap_counter"] = gpu.power_cap.available();
+  json["rows"] = out.rows;
   if (!options.json_path.empty()) write_json(options.json_path, json);
   return 0;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -63,6 +64,7 @@ struct Row {
   int vocab, batch;
   const Mode* mode;
   double graph_us, stream_us, cold_us;
+  std::optional<double> power_capped;  // share of the three timings the power limit held the clocks down
 };
 
 // The launcher's cluster size, or the one --cluster asks for.
@@ -123,9 +125,11 @@ int run_gpu(const SamplingBenchOptions& o) {
         auto call = [&](int) {
           launch(params, o, stream);
         };
+        const PowerCapWindow capped(gpu.power_cap);
         const double stream_us = median_call_us(call, o.warmup, o.repetitions, stream);
         const double graph_us = median_graph_call_us(call, 20, std::max(5, o.repetitions / 10), stream);
         const double cold_us = cold_graph_call_us(params, logits, o, gpu, stream);
+        const std::optional<double> power_capped = capped.fraction();
         DF_CHECK_CUDA(cudaStreamSynchronize(stream));
         // Self-check: every id inside the vocabulary, greedy ids equal to the host's argmax.
         const std::vector<int32_t> got = ids.to_host<int32_t>(batch);
@@ -135,25 +139,30 @@ int run_gpu(const SamplingBenchOptions& o) {
             DF_CHECK(got[s] == argmax_lowest_id(host_logits.data() + static_cast<size_t>(s) * vocab, vocab),
                      "bench sampling: greedy id differs from the argmax in row " + std::to_string(s));
         }
-        rows.push_back({vocab, batch, &mode, graph_us, stream_us, cold_us});
+        rows.push_back({vocab, batch, &mode, graph_us, stream_us, cold_us, power_capped});
         std::fprintf(stderr, "  measured vocab %d batch %d %s\n", vocab, batch, mode.name);
       }
     }
   }
 
-  Table table({"vocab", "batch", "mode", "us graph", "us stream", "us cold", "launches"});
+  Table table({"vocab", "batch", "mode", "us graph", "us stream", "us cold", "launches", "power-capped"});
   nlohmann::json json = run_header(gpu.device.name, gpu.copy_bw);
   json["suite"] = "sampling";
+  json["power_cap_counter"] = gpu.power_cap.available();
   json["rows"] = nlohmann::json::array();
+  int capped_rows = 0;
   for (const Row& r : rows) {
+    if (power_capped_noteworthy(r.power_capped)) ++capped_rows;
     table.add({std::to_string(r.vocab), std::to_string(r.batch), r.mode->name, format_fixed(r.graph_us, 1),
-               format_fixed(r.stream_us, 1), format_fixed(r.cold_us, 1), "1"});
+               format_fixed(r.stream_us, 1), format_fixed(r.cold_us, 1), "1", power_capped_cell(r.power_capped)});
     json["rows"].push_back({{"vocab", r.vocab}, {"batch", r.batch}, {"mode", r.mode->name},
                             {"temperature", r.mode->params.temperature}, {"top_k", r.mode->params.top_k},
                             {"top_p", r.mode->params.top_p}, {"min_p", r.mode->params.min_p}, {"us", r.graph_us},
-                            {"us_stream", r.stream_us}, {"us_cold", r.cold_us}, {"launches", 1}});
+                            {"us_stream", r.stream_us}, {"us_cold", r.cold_us}, {"launches", 1},
+                            {"power_capped_fraction", power_capped_json(r.power_capped)}});
   }
   std::fputs(table.render().c_str(), stdout);
+  print_power_capped_note(capped_rows);
   if (!o.json_path.empty()) write_json(o.json_path, json);
   return 0;
 }

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/power_cap.hpp"
 #include "core/warm_up.hpp"  // warm_up, kWarmUpTime: every timing below warms the GPU first
 #include "deepfuse/device.hpp"
 #include "kernels/common/trace.hpp"
@@ -28,6 +29,7 @@ struct GpuBench {
   DeviceInfo device;
   cudaStream_t stream = nullptr;
   double copy_bw = 0.0;  // bytes/s, read + write
+  PowerCapCounter power_cap;  // how much of each row's timing the power limit held the clocks down
 };
 
 // Device-to-device copies for kWarmUpTime, for a benchmark whose calls cannot simply repeat (a
