@@ -176,8 +176,8 @@ void run_decode_case(Engine& engine, const std::string& arch, int batch, int con
               {"launches_per_layer", stats.launches_per_layer},
               {"graph_kernels_per_step", stats.kernels_per_decode_step},
               {"gpu_memory_bytes", stats.gpu_memory_used},
-              {"power_capped_fraction", power_capped ? nlohmann::json(*power_capped) : nlohmann::json(nullptr)}});
-  if (power_capped && *power_capped > kPowerCappedNote) report.capped.push_back(label);
+              {"power_capped_fraction", power_capped_json(power_capped)}});
+  if (power_capped_noteworthy(power_capped)) report.capped.push_back(label);
   report.rows.push_back(row);
 }
 

@@ -345,8 +345,9 @@ cudaError_t launch(void (*kernel)(Params, int), const Params& params, int units,
 // three rounds, Llama-3-8B batch 1 / 512: 4.015-4.018 ms spread, 3.992-3.993 packed (and
 // 4.065-4.067 / 4.042-4.046 on a second machine); at 2-8 sequences too, once the MLP after
 // o_proj launched early there (three rounds, spread / packed): b2 / 512 3.929-3.932 /
-// 3.918-3.920, b8 / 512 4.085-4.087 / 4.062-4.066, b8 / 8k 5.876-5.879 / 5.856-5.859. Qwen2.5-7B's 36 and 28 units fall unevenly (38% and 18% above
-// the mean) and keep the spread, 0.9% faster there (docs/kernels/qkv_rope_fused.md).
+// 3.918-3.920, b8 / 512 4.085-4.087 / 4.062-4.066, b8 / 8k 5.876-5.879 / 5.856-5.859.
+// Qwen2.5-7B's 36 and 28 units fall unevenly (38% and 18% above the mean) and keep the spread,
+// 0.9% faster there (docs/kernels/qkv_rope_fused.md).
 //
 // Short inner dimensions (below kSpreadMinInner, packed grids) at up to 16 tokens take clusters
 // of 4 instead of 8: half as many blocks, each with twice the k-steps (32 at Llama-3.2-1B's
