@@ -134,6 +134,16 @@ class MlpLayer {
   static std::vector<GemmTuning> tune_unfused_gemms(std::span<MlpLayer* const> layers, int tokens,
                                                     bool with_residual, cudaStream_t stream);
 
+  // The unfused variant's row-major weights (gate_up [2I, H]: gate rows then up rows; down
+  // [H, I]) for kernels that stream them themselves (the persistent decode kernel); null
+  // pointers for the other variants. norm_folded: gate_up holds the norm weight in its columns.
+  struct RowMajorWeights {
+    const __nv_bfloat16* gate_up = nullptr;
+    const __nv_bfloat16* down = nullptr;
+    bool norm_folded = false;
+  };
+  RowMajorWeights row_major_weights() const;
+
   MlpVariant variant() const;
   MlpShape shape() const;
   int max_tokens() const;

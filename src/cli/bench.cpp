@@ -60,6 +60,8 @@ void register_bench_decode(CLI::App& bench, Action& action) {
       ->check(CLI::PositiveNumber);
   decode->add_flag("--tune-gemms", o.tune_gemms,
                    "time cuBLASLt's suggested algorithms at construction and keep the fastest (EngineOptions::tune_gemms)");
+  decode->add_flag("--persistent-decode", o.persistent_decode,
+                   "batch-1 steps run every block as one persistent kernel (EngineOptions::persistent_decode)");
   decode->add_option("--seed", o.seed, "random weights and prompts (default 1)");
   decode->add_option("--json", o.json_path, "write the rows as JSON to this file");
   decode->add_option("--trace", o.trace_path,

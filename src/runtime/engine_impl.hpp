@@ -140,6 +140,7 @@ struct Engine::Impl {
   std::vector<kernels::DecodeAttentionPlan> decode_plans;  // one per bucket
   std::unique_ptr<runtime::StepBuffers> buffers;
   std::unique_ptr<runtime::KvCache> kv;
+  std::unique_ptr<runtime::PersistentDecodeStep> persistent;  // EngineOptions::persistent_decode
   std::unique_ptr<runtime::ForwardPass> forward;
 
   std::array<runtime::StepLane, 2> lanes;

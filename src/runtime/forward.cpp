@@ -262,12 +262,18 @@ void ForwardPass::decode_step(const kernels::DecodeAttentionPlan& plan, int32_t*
   DF_CHECK(batch >= 1 && batch <= buffers_.max_batch && batch <= buffers_.logits_rows,
            "decode step batch " + std::to_string(batch) + " outside 1.." + std::to_string(buffers_.max_batch));
   DF_CHECK(host_sampled, "a decode step needs a host buffer for its sampled ids");
-  embed(buffers_.decode_ids(), batch, stream);
-  const Attention attention{&plan};
-  float* pending = nullptr;
-  for (int l = 0; l < config_.num_hidden_layers; ++l)
-    pending = layer(l, batch, buffers_.decode_positions(), buffers_.decode_rows.as<int32_t>(), attention, pending, stream);
-  DF_CHECK(!pending, "the last block's MLP sum must reach the residual stream");
+  if (persistent_ && batch == 1) {
+    persistent_->run(buffers_.decode_ids(), buffers_.decode_positions(), buffers_.decode_seq_lens(),
+                     buffers_.residual.as<__nv_bfloat16>(), stream);
+  } else {
+    embed(buffers_.decode_ids(), batch, stream);
+    const Attention attention{&plan};
+    float* pending = nullptr;
+    for (int l = 0; l < config_.num_hidden_layers; ++l)
+      pending =
+          layer(l, batch, buffers_.decode_positions(), buffers_.decode_rows.as<int32_t>(), attention, pending, stream);
+    DF_CHECK(!pending, "the last block's MLP sum must reach the residual stream");
+  }
   final_norm(0, batch, stream);
   lm_head(0, batch, stream);
   sample(0, batch, stream, host_sampled);
@@ -346,6 +352,7 @@ std::vector<GemmTuning> ForwardPass::tune_decode_gemms(std::span<const int> buck
 }
 
 int ForwardPass::launches_per_layer(int attention_launches, int decode_batch) const {
+  if (persistent_ && decode_batch == 1) return 0;  // one launch runs every block
   // [norm (unless folded), QKV GEMM, rope_kv_append] or the fused QKV kernel, attention, o_proj
   // (the cluster GEMV, or cuBLASLt, counted as one although a split-K algorithm adds a reduction
   // kernel), MLP (+ its norm unless folded)
@@ -356,7 +363,8 @@ int ForwardPass::launches_per_layer(int attention_launches, int decode_batch) co
 }
 
 int ForwardPass::launches_per_decode_step(const kernels::DecodeAttentionPlan& plan) const {
-  // embedding, the layers, final norm, lm_head, sampling
+  // embedding, the layers, final norm, lm_head, sampling (the persistent kernel: the first two)
+  if (persistent_ && plan.batch == 1) return 1 + 3;
   return 1 + config_.num_hidden_layers * launches_per_layer(kernels::decode_attention_launches(plan), plan.batch) + 3;
 }
 

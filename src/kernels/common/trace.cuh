@@ -4,6 +4,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+
 #include "kernels/common/trace.hpp"
 
 namespace deepfuse::kernels::trace {
@@ -23,8 +25,9 @@ inline void attach_unit() {
   if (cudaMemcpyToSymbol(unit_buffer, &buffer, sizeof buffer) == cudaSuccess) seen = buffer.generation;
 }
 
-__device__ __forceinline__ void stamp(Kernel kernel, Mark mark) {
-  if (threadIdx.x != 0) return;
+// Thread 0 stamps (any_thread: the calling thread, which must be the only one calling).
+__device__ __forceinline__ void stamp(Kernel kernel, Mark mark, bool any_thread = false) {
+  if (!any_thread && threadIdx.x != 0) return;
   const Buffer buffer = unit_buffer;
   if (!buffer.events) return;
   const unsigned index = atomicAdd(buffer.count, 1u);
@@ -41,10 +44,53 @@ __device__ __forceinline__ void stamp(Kernel kernel, Mark mark) {
   buffer.events[index] = event;
 }
 
+// A block's marks kept in shared memory and written out by flush() at the end: no global atomic
+// on the way, for kernels that stamp on their critical path (the persistent decode kernel). One
+// thread per log stamps (the caller's choice); marks past N are dropped.
+template <int N>
+struct BlockLog {
+  std::uint64_t time[N];
+  std::uint8_t kernel[N], mark[N];
+  unsigned count;
+
+  __device__ void init() { count = 0; }
+  __device__ __forceinline__ void stamp(Kernel k, Mark m) {
+    if (count >= N) return;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(time[count]));
+    kernel[count] = static_cast<std::uint8_t>(k), mark[count] = static_cast<std::uint8_t>(m);
+    ++count;
+  }
+  __device__ void flush() {
+    const Buffer buffer = unit_buffer;
+    if (!buffer.events || count == 0) return;
+    const unsigned first = atomicAdd(buffer.count, count);
+    std::uint64_t grid;
+    asm("mov.u64 %0, %%gridid;" : "=l"(grid));
+    unsigned sm;
+    asm("mov.u32 %0, %%smid;" : "=r"(sm));
+    for (unsigned i = 0; i < count && first + i < buffer.capacity; ++i) {
+      Event event;
+      event.time_ns = time[i];
+      event.grid = grid;
+      event.sm = static_cast<std::uint16_t>(sm);
+      event.block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+      event.kernel = kernel[i];
+      event.mark = mark[i];
+      buffer.events[first + i] = event;
+    }
+  }
+};
+
 }  // namespace
 #else
 inline void attach_unit() {}
-__device__ __forceinline__ void stamp(Kernel, Mark) {}
+__device__ __forceinline__ void stamp(Kernel, Mark, bool = false) {}
+template <int N>
+struct BlockLog {
+  __device__ void init() {}
+  __device__ void stamp(Kernel, Mark) {}
+  __device__ void flush() {}
+};
 #endif
 
 }  // namespace deepfuse::kernels::trace

@@ -12,7 +12,21 @@
 namespace deepfuse::kernels::trace {
 
 // Which kernel a start mark belongs to (the other marks carry 0: the grid id ties them to it).
-enum class Kernel : std::uint8_t { unknown = 0, fused_qkv, decode_attention, gemv_residual, fused_mlp };
+enum class Kernel : std::uint8_t {
+  unknown = 0,
+  fused_qkv,
+  decode_attention,
+  gemv_residual,
+  fused_mlp,
+  // The persistent decode kernel's operations (its marks carry these, not 0), and its producer
+  // warp's end of each layer's weights.
+  persistent_qkv,
+  persistent_attention,
+  persistent_o_proj,
+  persistent_gate_up,
+  persistent_down,
+  persistent_producer,
+};
 enum class Mark : std::uint8_t {
   start = 0,     // the block begins
   upstream = 1,  // wait_for_upstream_grids returned (programmatic dependents)
