@@ -179,7 +179,12 @@ __device__ __forceinline__ void consume_slab(const Ring& ring, RingState& at, in
       }
     }
     __syncwarp();
-    if (lane == 0) barrier_arrive(&ring.empty[at.stage]);
+    if (lane == 0) {
+      // The stage's next bytes arrive through the async proxy (the bulk copy): order this warp's
+      // generic-proxy reads before them.
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      barrier_arrive(&ring.empty[at.stage]);
+    }
     at.advance(ring.count);
   }
 }
