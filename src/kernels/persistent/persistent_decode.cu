@@ -30,7 +30,7 @@ constexpr int kMaxHeadDim = 128;
 constexpr int kTilePositions = 32;  // keys per warp tile: one per lane
 constexpr int kPositionsPerSplit = 256;  // attention splits: at least this many keys each
 constexpr int kLogEntries = 96;  // marks per block and log kept in a DEEPFUSE_TRACE build
-constexpr int kPrefetchPages = 64;       // per attention item and layer, K and V each
+constexpr int kPageTable = 512;  // page ids of a block's attention item kept in shared memory (8192 keys)
 
 // Counters in the workspace; each only grows during a launch.
 enum Counter : int {
@@ -81,7 +81,7 @@ __host__ __device__ inline size_t carve_workspace(const PersistentDecodeShape& s
 // per-block state.
 struct SharedLayout {
   int stages;
-  size_t barriers, ring, x, acc, attention, total;
+  size_t barriers, ring, x, acc, attention, pages, total;
 };
 constexpr size_t kAttentionShared =
     sizeof(float) * (2 * kMaxGroup * kMaxHeadDim + 2 * kMaxHeadDim + kConsumerWarps * kMaxGroup * 2 + 2 * kMaxGroup + 8);
@@ -99,7 +99,8 @@ __host__ __device__ inline SharedLayout shared_layout(const PersistentDecodeShap
   l.x = l.ring + static_cast<size_t>(stages) * kStageBytes;
   l.acc = l.x + align256(x_elements * sizeof(__nv_bfloat16));
   l.attention = l.acc + align256(acc_rows * sizeof(float) + 32 * sizeof(float));
-  l.total = l.attention + align256(kAttentionShared);
+  l.pages = l.attention + align256(kAttentionShared);
+  l.total = l.pages + align256(kPageTable * sizeof(int32_t));
   return l;
 }
 
@@ -255,20 +256,89 @@ __device__ __forceinline__ ValueBits<HD> pack_values(const float* v) {
   return bits;
 }
 
-// One (KV head, context split) item: keys [begin, end) for the head's group of query heads. The
-// new token's key and value (at `position`) come from the qkv scratch, rotated here; split 0
-// appends them to the cache. Each warp takes tiles of 32 keys, one per lane: scores, online
-// softmax, then the value rows weighted by the lanes' probabilities. The block's warps meet in
-// shared memory and leave the item's partial output for o_proj's staging to merge.
+// How one layer's attention is cut: splits per KV head of at least kPositionsPerSplit keys, at
+// most one item per block.
+struct AttentionSplit {
+  int window_start, span, splits;
+  __device__ AttentionSplit(const PersistentDecodeParams& p) {
+    const int length = *p.seq_len;
+    window_start = p.sliding_window > 0 ? max(0, length - p.sliding_window) : 0;
+    span = max(length - window_start, 0);
+    splits = min(max((span + kPositionsPerSplit - 1) / kPositionsPerSplit, 1), max_splits(p.shape, gridDim.x));
+  }
+  __device__ int items(const PersistentDecodeShape& s) const { return s.kv_heads * splits; }
+  __device__ int begin(int split) const { return window_start + split_point(span, splits, split); }
+  __device__ int end(int split) const { return window_start + split_point(span, splits, split + 1); }
+};
+
+// The block's attention item (at most one: splits <= blocks / kv_heads): its KV head, split and
+// keys [begin, end), and the pages that hold them.
+struct AttentionItem {
+  bool present;
+  int kv_head, split, begin, end, first_page, pages;
+  __device__ AttentionItem(const AttentionSplit& cut, const PersistentDecodeShape& s) {
+    present = static_cast<int>(blockIdx.x) < cut.items(s);
+    kv_head = present ? blockIdx.x / cut.splits : 0;
+    split = present ? blockIdx.x % cut.splits : 0;
+    begin = present ? cut.begin(split) : 0;
+    end = present ? cut.end(split) : 0;
+    first_page = begin / kKvPageSize;
+    pages = end > begin ? (end - 1) / kKvPageSize - first_page + 1 : 0;
+  }
+};
+
+// Keys and values ride the weight ring: a stage holds `kv_pages_per_stage` pages of keys in its
+// first half and the same pages of values in its second.
+__host__ __device__ inline int kv_pages_per_stage(int head_dim) {
+  return kStageBytes / 2 / (kKvPageSize * head_dim * static_cast<int>(sizeof(__nv_bfloat16)));
+}
+
+// The producer's side: the item's pages of one layer, stage by stage (page ids from the table the
+// producer warp filled at launch, or from the block table past its end).
+__device__ void produce_item_pages(const persistent::Ring& ring, RingState& at, const PersistentDecodeParams& p,
+                                   const PersistentDecodeLayer& layer, const AttentionItem& item,
+                                   const int32_t* page_ids, uint64_t policy) {
+  const PersistentDecodeShape& s = p.shape;
+  const unsigned page_bytes = kKvPageSize * s.head_dim * sizeof(__nv_bfloat16);
+  const int per_stage = kv_pages_per_stage(s.head_dim);
+  const PagedKv kv{layer.k_pages, layer.v_pages, p.block_table, p.max_pages_per_seq, s.kv_heads, s.head_dim};
+  for (int first = 0; first < item.pages; first += per_stage) {
+    const int n = min(per_stage, item.pages - first);
+    persistent::barrier_wait(&ring.empty[at.stage], at.phase ^ 1);
+    persistent::barrier_expect_bytes(&ring.full[at.stage], 2 * n * page_bytes);
+    char* stage = ring.stages + static_cast<size_t>(at.stage) * kStageBytes;
+    for (int i = 0; i < n; ++i) {
+      const int index = first + i;
+      const int32_t page =
+          index < kPageTable ? page_ids[index] : __ldg(p.block_table + item.first_page + index);
+      const size_t offset = kv.page_offset(page, item.kv_head);
+      persistent::bulk_copy(stage + i * page_bytes, layer.k_pages + offset, page_bytes, &ring.full[at.stage], policy);
+      persistent::bulk_copy(stage + kStageBytes / 2 + i * page_bytes, layer.v_pages + offset, page_bytes,
+                            &ring.full[at.stage], policy);
+    }
+    at.advance(ring.count);
+  }
+}
+
+// One (KV head, context split) item: keys [begin, end) for the head's group of query heads, its
+// pages arriving through the ring (kv_pages_per_stage per stage). The new token's key and value
+// (at `position`) come from the qkv scratch, rotated here; split 0 appends them to the cache.
+// Each warp takes tiles of 32 keys of a stage, one per lane: scores, online softmax, then the
+// value rows weighted by the lanes' probabilities. The block's warps meet in shared memory and
+// leave the item's partial output for o_proj's staging to merge.
 template <int HD, int GROUP>
-__device__ void attention_item(const Consumer& c, const PersistentDecodeLayer& layer, int kv_head, int split,
-                               int begin, int end, int position, const unsigned* qkv_done, unsigned qkv_target) {
-  constexpr int kDims = HD / 32;                   // value dims per lane
-  constexpr int kValueBatch = HD == 128 ? 8 : 16;  // value rows loaded before they are used
+__device__ void attention_item(const Consumer& c, const Ring& ring, RingState& at, const PersistentDecodeLayer& layer,
+                               const AttentionItem& item, int position, const unsigned* qkv_done,
+                               unsigned qkv_target) {
+  constexpr int kDims = HD / 32;  // value dims per lane
+  constexpr int kChunks = HD / 8;  // 16-byte chunks per key row
+  constexpr int kRowBytes = HD * 2;
+  constexpr int kPageBytes = kKvPageSize * kRowBytes;
   const PersistentDecodeParams& p = c.p;
   const PersistentDecodeShape& s = p.shape;
   constexpr int group = GROUP;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int kv_head = item.kv_head, begin = item.begin, end = item.end;
   float* q = c.attention_shared;                 // [kMaxGroup][HD] rotated, bf16-rounded
   float* out = q + kMaxGroup * kMaxHeadDim;      // [kMaxGroup][HD] the block's weighted values
   float* k_new = out + kMaxGroup * kMaxHeadDim;  // [HD]
@@ -293,11 +363,11 @@ __device__ void attention_item(const Consumer& c, const PersistentDecodeLayer& l
   }
   consumer_sync();
   if (threadIdx.x == 0) c.log->stamp(trace::Kernel::persistent_attention, trace::Mark::phase);
-  if (split == 0)
+  if (item.split == 0)
     for (int d = threadIdx.x; d < HD; d += kConsumers) {
-      const size_t at = kv.token_offset(0, position, kv_head) + d;
-      layer.k_pages[at] = __float2bfloat16_rn(k_new[d]);
-      layer.v_pages[at] = __float2bfloat16_rn(v_new[d]);
+      const size_t at_token = kv.token_offset(0, position, kv_head) + d;
+      layer.k_pages[at_token] = __float2bfloat16_rn(k_new[d]);
+      layer.v_pages[at_token] = __float2bfloat16_rn(v_new[d]);
     }
 
   float m[GROUP], l[GROUP], o[GROUP][kDims];
@@ -307,80 +377,88 @@ __device__ void attention_item(const Consumer& c, const PersistentDecodeLayer& l
 #pragma unroll
     for (int e = 0; e < kDims; ++e) o[j][e] = 0.0f;
   }
-  for (int tile = begin + warp * kTilePositions; tile < end; tile += kConsumerWarps * kTilePositions) {
-    const int key = tile + lane;
-    const bool valid = key < end;
-    // The lane's key row and value row (lanes past the end repeat the last key, at weight 0).
-    const size_t at = kv.token_offset(0, min(key, end - 1), kv_head);
-    float score[GROUP];
+  const int per_stage = kv_pages_per_stage(HD);
+  int tiles_before = 0;  // tiles of the earlier stages: tile t goes to warp t % warps
+  for (int first = 0; first < item.pages; first += per_stage) {
+    const int stage_key = (item.first_page + first) * kKvPageSize;  // the stage's first key
+    const int key_begin = max(begin, stage_key);
+    const int key_end = min(end, stage_key + min(per_stage, item.pages - first) * kKvPageSize);
+    const int tiles = (key_end - key_begin + kTilePositions - 1) / kTilePositions;
+    persistent::barrier_wait(&ring.full[at.stage], at.phase);
+    if (threadIdx.x == 0) c.log->stamp(trace::Kernel::persistent_attention, trace::Mark::start);
+    const char* keys = ring.stages + static_cast<size_t>(at.stage) * kStageBytes;
+    const char* values = keys + kStageBytes / 2;
+    for (int t = (warp - tiles_before % kConsumerWarps + kConsumerWarps) % kConsumerWarps; t < tiles;
+         t += kConsumerWarps) {
+      const int tile = key_begin + t * kTilePositions;
+      const int key = tile + lane;
+      const bool valid = key < key_end;
+      const int row = min(key, key_end - 1) - stage_key;  // lanes past the end repeat the last key
+      float score[GROUP];
 #pragma unroll
-    for (int j = 0; j < GROUP; ++j) score[j] = 0.0f;
-    if (key == position) {
-      for (int d = 0; d < HD; ++d) {
+      for (int j = 0; j < GROUP; ++j) score[j] = 0.0f;
+      if (key == position) {
+        for (int d = 0; d < HD; ++d) {
 #pragma unroll
-        for (int j = 0; j < GROUP; ++j) score[j] = fmaf(q[j * HD + d], k_new[d], score[j]);
-      }
-    } else {
-      const uint4* row = reinterpret_cast<const uint4*>(layer.k_pages + at);
-      constexpr int kChunk = 8;  // 16-byte loads in flight (half a row at head_dim 128)
-#pragma unroll
-      for (int c0 = 0; c0 < HD / 8; c0 += kChunk) {
-        uint4 bits[kChunk];
-#pragma unroll
-        for (int i = 0; i < kChunk; ++i) bits[i] = __ldcs(row + c0 + i);
-#pragma unroll
-        for (int i = 0; i < kChunk; ++i) {
-          const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&bits[i]);
-          const int d0 = (c0 + i) * 8;
+          for (int j = 0; j < GROUP; ++j) score[j] = fmaf(q[j * HD + d], k_new[d], score[j]);
+        }
+      } else {
+        // Each lane starts at a different 16-byte chunk of its row: rows are kRowBytes apart, so
+        // the same chunk of 8 rows would share banks.
+        const char* key_row = keys + (row / kKvPageSize) * kPageBytes + (row % kKvPageSize) * kRowBytes;
+#pragma unroll 4
+        for (int c0 = 0; c0 < kChunks; ++c0) {
+          const int chunk = (c0 + lane) % kChunks;
+          const uint4 bits = *reinterpret_cast<const uint4*>(key_row + chunk * 16);
+          const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&bits);
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const float2 k = __bfloat1622float2(pairs[e]);
 #pragma unroll
             for (int j = 0; j < GROUP; ++j) {
-              score[j] = fmaf(q[j * HD + d0 + 2 * e], k.x, score[j]);
-              score[j] = fmaf(q[j * HD + d0 + 2 * e + 1], k.y, score[j]);
+              score[j] = fmaf(q[j * HD + chunk * 8 + 2 * e], k.x, score[j]);
+              score[j] = fmaf(q[j * HD + chunk * 8 + 2 * e + 1], k.y, score[j]);
             }
           }
         }
       }
-    }
-    // Online softmax per query head; score[j] becomes the lane's weight.
+      // Online softmax per query head; score[j] becomes the lane's weight.
 #pragma unroll
-    for (int j = 0; j < GROUP; ++j) {
-      const float scaled = score[j] * p.attention_scale;
-      const float m_new = fmaxf(m[j], warp_max(valid ? scaled : -INFINITY));
-      const float alpha = m[j] == -INFINITY ? 0.0f : __expf(m[j] - m_new);
-      score[j] = valid ? __expf(scaled - m_new) : 0.0f;
-      l[j] = l[j] * alpha + warp_sum(score[j]);
+      for (int j = 0; j < GROUP; ++j) {
+        const float scaled = score[j] * p.attention_scale;
+        const float m_new = fmaxf(m[j], warp_max(valid ? scaled : -INFINITY));
+        const float alpha = m[j] == -INFINITY ? 0.0f : __expf(m[j] - m_new);
+        score[j] = valid ? __expf(scaled - m_new) : 0.0f;
+        l[j] = l[j] * alpha + warp_sum(score[j]);
 #pragma unroll
-      for (int e = 0; e < kDims; ++e) o[j][e] *= alpha;
-      m[j] = m_new;
-    }
-    // Value rows: row t's address comes from lane t; kValueBatch loads in flight at a time with
-    // no branch between them; the lane holds dims [lane * kDims, +kDims) of every row.
-    const __nv_bfloat16* my_row = layer.v_pages + at;
-#pragma unroll
-    for (int t0 = 0; t0 < kTilePositions; t0 += kValueBatch) {
-      ValueBits<HD> v_bits[kValueBatch];
-#pragma unroll
-      for (int t = 0; t < kValueBatch; ++t) {
-        const auto* row = reinterpret_cast<const __nv_bfloat16*>(
-            __shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_row), t0 + t));
-        v_bits[t] = __ldcs(reinterpret_cast<const ValueBits<HD>*>(row + lane * kDims));
+        for (int e = 0; e < kDims; ++e) o[j][e] *= alpha;
+        m[j] = m_new;
       }
-#pragma unroll
-      for (int t = 0; t < kValueBatch; ++t) {
-        if (tile + t0 + t == position) v_bits[t] = pack_values<HD>(v_new + lane * kDims);
+      if (threadIdx.x == 0) c.log->stamp(trace::Kernel::persistent_attention, trace::Mark::start);
+      // Value rows: the lane holds dims [lane * kDims, +kDims) of every row.
+      const int count = min(kTilePositions, key_end - tile);
+      for (int t2 = 0; t2 < count; ++t2) {
+        const int r = tile + t2 - stage_key;
+        ValueBits<HD> bits = *reinterpret_cast<const ValueBits<HD>*>(
+            values + (r / kKvPageSize) * kPageBytes + (r % kKvPageSize) * kRowBytes + lane * kDims * 2);
+        if (tile + t2 == position) bits = pack_values<HD>(v_new + lane * kDims);
         float v[kDims];
-        unpack_values<HD>(v_bits[t], v);
+        unpack_values<HD>(bits, v);
 #pragma unroll
         for (int j = 0; j < GROUP; ++j) {
-          const float weight = __shfl_sync(0xffffffffu, score[j], t0 + t);
+          const float weight = __shfl_sync(0xffffffffu, score[j], t2);
 #pragma unroll
           for (int e = 0; e < kDims; ++e) o[j][e] = fmaf(weight, v[e], o[j][e]);
         }
       }
     }
+    tiles_before += tiles;
+    __syncwarp();
+    if (lane == 0) {
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      persistent::barrier_arrive(&ring.empty[at.stage]);
+    }
+    at.advance(ring.count);
   }
 
   if (threadIdx.x == 0) c.log->stamp(trace::Kernel::persistent_attention, trace::Mark::barrier);
@@ -412,7 +490,7 @@ __device__ void attention_item(const Consumer& c, const PersistentDecodeLayer& l
   consumer_sync();
 
   // The item's partial output and its (max, sum); o_proj's staging merges the splits.
-  const size_t first_partial = (static_cast<size_t>(kv_head) * max_splits(s, gridDim.x) + split) * group;
+  const size_t first_partial = (static_cast<size_t>(kv_head) * max_splits(s, gridDim.x) + item.split) * group;
   for (int i = threadIdx.x; i < group * HD; i += kConsumers) c.ws.partial_o[first_partial * HD + i] = out[i];
   for (int i = threadIdx.x; i < group * 2; i += kConsumers) c.ws.partial_ml[first_partial * 2 + i] = totals[i];
   if (threadIdx.x == 0) c.log->stamp(trace::Kernel::persistent_attention, trace::Mark::finish);
@@ -443,57 +521,16 @@ __device__ void dispatch_head_shape(const PersistentDecodeShape& s, F f) {
     by_group(std::integral_constant<int, 64>{});
 }
 
-// How one layer's attention is cut: splits per KV head of at least kPositionsPerSplit keys, at
-// most one item per block.
-struct AttentionSplit {
-  int window_start, span, splits;
-  __device__ AttentionSplit(const PersistentDecodeParams& p) {
-    const int length = *p.seq_len;
-    window_start = p.sliding_window > 0 ? max(0, length - p.sliding_window) : 0;
-    span = max(length - window_start, 0);
-    splits = min(max((span + kPositionsPerSplit - 1) / kPositionsPerSplit, 1), max_splits(p.shape, gridDim.x));
-  }
-  __device__ int items(const PersistentDecodeShape& s) const { return s.kv_heads * splits; }
-  __device__ int begin(int split) const { return window_start + split_point(span, splits, split); }
-  __device__ int end(int split) const { return window_start + split_point(span, splits, split + 1); }
-};
-
-// Starts copying the keys and values of the block's items into L2 (whole pages, up to
-// kPrefetchPages per item), so the attention, which can only start after the q | k | v hand-off,
-// finds them there.
-__device__ void prefetch_attention(const PersistentDecodeParams& p, const PersistentDecodeLayer& layer,
-                                   const AttentionSplit& cut) {
-  const PersistentDecodeShape& s = p.shape;
-  const PagedKv kv{layer.k_pages, layer.v_pages, p.block_table, p.max_pages_per_seq, s.kv_heads, s.head_dim};
-  const unsigned page_bytes = kKvPageSize * s.head_dim * sizeof(__nv_bfloat16);
-  for (int item = blockIdx.x; item < cut.items(s); item += gridDim.x) {
-    const int kv_head = item / cut.splits, split = item % cut.splits;
-    const int first_page = cut.begin(split) / kKvPageSize;
-    const int pages = min((cut.end(split) + kKvPageSize - 1) / kKvPageSize - first_page, kPrefetchPages);
-    for (int i = threadIdx.x; i < 2 * pages; i += kConsumers) {
-      const int32_t page = __ldg(p.block_table + first_page + i / 2);
-      const __nv_bfloat16* pool = i % 2 ? layer.v_pages : layer.k_pages;
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pool + kv.page_offset(page, kv_head)),
-                   "r"(page_bytes)
-                   : "memory");
-    }
-  }
-}
-
-// The block's attention items of one layer; each waits for the q | k | v hand-off itself, after
-// its first keys and values are on their way (blocks without an item do not wait for it at all).
-__device__ void attention(const Consumer& c, const PersistentDecodeLayer& layer, const AttentionSplit& cut,
-                          const unsigned* qkv_done, unsigned qkv_target) {
-  const PersistentDecodeParams& p = c.p;
-  const int position = *p.position;
-  for (int item = blockIdx.x; item < cut.items(p.shape); item += gridDim.x) {
-    const int kv_head = item / cut.splits, split = item % cut.splits;
-    const int begin = cut.begin(split), end = cut.end(split);
-    dispatch_head_shape(p.shape, [&](auto hd, auto group) {
-      attention_item<decltype(hd)::value, decltype(group)::value>(c, layer, kv_head, split, begin, end, position,
-                                                                   qkv_done, qkv_target);
-    });
-  }
+// The block's attention item of one layer, if it has one; it waits for the q | k | v hand-off
+// itself (blocks without an item do not wait for it at all).
+__device__ void attention(const Consumer& c, const Ring& ring, RingState& at, const PersistentDecodeLayer& layer,
+                          const AttentionItem& item, const unsigned* qkv_done, unsigned qkv_target) {
+  if (!item.present) return;
+  const int position = *c.p.position;
+  dispatch_head_shape(c.p.shape, [&](auto hd, auto group) {
+    attention_item<decltype(hd)::value, decltype(group)::value>(c, ring, at, layer, item, position, qkv_done,
+                                                                qkv_target);
+  });
 }
 
 // o_proj's input: the attention output of every query head, merged from the items' partials
@@ -564,13 +601,22 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_decode_kernel(const Pe
   const Rows hidden_rows = block_rows(s.hidden);
   const Rows act_rows = block_rows(s.intermediate);
 
+  const AttentionSplit cut(p);  // the sequence's length is fixed for the launch
+  const AttentionItem item(cut, s);
+
   if (threadIdx.x >= kConsumers) {  // the producer warp: one thread streams every slab in order
+    // The item's page ids, once for every layer (they share the block table).
+    auto* page_ids = reinterpret_cast<int32_t*>(shared + layout.pages);
+    for (int i = threadIdx.x - kConsumers; i < min(item.pages, kPageTable); i += 32)
+      page_ids[i] = __ldg(p.block_table + item.first_page + i);
+    __syncwarp();
     if (threadIdx.x == kConsumers) {
       const uint64_t policy = evict_first_policy();
       RingState at;
       for (int l = 0; l < s.layers; ++l) {
         const PersistentDecodeLayer& w = p.layers[l];
         persistent::produce_slab(ring, at, w.qkv, qkv_rows.begin, qkv_rows.count(), s.hidden, policy);
+        produce_item_pages(ring, at, p, w, item, page_ids, policy);
         persistent::produce_slab(ring, at, w.o_proj, hidden_rows.begin, hidden_rows.count(), s.q_size(), policy);
         persistent::produce_slab(ring, at, w.gate_up, act_rows.begin, act_rows.count(), s.hidden, policy);
         persistent::produce_slab(ring, at, w.gate_up, s.intermediate + act_rows.begin, act_rows.count(), s.hidden,
@@ -599,8 +645,6 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_decode_kernel(const Pe
   for (int l = 0; l < s.layers; ++l) {
     const PersistentDecodeLayer& w = p.layers[l];
     const unsigned layer_done = (l + 1) * blocks;
-    const AttentionSplit cut(p);
-    prefetch_attention(p, w, cut);
     // q | k | v rows of rmsnorm(residual stream)
     if (l > 0) wait_for(&counters[kDownDone], l * blocks);
     if (threadIdx.x == 0) consumer_log.stamp(trace::Kernel::persistent_qkv, trace::Mark::upstream);
@@ -616,7 +660,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_decode_kernel(const Pe
     }
     signal(&counters[kQkvDone]);
 
-    attention(c, w, cut, &counters[kQkvDone], layer_done);
+    attention(c, ring, at, w, item, &counters[kQkvDone], layer_done);
     items_done += cut.items(s);
     if (threadIdx.x == 0) consumer_log.stamp(trace::Kernel::persistent_attention, trace::Mark::end);
 
