@@ -26,40 +26,19 @@
 #include "logits_check.hpp"
 #include "model/model_test_util.hpp"
 #include "test_util.hpp"
+#include "engine_test_util.hpp"
 
 namespace deepfuse {
 namespace {
 
 using testing::compare_logits;
+using testing::random_ids;
 using testing::ScratchDir;
+using testing::tiny_config;
+using testing::TinyModel;
 
 constexpr double kMaxLogitsError = 2e-2;
 constexpr double kMinTop1Agreement = 0.99;
-
-struct TinyModel {
-  std::string name;
-  ModelConfig config;
-};
-
-ModelConfig tiny_config(Architecture architecture, int vocab, int hidden, int intermediate, int layers, int heads,
-                        int kv_heads, int head_dim, double rope_theta) {
-  ModelConfig c;
-  c.architecture = architecture;
-  c.vocab_size = vocab;
-  c.hidden_size = hidden;
-  c.intermediate_size = intermediate;
-  c.num_hidden_layers = layers;
-  c.num_attention_heads = heads;
-  c.num_key_value_heads = kv_heads;
-  c.head_dim = head_dim;
-  c.max_position_embeddings = 256;
-  c.rms_norm_eps = 1e-5;
-  c.rope.head_dim = head_dim;
-  c.rope.theta = rope_theta;
-  c.bos_token_id = 1;
-  c.eos_token_ids = {2};
-  return c;
-}
 
 // One per architecture feature the engine must get right. Vocabularies are odd-sized on purpose.
 std::vector<TinyModel> tiny_models() {
@@ -70,11 +49,7 @@ std::vector<TinyModel> tiny_models() {
   // head_dim 128 with q_size 512 != hidden 256, Llama 3 rope scaling with all three wavelength
   // bands inside theta 500000's spectrum.
   ModelConfig llama3 = tiny_config(A::llama, 1000, 256, 384, 3, 4, 2, 128, 500000.0);
-  llama3.rope.llama3_scaling = true;
-  llama3.rope.factor = 8.0;
-  llama3.rope.low_freq_factor = 1.0;
-  llama3.rope.high_freq_factor = 4.0;
-  llama3.rope.original_max_position = 64;
+  testing::use_llama3_rope_scaling(llama3);
   models.push_back({"llama3_rope_headdim128", llama3});
   // q/k/v biases, tied embeddings, GQA 4:1.
   ModelConfig qwen2 = tiny_config(A::qwen2, 997, 256, 448, 2, 4, 1, 64, 1000000.0);
@@ -95,13 +70,6 @@ EngineOptions tiny_engine_options() {
   options.max_context = 128;
   options.kv_cache_bytes = size_t{16} << 20;
   return options;
-}
-
-std::vector<int32_t> random_ids(std::mt19937_64& rng, int count, int vocab) {
-  std::uniform_int_distribution<int32_t> any(0, vocab - 1);
-  std::vector<int32_t> ids(count);
-  for (auto& id : ids) id = any(rng);
-  return ids;
 }
 
 // A checkpoint of the parameter's model with fresh random bf16 weights, and the reference decoder
@@ -159,26 +127,9 @@ class EngineVsReference : public ::testing::TestWithParam<int> {
                                    ", " + std::to_string(sequences[s].size()) + " tokens)");
   }
 
-  // How many of `ours` (greedy tokens after `prompt`) equal the reference's greedy decode, one
-  // token at a time; the first divergence must be a near tie of the reference, after which the two
-  // continue from different text and are not compared.
   int follows_reference_greedy(std::span<const int32_t> prompt, std::span<const int32_t> ours,
                                const std::string& what) const {
-    reference::KvCache cache = reference_->new_cache();
-    std::vector<float> logits = reference_->forward(prompt, cache);
-    for (size_t t = 0; t < ours.size(); ++t) {
-      const std::span<const float> row(logits.data() + logits.size() - vocab_, vocab_);
-      const auto best = static_cast<int32_t>(testing::argmax(row));
-      if (ours[t] != best) {
-        const bool in_range = ours[t] >= 0 && ours[t] < config_.vocab_size;
-        EXPECT_TRUE(in_range && testing::near_tie(row, ours[t], best))
-            << what << " token " << t << ": engine " << ours[t] << ", reference " << best << " (logits "
-            << (in_range ? row[ours[t]] : 0.0f) << " vs " << row[best] << ", row RMS " << testing::rms(row) << ")";
-        return static_cast<int>(t);
-      }
-      logits = reference_->forward(ours.subspan(t, 1), cache);
-    }
-    return static_cast<int>(ours.size());
+    return testing::reference_greedy_matches(*reference_, prompt, ours, config_.vocab_size, what);
   }
 
   ScratchDir scratch_;

@@ -24,60 +24,35 @@
 #include "logits_check.hpp"
 #include "model/model_test_util.hpp"
 #include "test_util.hpp"
+#include "engine_test_util.hpp"
 
 namespace deepfuse {
 namespace {
 
+using testing::random_ids;
 using testing::ScratchDir;
+using testing::tiny_config;
+using testing::TinyModel;
 
 constexpr double kMaxLogitsError = 2e-2;
 constexpr double kMinTop1Agreement = 0.99;
-
-struct TinyModel {
-  std::string name;
-  ModelConfig config;
-};
-
-ModelConfig tiny_config(Architecture architecture, int vocab, int hidden, int intermediate, int layers, int heads,
-                        int kv_heads, int head_dim, double rope_theta) {
-  ModelConfig c;
-  c.architecture = architecture;
-  c.vocab_size = vocab;
-  c.hidden_size = hidden;
-  c.intermediate_size = intermediate;
-  c.num_hidden_layers = layers;
-  c.num_attention_heads = heads;
-  c.num_key_value_heads = kv_heads;
-  c.head_dim = head_dim;
-  c.max_position_embeddings = 1024;
-  c.rms_norm_eps = 1e-5;
-  c.rope.head_dim = head_dim;
-  c.rope.theta = rope_theta;
-  c.bos_token_id = 1;
-  c.eos_token_ids = {2};
-  return c;
-}
 
 std::vector<TinyModel> tiny_models() {
   using A = Architecture;
   std::vector<TinyModel> models;
   // GQA 4:2, head_dim 64.
-  models.push_back({"llama_gqa", tiny_config(A::llama, 512, 256, 512, 2, 4, 2, 64, 10000.0)});
+  models.push_back({"llama_gqa", tiny_config(A::llama, 512, 256, 512, 2, 4, 2, 64, 10000.0, 1024)});
   // head_dim 128, q_size 512 != hidden 256, Llama 3 RoPE scaling; eight query heads per KV head.
-  ModelConfig llama3 = tiny_config(A::llama, 1000, 256, 768, 3, 8, 1, 128, 500000.0);
-  llama3.rope.llama3_scaling = true;
-  llama3.rope.factor = 8.0;
-  llama3.rope.low_freq_factor = 1.0;
-  llama3.rope.high_freq_factor = 4.0;
-  llama3.rope.original_max_position = 64;
+  ModelConfig llama3 = tiny_config(A::llama, 1000, 256, 768, 3, 8, 1, 128, 500000.0, 1024);
+  testing::use_llama3_rope_scaling(llama3);
   models.push_back({"llama3_rope_headdim128_group8", llama3});
   // q/k/v biases, tied embeddings, GQA 4:1.
-  ModelConfig qwen2 = tiny_config(A::qwen2, 997, 256, 512, 2, 4, 1, 64, 1000000.0);
+  ModelConfig qwen2 = tiny_config(A::qwen2, 997, 256, 512, 2, 4, 1, 64, 1000000.0, 1024);
   qwen2.qkv_bias = true;
   qwen2.tie_word_embeddings = true;
   models.push_back({"qwen2_bias_tied", qwen2});
   // A 24-token sliding window, shorter than the prompts below.
-  ModelConfig mistral = tiny_config(A::mistral, 771, 512, 256, 3, 4, 2, 64, 10000.0);
+  ModelConfig mistral = tiny_config(A::mistral, 771, 512, 256, 3, 4, 2, 64, 10000.0, 1024);
   mistral.sliding_window = 24;
   models.push_back({"mistral_window24", mistral});
   return models;
@@ -90,13 +65,6 @@ EngineOptions persistent_options() {
   options.kv_cache_bytes = size_t{32} << 20;
   options.persistent_decode = true;
   return options;
-}
-
-std::vector<int32_t> random_ids(std::mt19937_64& rng, int count, int vocab) {
-  std::uniform_int_distribution<int32_t> any(0, vocab - 1);
-  std::vector<int32_t> ids(count);
-  for (auto& id : ids) id = any(rng);
-  return ids;
 }
 
 class PersistentDecode : public ::testing::TestWithParam<int> {
@@ -135,19 +103,7 @@ class PersistentDecode : public ::testing::TestWithParam<int> {
       for (const StepToken& token : engine.step())
         if (token.sequence == id) ours.push_back(token.id);
     EXPECT_EQ(ours.size(), static_cast<size_t>(new_tokens));
-    reference::KvCache cache = reference_->new_cache();
-    std::vector<float> logits = reference_->forward(prompt, cache);
-    for (size_t t = 0; t < ours.size(); ++t) {
-      const std::span<const float> row(logits.data() + logits.size() - vocab_, vocab_);
-      const auto best = static_cast<int32_t>(testing::argmax(row));
-      if (ours[t] != best) {
-        EXPECT_TRUE(ours[t] >= 0 && ours[t] < config_.vocab_size && testing::near_tie(row, ours[t], best))
-            << "token " << t << ": engine " << ours[t] << ", reference " << best;
-        return static_cast<int>(t);
-      }
-      logits = reference_->forward(std::span<const int32_t>(ours).subspan(t, 1), cache);
-    }
-    return static_cast<int>(ours.size());
+    return testing::reference_greedy_matches(*reference_, prompt, ours, config_.vocab_size, "greedy");
   }
 
   ScratchDir scratch_;
@@ -199,7 +155,8 @@ TEST(PersistentDecodeRules, ShapeOutsideTheRulesIsRefusedWithTheReason) {
   DF_REQUIRE_GPU();
   ScratchDir scratch;
   // H = 192: not a multiple of 256.
-  write_random_checkpoint(tiny_config(Architecture::llama, 300, 192, 256, 1, 3, 1, 64, 10000.0), scratch.path(), {});
+  write_random_checkpoint(tiny_config(Architecture::llama, 300, 192, 256, 1, 3, 1, 64, 10000.0, 1024), scratch.path(),
+                          {});
   testing::expect_error([&] { Engine::from_checkpoint(scratch.path(), persistent_options()); },
                         {"persistent_decode", "multiples of 256"});
 }

@@ -642,75 +642,74 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_decode_kernel(const Pe
   unsigned items_done = 0;  // attention items of the layers so far
   if (threadIdx.x == 0) consumer_log.stamp(trace::Kernel::persistent_qkv, trace::Mark::start);
 
+  // One matrix operation of the block: wait for its input (no counter: none), stage it, run the
+  // block's `slabs` slabs of `rows` rows (each into its own `rows` sums), finish each row, count
+  // the block's part done.
+  auto matrix_operation = [&](trace::Kernel kind, const unsigned* input_ready, unsigned target, auto stage,
+                              int slabs, int rows, int k, auto finish_row, unsigned* done) {
+    if (input_ready) wait_for(input_ready, target);
+    if (threadIdx.x == 0) consumer_log.stamp(kind, trace::Mark::upstream);
+    stage();
+    zero(acc, slabs * rows);
+    consumer_sync();
+    for (int slab = 0; slab < slabs; ++slab) persistent::consume_slab(ring, at, rows, k, xs, acc + slab * rows);
+    consumer_sync();
+    if (threadIdx.x == 0) consumer_log.stamp(kind, trace::Mark::phase);
+    for (int r = threadIdx.x; r < rows; r += kConsumers) finish_row(r);
+    signal(done);
+  };
+
   for (int l = 0; l < s.layers; ++l) {
     const PersistentDecodeLayer& w = p.layers[l];
     const unsigned layer_done = (l + 1) * blocks;
     // q | k | v rows of rmsnorm(residual stream)
-    if (l > 0) wait_for(&counters[kDownDone], l * blocks);
-    if (threadIdx.x == 0) consumer_log.stamp(trace::Kernel::persistent_qkv, trace::Mark::upstream);
-    stage_vector(xs, l == 0 ? embedding : p.residual, s.hidden, true, w.input_norm, p.norm_eps, scratch);
-    zero(acc, qkv_rows.count());
-    consumer_sync();
-    persistent::consume_slab(ring, at, qkv_rows.count(), s.hidden, xs, acc);
-    consumer_sync();
-    if (threadIdx.x == 0) consumer_log.stamp(trace::Kernel::persistent_qkv, trace::Mark::phase);
-    for (int r = threadIdx.x; r < qkv_rows.count(); r += kConsumers) {
-      const float bias = w.qkv_bias ? __bfloat162float(w.qkv_bias[qkv_rows.begin + r]) : 0.0f;
-      ws.qkv[qkv_rows.begin + r] = bf16_round(acc[r] + bias);
-    }
-    signal(&counters[kQkvDone]);
+    matrix_operation(
+        trace::Kernel::persistent_qkv, l > 0 ? &counters[kDownDone] : nullptr, l * blocks,
+        [&] { stage_vector(xs, l == 0 ? embedding : p.residual, s.hidden, true, w.input_norm, p.norm_eps, scratch); },
+        1, qkv_rows.count(), s.hidden,
+        [&](int r) {
+          const float bias = w.qkv_bias ? __bfloat162float(w.qkv_bias[qkv_rows.begin + r]) : 0.0f;
+          ws.qkv[qkv_rows.begin + r] = bf16_round(acc[r] + bias);
+        },
+        &counters[kQkvDone]);
 
     attention(c, ring, at, w, item, &counters[kQkvDone], layer_done);
     items_done += cut.items(s);
     if (threadIdx.x == 0) consumer_log.stamp(trace::Kernel::persistent_attention, trace::Mark::end);
 
     // o_proj + o_bias, added to the residual stream (layer 0: to the embedding)
-    wait_for(&counters[kItemsDone], items_done);
-    if (threadIdx.x == 0) consumer_log.stamp(trace::Kernel::persistent_o_proj, trace::Mark::upstream);
-    stage_attention_output(c, cut, xs);
-    zero(acc, hidden_rows.count());
-    consumer_sync();
-    persistent::consume_slab(ring, at, hidden_rows.count(), s.q_size(), xs, acc);
-    consumer_sync();
-    if (threadIdx.x == 0) consumer_log.stamp(trace::Kernel::persistent_o_proj, trace::Mark::phase);
-    for (int r = threadIdx.x; r < hidden_rows.count(); r += kConsumers) {
-      const int h = hidden_rows.begin + r;
-      const float base = __bfloat162float(l == 0 ? embedding[h] : p.residual[h]);
-      const float bias = w.o_bias ? __bfloat162float(w.o_bias[h]) : 0.0f;
-      p.residual[h] = __float2bfloat16_rn(acc[r] + bias + base);
-    }
-    signal(&counters[kODone]);
+    matrix_operation(
+        trace::Kernel::persistent_o_proj, &counters[kItemsDone], items_done, [&] { stage_attention_output(c, cut, xs); },
+        1, hidden_rows.count(), s.q_size(),
+        [&](int r) {
+          const int h = hidden_rows.begin + r;
+          const float base = __bfloat162float(l == 0 ? embedding[h] : p.residual[h]);
+          const float bias = w.o_bias ? __bfloat162float(w.o_bias[h]) : 0.0f;
+          p.residual[h] = __float2bfloat16_rn(acc[r] + bias + base);
+        },
+        &counters[kODone]);
 
-    // gate and up rows of the block's slice of I -> act
-    wait_for(&counters[kODone], layer_done);
-    if (threadIdx.x == 0) consumer_log.stamp(trace::Kernel::persistent_gate_up, trace::Mark::upstream);
-    stage_vector(xs, p.residual, s.hidden, true, w.post_norm, p.norm_eps, scratch);
-    zero(acc, 2 * act_rows.count());
-    consumer_sync();
-    persistent::consume_slab(ring, at, act_rows.count(), s.hidden, xs, acc);
-    persistent::consume_slab(ring, at, act_rows.count(), s.hidden, xs, acc + act_rows.count());
-    consumer_sync();
-    if (threadIdx.x == 0) consumer_log.stamp(trace::Kernel::persistent_gate_up, trace::Mark::phase);
-    for (int r = threadIdx.x; r < act_rows.count(); r += kConsumers) {
-      const float gate = bf16_round(acc[r]), up = bf16_round(acc[act_rows.count() + r]);
-      ws.act[act_rows.begin + r] = __float2bfloat16_rn(silu(gate) * up);
-    }
-    signal(&counters[kUpDone]);
+    // gate and up rows of the block's slice of I (two slabs) -> act
+    matrix_operation(
+        trace::Kernel::persistent_gate_up, &counters[kODone], layer_done,
+        [&] { stage_vector(xs, p.residual, s.hidden, true, w.post_norm, p.norm_eps, scratch); }, 2, act_rows.count(),
+        s.hidden,
+        [&](int r) {
+          const float gate = bf16_round(acc[r]), up = bf16_round(acc[act_rows.count() + r]);
+          ws.act[act_rows.begin + r] = __float2bfloat16_rn(silu(gate) * up);
+        },
+        &counters[kUpDone]);
 
     // down rows, added to the residual stream
-    wait_for(&counters[kUpDone], layer_done);
-    if (threadIdx.x == 0) consumer_log.stamp(trace::Kernel::persistent_down, trace::Mark::upstream);
-    stage_vector(xs, ws.act, s.intermediate, false, nullptr, 0.0f, scratch);
-    zero(acc, hidden_rows.count());
-    consumer_sync();
-    persistent::consume_slab(ring, at, hidden_rows.count(), s.intermediate, xs, acc);
-    consumer_sync();
-    if (threadIdx.x == 0) consumer_log.stamp(trace::Kernel::persistent_down, trace::Mark::phase);
-    for (int r = threadIdx.x; r < hidden_rows.count(); r += kConsumers) {
-      const int h = hidden_rows.begin + r;
-      p.residual[h] = __float2bfloat16_rn(acc[r] + __bfloat162float(p.residual[h]));
-    }
-    signal(&counters[kDownDone]);
+    matrix_operation(
+        trace::Kernel::persistent_down, &counters[kUpDone], layer_done,
+        [&] { stage_vector(xs, ws.act, s.intermediate, false, nullptr, 0.0f, scratch); }, 1, hidden_rows.count(),
+        s.intermediate,
+        [&](int r) {
+          const int h = hidden_rows.begin + r;
+          p.residual[h] = __float2bfloat16_rn(acc[r] + __bfloat162float(p.residual[h]));
+        },
+        &counters[kDownDone]);
   }
 
   if (threadIdx.x == 0) consumer_log.flush();

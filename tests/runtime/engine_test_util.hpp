@@ -1,0 +1,82 @@
+// What the engine's GPU tests share: tiny model configurations, random prompts, and the check of
+// greedy tokens against the reference decoder's.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "deepfuse/model_config.hpp"
+#include "deepfuse/reference_decoder.hpp"
+#include "logits_check.hpp"
+
+namespace deepfuse::testing {
+
+struct TinyModel {
+  std::string name;
+  ModelConfig config;
+};
+
+inline ModelConfig tiny_config(Architecture architecture, int vocab, int hidden, int intermediate, int layers,
+                               int heads, int kv_heads, int head_dim, double rope_theta, int max_position = 256) {
+  ModelConfig c;
+  c.architecture = architecture;
+  c.vocab_size = vocab;
+  c.hidden_size = hidden;
+  c.intermediate_size = intermediate;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = heads;
+  c.num_key_value_heads = kv_heads;
+  c.head_dim = head_dim;
+  c.max_position_embeddings = max_position;
+  c.rms_norm_eps = 1e-5;
+  c.rope.head_dim = head_dim;
+  c.rope.theta = rope_theta;
+  c.bos_token_id = 1;
+  c.eos_token_ids = {2};
+  return c;
+}
+
+// Llama 3 RoPE scaling with all three wavelength bands inside theta 500000's spectrum.
+inline void use_llama3_rope_scaling(ModelConfig& c) {
+  c.rope.llama3_scaling = true;
+  c.rope.factor = 8.0;
+  c.rope.low_freq_factor = 1.0;
+  c.rope.high_freq_factor = 4.0;
+  c.rope.original_max_position = 64;
+}
+
+inline std::vector<int32_t> random_ids(std::mt19937_64& rng, int count, int vocab) {
+  std::uniform_int_distribution<int32_t> any(0, vocab - 1);
+  std::vector<int32_t> ids(count);
+  for (auto& id : ids) id = any(rng);
+  return ids;
+}
+
+// How many of `ours` (greedy tokens after `prompt`) equal the reference's greedy decode, one token
+// at a time; the first divergence must be a near tie of the reference, after which the two
+// continue from different text and are not compared.
+inline int reference_greedy_matches(const reference::Decoder& reference, std::span<const int32_t> prompt,
+                                    std::span<const int32_t> ours, int vocab, const std::string& what) {
+  reference::KvCache cache = reference.new_cache();
+  std::vector<float> logits = reference.forward(prompt, cache);
+  for (size_t t = 0; t < ours.size(); ++t) {
+    const std::span<const float> row(logits.data() + logits.size() - vocab, vocab);
+    const auto best = static_cast<int32_t>(argmax(row));
+    if (ours[t] != best) {
+      const bool in_range = ours[t] >= 0 && ours[t] < vocab;
+      EXPECT_TRUE(in_range && near_tie(row, ours[t], best))
+          << what << " token " << t << ": engine " << ours[t] << ", reference " << best << " (logits "
+          << (in_range ? row[ours[t]] : 0.0f) << " vs " << row[best] << ", row RMS " << rms(row) << ")";
+      return static_cast<int>(t);
+    }
+    logits = reference.forward(ours.subspan(t, 1), cache);
+  }
+  return static_cast<int>(ours.size());
+}
+
+}  // namespace deepfuse::testing
