@@ -16,6 +16,11 @@
 
 namespace deepfuse::testing {
 
+// The engine computes in bf16 with fp32 accumulation, the reference in fp32 on the same bf16
+// weights: per position, relative error of the logits and top-1 agreement (logits_check.hpp).
+inline constexpr double kMaxLogitsError = 2e-2;
+inline constexpr double kMinTop1Agreement = 0.99;
+
 struct TinyModel {
   std::string name;
   ModelConfig config;

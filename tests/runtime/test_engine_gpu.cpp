@@ -37,8 +37,8 @@ using testing::ScratchDir;
 using testing::tiny_config;
 using testing::TinyModel;
 
-constexpr double kMaxLogitsError = 2e-2;
-constexpr double kMinTop1Agreement = 0.99;
+using testing::kMaxLogitsError;
+using testing::kMinTop1Agreement;
 
 // One per architecture feature the engine must get right. Vocabularies are odd-sized on purpose.
 std::vector<TinyModel> tiny_models() {

@@ -34,8 +34,8 @@ using testing::ScratchDir;
 using testing::tiny_config;
 using testing::TinyModel;
 
-constexpr double kMaxLogitsError = 2e-2;
-constexpr double kMinTop1Agreement = 0.99;
+using testing::kMaxLogitsError;
+using testing::kMinTop1Agreement;
 
 std::vector<TinyModel> tiny_models() {
   using A = Architecture;
