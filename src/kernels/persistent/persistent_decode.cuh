@@ -8,7 +8,7 @@
 // activations: they do not depend on them. Each block has a producer warp that streams the
 // block's share of every weight matrix of every layer, in the order the block will use them,
 // through a ring of shared-memory stages with bulk copies (cp.async.bulk, completion counted by
-// an mbarrier per stage). Eight consumer warps wait for the activations an operation needs (a
+// an mbarrier per stage). Seven consumer warps wait for the activations an operation needs (a
 // counter in global memory per operation kind, bumped by each block once its part is written),
 // stage that vector in shared memory, and run it against the weights already waiting in the
 // ring. A grid-wide hand-off costs a few µs, as a kernel boundary does, but the ring keeps
@@ -18,12 +18,13 @@
 // weights: a share is one contiguous slab, streamed in stages of up to kStageBytes):
 //   qkv      x = rmsnorm(residual) (x input_norm unless folded into the weights); q | k | v rows,
 //            + bias, rounded to bf16 -> qkv scratch (fp32)                    bump qkv_done
-//   attention (after every block's qkv) kv-head x context-split items, one per block: RoPE on
-//            q and the new k, keys and values read from the paged cache (the new token's from
-//            the scratch; the first split of a head appends them to the cache), online softmax,
-//            partial outputs merged by the last split of the head to finish -> attention_out
-//                                                                             bump heads_done
-//   o_proj   (after every head) residual rows += attention_out · Wo^T + o_bias  bump o_done
+//   attention (KV head, context split) items, at most one per block, whose key and value pages
+//            ride the same ring (copied right after the block's qkv slab); after every block's
+//            qkv: RoPE on q and the new key (the first split appends them to the cache), online
+//            softmax over the pages in shared memory -> a partial output and its (max, sum)
+//                                                                             bump items_done
+//   o_proj   (after every item) x = the partials merged by each block itself;
+//            residual rows += x · Wo^T + o_bias                               bump o_done
 //   gate_up  (after every block's o_proj) x = rmsnorm(residual) (x post-norm unless folded);
 //            gate and up rows of the block's slice of I -> act = bf16(silu(g) * u) bump up_done
 //   down     (after every block's gate_up) residual rows += act · Wd^T          bump down_done
@@ -35,9 +36,10 @@
 // block per SM with most of its shared memory, launched cooperatively.
 //
 // Requires sm_90 (bulk copies); K of every matrix (H, q_size, I) a multiple of 256; head_dim 64
-// or 128; at most 8 query heads per KV head. Results are deterministic: no floating-point
-// atomics leave a block (within a block, a row's partial sums meet in shared memory in an order
-// that can vary, so not bitwise deterministic across runs).
+// or 128; at most 8 query heads per KV head. No floating-point atomics leave a block, but within
+// one a row's partial sums (and the attention warps' outputs) meet in shared memory in an order
+// that can vary: not bitwise deterministic across runs. Measured, and why it is not the default
+// yet: docs/kernels/persistent_decode.md.
 #pragma once
 
 #include <cuda_bf16.h>
