@@ -57,7 +57,8 @@ __host__ __device__ inline int max_splits(const PersistentDecodeShape& s, int bl
 }
 
 // Carves the workspace; with base == nullptr, only its size (returned) is meaningful.
-__host__ __device__ inline size_t carve_workspace(const PersistentDecodeShape& s, int blocks, void* base, Workspace* w) {
+__host__ __device__ inline size_t carve_workspace(const PersistentDecodeShape& s, int blocks, void* base,
+                                                  Workspace* w) {
   const int group = s.q_heads / s.kv_heads;
   const size_t partials = static_cast<size_t>(s.kv_heads) * max_splits(s, blocks) * group;
   const size_t sizes[] = {kCounterSlots * sizeof(unsigned),
@@ -84,7 +85,8 @@ struct SharedLayout {
   size_t barriers, ring, x, acc, attention, pages, total;
 };
 constexpr size_t kAttentionShared =
-    sizeof(float) * (2 * kMaxGroup * kMaxHeadDim + 2 * kMaxHeadDim + kConsumerWarps * kMaxGroup * 2 + 2 * kMaxGroup + 8);
+    sizeof(float) *
+    (2 * kMaxGroup * kMaxHeadDim + 2 * kMaxHeadDim + kConsumerWarps * kMaxGroup * 2 + 2 * kMaxGroup + 8);
 
 __host__ __device__ inline int max_block_rows(int rows, int blocks) { return (rows + blocks - 1) / blocks; }
 
@@ -109,7 +111,9 @@ struct Rows {
   int begin, end;
   __device__ int count() const { return end - begin; }
 };
-__device__ inline Rows block_rows(int rows) { return {split_point(rows, gridDim.x, blockIdx.x), split_point(rows, gridDim.x, blockIdx.x + 1)}; }
+__device__ inline Rows block_rows(int rows) {
+  return {split_point(rows, gridDim.x, blockIdx.x), split_point(rows, gridDim.x, blockIdx.x + 1)};
+}
 
 __device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v)); }
@@ -679,7 +683,8 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_decode_kernel(const Pe
 
     // o_proj + o_bias, added to the residual stream (layer 0: to the embedding)
     matrix_operation(
-        trace::Kernel::persistent_o_proj, &counters[kItemsDone], items_done, [&] { stage_attention_output(c, cut, xs); },
+        trace::Kernel::persistent_o_proj, &counters[kItemsDone], items_done,
+        [&] { stage_attention_output(c, cut, xs); },
         1, hidden_rows.count(), s.q_size(),
         [&](int r) {
           const int h = hidden_rows.begin + r;
