@@ -86,7 +86,8 @@ struct SharedLayout {
 };
 constexpr size_t kAttentionShared =
     sizeof(float) *
-    (2 * kMaxGroup * kMaxHeadDim + 2 * kMaxHeadDim + kConsumerWarps * kMaxGroup * 2 + 2 * kMaxGroup + 8);
+    (2 * kMaxGroup * kMaxHeadDim + 2 * kMaxHeadDim + kConsumerWarps * kMaxGroup * 2 + 2 * kMaxGroup + 8 +
+     kMaxHeadDim / 2);
 
 __host__ __device__ inline int max_block_rows(int rows, int blocks) { return (rows + blocks - 1) / blocks; }
 
@@ -349,6 +350,8 @@ __device__ void attention_item(const Consumer& c, const Ring& ring, RingState& a
   float* v_new = k_new + kMaxHeadDim;            // [HD]
   float* warp_stats = v_new + kMaxHeadDim;       // [warps][kMaxGroup][2]: max score, sum of exponentials
   float* totals = warp_stats + kConsumerWarps * kMaxGroup * 2;  // [kMaxGroup][2] the block's
+  // The new key as a bf16 row (16-byte aligned), read in place of the cache's row at `position`.
+  auto* k_new_row = reinterpret_cast<__nv_bfloat16*>(totals + kMaxGroup * 2 + 8);
   const float pos = static_cast<float>(position);
   const PagedKv kv{layer.k_pages, layer.v_pages, p.block_table, p.max_pages_per_seq, s.kv_heads, HD};
 
@@ -361,6 +364,7 @@ __device__ void attention_item(const Consumer& c, const Ring& ring, RingState& a
       out[i] = 0.0f;
     } else if (j == group) {
       k_new[d] = bf16_round(rotated(c.ws.qkv + s.q_size() + kv_head * HD, d, HD, pos, p.inv_freq));
+      k_new_row[d] = __float2bfloat16_rn(k_new[d]);
     } else {
       v_new[d] = __ldcg(c.ws.qkv + s.q_size() + s.kv_size() + kv_head * HD + d);
     }
@@ -401,28 +405,24 @@ __device__ void attention_item(const Consumer& c, const Ring& ring, RingState& a
       float score[GROUP];
 #pragma unroll
       for (int j = 0; j < GROUP; ++j) score[j] = 0.0f;
-      if (key == position) {
-        for (int d = 0; d < HD; ++d) {
-#pragma unroll
-          for (int j = 0; j < GROUP; ++j) score[j] = fmaf(q[j * HD + d], k_new[d], score[j]);
-        }
-      } else {
-        // Each lane starts at a different 16-byte chunk of its row: rows are kRowBytes apart, so
-        // the same chunk of 8 rows would share banks.
-        const char* key_row = keys + (row / kKvPageSize) * kPageBytes + (row % kKvPageSize) * kRowBytes;
+      // Each lane starts at a different 16-byte chunk of its row: rows are kRowBytes apart, so the
+      // same chunk of 8 rows would share banks. The lane at `position` reads the new key instead
+      // (no divergent path).
+      const char* key_row = key == position
+                                ? reinterpret_cast<const char*>(k_new_row)
+                                : keys + (row / kKvPageSize) * kPageBytes + (row % kKvPageSize) * kRowBytes;
 #pragma unroll 4
-        for (int c0 = 0; c0 < kChunks; ++c0) {
-          const int chunk = (c0 + lane) % kChunks;
-          const uint4 bits = *reinterpret_cast<const uint4*>(key_row + chunk * 16);
-          const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&bits);
+      for (int c0 = 0; c0 < kChunks; ++c0) {
+        const int chunk = (c0 + lane) % kChunks;
+        const uint4 bits = *reinterpret_cast<const uint4*>(key_row + chunk * 16);
+        const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&bits);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float2 k = __bfloat1622float2(pairs[e]);
+        for (int e = 0; e < 4; ++e) {
+          const float2 k = __bfloat1622float2(pairs[e]);
 #pragma unroll
-            for (int j = 0; j < GROUP; ++j) {
-              score[j] = fmaf(q[j * HD + chunk * 8 + 2 * e], k.x, score[j]);
-              score[j] = fmaf(q[j * HD + chunk * 8 + 2 * e + 1], k.y, score[j]);
-            }
+          for (int j = 0; j < GROUP; ++j) {
+            score[j] = fmaf(q[j * HD + chunk * 8 + 2 * e], k.x, score[j]);
+            score[j] = fmaf(q[j * HD + chunk * 8 + 2 * e + 1], k.y, score[j]);
           }
         }
       }
