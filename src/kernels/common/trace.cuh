@@ -25,23 +25,33 @@ inline void attach_unit() {
   if (cudaMemcpyToSymbol(unit_buffer, &buffer, sizeof buffer) == cudaSuccess) seen = buffer.generation;
 }
 
-// Thread 0 stamps (any_thread: the calling thread, which must be the only one calling).
-__device__ __forceinline__ void stamp(Kernel kernel, Mark mark, bool any_thread = false) {
-  if (!any_thread && threadIdx.x != 0) return;
-  const Buffer buffer = unit_buffer;
-  if (!buffer.events) return;
-  const unsigned index = atomicAdd(buffer.count, 1u);
-  if (index >= buffer.capacity) return;
+// An event of this block at `time_ns`.
+__device__ __forceinline__ Event event_at(std::uint64_t time_ns, std::uint8_t kernel, std::uint8_t mark) {
   Event event;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(event.time_ns));
+  event.time_ns = time_ns;
   asm("mov.u64 %0, %%gridid;" : "=l"(event.grid));
   unsigned sm;
   asm("mov.u32 %0, %%smid;" : "=r"(sm));
   event.sm = static_cast<std::uint16_t>(sm);
   event.block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  event.kernel = static_cast<std::uint8_t>(kernel);
-  event.mark = static_cast<std::uint8_t>(mark);
-  buffer.events[index] = event;
+  event.kernel = kernel;
+  event.mark = mark;
+  return event;
+}
+
+__device__ __forceinline__ std::uint64_t globaltimer() {
+  std::uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ void stamp(Kernel kernel, Mark mark) {
+  if (threadIdx.x != 0) return;
+  const Buffer buffer = unit_buffer;
+  if (!buffer.events) return;
+  const unsigned index = atomicAdd(buffer.count, 1u);
+  if (index >= buffer.capacity) return;
+  buffer.events[index] = event_at(globaltimer(), static_cast<std::uint8_t>(kernel), static_cast<std::uint8_t>(mark));
 }
 
 // A block's marks kept in shared memory and written out by flush() at the end: no global atomic
@@ -56,7 +66,7 @@ struct BlockLog {
   __device__ void init() { count = 0; }
   __device__ __forceinline__ void stamp(Kernel k, Mark m) {
     if (count >= N) return;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(time[count]));
+    time[count] = globaltimer();
     kernel[count] = static_cast<std::uint8_t>(k), mark[count] = static_cast<std::uint8_t>(m);
     ++count;
   }
@@ -64,27 +74,15 @@ struct BlockLog {
     const Buffer buffer = unit_buffer;
     if (!buffer.events || count == 0) return;
     const unsigned first = atomicAdd(buffer.count, count);
-    std::uint64_t grid;
-    asm("mov.u64 %0, %%gridid;" : "=l"(grid));
-    unsigned sm;
-    asm("mov.u32 %0, %%smid;" : "=r"(sm));
-    for (unsigned i = 0; i < count && first + i < buffer.capacity; ++i) {
-      Event event;
-      event.time_ns = time[i];
-      event.grid = grid;
-      event.sm = static_cast<std::uint16_t>(sm);
-      event.block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-      event.kernel = kernel[i];
-      event.mark = mark[i];
-      buffer.events[first + i] = event;
-    }
+    for (unsigned i = 0; i < count && first + i < buffer.capacity; ++i)
+      buffer.events[first + i] = event_at(time[i], kernel[i], mark[i]);
   }
 };
 
 }  // namespace
 #else
 inline void attach_unit() {}
-__device__ __forceinline__ void stamp(Kernel, Mark, bool = false) {}
+__device__ __forceinline__ void stamp(Kernel, Mark) {}
 template <int N>
 struct BlockLog {
   __device__ void init() {}

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/mlp/silu.cuh"
+
 namespace deepfuse::kernels {
 namespace {
-
-__device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v)); }
 
 int blocks_for(size_t work_items, int threads) {
   return static_cast<int>(std::min<size_t>((work_items + threads - 1) / threads, 65535 * 8));

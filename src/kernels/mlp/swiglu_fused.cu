@@ -44,6 +44,7 @@
 #include "kernels/common/residual_sum.cuh"
 #include "kernels/common/trace.cuh"
 #include "kernels/mlp/fragment.cuh"
+#include "kernels/mlp/silu.cuh"
 
 namespace deepfuse::kernels {
 namespace {
@@ -341,7 +342,7 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
           const float inverse_rms =
               normalize ? rsqrtf(shared.norm_squares[token] / hidden + p.norm_eps) : 1.0f;
           const float gate = gate_sum * inverse_rms, up = up_sum * inverse_rms;
-          const __nv_bfloat16 value = __float2bfloat16(gate / (1.0f + __expf(-gate)) * up);
+          const __nv_bfloat16 value = __float2bfloat16(silu(gate) * up);
           for (int destination = 0; destination < C; ++destination)
             in_block<C>(&shared.act[0][0], destination)[token * Config::kActStride + column] = value;
           gate_sum = 0.0f;  // ready for the next pass

@@ -10,6 +10,7 @@
 #include "kernels/common/async_ring.cuh"
 #include "kernels/common/l2_policy.cuh"
 #include "kernels/common/trace.cuh"
+#include "kernels/mlp/silu.cuh"
 #include "kernels/persistent/weight_stream.cuh"
 
 namespace deepfuse::kernels {
@@ -19,6 +20,7 @@ using persistent::consumer_sync;
 using persistent::Ring;
 using persistent::RingState;
 using persistent::warp_sum;
+using warp_tiles::warp_max;
 using persistent::kConsumers;
 using persistent::kConsumerWarps;
 using persistent::kIterationElements;
@@ -117,13 +119,6 @@ __device__ inline Rows block_rows(int rows) {
 }
 
 __device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
-__device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v)); }
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 
 __device__ __forceinline__ unsigned load_relaxed(const unsigned* p) {
   unsigned v;

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "kernels/attention/warp_tiles.cuh"
 #include "kernels/common/async_ring.cuh"
 
 namespace deepfuse::kernels::persistent {
@@ -100,11 +101,7 @@ __device__ __forceinline__ void produce_slab(const Ring& ring, RingState& at, co
   }
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+using warp_tiles::warp_sum;
 
 // a · b over 8 bf16 pairs, in fp32.
 __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, float sum) {
@@ -112,8 +109,8 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, float sum)
   float even = 0.0f;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    sum = fmaf(__uint_as_float(av[i] << 16), __uint_as_float(bv[i] << 16), sum);
-    even = fmaf(__uint_as_float(av[i] & 0xffff0000u), __uint_as_float(bv[i] & 0xffff0000u), even);
+    sum = fmaf(warp_tiles::low_bf16(av[i]), warp_tiles::low_bf16(bv[i]), sum);
+    even = fmaf(warp_tiles::high_bf16(av[i]), warp_tiles::high_bf16(bv[i]), even);
   }
   return sum + even;
 }
