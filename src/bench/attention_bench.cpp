@@ -62,6 +62,19 @@ struct Row {
   std::optional<double> power_capped;  // share of both timings the power limit held the clocks down
 };
 
+kernels::SplitMerge split_merge(const std::string& name) {
+  if (name == "workspace") return kernels::SplitMerge::workspace;
+  if (name == "cluster") return kernels::SplitMerge::cluster;
+  DF_CHECK(name == "auto", "bench attention: --merge " + name + " (auto, workspace or cluster)");
+  return kernels::SplitMerge::automatic;
+}
+
+// Where the plan merges splits: "-" (one split), "L2" (workspace) or "cluster".
+std::string merge_name(const kernels::DecodeAttentionPlan& plan) {
+  if (plan.splits_per_sequence == 1) return "-";
+  return plan.cluster_merge ? "cluster" : "L2";
+}
+
 int run_gpu(const AttentionBenchOptions& o) {
   const GpuBench gpu;
   const DeviceInfo& device = gpu.device;
@@ -75,7 +88,7 @@ int run_gpu(const AttentionBenchOptions& o) {
   for (const AttentionBenchCase& c : o.cases) {
     const kernels::DecodeAttentionPlan plan =
         kernels::plan_decode_attention(c.batch, o.q_heads, o.kv_heads, o.head_dim, c.context, device.sm_count, o.splits,
-                                      o.warps);
+                                      o.warps, split_merge(o.merge));
     // Enough separate pools of K/V pages (each with its own scattered block table) that the
     // pages a call reads were evicted from L2 since the last call that read them.
     const int pages_per_seq = (c.context + kernels::kKvPageSize - 1) / kernels::kKvPageSize;
@@ -126,7 +139,7 @@ int run_gpu(const AttentionBenchOptions& o) {
     std::fprintf(stderr, "  measured %s (%d KV copies, %.0f MB each)\n", case_name(c).c_str(), copies, bytes_per_call / 1e6);
   }
 
-  Table table({"batch x context", "q/kv heads", "d", "splits", "warps", "us graph", "TB/s", "%copy", "us stream",
+  Table table({"batch x context", "q/kv heads", "d", "splits", "warps", "merge", "us graph", "TB/s", "%copy", "us stream",
                "%copy stream", "launches", "power-capped"});
   nlohmann::json json = run_header(device.name, copy_bw);
   json["suite"] = "attention";
@@ -142,12 +155,13 @@ int run_gpu(const AttentionBenchOptions& o) {
     const int launches = kernels::decode_attention_launches(r.plan);
     table.add({case_name(r.shape), std::to_string(o.q_heads) + "/" + std::to_string(o.kv_heads),
                std::to_string(o.head_dim), std::to_string(r.plan.splits_per_sequence),
-               std::to_string(r.plan.warps_per_block), format_fixed(r.graph_us, 1), format_fixed(tbps, 2),
+               std::to_string(r.plan.warps_per_block), merge_name(r.plan), format_fixed(r.graph_us, 1), format_fixed(tbps, 2),
                format_fixed(pct, 1), format_fixed(r.stream_us, 1), format_fixed(pct_stream, 1),
                std::to_string(launches), power_capped_cell(r.power_capped)});
     json["rows"].push_back({{"batch", r.shape.batch}, {"context", r.shape.context}, {"q_heads", o.q_heads},
                             {"kv_heads", o.kv_heads}, {"head_dim", o.head_dim},
                             {"splits", r.plan.splits_per_sequence}, {"warps_per_block", r.plan.warps_per_block},
+                            {"merge", merge_name(r.plan)},
                             {"kv_copies", r.kv_copies}, {"us", r.graph_us}, {"tbps", tbps}, {"pct_copy", pct},
                             {"us_stream", r.stream_us}, {"pct_copy_stream", pct_stream}, {"launches", launches},
                             {"power_capped_fraction", power_capped_json(r.power_capped)}});

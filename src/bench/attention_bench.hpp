@@ -21,6 +21,7 @@ struct AttentionBenchOptions {
   int warmup = 10;
   int splits = 0;            // > 0: force the split count (compare plans); 0: the plan's choice
   int warps = 0;             // 4 or 8: force the warps per block; 0: the plan's choice
+  std::string merge = "auto";  // "workspace" or "cluster": force where splits merge; "auto": the plan's choice
   double l2_multiple = 4.0;  // KV copies rotated per call cover at least this many L2s
   std::string json_path;     // empty: no JSON
   std::string trace_path;    // per-block timelines of a few calls per case (a -DDEEPFUSE_TRACE=ON build)

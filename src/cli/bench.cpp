@@ -169,6 +169,9 @@ void register_bench(CLI::App& app, Action& action) {
   attention->add_option("--warps", attention_args->options.warps,
                         "force blocks of this many warps, 4 or 8 (default: the plan's choice)")
       ->check(CLI::IsMember({4, 8}));
+  attention->add_option("--merge", attention_args->options.merge,
+                        "where splits merge: workspace (L2), cluster (shared memory) or auto (the plan's choice)")
+      ->check(CLI::IsMember({"auto", "workspace", "cluster"}));
   attention->add_option("--json", attention_args->options.json_path, "write the rows as JSON to this file");
   attention->add_option("--trace", attention_args->options.trace_path,
                         "write per-block timelines of a graph of calls per case as CSV (needs -DDEEPFUSE_TRACE=ON)");

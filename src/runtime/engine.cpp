@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/ab_switch.hpp"
 #include "core/cuda_event.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/model_weights.hpp"
@@ -115,12 +116,23 @@ void Engine::Impl::finish_setup() {
   const int max_batch = options.max_batch;
   const std::vector<int> buckets = runtime::decode_buckets(max_batch);
   size_t attention_workspace = 0;
+  // DEEPFUSE_ATTENTION_MERGE=1 / 2 forces the workspace / cluster merge at batch 1, and
+  // DEEPFUSE_ATTENTION_SPLITS its split count (A/B only).
+  static const int forced_merge = ab_switch("DEEPFUSE_ATTENTION_MERGE", 0);
+  static const int forced_splits = ab_switch("DEEPFUSE_ATTENTION_SPLITS", 0);
   for (int bucket : buckets) {
+    const auto merge = forced_merge == 0 || bucket > 1 ? kernels::SplitMerge::automatic
+                       : forced_merge == 1            ? kernels::SplitMerge::workspace
+                                                      : kernels::SplitMerge::cluster;
     decode_plans.push_back(kernels::plan_decode_attention(bucket, config.num_attention_heads,
                                                           config.num_key_value_heads, config.head_dim,
-                                                          options.max_context, num_sms));
+                                                          options.max_context, num_sms,
+                                                          bucket == 1 ? forced_splits : 0, 0, merge));
     attention_workspace = std::max(attention_workspace, decode_plans.back().workspace_bytes);
   }
+  if (forced_merge == 0 && forced_splits == 0)
+    short_context_plans = kernels::plan_short_context_decode_attention(decode_plans.front(), num_sms);
+  for (const auto& plan : short_context_plans) attention_workspace = std::max(attention_workspace, plan.workspace_bytes);
   gemm = std::make_unique<kernels::CublasLtGemm>();
   buffers = std::make_unique<runtime::StepBuffers>(config, max_tokens(), max_batch,
                                                    std::max(max_batch, kScoreLogitRows), attention_workspace, stream());
@@ -128,7 +140,8 @@ void Engine::Impl::finish_setup() {
   for (runtime::StepLane& lane : lanes) {
     lane.inputs = PinnedBuffer(3 * static_cast<size_t>(max_batch) * sizeof(int32_t));
     lane.sampled = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t), PinnedBuffer::Access::mapped);
-    lane.graphs = std::make_unique<runtime::DecodeGraphCache>(max_batch, options.cuda_graphs);
+    lane.graphs = std::make_unique<runtime::DecodeGraphCache>(max_batch, options.cuda_graphs,
+                                                              1 + static_cast<int>(short_context_plans.size()));
   }
   prefill_sampled = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t));
   prefill_host = PinnedBuffer(3 * static_cast<size_t>(max_tokens()) * sizeof(int32_t));

@@ -138,6 +138,9 @@ struct Engine::Impl {
   std::unique_ptr<kernels::CublasLtGemm> gemm;
   std::vector<GemmTuning> gemm_tunings;  // EngineOptions::tune_gemms
   std::vector<kernels::DecodeAttentionPlan> decode_plans;  // one per bucket
+  // One sequence up to a plan's max_context tokens, ascending: splits merged in a cluster. Graph
+  // plan i + 1 (DecodeGraphCache).
+  std::vector<kernels::DecodeAttentionPlan> short_context_plans;
   std::unique_ptr<runtime::StepBuffers> buffers;
   std::unique_ptr<runtime::KvCache> kv;
   std::unique_ptr<runtime::PersistentDecodeStep> persistent;  // EngineOptions::persistent_decode

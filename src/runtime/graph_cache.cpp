@@ -35,8 +35,14 @@ std::vector<int> decode_buckets(int max_batch) {
   return buckets;
 }
 
-DecodeGraphCache::DecodeGraphCache(int max_batch, bool use_graphs)
-    : use_graphs_(use_graphs), buckets_(decode_buckets(max_batch)), state_(buckets_.size()) {}
+DecodeGraphCache::DecodeGraphCache(int max_batch, bool use_graphs, int plans)
+    : use_graphs_(use_graphs),
+      buckets_(decode_buckets(max_batch)),
+      plans_(plans),
+      state_(buckets_.size() * plans),
+      last_plan_(buckets_.size(), 0) {
+  DF_CHECK(plans >= 1, "a decode graph cache needs at least one plan per bucket (got " + std::to_string(plans) + ")");
+}
 
 DecodeGraphCache::~DecodeGraphCache() {
   for (Bucket& bucket : state_)
@@ -70,9 +76,12 @@ void DecodeGraphCache::capture(Bucket& bucket, cudaStream_t stream,
   DF_CHECK_CUDA(status);
 }
 
-void DecodeGraphCache::run(int index, cudaStream_t stream, const std::function<void(cudaStream_t)>& enqueue) {
+void DecodeGraphCache::run(int index, int plan, cudaStream_t stream,
+                           const std::function<void(cudaStream_t)>& enqueue) {
   DF_CHECK(index >= 0 && index < static_cast<int>(buckets_.size()), "no decode bucket " + std::to_string(index));
-  Bucket& bucket = state_[index];
+  DF_CHECK(plan >= 0 && plan < plans_, "no attention plan " + std::to_string(plan) + " for a decode graph");
+  Bucket& bucket = state_[index * plans_ + plan];
+  last_plan_[index] = plan;
   if (!use_graphs_ || !bucket.warmed_up) {
     enqueue(stream);
     if (!use_graphs_) return;
@@ -83,17 +92,21 @@ void DecodeGraphCache::run(int index, cudaStream_t stream, const std::function<v
   DF_CHECK_CUDA(cudaGraphLaunch(bucket.graph, stream));
 }
 
+const DecodeGraphCache::Bucket& DecodeGraphCache::last_run(int index) const {
+  return state_[index * plans_ + last_plan_[index]];
+}
+
 bool DecodeGraphCache::captured(int index) const {
-  return index >= 0 && index < static_cast<int>(buckets_.size()) && state_[index].graph != nullptr;
+  return index >= 0 && index < static_cast<int>(buckets_.size()) && last_run(index).graph != nullptr;
 }
 
 cudaError_t DecodeGraphCache::replay(int index, cudaStream_t stream) const {
-  return captured(index) ? cudaGraphLaunch(state_[index].graph, stream) : cudaErrorInvalidValue;
+  return captured(index) ? cudaGraphLaunch(last_run(index).graph, stream) : cudaErrorInvalidValue;
 }
 
 int DecodeGraphCache::kernel_nodes(int index) const {
   DF_CHECK(index >= 0 && index < static_cast<int>(buckets_.size()), "no decode bucket " + std::to_string(index));
-  return state_[index].kernel_nodes;
+  return last_run(index).kernel_nodes;
 }
 
 int DecodeGraphCache::graphs_captured() const {

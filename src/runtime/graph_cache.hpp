@@ -1,4 +1,5 @@
-// One CUDA graph per decode batch bucket.
+// One CUDA graph per decode batch bucket and attention plan (the engine's short-context plans
+// give one sequence a few).
 //
 // Buckets are 1, 2, 4, ... below max_batch, and max_batch itself; a step with n running sequences
 // runs the smallest bucket >= n with the surplus entries padded. A bucket's first step runs its
@@ -20,7 +21,9 @@ std::vector<int> decode_buckets(int max_batch);
 
 class DecodeGraphCache {
  public:
-  DecodeGraphCache(int max_batch, bool use_graphs);
+  // plans: attention plans a bucket's steps may run under (0: the bucket's; 1.. the engine's
+  // short-context plans), each captured as its own graph.
+  DecodeGraphCache(int max_batch, bool use_graphs, int plans = 1);
   ~DecodeGraphCache();
   DecodeGraphCache(const DecodeGraphCache&) = delete;
   DecodeGraphCache& operator=(const DecodeGraphCache&) = delete;
@@ -29,16 +32,18 @@ class DecodeGraphCache {
   // Index into buckets() of the smallest bucket holding `sequences` entries.
   int bucket_index(int sequences) const;
 
-  // Enqueues the step of bucket `index` on `stream`: `enqueue` (the ops) eagerly, or the graph.
-  void run(int index, cudaStream_t stream, const std::function<void(cudaStream_t)>& enqueue);
+  // Enqueues the step of bucket `index` under attention plan `plan` on `stream`: `enqueue` (the
+  // ops) eagerly, or the graph.
+  void run(int index, int plan, cudaStream_t stream, const std::function<void(cudaStream_t)>& enqueue);
 
-  // Whether bucket `index` has a captured graph; replay() launches it once more (benchmarks).
+  // The queries below are about the graph bucket `index` ran last (either plan).
+  // Whether it is captured; replay() launches it once more (benchmarks).
   bool captured(int index) const;
   cudaError_t replay(int index, cudaStream_t stream) const;
 
   int graphs_captured() const;
-  // Kernel nodes in bucket `index`'s captured graph, counted from the graph itself (library calls
-  // included: a cuBLASLt split-K GEMM shows as its two kernels); 0 before capture or without graphs.
+  // Kernel nodes in the captured graph, counted from the graph itself (library calls included: a
+  // cuBLASLt split-K GEMM shows as its two kernels); 0 before capture or without graphs.
   int kernel_nodes(int index) const;
 
  private:
@@ -48,10 +53,13 @@ class DecodeGraphCache {
     int kernel_nodes = 0;
   };
   void capture(Bucket& bucket, cudaStream_t stream, const std::function<void(cudaStream_t)>& enqueue);
+  const Bucket& last_run(int index) const;
 
   bool use_graphs_;
   std::vector<int> buckets_;
-  std::vector<Bucket> state_;
+  int plans_;
+  std::vector<Bucket> state_;  // [bucket][plan]
+  std::vector<int> last_plan_;  // [bucket]
 };
 
 }  // namespace deepfuse::runtime

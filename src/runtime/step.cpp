@@ -171,6 +171,7 @@ void Engine::Impl::run_decode_step(StepLane& lane, int sequences,
   int32_t* ids = lane.inputs.as<int32_t>();
   int32_t* positions = ids + max_batch;
   int32_t* seq_lens = ids + 2 * max_batch;
+  int longest = 0;
   for (int row = 0; row < max_batch; ++row) {
     int32_t id = -1;
     int position = -1;
@@ -178,6 +179,7 @@ void Engine::Impl::run_decode_step(StepLane& lane, int sequences,
     ids[row] = active ? id : -1;
     positions[row] = active ? position : -1;
     seq_lens[row] = active ? position + 1 : 0;
+    longest = std::max(longest, seq_lens[row]);
   }
   // Runs of ids the host knows go up; the run that reaches the last row goes with the positions
   // and lengths after it, so the common case (every running id already on the device, padded
@@ -199,9 +201,15 @@ void Engine::Impl::run_decode_step(StepLane& lane, int sequences,
     upload(first, row - first);
   }
   upload(tail, 3 * max_batch - tail);
-  const kernels::DecodeAttentionPlan& plan = decode_plans[bucket_index];
+  // One short sequence: the first short-context plan that covers it (its splits merge in a
+  // cluster), else the bucket's.
+  int short_plan = -1;
+  for (int i = 0; sequences == 1 && short_plan < 0 && i < static_cast<int>(short_context_plans.size()); ++i)
+    if (short_context_plans[i].max_context >= longest) short_plan = i;
+  const kernels::DecodeAttentionPlan& plan = short_plan >= 0 ? short_context_plans[short_plan] : decode_plans[bucket_index];
   int32_t* host_sampled = lane.sampled.device_as<int32_t>();
-  lane.graphs->run(bucket_index, stream(), [&](cudaStream_t s) { forward->decode_step(plan, host_sampled, s); });
+  lane.graphs->run(bucket_index, short_plan + 1, stream(),
+                   [&](cudaStream_t s) { forward->decode_step(plan, host_sampled, s); });
   lane.step_done.record(stream());
 }
 

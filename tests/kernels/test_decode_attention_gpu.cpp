@@ -208,21 +208,29 @@ TEST_P(DecodeAttentionVsReference, EveryPlanTwice) {
   if (testing::quick_mode() && c.large) GTEST_SKIP() << "DEEPFUSE_TEST_QUICK=1: large case skipped";
   const PagedBatch batch(c.heads, c.max_context, c.seq_lens, std::hash<std::string>{}(c.name));
   const float scale = default_scale(c.heads);
+  std::vector<DecodeAttentionPlan> plans;
   for (int warps : {4, 8})
-    for (int sms : {query_device().sm_count, 1, 1000}) {
-      const DecodeAttentionPlan plan = kernels::plan_decode_attention(
-          batch.batch(), c.heads.q_heads, c.heads.kv_heads, c.heads.head_dim, c.max_context, sms, 0, warps);
-      DeviceBuffer workspace(std::max<size_t>(plan.workspace_bytes, 16));
-      workspace.zero();
-      for (int launch = 1; launch <= 2; ++launch) {
-        const std::string what = c.name + " (plan for " + std::to_string(sms) + " SMs, blocks of " +
-                                 std::to_string(warps) + " warps: " + std::to_string(plan.splits_per_sequence) +
-                                 " splits of " + std::to_string(plan.pages_per_split) + " pages, launch " +
-                                 std::to_string(launch) + ")";
-        expect_matches_reference(batch, run_once(batch, plan, scale, c.sliding_window, workspace), scale,
-                                 c.sliding_window, what);
-      }
+    for (int sms : {query_device().sm_count, 1, 1000})
+      plans.push_back(kernels::plan_decode_attention(batch.batch(), c.heads.q_heads, c.heads.kv_heads,
+                                                     c.heads.head_dim, c.max_context, sms, 0, warps,
+                                                     kernels::SplitMerge::workspace));
+  if (c.heads.q_heads / c.heads.kv_heads <= 8)  // splits merged in a cluster: the most it holds, and 3
+    for (int splits : {0, 3})
+      plans.push_back(kernels::plan_decode_attention(batch.batch(), c.heads.q_heads, c.heads.kv_heads,
+                                                     c.heads.head_dim, c.max_context, query_device().sm_count,
+                                                     splits, 8, kernels::SplitMerge::cluster));
+  for (const DecodeAttentionPlan& plan : plans) {
+    DeviceBuffer workspace(std::max<size_t>(plan.workspace_bytes, 16));
+    workspace.zero();
+    for (int launch = 1; launch <= 2; ++launch) {
+      const std::string what = c.name + " (blocks of " + std::to_string(plan.warps_per_block) + " warps, " +
+                               std::to_string(plan.splits_per_sequence) + " splits of " +
+                               std::to_string(plan.pages_per_split) + " pages merged " +
+                               (plan.cluster_merge ? "in a cluster" : "in L2") + ", launch " + std::to_string(launch) + ")";
+      expect_matches_reference(batch, run_once(batch, plan, scale, c.sliding_window, workspace), scale,
+                               c.sliding_window, what);
     }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, DecodeAttentionVsReference, ::testing::ValuesIn(attention_cases()),
@@ -230,8 +238,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, DecodeAttentionVsReference, ::testing::ValuesIn(
 
 // The decode step's usage: captured once, replayed while lengths, cache contents and queries
 // change in device memory. Replaying the same input twice shows the workspace counters reset.
-TEST(DecodeAttentionGraph, ReplayWithNewLengthsAndContents) {
-  DF_REQUIRE_GPU();
+void replay_with_new_lengths_and_contents(kernels::SplitMerge merge) {
   const Heads heads{32, 8, 128};
   const int max_context = 2000;
   const int pool_pages = 4 * (pages_for(max_context) + 1) + 3;
@@ -239,9 +246,10 @@ TEST(DecodeAttentionGraph, ReplayWithNewLengthsAndContents) {
   const PagedBatch second(heads, max_context, {2000, 0, 17, 1}, 32, pool_pages);
   ASSERT_EQ(first.pool_pages, second.pool_pages);
   const float scale = default_scale(heads);
-  const DecodeAttentionPlan plan =
-      kernels::plan_decode_attention(4, heads.q_heads, heads.kv_heads, heads.head_dim, max_context, std::max(query_device().sm_count, 64));
+  const DecodeAttentionPlan plan = kernels::plan_decode_attention(
+      4, heads.q_heads, heads.kv_heads, heads.head_dim, max_context, std::max(query_device().sm_count, 64), 0, 0, merge);
   ASSERT_GT(plan.splits_per_sequence, 1) << "the graph must exercise the in-launch merge";
+  const std::string merged = plan.cluster_merge ? "in a cluster" : "in L2";
 
   // The buffers the graph captures; each replay's input is copied into them first.
   DeviceBuffer k(first.k_pool.bytes()), v(first.v_pool.bytes()), table(first.block_table.bytes()),
@@ -278,11 +286,21 @@ TEST(DecodeAttentionGraph, ReplayWithNewLengthsAndContents) {
     DF_CHECK_CUDA(cudaGraphLaunch(exec, stream));
     DF_CHECK_CUDA(cudaStreamSynchronize(stream));
     const auto result = bf16_bits_to_floats(out.to_host<uint16_t>(input->out_elements()));
-    expect_matches_reference(*input, result, scale, 0, "graph replay " + std::to_string(++replay));
+    expect_matches_reference(*input, result, scale, 0, "graph replay " + std::to_string(++replay) + ", merged " + merged);
   }
   DF_CHECK_CUDA(cudaGraphExecDestroy(exec));
   DF_CHECK_CUDA(cudaGraphDestroy(graph));
   DF_CHECK_CUDA(cudaStreamDestroy(stream));
+}
+
+TEST(DecodeAttentionGraph, ReplayWithNewLengthsAndContents) {
+  DF_REQUIRE_GPU();
+  replay_with_new_lengths_and_contents(kernels::SplitMerge::workspace);
+}
+
+TEST(DecodeAttentionGraph, ReplayWithNewLengthsAndContentsMergedInClusters) {
+  DF_REQUIRE_GPU();
+  replay_with_new_lengths_and_contents(kernels::SplitMerge::cluster);
 }
 
 }  // namespace

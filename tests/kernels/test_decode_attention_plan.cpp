@@ -57,6 +57,12 @@ void expect_consistent(const PlanInput& in, const DecodeAttentionPlan& plan) {
     EXPECT_GE(plan.workspace_bytes, needed);
     EXPECT_LE(plan.workspace_bytes, needed + 1024) << "workspace padding beyond alignment";
   }
+  if (plan.cluster_merge) {
+    EXPECT_EQ(plan.warps_per_block, 8);
+    EXPECT_LE(in.q_heads / in.kv_heads, 8);
+    EXPECT_GE(plan.splits_per_sequence, 2);
+    EXPECT_LE(plan.splits_per_sequence, 8) << "a portable cluster holds at most 8 blocks";
+  }
   EXPECT_EQ(kernels::decode_attention_launches(plan), 1);
 }
 
@@ -144,6 +150,68 @@ TEST(DecodeAttentionPlan, ShortSequencesTakeFewerSplits) {
     EXPECT_GT(plan.min_pages_per_split, 1) << context;
     EXPECT_LE(plan.min_pages_per_split, 16) << context << ": short sequences would lose their spread";
   }
+}
+
+// Splits merged in a thread-block cluster: forced on any batch whose shape allows it, chosen by
+// the planner for one sequence; a shape it cannot take is refused with the reason.
+TEST(DecodeAttentionPlan, ClusterMerge) {
+  using kernels::SplitMerge;
+  for (int batch : {1, 3})
+    for (int context : {100, 1000, 8192, 32768})
+      for (int splits : {0, 2, 8}) {
+        const PlanInput in{batch, 32, 8, 128, context, 132};
+        const auto plan = plan_decode_attention(batch, 32, 8, 128, context, 132, splits, 0, SplitMerge::cluster);
+        expect_consistent(in, plan);
+        EXPECT_EQ(plan.cluster_merge, plan.splits_per_sequence > 1) << describe(in) << ", splits " << splits;
+        EXPECT_EQ(plan.warps_per_block, 8) << describe(in);
+        const auto workspace = plan_decode_attention(batch, 32, 8, 128, context, 132, splits, 8, SplitMerge::workspace);
+        EXPECT_FALSE(workspace.cluster_merge);
+        if (splits > 0)  // the same splits: a device without clusters merges the cluster plan's in L2
+          EXPECT_EQ(workspace.workspace_bytes, plan.workspace_bytes) << describe(in) << ", splits " << splits;
+      }
+  EXPECT_TRUE(plan_decode_attention(1, 32, 8, 128, 2048, 132).cluster_merge) << "8 splits of 16 pages";
+  EXPECT_EQ(plan_decode_attention(1, 32, 8, 128, 2048, 132).splits_per_sequence, 8);
+  EXPECT_EQ(plan_decode_attention(1, 32, 8, 128, 500, 132).splits_per_sequence, 2) << "32 pages: 2 of 16";
+  EXPECT_FALSE(plan_decode_attention(1, 32, 8, 128, 2049, 132).cluster_merge) << "longer: 16 splits in L2";
+  EXPECT_FALSE(plan_decode_attention(2, 32, 8, 128, 2048, 132).cluster_merge) << "batches merge in L2";
+  EXPECT_FALSE(plan_decode_attention(1, 32, 8, 128, 32768, 132).cluster_merge) << "long contexts take 16 splits";
+  EXPECT_FALSE(plan_decode_attention(1, 96, 8, 128, 1000, 132).cluster_merge) << "12 heads per kv head";
+  EXPECT_THROW(plan_decode_attention(1, 32, 8, 128, 8192, 132, 9, 0, SplitMerge::cluster), Error);
+  EXPECT_THROW(plan_decode_attention(1, 32, 8, 128, 8192, 132, 0, 4, SplitMerge::cluster), Error);
+  try {
+    plan_decode_attention(1, 96, 8, 128, 8192, 132, 0, 0, SplitMerge::cluster);
+    ADD_FAILURE() << "12 query heads per kv head were accepted for a cluster merge";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cluster merge"), std::string::npos) << e.what();
+  }
+}
+
+// A long plan for one sequence comes with short-context plans (cluster merges of 4 splits up to
+// 1024 tokens, 8 up to 2048) where the shape allows them; batches and groups of more than 8
+// heads get none, and a plan already merging in a cluster only the smaller clusters.
+TEST(DecodeAttentionPlan, ShortContextPlans) {
+  using kernels::plan_short_context_decode_attention;
+  for (int context : {2049, 8192, 131072}) {
+    const auto long_plan = plan_decode_attention(1, 32, 8, 128, context, 132);
+    const auto plans = plan_short_context_decode_attention(long_plan, 132);
+    ASSERT_EQ(plans.size(), 2u) << context;
+    for (size_t i = 0; i < plans.size(); ++i) {
+      const DecodeAttentionPlan& plan = plans[i];
+      expect_consistent({1, 32, 8, 128, plan.max_context, 132}, plan);
+      EXPECT_TRUE(plan.cluster_merge);
+      EXPECT_EQ(plan.max_context, 1024 << i);
+      EXPECT_EQ(plan.splits_per_sequence, 4 << i);
+      EXPECT_EQ(plan.pages_per_split, long_plan.min_pages_per_split)
+          << "up to its length a short plan cuts a sequence into the same splits as the long one";
+      EXPECT_LE(plan.workspace_bytes, long_plan.workspace_bytes);
+    }
+  }
+  const auto at_2000 = plan_short_context_decode_attention(plan_decode_attention(1, 32, 8, 128, 2000, 132), 132);
+  ASSERT_EQ(at_2000.size(), 1u) << "7 splits in a cluster already: only the cluster of 4 is smaller";
+  EXPECT_EQ(at_2000[0].max_context, 1024);
+  EXPECT_TRUE(plan_short_context_decode_attention(plan_decode_attention(1, 32, 8, 128, 1024, 132), 132).empty());
+  EXPECT_TRUE(plan_short_context_decode_attention(plan_decode_attention(2, 32, 8, 128, 8192, 132), 132).empty());
+  EXPECT_TRUE(plan_short_context_decode_attention(plan_decode_attention(1, 96, 8, 128, 8192, 132), 132).empty());
 }
 
 TEST(DecodeAttentionPlan, RejectsBadSizes) {

@@ -76,9 +76,11 @@ EngineOptions tiny_engine_options() {
 // over exactly those weights.
 class EngineVsReference : public ::testing::TestWithParam<int> {
  protected:
-  void make_model(uint64_t salt) {
+  // max_position > 0: the model takes that many positions instead of its own.
+  void make_model(uint64_t salt, int max_position = 0) {
     rng_ = testing::make_rng(salt * 16 + GetParam());
-    const TinyModel model = tiny_models()[GetParam()];
+    TinyModel model = tiny_models()[GetParam()];
+    if (max_position > 0) model.config.max_position_embeddings = max_position;
     MakeModelOptions options;
     options.seed = rng_();
     write_random_checkpoint(model.config, scratch_.path(), options);
@@ -146,6 +148,25 @@ TEST_P(EngineVsReference, TeacherForcedDecodeMatchesReference) {
   const int prompt = 40, decode_steps = 32;
   const std::vector<int32_t> ids = random_ids(rng_, prompt + decode_steps, config_.vocab_size);
   expect_matches_reference(engine.score(ids, prompt), ids, "prompt 40 + 32 decode steps");
+}
+
+// One sequence decodes under the short-context plans (splits merged in clusters of 4 up to 1024
+// keys, of 8 up to 2048) and under the bucket's plan (merged in L2) after: the steps on either
+// side of each switch, each plan's graph captured mid-sequence.
+TEST_P(EngineVsReference, DecodeAcrossTheShortContextPlans) {
+  DF_REQUIRE_GPU();
+  make_model(9, 4096);
+  EngineOptions options = tiny_engine_options();
+  options.max_batch = 1;
+  options.max_context = 4096;
+  options.kv_cache_bytes = size_t{64} << 20;
+  Engine engine = load_engine(options);
+  for (int prompt : {1016, 2040}) {  // keys prompt + 1 .. prompt + 16 in the decode steps
+    const std::vector<int32_t> ids = random_ids(rng_, prompt + 16, config_.vocab_size);
+    expect_matches_reference(engine.score(ids, prompt), ids,
+                             "prompt " + std::to_string(prompt) + " + 16 decode steps across " +
+                                 std::to_string(prompt + 8) + " keys");
+  }
 }
 
 TEST_P(EngineVsReference, ChunkedPrefillMatchesReference) {

@@ -67,6 +67,7 @@
 #include "deepfuse/error.hpp"
 #include "kernels/attention/warp_tiles.cuh"
 #include "kernels/common/cluster_launch.hpp"
+#include "kernels/common/cluster_sync.cuh"
 #include "kernels/common/dependent_launch.cuh"
 #include "kernels/common/log2e.cuh"
 #include "kernels/common/l2_policy.cuh"
@@ -95,6 +96,11 @@ constexpr int kMergePages = 2;
 // pages per split (4-warp blocks; twice as many for 8 warps); the plan's split count is only
 // reached by long ones.
 constexpr int kMinPagesPerSplit = 8;
+// The automatic plan merges one sequence's splits in a cluster up to this many pages: 8 splits
+// of the minimum 16 pages (8-warp blocks). Longer, the cluster's 8 splits would stream more
+// pages each than the L2 plan's 16-32, which costs more than the merge saves at 8k tokens and
+// up on the Llama shapes (docs/kernels/decode_attention.md, "Splits merged in a cluster").
+constexpr int kClusterMergeMaxPages = 128;
 
 // A block of W = 4 or 8 warps, each with its own ring. Two 4-warp blocks fit an SM (2 x (96 KB +
 // the 1 KB the runtime reserves per block) of the H100/H200's 228 KB), one 8-warp block: it
@@ -121,6 +127,24 @@ struct Geometry {
   static_assert(kStages >= 2, "the ring needs at least two stages");
   static_assert(kChunksPerRow % 8 == 0, "the swizzle permutes groups of 8 chunks within a row");
 };
+
+// Merging in a cluster (plan.cluster_merge): the splits of a (sequence, kv head) are the blocks of
+// one thread-block cluster and send their partials to the first block's shared memory, which
+// merges them: no ticket and no L2 round trip after the last partial. At most 8 splits (the
+// portable cluster size; the H200 holds 15 clusters of 8 one-per-SM blocks at once, 7 of 16),
+// 8-warp blocks (the mailbox does not fit beside two 4-warp blocks per SM), one 8-head n-tile.
+constexpr int kMaxClusterSplits = 8;
+
+template <int D>
+struct Mailbox {  // after the rings in the first block of the cluster: one slot per split
+  float lse[kMaxClusterSplits][8];
+  float partial[kMaxClusterSplits][8][D];  // normalised, fp32
+};
+
+template <int D, int W, bool kCluster>
+constexpr int kernel_shared_bytes() {
+  return BlockShape<W>::kSharedBytes + (kCluster ? static_cast<int>(sizeof(Mailbox<D>)) : 0);
+}
 
 // ---- Workspace: [counters (batch*kv_heads u32)] [lse (pairs*splits*G f32)] [partial O (pairs*splits*G*D bf16)]
 struct WorkspaceLayout {
@@ -277,11 +301,33 @@ __device__ void merge_splits(const KernelArgs& a, int active, size_t slot0, __nv
   }
 }
 
+// Cross-split merge in the first block of a cluster, once every active split's slot is filled.
+template <int D, int W>
+__device__ void merge_mailbox(const Mailbox<D>& box, int active, int group, __nv_bfloat16* out) {
+  for (int item = threadIdx.x; item < group * (D / 4); item += BlockShape<W>::kThreads) {
+    const int head = item / (D / 4), dim = 4 * (item % (D / 4));
+    float best = -INFINITY;
+    for (int s = 0; s < active; ++s) best = fmaxf(best, box.lse[s][head]);
+    float total = 0.0f;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s = 0; s < active; ++s) {
+      const float w = exp2f(box.lse[s][head] - best);
+      const float4 v = *reinterpret_cast<const float4*>(&box.partial[s][head][dim]);
+      total += w;
+      acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+    }
+    const float inv = 1.0f / total;
+    store_bf16x4(out + head * D + dim, make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv));
+  }
+}
+
 // One block per (split, kv head, sequence) = (blockIdx.x, .y, .z). HT: 8-head n-tiles (1 or 2);
-// W: warps per block.
-template <int D, int HT, int W>
+// W: warps per block; kCluster: the splits of a (sequence, kv head) are one cluster and merge
+// in its first block (else through the workspace).
+template <int D, int HT, int W, bool kCluster>
 __global__ void __launch_bounds__(BlockShape<W>::kThreads, BlockShape<W>::kPerSm)
     decode_attention_kernel(const KernelArgs a) {
+  static_assert(!kCluster || (W == 8 && HT == 1), "cluster merges: 8-warp blocks, at most 8 heads per kv head");
   using Geo = Geometry<D>;
   constexpr int kWarps = W, kThreads = BlockShape<W>::kThreads, kSharedBytes = BlockShape<W>::kSharedBytes;
   constexpr int S = Geo::kStages;
@@ -292,6 +338,8 @@ __global__ void __launch_bounds__(BlockShape<W>::kThreads, BlockShape<W>::kPerSm
   const size_t group_row0 = (static_cast<size_t>(sequence) * a.kv_heads + kv_head) * a.group;  // (seq, q head) row
   __nv_bfloat16* out = a.out + group_row0 * D;
   trace::stamp(trace::Kernel::decode_attention, trace::Mark::start);
+  // Phase 1 of the cluster barrier: this block has started, so its mailbox may be written.
+  if constexpr (kCluster) cluster_arrive_relaxed();
 
   // Lengths and page ids come from the host, not from the kernel before this one: they are read
   // before the upstream wait (a programmatic launch may start while the QKV kernel finishes).
@@ -490,6 +538,13 @@ __global__ void __launch_bounds__(BlockShape<W>::kThreads, BlockShape<W>::kPerSm
 
   const bool only_split = range.active == 1;
   const size_t slot = (static_cast<size_t>(sequence) * a.kv_heads + kv_head) * a.splits + split;
+  Mailbox<D>* mailbox = nullptr;  // the first block's, for a cluster merge
+  if constexpr (kCluster) {
+    if (!only_split) {
+      cluster_wait_acquire();  // phase 1: every block of the cluster has started
+      mailbox = in_block<kMaxClusterSplits>(reinterpret_cast<Mailbox<D>*>(shared + BlockShape<W>::kSharedBytes), 0);
+    }
+  }
   for (int item = threadIdx.x; item < a.group * (D / 4); item += kThreads) {
     const int head = item / (D / 4), dim = 4 * (item % (D / 4));
     float best = -INFINITY;
@@ -508,6 +563,9 @@ __global__ void __launch_bounds__(BlockShape<W>::kThreads, BlockShape<W>::kPerSm
     acc = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
     if (only_split) {
       store_bf16x4(out + head * D + dim, acc);
+    } else if constexpr (kCluster) {
+      *reinterpret_cast<float4*>(&mailbox->partial[split][head][dim]) = acc;
+      if (dim == 0) mailbox->lse[split][head] = best + log2f(total);
     } else {
       store_bf16x4(a.partial + (slot * a.group + head) * D + dim, acc);
       if (dim == 0) a.lse[slot * a.group + head] = best + log2f(total);
@@ -515,6 +573,16 @@ __global__ void __launch_bounds__(BlockShape<W>::kThreads, BlockShape<W>::kPerSm
   }
   trace::stamp(trace::Kernel::unknown, trace::Mark::end);
   if (only_split) return;
+
+  if constexpr (kCluster) {
+    // Phase 2: this split's slot is written (release); the first block waits for every split.
+    cluster_arrive_release();
+    if (split != 0) return;
+    cluster_wait_acquire();
+    merge_mailbox<D, W>(*mailbox, range.active, a.group, out);
+    trace::stamp(trace::Kernel::unknown, trace::Mark::finish);
+    return;
+  }
 
   // ---- Last block of the (sequence, kv head) merges the splits. The barrier orders every
   // thread's partial writes before thread 0's ticket, whose release makes them visible GPU-wide
@@ -531,7 +599,7 @@ __global__ void __launch_bounds__(BlockShape<W>::kThreads, BlockShape<W>::kPerSm
 }
 
 // Shared-memory opt-in, once per (instantiation, device).
-template <int D, int HT, int W>
+template <int D, int HT, int W, bool kCluster>
 cudaError_t prepare_kernel() {
   static std::mutex mutex;
   static std::vector<int> prepared_devices;
@@ -539,8 +607,9 @@ cudaError_t prepare_kernel() {
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   std::lock_guard<std::mutex> lock(mutex);
   if (std::find(prepared_devices.begin(), prepared_devices.end(), device) != prepared_devices.end()) return cudaSuccess;
-  auto kernel = decode_attention_kernel<D, HT, W>;
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, BlockShape<W>::kSharedBytes);
+  auto kernel = decode_attention_kernel<D, HT, W, kCluster>;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           kernel_shared_bytes<D, W, kCluster>());
       e != cudaSuccess)
     return e;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -551,19 +620,34 @@ cudaError_t prepare_kernel() {
   return cudaSuccess;
 }
 
-template <int D, int HT, int W>
+template <int D, int HT, int W, bool kCluster = false>
 cudaError_t launch_instance(const KernelArgs& args, dim3 grid, cudaStream_t stream) {
-  if (cudaError_t e = prepare_kernel<D, HT, W>(); e != cudaSuccess) return e;
+  if (cudaError_t e = prepare_kernel<D, HT, W, kCluster>(); e != cudaSuccess) return e;
   trace::attach_unit();
   // A programmatic dependent launch: blocks may start (lengths, page ids) while the kernel before
   // finishes; they wait for it before reading q and the cache. Measured in the decode step:
   // -0.9% (Llama-3-8B), -1.6% (Llama-3.2-1B), -1.1% (Qwen2.5-7B) per step at batch 1.
-  const ClusterLaunch launch(grid, BlockShape<W>::kThreads, BlockShape<W>::kSharedBytes, 1, stream,
-                             programmatic_launches_enabled());
-  return cudaLaunchKernelEx(&launch.config, decode_attention_kernel<D, HT, W>, args);
+  const ClusterLaunch launch(grid, BlockShape<W>::kThreads, kernel_shared_bytes<D, W, kCluster>(),
+                             kCluster ? static_cast<int>(grid.x) : 1, stream, programmatic_launches_enabled());
+  return cudaLaunchKernelEx(&launch.config, decode_attention_kernel<D, HT, W, kCluster>, args);
 }
 
 int pages_for(int context) { return (context + kKvPageSize - 1) / kKvPageSize; }
+
+// Thread-block clusters (sm_90 and later) on the current device; asked once per device.
+bool device_has_clusters() {
+  static std::mutex mutex;
+  static std::vector<std::pair<int, bool>> known;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const auto& [id, has] : known)
+    if (id == device) return has;
+  int major = 0;
+  const bool has = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
+  known.emplace_back(device, has);
+  return has;
+}
 
 // The plan as plan_decode_attention makes it; anything else is a caller's mistake.
 bool plan_is_consistent(const DecodeAttentionPlan& plan) {
@@ -573,6 +657,9 @@ bool plan_is_consistent(const DecodeAttentionPlan& plan) {
       plan.pages_per_split < 1 || plan.min_pages_per_split < 1 || (plan.warps_per_block != 4 && plan.warps_per_block != 8))
     return false;
   if (static_cast<long long>(plan.splits_per_sequence) * plan.pages_per_split < pages_for(plan.max_context)) return false;
+  if (plan.cluster_merge && (plan.warps_per_block != 8 || plan.q_heads / plan.kv_heads > 8 ||
+                             plan.splits_per_sequence < 2 || plan.splits_per_sequence > kMaxClusterSplits))
+    return false;
   const WorkspaceLayout layout = workspace_layout(plan.batch, plan.kv_heads, plan.q_heads / plan.kv_heads,
                                                   plan.head_dim, plan.splits_per_sequence);
   return plan.workspace_bytes >= layout.bytes && plan.batch <= 65535 && plan.kv_heads <= 65535;
@@ -581,7 +668,7 @@ bool plan_is_consistent(const DecodeAttentionPlan& plan) {
 }  // namespace
 
 DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, int head_dim, int max_context,
-                                          int num_sms, int forced_splits, int forced_warps) {
+                                          int num_sms, int forced_splits, int forced_warps, SplitMerge merge) {
   auto text = [](int v) { return std::to_string(v); };
   DF_CHECK(batch >= 1 && batch <= 65535, "decode attention: batch " + text(batch) + " is outside [1, 65535]");
   DF_CHECK(kv_heads >= 1 && kv_heads <= 65535, "decode attention: kv_heads " + text(kv_heads) + " is outside [1, 65535]");
@@ -596,16 +683,23 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
            "decode attention: forced_splits " + text(forced_splits) + " is outside [0, " + text(kMaxSplits) + "]");
   DF_CHECK(forced_warps == 0 || forced_warps == 4 || forced_warps == 8,
            "decode attention: forced_warps " + text(forced_warps) + " (0, 4 or 8 supported)");
+  const int group = q_heads / kv_heads;
+  DF_CHECK(merge != SplitMerge::cluster || (group <= 8 && forced_warps != 4 && forced_splits <= kMaxClusterSplits),
+           "decode attention: a cluster merge needs blocks of 8 warps, at most 8 query heads per kv head and at most " +
+               text(kMaxClusterSplits) + " splits");
+  const int max_pages = pages_for(max_context);
+  const bool cluster = merge == SplitMerge::cluster ||
+                       (merge == SplitMerge::automatic && batch == 1 && forced_warps != 4 && group <= 8 &&
+                        forced_splits <= kMaxClusterSplits && max_pages <= kClusterMergeMaxPages);
 
   // A single sequence takes blocks of 8 warps: half the splits and partials for its merge. In the
   // decode step at batch 1 0.3-0.9% faster on every model (512 and 8k tokens), 1 x 32k alone 94%
   // of copy instead of 90.5%; with 2-8 sequences mixed (-0.7% to +1.5%; docs).
   const long long pairs = static_cast<long long>(batch) * kv_heads;
-  const int warps = forced_warps > 0 ? forced_warps : batch == 1 ? 8 : 4;
+  const int warps = forced_warps > 0 ? forced_warps : batch == 1 || cluster ? 8 : 4;
   const int min_pages = kMinPagesPerSplit * warps / 4;
   // Cost of s splits, in pages a 4-warp block streams: waves of resident blocks times each
   // block's start and pages, plus the merge. Only s that leave no split empty are distinct.
-  const int max_pages = pages_for(max_context);
   const long long slots = static_cast<long long>(num_sms) * (8 / warps);
   int best_splits = 1;
   long long best_cost = std::numeric_limits<long long>::max();
@@ -617,10 +711,15 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
     if (cost < best_cost) best_cost = cost, best_splits = splits;
   }
 
-  if (forced_splits > 0) {  // the count of distinct non-empty splits nearest below the request
-    const int requested = std::min(forced_splits, max_pages);
+  // The count of distinct non-empty splits nearest below a request.
+  auto distinct_splits = [&](int requested) {
     const int per_split = (max_pages + requested - 1) / requested;
-    best_splits = (max_pages + per_split - 1) / per_split;
+    return (max_pages + per_split - 1) / per_split;
+  };
+  if (forced_splits > 0) {
+    best_splits = distinct_splits(std::min(forced_splits, max_pages));
+  } else if (cluster) {  // one cluster per (sequence, kv head): as many splits as it holds, each >= min_pages
+    best_splits = distinct_splits(std::clamp(max_pages / min_pages, 1, kMaxClusterSplits));
   }
 
   DecodeAttentionPlan plan;
@@ -633,8 +732,23 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
   plan.pages_per_split = (max_pages + best_splits - 1) / best_splits;
   plan.min_pages_per_split = forced_splits > 0 ? 1 : min_pages;
   plan.warps_per_block = warps;
+  plan.cluster_merge = cluster && best_splits > 1;
   plan.workspace_bytes = workspace_layout(batch, kv_heads, q_heads / kv_heads, head_dim, best_splits).bytes;
   return plan;
+}
+
+std::vector<DecodeAttentionPlan> plan_short_context_decode_attention(const DecodeAttentionPlan& plan, int num_sms) {
+  std::vector<DecodeAttentionPlan> plans;
+  if (plan.batch != 1) return plans;
+  for (int pages : {kClusterMergeMaxPages / 2, kClusterMergeMaxPages}) {
+    const int context = pages * kKvPageSize;
+    if (context >= plan.max_context) break;
+    DecodeAttentionPlan shorter = plan_decode_attention(1, plan.q_heads, plan.kv_heads, plan.head_dim, context, num_sms);
+    if (!shorter.cluster_merge) break;  // a shape the cluster merge does not take
+    if (plan.cluster_merge && shorter.splits_per_sequence >= plan.splits_per_sequence) break;  // no smaller cluster
+    plans.push_back(shorter);
+  }
+  return plans;
 }
 
 cudaError_t launch_decode_attention(const DecodeAttentionPlan& plan, const DecodeAttentionParams& params,
@@ -676,6 +790,10 @@ cudaError_t launch_decode_attention(const DecodeAttentionPlan& plan, const Decod
 
   const dim3 grid(plan.splits_per_sequence, plan.kv_heads, plan.batch);
   const bool one_tile = group <= 8;
+  if (plan.cluster_merge && device_has_clusters()) {
+    return plan.head_dim == 64 ? launch_instance<64, 1, 8, true>(args, grid, stream)
+                               : launch_instance<128, 1, 8, true>(args, grid, stream);
+  }
   if (plan.warps_per_block == 8) {
     if (plan.head_dim == 64)
       return one_tile ? launch_instance<64, 1, 8>(args, grid, stream) : launch_instance<64, 2, 8>(args, grid, stream);

@@ -15,10 +15,20 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/attention/paged_kv.cuh"
 
 namespace deepfuse::kernels {
+
+// Where the splits of a (sequence, kv head) merge their partial outputs.
+enum class SplitMerge {
+  automatic,  // the planner's choice
+  workspace,  // in L2: the last split to finish (by a ticket) reads the others' partials back
+  cluster,    // in shared memory: the splits are one thread-block cluster and send their partials
+              // to its first block (sm_90; at most 8 splits, blocks of 8 warps, at most 8 query
+              // heads per kv head; other devices fall back to the workspace)
+};
 
 // Fixed launch shape for a batch bucket, from sizes known when the graph is captured.
 struct DecodeAttentionPlan {
@@ -31,6 +41,7 @@ struct DecodeAttentionPlan {
   int pages_per_split = 0;      // whole pages per chunk
   int min_pages_per_split = 1;  // shorter sequences take fewer splits, each at least this long
   int warps_per_block = 4;      // 4 (two blocks per SM) or 8 (one)
+  bool cluster_merge = false;   // SplitMerge::cluster (the workspace is sized for either merge)
   size_t workspace_bytes = 0;   // partial outputs, log-sum-exps and merge counters
 };
 
@@ -38,9 +49,19 @@ struct DecodeAttentionPlan {
 // block starts, merge) at max_context; a shorter sequence is cut into fewer splits of at least
 // min_pages_per_split pages on the device. forced_splits > 0 takes that many instead, at any
 // length (at most one per page; for benchmarks and tests comparing plans); forced_warps 4 or 8
-// fixes the block shape.
+// fixes the block shape; merge fixes where splits merge (a cluster merge the shape cannot take
+// is an error).
 DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, int head_dim, int max_context,
-                                          int num_sms, int forced_splits = 0, int forced_warps = 0);
+                                          int num_sms, int forced_splits = 0, int forced_warps = 0,
+                                          SplitMerge merge = SplitMerge::automatic);
+
+// For one sequence under a plan made for a longer max_context: plans for short contexts (1024 and
+// 2048 tokens: 4 and 8 splits of the minimum 16 pages) whose splits merge in a thread-block
+// cluster, ascending by max_context; none where the shape does not allow it. Up to those lengths
+// the L2 plan runs as many splits of the same pages, so a short plan streams the same and skips
+// the L2 round trips of the merge, with the smallest cluster that holds the splits. The engine
+// captures each and picks by the sequence's length each step.
+std::vector<DecodeAttentionPlan> plan_short_context_decode_attention(const DecodeAttentionPlan& plan, int num_sms);
 
 struct DecodeAttentionParams {
   const __nv_bfloat16* q = nullptr;     // [batch, q_heads, head_dim], rotated

@@ -1,11 +1,11 @@
 // Building blocks shared by the streaming kernels (the fused MLP, the fused QKV projection):
-// a per-thread cp.async load ring, even work splits, and thread-block-cluster helpers.
+// a per-thread cp.async load ring and even work splits; the cluster helpers (cluster_sync.cuh)
+// come with it.
 #pragma once
-
-#include <cooperative_groups.h>
 
 #include <cstdint>
 
+#include "kernels/common/cluster_sync.cuh"
 #include "kernels/common/l2_policy.cuh"
 
 namespace deepfuse::kernels {
@@ -76,35 +76,6 @@ __device__ __forceinline__ int split_point(int total, int parts, int index) {
 // The part that holds `index` when [0, total) is cut at split_point(total, parts, 0..parts).
 __device__ __forceinline__ int split_owner(int total, int parts, int index) {
   return min(parts - 1, static_cast<int>((static_cast<long long>(index + 1) * parts + total - 1) / total) - 1);
-}
-
-// The same shared-memory object in block `rank` of this cluster (C = 1: our own).
-template <int C, typename T>
-__device__ __forceinline__ T* in_block(T* local, int rank) {
-  if constexpr (C == 1) {
-    return local;
-  } else {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    return cooperative_groups::this_cluster().map_shared_rank(local, rank);
-#else
-    __trap();  // clusters need sm_90; the launcher never asks for them below it
-    return local;
-#endif
-  }
-}
-
-// Barrier over the cluster (C = 1: the block), ordering shared memory across its blocks.
-template <int C>
-__device__ __forceinline__ void cluster_barrier() {
-  if constexpr (C == 1) {
-    __syncthreads();
-  } else {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    cooperative_groups::this_cluster().sync();
-#else
-    __trap();
-#endif
-  }
 }
 
 }  // namespace deepfuse::kernels
