@@ -131,8 +131,8 @@ void Engine::Impl::finish_setup() {
     attention_workspace = std::max(attention_workspace, decode_plans.back().workspace_bytes);
   }
   if (forced_merge == 0 && forced_splits == 0)
-    short_context_plans = kernels::plan_short_context_decode_attention(decode_plans.front(), num_sms);
-  for (const auto& plan : short_context_plans) attention_workspace = std::max(attention_workspace, plan.workspace_bytes);
+    short_context_plan = kernels::plan_short_context_decode_attention(decode_plans.front(), num_sms);
+  if (short_context_plan) attention_workspace = std::max(attention_workspace, short_context_plan->workspace_bytes);
   gemm = std::make_unique<kernels::CublasLtGemm>();
   buffers = std::make_unique<runtime::StepBuffers>(config, max_tokens(), max_batch,
                                                    std::max(max_batch, kScoreLogitRows), attention_workspace, stream());
@@ -141,7 +141,7 @@ void Engine::Impl::finish_setup() {
     lane.inputs = PinnedBuffer(3 * static_cast<size_t>(max_batch) * sizeof(int32_t));
     lane.sampled = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t), PinnedBuffer::Access::mapped);
     lane.graphs = std::make_unique<runtime::DecodeGraphCache>(max_batch, options.cuda_graphs,
-                                                              1 + static_cast<int>(short_context_plans.size()));
+                                                              short_context_plan ? 2 : 1);
   }
   prefill_sampled = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t));
   prefill_host = PinnedBuffer(3 * static_cast<size_t>(max_tokens()) * sizeof(int32_t));

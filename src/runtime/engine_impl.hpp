@@ -18,6 +18,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -138,9 +139,8 @@ struct Engine::Impl {
   std::unique_ptr<kernels::CublasLtGemm> gemm;
   std::vector<GemmTuning> gemm_tunings;  // EngineOptions::tune_gemms
   std::vector<kernels::DecodeAttentionPlan> decode_plans;  // one per bucket
-  // One sequence up to a plan's max_context tokens, ascending: splits merged in a cluster. Graph
-  // plan i + 1 (DecodeGraphCache).
-  std::vector<kernels::DecodeAttentionPlan> short_context_plans;
+  // One sequence up to its max_context tokens: splits merged in a cluster (graph plan 1).
+  std::optional<kernels::DecodeAttentionPlan> short_context_plan;
   std::unique_ptr<runtime::StepBuffers> buffers;
   std::unique_ptr<runtime::KvCache> kv;
   std::unique_ptr<runtime::PersistentDecodeStep> persistent;  // EngineOptions::persistent_decode

@@ -1,5 +1,5 @@
-// One CUDA graph per decode batch bucket and attention plan (the engine's short-context plans
-// give one sequence a few).
+// One CUDA graph per decode batch bucket and attention plan (one sequence has two: the engine's
+// short-context plan and its bucket's).
 //
 // Buckets are 1, 2, 4, ... below max_batch, and max_batch itself; a step with n running sequences
 // runs the smallest bucket >= n with the surplus entries padded. A bucket's first step runs its
@@ -21,8 +21,8 @@ std::vector<int> decode_buckets(int max_batch);
 
 class DecodeGraphCache {
  public:
-  // plans: attention plans a bucket's steps may run under (0: the bucket's; 1.. the engine's
-  // short-context plans), each captured as its own graph.
+  // plans: attention plans a bucket's steps may run under (0: the bucket's; 1: the engine's
+  // short-context plan), each captured as its own graph.
   DecodeGraphCache(int max_batch, bool use_graphs, int plans = 1);
   ~DecodeGraphCache();
   DecodeGraphCache(const DecodeGraphCache&) = delete;

@@ -201,14 +201,11 @@ void Engine::Impl::run_decode_step(StepLane& lane, int sequences,
     upload(first, row - first);
   }
   upload(tail, 3 * max_batch - tail);
-  // One short sequence: the first short-context plan that covers it (its splits merge in a
-  // cluster), else the bucket's.
-  int short_plan = -1;
-  for (int i = 0; sequences == 1 && short_plan < 0 && i < static_cast<int>(short_context_plans.size()); ++i)
-    if (short_context_plans[i].max_context >= longest) short_plan = i;
-  const kernels::DecodeAttentionPlan& plan = short_plan >= 0 ? short_context_plans[short_plan] : decode_plans[bucket_index];
+  // One short sequence: the short-context plan (its splits merge in a cluster), in a graph of its own.
+  const bool short_context = short_context_plan && sequences == 1 && longest <= short_context_plan->max_context;
+  const kernels::DecodeAttentionPlan& plan = short_context ? *short_context_plan : decode_plans[bucket_index];
   int32_t* host_sampled = lane.sampled.device_as<int32_t>();
-  lane.graphs->run(bucket_index, short_plan + 1, stream(),
+  lane.graphs->run(bucket_index, short_context ? 1 : 0, stream(),
                    [&](cudaStream_t s) { forward->decode_step(plan, host_sampled, s); });
   lane.step_done.record(stream());
 }

@@ -143,13 +143,19 @@ TEST(DecodeAttentionPlan, ForcedSplits) {
 }
 
 // Sequences shorter than max_context are cut into fewer splits of at least a few pages each (the
-// merge costs more than streaming a few pages); the plan's count is what long ones reach.
+// merge in L2 costs more than streaming a few pages); the plan's count is what long ones reach.
+// Splits merged in a cluster (one sequence up to 2048 tokens) all stream, at any length.
 TEST(DecodeAttentionPlan, ShortSequencesTakeFewerSplits) {
   for (int context : {100, 576, 8192, 32768}) {
     const auto plan = plan_decode_attention(1, 32, 8, 128, context, 132);
+    if (plan.cluster_merge) {
+      EXPECT_EQ(plan.min_pages_per_split, 1) << context;
+      continue;
+    }
     EXPECT_GT(plan.min_pages_per_split, 1) << context;
     EXPECT_LE(plan.min_pages_per_split, 16) << context << ": short sequences would lose their spread";
   }
+  EXPECT_GT(plan_decode_attention(2, 32, 8, 128, 576, 132).min_pages_per_split, 1) << "a batch merges in L2";
 }
 
 // Splits merged in a thread-block cluster: forced on any batch whose shape allows it, chosen by
@@ -171,7 +177,8 @@ TEST(DecodeAttentionPlan, ClusterMerge) {
       }
   EXPECT_TRUE(plan_decode_attention(1, 32, 8, 128, 2048, 132).cluster_merge) << "8 splits of 16 pages";
   EXPECT_EQ(plan_decode_attention(1, 32, 8, 128, 2048, 132).splits_per_sequence, 8);
-  EXPECT_EQ(plan_decode_attention(1, 32, 8, 128, 500, 132).splits_per_sequence, 2) << "32 pages: 2 of 16";
+  EXPECT_EQ(plan_decode_attention(1, 32, 8, 128, 500, 132).splits_per_sequence, 8) << "32 pages: 8 of 4";
+  EXPECT_EQ(plan_decode_attention(1, 32, 8, 128, 100, 132).splits_per_sequence, 7) << "7 pages: one each";
   EXPECT_FALSE(plan_decode_attention(1, 32, 8, 128, 2049, 132).cluster_merge) << "longer: 16 splits in L2";
   EXPECT_FALSE(plan_decode_attention(2, 32, 8, 128, 2048, 132).cluster_merge) << "batches merge in L2";
   EXPECT_FALSE(plan_decode_attention(1, 32, 8, 128, 32768, 132).cluster_merge) << "long contexts take 16 splits";
@@ -186,32 +193,27 @@ TEST(DecodeAttentionPlan, ClusterMerge) {
   }
 }
 
-// A long plan for one sequence comes with short-context plans (cluster merges of 4 splits up to
-// 1024 tokens, 8 up to 2048) where the shape allows them; batches and groups of more than 8
-// heads get none, and a plan already merging in a cluster only the smaller clusters.
-TEST(DecodeAttentionPlan, ShortContextPlans) {
-  using kernels::plan_short_context_decode_attention;
+// A long plan for one sequence comes with a short-context plan (8 splits merged in a cluster, up
+// to 2048 tokens) where the shape allows one; short plans, batches and groups of more than 8
+// heads get none.
+TEST(DecodeAttentionPlan, ShortContextPlan) {
   for (int context : {2049, 8192, 131072}) {
     const auto long_plan = plan_decode_attention(1, 32, 8, 128, context, 132);
-    const auto plans = plan_short_context_decode_attention(long_plan, 132);
-    ASSERT_EQ(plans.size(), 2u) << context;
-    for (size_t i = 0; i < plans.size(); ++i) {
-      const DecodeAttentionPlan& plan = plans[i];
-      expect_consistent({1, 32, 8, 128, plan.max_context, 132}, plan);
-      EXPECT_TRUE(plan.cluster_merge);
-      EXPECT_EQ(plan.max_context, 1024 << i);
-      EXPECT_EQ(plan.splits_per_sequence, 4 << i);
-      EXPECT_EQ(plan.pages_per_split, long_plan.min_pages_per_split)
-          << "up to its length a short plan cuts a sequence into the same splits as the long one";
-      EXPECT_LE(plan.workspace_bytes, long_plan.workspace_bytes);
-    }
+    const auto short_plan = kernels::plan_short_context_decode_attention(long_plan, 132);
+    ASSERT_TRUE(short_plan.has_value()) << context;
+    expect_consistent({1, 32, 8, 128, short_plan->max_context, 132}, *short_plan);
+    EXPECT_TRUE(short_plan->cluster_merge);
+    EXPECT_EQ(short_plan->max_context, 2048);
+    EXPECT_EQ(short_plan->splits_per_sequence, 8);
+    EXPECT_LE(short_plan->pages_per_split, long_plan.min_pages_per_split)
+        << "up to 2048 tokens a cluster split streams no more than the long plan's";
+    EXPECT_EQ(short_plan->min_pages_per_split, 1) << "every split streams, however short the sequence";
+    EXPECT_LE(short_plan->workspace_bytes, long_plan.workspace_bytes);
   }
-  const auto at_2000 = plan_short_context_decode_attention(plan_decode_attention(1, 32, 8, 128, 2000, 132), 132);
-  ASSERT_EQ(at_2000.size(), 1u) << "7 splits in a cluster already: only the cluster of 4 is smaller";
-  EXPECT_EQ(at_2000[0].max_context, 1024);
-  EXPECT_TRUE(plan_short_context_decode_attention(plan_decode_attention(1, 32, 8, 128, 1024, 132), 132).empty());
-  EXPECT_TRUE(plan_short_context_decode_attention(plan_decode_attention(2, 32, 8, 128, 8192, 132), 132).empty());
-  EXPECT_TRUE(plan_short_context_decode_attention(plan_decode_attention(1, 96, 8, 128, 8192, 132), 132).empty());
+  EXPECT_FALSE(kernels::plan_short_context_decode_attention(plan_decode_attention(1, 32, 8, 128, 2048, 132), 132))
+      << "already merged in a cluster";
+  EXPECT_FALSE(kernels::plan_short_context_decode_attention(plan_decode_attention(2, 32, 8, 128, 8192, 132), 132));
+  EXPECT_FALSE(kernels::plan_short_context_decode_attention(plan_decode_attention(1, 96, 8, 128, 8192, 132), 132));
 }
 
 TEST(DecodeAttentionPlan, RejectsBadSizes) {

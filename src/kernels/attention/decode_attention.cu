@@ -45,7 +45,10 @@
 // (sequence, kv head) counter; the last block to arrive pulls every split's partials through
 // cp.async (one L2 round trip per chunk that fits in shared memory), weights them by
 // exp2(lse - max lse), writes out, and resets the counter to zero for the next launch. One launch
-// per call, no host synchronisation.
+// per call, no host synchronisation. A plan with cluster_merge (one sequence, at most 8 splits)
+// makes the splits of a (sequence, kv head) one thread-block cluster instead: each writes its
+// partial into the first block's shared memory and arrives at a cluster barrier, and the first
+// block merges, without a ticket or an L2 round trip.
 //
 // Overlap with the kernels around it (programmatic dependent launch): lengths, page ids and the
 // first pages of the cache (all but the newest page, which the QKV kernel before this one writes)
@@ -97,9 +100,9 @@ constexpr int kMergePages = 2;
 // reached by long ones.
 constexpr int kMinPagesPerSplit = 8;
 // The automatic plan merges one sequence's splits in a cluster up to this many pages: 8 splits
-// of the minimum 16 pages (8-warp blocks). Longer, the cluster's 8 splits would stream more
-// pages each than the L2 plan's 16-32, which costs more than the merge saves at 8k tokens and
-// up on the Llama shapes (docs/kernels/decode_attention.md, "Splits merged in a cluster").
+// of the L2 plan's minimum 16 pages (8-warp blocks). Longer, the cluster's 8 splits would stream
+// more pages each than the L2 plan's 16-32, which costs more than the merge saves at 8k tokens
+// and up on the Llama shapes (docs/kernels/decode_attention.md, "Splits merged in a cluster").
 constexpr int kClusterMergeMaxPages = 128;
 
 // A block of W = 4 or 8 warps, each with its own ring. Two 4-warp blocks fit an SM (2 x (96 KB +
@@ -718,8 +721,8 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
   };
   if (forced_splits > 0) {
     best_splits = distinct_splits(std::min(forced_splits, max_pages));
-  } else if (cluster) {  // one cluster per (sequence, kv head): as many splits as it holds, each >= min_pages
-    best_splits = distinct_splits(std::clamp(max_pages / min_pages, 1, kMaxClusterSplits));
+  } else if (cluster) {  // one cluster per (sequence, kv head): as many splits as it holds
+    best_splits = distinct_splits(std::min(max_pages, kMaxClusterSplits));
   }
 
   DecodeAttentionPlan plan;
@@ -730,25 +733,20 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
   plan.max_context = max_context;
   plan.splits_per_sequence = best_splits;
   plan.pages_per_split = (max_pages + best_splits - 1) / best_splits;
-  plan.min_pages_per_split = forced_splits > 0 ? 1 : min_pages;
+  // A cluster merge is cheap enough that every split streams even at a few pages (docs).
+  plan.min_pages_per_split = forced_splits > 0 || cluster ? 1 : min_pages;
   plan.warps_per_block = warps;
   plan.cluster_merge = cluster && best_splits > 1;
   plan.workspace_bytes = workspace_layout(batch, kv_heads, q_heads / kv_heads, head_dim, best_splits).bytes;
   return plan;
 }
 
-std::vector<DecodeAttentionPlan> plan_short_context_decode_attention(const DecodeAttentionPlan& plan, int num_sms) {
-  std::vector<DecodeAttentionPlan> plans;
-  if (plan.batch != 1) return plans;
-  for (int pages : {kClusterMergeMaxPages / 2, kClusterMergeMaxPages}) {
-    const int context = pages * kKvPageSize;
-    if (context >= plan.max_context) break;
-    DecodeAttentionPlan shorter = plan_decode_attention(1, plan.q_heads, plan.kv_heads, plan.head_dim, context, num_sms);
-    if (!shorter.cluster_merge) break;  // a shape the cluster merge does not take
-    if (plan.cluster_merge && shorter.splits_per_sequence >= plan.splits_per_sequence) break;  // no smaller cluster
-    plans.push_back(shorter);
-  }
-  return plans;
+std::optional<DecodeAttentionPlan> plan_short_context_decode_attention(const DecodeAttentionPlan& plan, int num_sms) {
+  const int short_context = kClusterMergeMaxPages * kKvPageSize;
+  if (plan.batch != 1 || plan.cluster_merge || plan.max_context <= short_context) return std::nullopt;
+  DecodeAttentionPlan shorter = plan_decode_attention(1, plan.q_heads, plan.kv_heads, plan.head_dim, short_context, num_sms);
+  if (!shorter.cluster_merge) return std::nullopt;  // a shape the cluster merge does not take
+  return shorter;
 }
 
 cudaError_t launch_decode_attention(const DecodeAttentionPlan& plan, const DecodeAttentionParams& params,

@@ -15,7 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
+#include <optional>
 
 #include "kernels/attention/paged_kv.cuh"
 
@@ -55,13 +55,12 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
                                           int num_sms, int forced_splits = 0, int forced_warps = 0,
                                           SplitMerge merge = SplitMerge::automatic);
 
-// For one sequence under a plan made for a longer max_context: plans for short contexts (1024 and
-// 2048 tokens: 4 and 8 splits of the minimum 16 pages) whose splits merge in a thread-block
-// cluster, ascending by max_context; none where the shape does not allow it. Up to those lengths
-// the L2 plan runs as many splits of the same pages, so a short plan streams the same and skips
-// the L2 round trips of the merge, with the smallest cluster that holds the splits. The engine
-// captures each and picks by the sequence's length each step.
-std::vector<DecodeAttentionPlan> plan_short_context_decode_attention(const DecodeAttentionPlan& plan, int num_sms);
+// For one sequence under a plan made for a longer max_context: a plan for up to 2048 tokens whose
+// 8 splits merge in a thread-block cluster, or none where the shape does not allow it. Up to that
+// length the L2 plan runs at most 8 splits of its minimum 16 pages, so the cluster plan streams
+// no more per split and skips the L2 round trips of the merge. The engine captures both and
+// picks by the sequence's length each step.
+std::optional<DecodeAttentionPlan> plan_short_context_decode_attention(const DecodeAttentionPlan& plan, int num_sms);
 
 struct DecodeAttentionParams {
   const __nv_bfloat16* q = nullptr;     // [batch, q_heads, head_dim], rotated
