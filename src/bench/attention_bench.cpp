@@ -86,9 +86,14 @@ int run_gpu(const AttentionBenchOptions& o) {
 
   std::vector<Row> rows;
   for (const AttentionBenchCase& c : o.cases) {
-    const kernels::DecodeAttentionPlan plan =
+    kernels::DecodeAttentionPlan plan =
         kernels::plan_decode_attention(c.batch, o.q_heads, o.kv_heads, o.head_dim, c.context, device.sm_count, o.splits,
                                       o.warps, split_merge(o.merge));
+    if (o.merge == "auto" && o.splits == 0 && o.warps == 0) {  // as the engine runs short sequences
+      const auto shorter = kernels::plan_short_context_decode_attention(
+          plan, device.sm_count, kernels::decode_attention_resident_clusters(o.head_dim));
+      if (shorter && shorter->max_context >= c.context) plan = *shorter;
+    }
     // Enough separate pools of K/V pages (each with its own scattered block table) that the
     // pages a call reads were evicted from L2 since the last call that read them.
     const int pages_per_seq = (c.context + kernels::kKvPageSize - 1) / kernels::kKvPageSize;

@@ -170,7 +170,7 @@ void register_bench(CLI::App& app, Action& action) {
                         "force blocks of this many warps, 4 or 8 (default: the plan's choice)")
       ->check(CLI::IsMember({4, 8}));
   attention->add_option("--merge", attention_args->options.merge,
-                        "where splits merge: workspace (L2), cluster (shared memory) or auto (the plan's choice)")
+                        "where splits merge: workspace (L2), cluster (shared memory) or auto (as the engine: clusters for short sequences where they fit)")
       ->check(CLI::IsMember({"auto", "workspace", "cluster"}));
   attention->add_option("--json", attention_args->options.json_path, "write the rows as JSON to this file");
   attention->add_option("--trace", attention_args->options.trace_path,

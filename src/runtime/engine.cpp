@@ -116,23 +116,30 @@ void Engine::Impl::finish_setup() {
   const int max_batch = options.max_batch;
   const std::vector<int> buckets = runtime::decode_buckets(max_batch);
   size_t attention_workspace = 0;
-  // DEEPFUSE_ATTENTION_MERGE=1 / 2 forces the workspace / cluster merge at batch 1, and
-  // DEEPFUSE_ATTENTION_SPLITS its split count (A/B only).
+  // DEEPFUSE_ATTENTION_MERGE=1 / 2 forces the workspace / cluster merge, and
+  // DEEPFUSE_ATTENTION_SPLITS the split count, in every bucket (A/B only).
   static const int forced_merge = ab_switch("DEEPFUSE_ATTENTION_MERGE", 0);
   static const int forced_splits = ab_switch("DEEPFUSE_ATTENTION_SPLITS", 0);
   for (int bucket : buckets) {
-    const auto merge = forced_merge == 0 || bucket > 1 ? kernels::SplitMerge::automatic
+    const auto merge = forced_merge == 0 ? kernels::SplitMerge::automatic
                        : forced_merge == 1            ? kernels::SplitMerge::workspace
                                                       : kernels::SplitMerge::cluster;
     decode_plans.push_back(kernels::plan_decode_attention(bucket, config.num_attention_heads,
                                                           config.num_key_value_heads, config.head_dim,
                                                           options.max_context, num_sms,
-                                                          bucket == 1 ? forced_splits : 0, 0, merge));
+                                                          forced_splits, 0, merge));
     attention_workspace = std::max(attention_workspace, decode_plans.back().workspace_bytes);
   }
-  if (forced_merge == 0 && forced_splits == 0)
-    short_context_plan = kernels::plan_short_context_decode_attention(decode_plans.front(), num_sms);
-  if (short_context_plan) attention_workspace = std::max(attention_workspace, short_context_plan->workspace_bytes);
+  const kernels::ResidentClusters resident = forced_merge == 0 && forced_splits == 0
+                                                 ? kernels::decode_attention_resident_clusters(config.head_dim)
+                                                 : kernels::ResidentClusters{};
+  bool short_plans = false;
+  for (const kernels::DecodeAttentionPlan& plan : decode_plans) {
+    short_context_plans.push_back(kernels::plan_short_context_decode_attention(plan, num_sms, resident));
+    if (!short_context_plans.back()) continue;
+    short_plans = true;
+    attention_workspace = std::max(attention_workspace, short_context_plans.back()->workspace_bytes);
+  }
   gemm = std::make_unique<kernels::CublasLtGemm>();
   buffers = std::make_unique<runtime::StepBuffers>(config, max_tokens(), max_batch,
                                                    std::max(max_batch, kScoreLogitRows), attention_workspace, stream());
@@ -141,7 +148,7 @@ void Engine::Impl::finish_setup() {
     lane.inputs = PinnedBuffer(3 * static_cast<size_t>(max_batch) * sizeof(int32_t));
     lane.sampled = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t), PinnedBuffer::Access::mapped);
     lane.graphs = std::make_unique<runtime::DecodeGraphCache>(max_batch, options.cuda_graphs,
-                                                              short_context_plan ? 2 : 1);
+                                                              short_plans ? 2 : 1);
   }
   prefill_sampled = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t));
   prefill_host = PinnedBuffer(3 * static_cast<size_t>(max_tokens()) * sizeof(int32_t));

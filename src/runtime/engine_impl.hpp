@@ -139,8 +139,8 @@ struct Engine::Impl {
   std::unique_ptr<kernels::CublasLtGemm> gemm;
   std::vector<GemmTuning> gemm_tunings;  // EngineOptions::tune_gemms
   std::vector<kernels::DecodeAttentionPlan> decode_plans;  // one per bucket
-  // One sequence up to its max_context tokens: splits merged in a cluster (graph plan 1).
-  std::optional<kernels::DecodeAttentionPlan> short_context_plan;
+  // Per bucket, for steps whose sequences are all short: splits merged in clusters (graph plan 1).
+  std::vector<std::optional<kernels::DecodeAttentionPlan>> short_context_plans;
   std::unique_ptr<runtime::StepBuffers> buffers;
   std::unique_ptr<runtime::KvCache> kv;
   std::unique_ptr<runtime::PersistentDecodeStep> persistent;  // EngineOptions::persistent_decode

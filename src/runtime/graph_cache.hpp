@@ -1,5 +1,5 @@
-// One CUDA graph per decode batch bucket and attention plan (one sequence has two: the engine's
-// short-context plan and its bucket's).
+// One CUDA graph per decode batch bucket and attention plan (the bucket's, and for short
+// sequences the engine's short-context plan).
 //
 // Buckets are 1, 2, 4, ... below max_batch, and max_batch itself; a step with n running sequences
 // runs the smallest bucket >= n with the surplus entries padded. A bucket's first step runs its

@@ -201,9 +201,10 @@ void Engine::Impl::run_decode_step(StepLane& lane, int sequences,
     upload(first, row - first);
   }
   upload(tail, 3 * max_batch - tail);
-  // One short sequence: the short-context plan (its splits merge in a cluster), in a graph of its own.
-  const bool short_context = short_context_plan && sequences == 1 && longest <= short_context_plan->max_context;
-  const kernels::DecodeAttentionPlan& plan = short_context ? *short_context_plan : decode_plans[bucket_index];
+  // Short sequences: the bucket's short-context plan (splits merged in clusters), in a graph of its own.
+  const std::optional<kernels::DecodeAttentionPlan>& short_plan = short_context_plans[bucket_index];
+  const bool short_context = short_plan && longest <= short_plan->max_context;
+  const kernels::DecodeAttentionPlan& plan = short_context ? *short_plan : decode_plans[bucket_index];
   int32_t* host_sampled = lane.sampled.device_as<int32_t>();
   lane.graphs->run(bucket_index, short_context ? 1 : 0, stream(),
                    [&](cudaStream_t s) { forward->decode_step(plan, host_sampled, s); });

@@ -144,22 +144,17 @@ TEST(DecodeAttentionPlan, ForcedSplits) {
 
 // Sequences shorter than max_context are cut into fewer splits of at least a few pages each (the
 // merge in L2 costs more than streaming a few pages); the plan's count is what long ones reach.
-// Splits merged in a cluster (one sequence up to 2048 tokens) all stream, at any length.
 TEST(DecodeAttentionPlan, ShortSequencesTakeFewerSplits) {
   for (int context : {100, 576, 8192, 32768}) {
     const auto plan = plan_decode_attention(1, 32, 8, 128, context, 132);
-    if (plan.cluster_merge) {
-      EXPECT_EQ(plan.min_pages_per_split, 1) << context;
-      continue;
-    }
     EXPECT_GT(plan.min_pages_per_split, 1) << context;
     EXPECT_LE(plan.min_pages_per_split, 16) << context << ": short sequences would lose their spread";
   }
-  EXPECT_GT(plan_decode_attention(2, 32, 8, 128, 576, 132).min_pages_per_split, 1) << "a batch merges in L2";
 }
 
-// Splits merged in a thread-block cluster: forced on any batch whose shape allows it, chosen by
-// the planner for one sequence; a shape it cannot take is refused with the reason.
+// Splits merged in a thread-block cluster: forced on any batch whose shape allows it (automatic
+// plans merge in L2; the short-context plans below are the engine's clusters); a shape it cannot
+// take is refused with the reason.
 TEST(DecodeAttentionPlan, ClusterMerge) {
   using kernels::SplitMerge;
   for (int batch : {1, 3})
@@ -175,14 +170,7 @@ TEST(DecodeAttentionPlan, ClusterMerge) {
         if (splits > 0)  // the same splits: a device without clusters merges the cluster plan's in L2
           EXPECT_EQ(workspace.workspace_bytes, plan.workspace_bytes) << describe(in) << ", splits " << splits;
       }
-  EXPECT_TRUE(plan_decode_attention(1, 32, 8, 128, 2048, 132).cluster_merge) << "8 splits of 16 pages";
-  EXPECT_EQ(plan_decode_attention(1, 32, 8, 128, 2048, 132).splits_per_sequence, 8);
-  EXPECT_EQ(plan_decode_attention(1, 32, 8, 128, 500, 132).splits_per_sequence, 8) << "32 pages: 8 of 4";
-  EXPECT_EQ(plan_decode_attention(1, 32, 8, 128, 100, 132).splits_per_sequence, 7) << "7 pages: one each";
-  EXPECT_FALSE(plan_decode_attention(1, 32, 8, 128, 2049, 132).cluster_merge) << "longer: 16 splits in L2";
-  EXPECT_FALSE(plan_decode_attention(2, 32, 8, 128, 2048, 132).cluster_merge) << "batches merge in L2";
-  EXPECT_FALSE(plan_decode_attention(1, 32, 8, 128, 32768, 132).cluster_merge) << "long contexts take 16 splits";
-  EXPECT_FALSE(plan_decode_attention(1, 96, 8, 128, 1000, 132).cluster_merge) << "12 heads per kv head";
+  EXPECT_FALSE(plan_decode_attention(1, 32, 8, 128, 2048, 132).cluster_merge) << "automatic plans merge in L2";
   EXPECT_THROW(plan_decode_attention(1, 32, 8, 128, 8192, 132, 9, 0, SplitMerge::cluster), Error);
   EXPECT_THROW(plan_decode_attention(1, 32, 8, 128, 8192, 132, 0, 4, SplitMerge::cluster), Error);
   try {
@@ -193,27 +181,40 @@ TEST(DecodeAttentionPlan, ClusterMerge) {
   }
 }
 
-// A long plan for one sequence comes with a short-context plan (8 splits merged in a cluster, up
-// to 2048 tokens) where the shape allows one; short plans, batches and groups of more than 8
-// heads get none.
-TEST(DecodeAttentionPlan, ShortContextPlan) {
-  for (int context : {2049, 8192, 131072}) {
-    const auto long_plan = plan_decode_attention(1, 32, 8, 128, context, 132);
-    const auto short_plan = kernels::plan_short_context_decode_attention(long_plan, 132);
-    ASSERT_TRUE(short_plan.has_value()) << context;
-    expect_consistent({1, 32, 8, 128, short_plan->max_context, 132}, *short_plan);
-    EXPECT_TRUE(short_plan->cluster_merge);
-    EXPECT_EQ(short_plan->max_context, 2048);
-    EXPECT_EQ(short_plan->splits_per_sequence, 8);
-    EXPECT_LE(short_plan->pages_per_split, long_plan.min_pages_per_split)
-        << "up to 2048 tokens a cluster split streams no more than the long plan's";
-    EXPECT_EQ(short_plan->min_pages_per_split, 1) << "every split streams, however short the sequence";
-    EXPECT_LE(short_plan->workspace_bytes, long_plan.workspace_bytes);
+// Short-context plans: the largest cluster (8, 4, 2) whose batch x kv_heads clusters the device
+// holds at once, as many splits of 8 warps, sequences up to 16 pages per split; none where no
+// cluster fits, for groups of more than 8 heads, or for a single page.
+TEST(DecodeAttentionPlan, ShortContextPlans) {
+  using kernels::plan_short_context_decode_attention;
+  const kernels::ResidentClusters h200{66, 30, 15};
+  struct Expected {
+    int batch, kv_heads, cluster;
+  };
+  for (const Expected e : {Expected{1, 8, 8}, Expected{2, 8, 4}, Expected{4, 8, 2}, Expected{8, 8, 2},
+                           Expected{1, 4, 8}, Expected{4, 4, 4}, Expected{8, 4, 2}, Expected{1, 32, 2}}) {
+    const int q_heads = 4 * e.kv_heads;
+    for (int context : {32768, 1000}) {
+      const auto long_plan = plan_decode_attention(e.batch, q_heads, e.kv_heads, 128, context, 132);
+      const auto plan = plan_short_context_decode_attention(long_plan, 132, h200);
+      const std::string what = "batch " + std::to_string(e.batch) + ", " + std::to_string(e.kv_heads) +
+                               " kv heads, plan for " + std::to_string(context);
+      ASSERT_TRUE(plan.has_value()) << what;
+      expect_consistent({e.batch, q_heads, e.kv_heads, 128, plan->max_context, 132}, *plan);
+      EXPECT_TRUE(plan->cluster_merge) << what;
+      EXPECT_EQ(plan->warps_per_block, 8) << what;
+      EXPECT_EQ(plan->min_pages_per_split, 1) << what << ": every split streams";
+      EXPECT_EQ(plan->max_context, std::min(context, 256 * e.cluster)) << what << ": 16 pages per split";
+      if (context > 256 * e.cluster) EXPECT_EQ(plan->splits_per_sequence, e.cluster) << what;
+    }
   }
-  EXPECT_FALSE(kernels::plan_short_context_decode_attention(plan_decode_attention(1, 32, 8, 128, 2048, 132), 132))
-      << "already merged in a cluster";
-  EXPECT_FALSE(kernels::plan_short_context_decode_attention(plan_decode_attention(2, 32, 8, 128, 8192, 132), 132));
-  EXPECT_FALSE(kernels::plan_short_context_decode_attention(plan_decode_attention(1, 96, 8, 128, 8192, 132), 132));
+  EXPECT_FALSE(plan_short_context_decode_attention(plan_decode_attention(16, 32, 8, 128, 8192, 132), 132, h200))
+      << "128 clusters of 2 do not fit";
+  EXPECT_FALSE(plan_short_context_decode_attention(plan_decode_attention(1, 96, 8, 128, 8192, 132), 132, h200))
+      << "12 heads per kv head";
+  EXPECT_FALSE(plan_short_context_decode_attention(plan_decode_attention(1, 32, 8, 128, 8192, 132), 132, {}))
+      << "a device without clusters";
+  EXPECT_FALSE(plan_short_context_decode_attention(plan_decode_attention(1, 32, 8, 128, 16, 132), 132, h200))
+      << "one page: nothing to merge";
 }
 
 TEST(DecodeAttentionPlan, RejectsBadSizes) {

@@ -150,22 +150,23 @@ TEST_P(EngineVsReference, TeacherForcedDecodeMatchesReference) {
   expect_matches_reference(engine.score(ids, prompt), ids, "prompt 40 + 32 decode steps");
 }
 
-// One sequence decodes under the short-context plan (8 splits merged in a cluster) up to 2048
-// keys and under the bucket's plan (merged in L2) after: steps well inside the short plan and on
-// either side of the switch, each plan's graph captured mid-sequence.
+// Short sequences decode under the short-context plans (splits merged in thread-block clusters)
+// and longer ones under the buckets' plans (merged in L2): one sequence and a ragged pair, steps
+// well inside the short plans and on either side of the switch at 2048 keys, each plan's graph
+// captured mid-sequence.
 TEST_P(EngineVsReference, DecodeAcrossTheShortContextPlan) {
   DF_REQUIRE_GPU();
   make_model(9, 4096);
   EngineOptions options = tiny_engine_options();
-  options.max_batch = 1;
+  options.max_batch = 2;
   options.max_context = 4096;
   options.kv_cache_bytes = size_t{64} << 20;
   Engine engine = load_engine(options);
   for (int prompt : {1016, 2040}) {  // keys prompt + 1 .. prompt + 16 in the decode steps
     const std::vector<int32_t> ids = random_ids(rng_, prompt + 16, config_.vocab_size);
-    expect_matches_reference(engine.score(ids, prompt), ids,
-                             "prompt " + std::to_string(prompt) + " + 16 decode steps");
+    expect_matches_reference(engine.score(ids, prompt), ids, "prompt " + std::to_string(prompt) + " + 16 decode steps");
   }
+  expect_batch_matches_reference(engine, random_sequences({2056, 300}), {2040, 284}, "a pair across 2048 keys");
 }
 
 TEST_P(EngineVsReference, ChunkedPrefillMatchesReference) {

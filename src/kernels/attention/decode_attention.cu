@@ -65,6 +65,7 @@
 #include <limits>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "deepfuse/error.hpp"
@@ -99,11 +100,11 @@ constexpr int kMergePages = 2;
 // pages per split (4-warp blocks; twice as many for 8 warps); the plan's split count is only
 // reached by long ones.
 constexpr int kMinPagesPerSplit = 8;
-// The automatic plan merges one sequence's splits in a cluster up to this many pages: 8 splits
-// of the L2 plan's minimum 16 pages (8-warp blocks). Longer, the cluster's 8 splits would stream
-// more pages each than the L2 plan's 16-32, which costs more than the merge saves at 8k tokens
-// and up on the Llama shapes (docs/kernels/decode_attention.md, "Splits merged in a cluster").
-constexpr int kClusterMergeMaxPages = 128;
+// A short-context plan's splits stream at most this many pages each: the L2 plans' minimum split
+// (16 pages in 8 warps, 8 in 4). Longer, one sequence's 8 cluster splits would stream more pages
+// each than the L2 plan's 16-32, which costs more than the merge saves at 8k tokens and up on the
+// Llama shapes (docs/kernels/decode_attention.md, "Splits merged in a cluster").
+constexpr int kClusterSplitMaxPages = 16;
 
 // A block of W = 4 or 8 warps, each with its own ring. Two 4-warp blocks fit an SM (2 x (96 KB +
 // the 1 KB the runtime reserves per block) of the H100/H200's 228 KB), one 8-warp block: it
@@ -691,9 +692,7 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
            "decode attention: a cluster merge needs blocks of 8 warps, at most 8 query heads per kv head and at most " +
                text(kMaxClusterSplits) + " splits");
   const int max_pages = pages_for(max_context);
-  const bool cluster = merge == SplitMerge::cluster ||
-                       (merge == SplitMerge::automatic && batch == 1 && forced_warps != 4 && group <= 8 &&
-                        forced_splits <= kMaxClusterSplits && max_pages <= kClusterMergeMaxPages);
+  const bool cluster = merge == SplitMerge::cluster;
 
   // A single sequence takes blocks of 8 warps: half the splits and partials for its merge. In the
   // decode step at batch 1 0.3-0.9% faster on every model (512 and 8k tokens), 1 x 32k alone 94%
@@ -741,12 +740,53 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
   return plan;
 }
 
-std::optional<DecodeAttentionPlan> plan_short_context_decode_attention(const DecodeAttentionPlan& plan, int num_sms) {
-  const int short_context = kClusterMergeMaxPages * kKvPageSize;
-  if (plan.batch != 1 || plan.cluster_merge || plan.max_context <= short_context) return std::nullopt;
-  DecodeAttentionPlan shorter = plan_decode_attention(1, plan.q_heads, plan.kv_heads, plan.head_dim, short_context, num_sms);
-  if (!shorter.cluster_merge) return std::nullopt;  // a shape the cluster merge does not take
-  return shorter;
+namespace {
+
+template <int D>
+ResidentClusters query_resident_clusters() {
+  ResidentClusters resident;
+  if (!device_has_clusters() || prepare_kernel<D, 1, 8, true>() != cudaSuccess) return resident;
+  for (int cluster : {2, 4, 8}) {
+    const ClusterLaunch probe(dim3(cluster, 1, 1), BlockShape<8>::kThreads, kernel_shared_bytes<D, 8, true>(), cluster,
+                              nullptr);
+    int count = 0;
+    if (cudaOccupancyMaxActiveClusters(&count, decode_attention_kernel<D, 1, 8, true>, &probe.config) != cudaSuccess)
+      return ResidentClusters{};
+    (cluster == 2 ? resident.of2 : cluster == 4 ? resident.of4 : resident.of8) = count;
+  }
+  return resident;
+}
+
+}  // namespace
+
+ResidentClusters decode_attention_resident_clusters(int head_dim) {
+  DF_CHECK(head_dim == 64 || head_dim == 128, "decode attention: head_dim " + std::to_string(head_dim) + " (64 or 128 supported)");
+  static std::mutex mutex;
+  static std::vector<std::tuple<int, int, ResidentClusters>> known;  // (device, head_dim, answer)
+  int device = 0;
+  DF_CHECK_CUDA(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const auto& [id, d, resident] : known)
+    if (id == device && d == head_dim) return resident;
+  const ResidentClusters resident = head_dim == 64 ? query_resident_clusters<64>() : query_resident_clusters<128>();
+  cudaGetLastError();  // a refused query leaves nothing behind: the answer is "no clusters"
+  known.emplace_back(device, head_dim, resident);
+  return resident;
+}
+
+std::optional<DecodeAttentionPlan> plan_short_context_decode_attention(const DecodeAttentionPlan& plan, int num_sms,
+                                                                       const ResidentClusters& resident) {
+  if (plan.cluster_merge || plan.q_heads / plan.kv_heads > 8) return std::nullopt;
+  const long long pairs = static_cast<long long>(plan.batch) * plan.kv_heads;
+  for (int cluster = kMaxClusterSplits; cluster >= 2; cluster /= 2) {
+    if (pairs > resident.of(cluster)) continue;  // a cluster left for a second wave would wait
+    const int context = std::min(plan.max_context, cluster * kClusterSplitMaxPages * kKvPageSize);
+    DecodeAttentionPlan shorter = plan_decode_attention(plan.batch, plan.q_heads, plan.kv_heads, plan.head_dim,
+                                                        context, num_sms, cluster, 8, SplitMerge::cluster);
+    if (!shorter.cluster_merge) return std::nullopt;  // a single page: nothing to merge
+    return shorter;
+  }
+  return std::nullopt;
 }
 
 cudaError_t launch_decode_attention(const DecodeAttentionPlan& plan, const DecodeAttentionParams& params,

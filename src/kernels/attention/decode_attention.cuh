@@ -23,7 +23,7 @@ namespace deepfuse::kernels {
 
 // Where the splits of a (sequence, kv head) merge their partial outputs.
 enum class SplitMerge {
-  automatic,  // the planner's choice
+  automatic,  // the planner's choice: the workspace (short-context plans below merge in clusters)
   workspace,  // in L2: the last split to finish (by a ticket) reads the others' partials back
   cluster,    // in shared memory: the splits are one thread-block cluster and send their partials
               // to its first block (sm_90; at most 8 splits, blocks of 8 warps, at most 8 query
@@ -55,12 +55,25 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
                                           int num_sms, int forced_splits = 0, int forced_warps = 0,
                                           SplitMerge merge = SplitMerge::automatic);
 
-// For one sequence under a plan made for a longer max_context: a plan for up to 2048 tokens whose
-// 8 splits merge in a thread-block cluster, or none where the shape does not allow it. Up to that
-// length the L2 plan runs at most 8 splits of its minimum 16 pages, so the cluster plan streams
-// no more per split and skips the L2 round trips of the merge. The engine captures both and
-// picks by the sequence's length each step.
-std::optional<DecodeAttentionPlan> plan_short_context_decode_attention(const DecodeAttentionPlan& plan, int num_sms);
+// How many clusters of the cluster-merge kernel (one 8-warp block per SM) the current device holds
+// at once, for clusters of 2, 4 and 8 blocks; all 0 without clusters. Asked of the device once.
+// The H200 (132 SMs): 66, 30 and 15.
+struct ResidentClusters {
+  int of2 = 0, of4 = 0, of8 = 0;
+  int of(int cluster) const { return cluster == 2 ? of2 : cluster == 4 ? of4 : cluster == 8 ? of8 : 0; }
+};
+ResidentClusters decode_attention_resident_clusters(int head_dim);
+
+// For the batch of `plan` (made for a longer or equal max_context): a plan for short contexts whose
+// splits merge in thread-block clusters, or none where the shape does not allow one. Its cluster
+// size C is the largest of 8, 4, 2 whose batch x kv_heads clusters the device holds at once
+// (`resident`), its splits are C blocks of 8 warps, and it serves sequences up to 16 C pages
+// (256 C tokens, at most plan.max_context): each split then streams at most 16 pages, no longer
+// than the L2 plan's blocks take for their minimum split (16 pages in 8 warps, 8 in 4), and the
+// merge skips the L2 round trips. The engine captures both plans and picks by the longest
+// sequence each step.
+std::optional<DecodeAttentionPlan> plan_short_context_decode_attention(const DecodeAttentionPlan& plan, int num_sms,
+                                                                       const ResidentClusters& resident);
 
 struct DecodeAttentionParams {
   const __nv_bfloat16* q = nullptr;     // [batch, q_heads, head_dim], rotated
