@@ -181,17 +181,19 @@ TEST(DecodeAttentionPlan, ClusterMerge) {
   }
 }
 
-// Short-context plans: the largest cluster (8, 4, 2) whose batch x kv_heads clusters the device
-// holds at once, as many splits of 8 warps, sequences up to 16 pages per split; none where no
-// cluster fits, for groups of more than 8 heads, or for a single page.
+// Short-context plans: the largest cluster (8, 4, 2) of at most 8 / batch whose batch x kv_heads
+// clusters the device holds at once, as many splits of 8 warps, sequences up to 16 pages per
+// split; none from 5 sequences, where no cluster fits, for groups of more than 8 heads, or for a
+// single page.
 TEST(DecodeAttentionPlan, ShortContextPlans) {
   using kernels::plan_short_context_decode_attention;
   const kernels::ResidentClusters h200{66, 30, 15};
   struct Expected {
     int batch, kv_heads, cluster;
   };
-  for (const Expected e : {Expected{1, 8, 8}, Expected{2, 8, 4}, Expected{4, 8, 2}, Expected{8, 8, 2},
-                           Expected{1, 4, 8}, Expected{4, 4, 4}, Expected{8, 4, 2}, Expected{1, 32, 2}}) {
+  for (const Expected e : {Expected{1, 8, 8}, Expected{2, 8, 4}, Expected{3, 8, 2}, Expected{4, 8, 2},
+                           Expected{1, 4, 8}, Expected{2, 4, 4}, Expected{4, 4, 2}, Expected{1, 16, 4},
+                           Expected{1, 32, 2}}) {
     const int q_heads = 4 * e.kv_heads;
     for (int context : {32768, 1000}) {
       const auto long_plan = plan_decode_attention(e.batch, q_heads, e.kv_heads, 128, context, 132);
@@ -207,8 +209,10 @@ TEST(DecodeAttentionPlan, ShortContextPlans) {
       if (context > 256 * e.cluster) EXPECT_EQ(plan->splits_per_sequence, e.cluster) << what;
     }
   }
-  EXPECT_FALSE(plan_short_context_decode_attention(plan_decode_attention(16, 32, 8, 128, 8192, 132), 132, h200))
-      << "128 clusters of 2 do not fit";
+  EXPECT_FALSE(plan_short_context_decode_attention(plan_decode_attention(5, 32, 8, 128, 8192, 132), 132, h200))
+      << "5 sequences: less than 2 of the 8 splits each";
+  EXPECT_FALSE(plan_short_context_decode_attention(plan_decode_attention(2, 160, 40, 128, 8192, 132), 132, h200))
+      << "80 clusters of 2 do not fit";
   EXPECT_FALSE(plan_short_context_decode_attention(plan_decode_attention(1, 96, 8, 128, 8192, 132), 132, h200))
       << "12 heads per kv head";
   EXPECT_FALSE(plan_short_context_decode_attention(plan_decode_attention(1, 32, 8, 128, 8192, 132), 132, {}))

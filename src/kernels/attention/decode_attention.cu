@@ -777,8 +777,12 @@ ResidentClusters decode_attention_resident_clusters(int head_dim) {
 std::optional<DecodeAttentionPlan> plan_short_context_decode_attention(const DecodeAttentionPlan& plan, int num_sms,
                                                                        const ResidentClusters& resident) {
   if (plan.cluster_merge || plan.q_heads / plan.kv_heads > 8) return std::nullopt;
+  // A batch's sequences share one sequence's 8 splits per kv head (4 each for 2 sequences, 2 for
+  // 3-4, none from 5): the grid keeps the single-sequence plan's block count (docs).
   const long long pairs = static_cast<long long>(plan.batch) * plan.kv_heads;
-  for (int cluster = kMaxClusterSplits; cluster >= 2; cluster /= 2) {
+  int largest = kMaxClusterSplits;
+  while (largest > 1 && largest * plan.batch > kMaxClusterSplits) largest /= 2;
+  for (int cluster = largest; cluster >= 2; cluster /= 2) {
     if (pairs > resident.of(cluster)) continue;  // a cluster left for a second wave would wait
     const int context = std::min(plan.max_context, cluster * kClusterSplitMaxPages * kKvPageSize);
     DecodeAttentionPlan shorter = plan_decode_attention(plan.batch, plan.q_heads, plan.kv_heads, plan.head_dim,
