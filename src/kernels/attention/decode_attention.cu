@@ -45,10 +45,10 @@
 // (sequence, kv head) counter; the last block to arrive pulls every split's partials through
 // cp.async (one L2 round trip per chunk that fits in shared memory), weights them by
 // exp2(lse - max lse), writes out, and resets the counter to zero for the next launch. One launch
-// per call, no host synchronisation. A plan with cluster_merge (one sequence, at most 8 splits)
-// makes the splits of a (sequence, kv head) one thread-block cluster instead: each writes its
-// partial into the first block's shared memory and arrives at a cluster barrier, and the first
-// block merges, without a ticket or an L2 round trip.
+// per call, no host synchronisation. A plan with cluster_merge (at most 8 splits of 8 warps; the
+// engine's short-context plans) makes the splits of a (sequence, kv head) one thread-block
+// cluster instead: each writes its partial into the first block's shared memory and arrives at a
+// cluster barrier, and the first block merges, without a ticket or an L2 round trip.
 //
 // Overlap with the kernels around it (programmatic dependent launch): lengths, page ids and the
 // first pages of the cache (all but the newest page, which the QKV kernel before this one writes)
