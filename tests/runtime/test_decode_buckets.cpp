@@ -27,5 +27,19 @@ TEST(DecodeBuckets, SmallestBucketHoldingTheBatch) {
   EXPECT_EQ(cache.graphs_captured(), 0);
 }
 
+// Without graphs every step runs its ops eagerly, under whichever attention plan the engine picked
+// (0: the bucket's, 1: the short-context plan); a plan the cache was not made for is refused.
+TEST(DecodeBuckets, StepsRunUnderEitherPlan) {
+  DecodeGraphCache cache(4, false, 2);
+  std::vector<int> ran;
+  for (int plan : {0, 1, 1, 0}) cache.run(0, plan, nullptr, [&](cudaStream_t) { ran.push_back(plan); });
+  EXPECT_EQ(ran, (std::vector<int>{0, 1, 1, 0}));
+  EXPECT_FALSE(cache.captured(0));
+  EXPECT_EQ(cache.kernel_nodes(0), 0);
+  EXPECT_THROW(cache.run(0, 2, nullptr, [](cudaStream_t) {}), Error);
+  EXPECT_THROW(cache.run(3, 0, nullptr, [](cudaStream_t) {}), Error);
+  EXPECT_THROW(DecodeGraphCache(4, false, 0), Error);
+}
+
 }  // namespace
 }  // namespace deepfuse::runtime
