@@ -64,15 +64,15 @@ struct ResidentClusters {
 };
 ResidentClusters decode_attention_resident_clusters(int head_dim);
 
-// For the batch of `plan` (made for a longer or equal max_context): a plan for short contexts whose
-// splits merge in thread-block clusters, or none where the shape does not allow one. Its cluster
-// size C is the largest of 8, 4, 2 with C x batch <= 8 whose batch x kv_heads clusters the device
-// holds at once (`resident`): a batch shares one sequence's 8 splits per kv head, so from 5
-// sequences there is none. Its splits are C blocks of 8 warps, and it serves sequences up to 16 C pages
-// (256 C tokens, at most plan.max_context): each split then streams at most 16 pages, no longer
-// than the L2 plan's blocks take for their minimum split (16 pages in 8 warps, 8 in 4), and the
-// merge skips the L2 round trips. The engine captures both plans and picks by the longest
-// sequence each step.
+// For the batch of `plan` (made for a longer or equal max_context): a plan for short contexts
+// whose splits merge in thread-block clusters, or none where the shape does not allow one. Its
+// cluster size C is the largest of 8, 4, 2 with C x batch <= 8 whose batch x kv_heads clusters
+// the device holds at once (`resident`): a batch shares one sequence's 8 splits per kv head, so
+// from 5 sequences there is none. Its splits are C blocks of 8 warps, and it serves sequences up
+// to 16 C pages (256 C tokens, at most plan.max_context): each split then streams at most 16
+// pages, no longer than the L2 plan's blocks take for their minimum split (16 pages in 8 warps,
+// 8 in 4), and the merge skips the L2 round trips. The engine captures both plans and picks by
+// the longest sequence each step.
 std::optional<DecodeAttentionPlan> plan_short_context_decode_attention(const DecodeAttentionPlan& plan, int num_sms,
                                                                        const ResidentClusters& resident);
 
