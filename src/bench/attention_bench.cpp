@@ -144,8 +144,8 @@ int run_gpu(const AttentionBenchOptions& o) {
     std::fprintf(stderr, "  measured %s (%d KV copies, %.0f MB each)\n", case_name(c).c_str(), copies, bytes_per_call / 1e6);
   }
 
-  Table table({"batch x context", "q/kv heads", "d", "splits", "warps", "merge", "us graph", "TB/s", "%copy", "us stream",
-               "%copy stream", "launches", "power-capped"});
+  Table table({"batch x context", "q/kv heads", "d", "splits", "warps", "merge", "us graph", "TB/s", "%copy",
+               "us stream", "%copy stream", "launches", "power-capped"});
   nlohmann::json json = run_header(device.name, copy_bw);
   json["suite"] = "attention";
   json["power_cap_counter"] = gpu.power_cap.available();
@@ -160,8 +160,8 @@ int run_gpu(const AttentionBenchOptions& o) {
     const int launches = kernels::decode_attention_launches(r.plan);
     table.add({case_name(r.shape), std::to_string(o.q_heads) + "/" + std::to_string(o.kv_heads),
                std::to_string(o.head_dim), std::to_string(r.plan.splits_per_sequence),
-               std::to_string(r.plan.warps_per_block), merge_name(r.plan), format_fixed(r.graph_us, 1), format_fixed(tbps, 2),
-               format_fixed(pct, 1), format_fixed(r.stream_us, 1), format_fixed(pct_stream, 1),
+               std::to_string(r.plan.warps_per_block), merge_name(r.plan), format_fixed(r.graph_us, 1),
+               format_fixed(tbps, 2), format_fixed(pct, 1), format_fixed(r.stream_us, 1), format_fixed(pct_stream, 1),
                std::to_string(launches), power_capped_cell(r.power_capped)});
     json["rows"].push_back({{"batch", r.shape.batch}, {"context", r.shape.context}, {"q_heads", o.q_heads},
                             {"kv_heads", o.kv_heads}, {"head_dim", o.head_dim},
