@@ -3,4 +3,5 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/bf16.cpp
   ${CMAKE_CURRENT_LIST_DIR}/tensor.cpp
   ${CMAKE_CURRENT_LIST_DIR}/device.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/device_attributes.cpp
   ${CMAKE_CURRENT_LIST_DIR}/warm_up.cpp)

@@ -68,6 +68,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/device_attributes.hpp"
 #include "deepfuse/error.hpp"
 #include "kernels/attention/warp_tiles.cuh"
 #include "kernels/common/cluster_launch.hpp"
@@ -638,19 +639,10 @@ cudaError_t launch_instance(const KernelArgs& args, dim3 grid, cudaStream_t stre
 
 int pages_for(int context) { return (context + kKvPageSize - 1) / kKvPageSize; }
 
-// Thread-block clusters (sm_90 and later) on the current device; asked once per device.
+// Thread-block clusters (sm_90 and later) on the current device.
 bool device_has_clusters() {
-  static std::mutex mutex;
-  static std::vector<std::pair<int, bool>> known;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  std::lock_guard<std::mutex> lock(mutex);
-  for (const auto& [id, has] : known)
-    if (id == device) return has;
-  int major = 0;
-  const bool has = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
-  known.emplace_back(device, has);
-  return has;
+  DeviceAttributes device;
+  return current_device_attributes(device) == cudaSuccess && device.has_clusters();
 }
 
 // The plan as plan_decode_attention makes it; anything else is a caller's mistake.

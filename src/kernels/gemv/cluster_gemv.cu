@@ -2,6 +2,7 @@
 #include "kernels/gemv/cluster_gemv.cuh"
 
 #include "core/ab_switch.hpp"
+#include "core/device_attributes.hpp"
 
 namespace deepfuse::kernels {
 namespace {
@@ -28,15 +29,10 @@ bool spread_enabled() {
 }
 
 cudaError_t shared_bytes_for_blocks_per_sm(int per_sm, size_t& bytes) {
-  int device = 0, per_multiprocessor = 0, reserved = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaDeviceGetAttribute(&per_multiprocessor, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
-      e != cudaSuccess)
-    return e;
-  if (cudaError_t e = cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device); e != cudaSuccess)
-    return e;
+  DeviceAttributes device;
+  if (cudaError_t e = current_device_attributes(device); e != cudaSuccess) return e;
   // per_sm blocks of this size (each plus its reservation) fill the SM; one more does not fit.
-  bytes = static_cast<size_t>(per_multiprocessor / per_sm - reserved);
+  bytes = static_cast<size_t>(device.shared_bytes_per_sm / per_sm - device.reserved_shared_bytes_per_block);
   return cudaSuccess;
 }
 

@@ -28,6 +28,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "core/device_attributes.hpp"
 #include "kernels/common/async_ring.cuh"
 #include "kernels/common/cluster_launch.hpp"
 #include "kernels/common/dependent_launch.cuh"
@@ -360,11 +361,10 @@ cudaError_t launch(void (*kernel)(Params, int), const Params& params, int units,
 // clusters of 4 at one token and keep 8 (docs/kernels/qkv_rope_fused.md).
 template <typename LaunchInstance>
 cudaError_t dispatch(int tokens, int inner, int units, LaunchInstance&& launch_instance) {
-  int device = 0, major = 0, sms = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) return e;
-  const bool clusters = major >= 9 && inner / 16 >= kMaxCluster;
+  DeviceAttributes device;
+  if (cudaError_t e = current_device_attributes(device); e != cudaSuccess) return e;
+  const int sms = device.sm_count;
+  const bool clusters = device.has_clusters() && inner / 16 >= kMaxCluster;
   const double packed_per_sm = static_cast<double>(units) * kMaxCluster / sms;
   const bool packed_is_even = std::ceil(packed_per_sm) <= 1.1 * packed_per_sm;
   using std::integral_constant;

@@ -38,6 +38,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "core/device_attributes.hpp"
 #include "kernels/common/async_ring.cuh"
 #include "kernels/common/cluster_launch.hpp"
 #include "kernels/common/dependent_launch.cuh"
@@ -499,7 +500,6 @@ struct FusedLaunch : ClusterLaunch {
 // grid never exceeds it, so the finishers' wait for stragglers always ends.
 struct Residency {
   int sm_count = 0;
-  int compute_major = 0;
   int max_blocks_per_sm = 0;  // without clusters
   int max_clusters = 0;       // with clusters of C (C > 1)
 };
@@ -515,12 +515,13 @@ cudaError_t residency_for(Residency& out) {
     out = it->second;
     return cudaSuccess;
   }
+  DeviceAttributes attributes;
+  if (cudaError_t e = current_device_attributes(attributes); e != cudaSuccess) return e;
   Residency r;
+  r.sm_count = attributes.sm_count;
   const int smem = static_cast<int>(sizeof(SharedStorage<NT, C>));
   auto kernel = swiglu_fused_kernel<NT, C>;
-  if (cudaError_t e = cudaDeviceGetAttribute(&r.sm_count, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaDeviceGetAttribute(&r.compute_major, cudaDevAttrComputeCapabilityMajor, device); e != cudaSuccess) return e;
-  if (C > 1 && r.compute_major < 9) {
+  if (C > 1 && !attributes.has_clusters()) {
     out = r;  // max_clusters stays 0: clusters unsupported here
     return cudaSuccess;
   }
@@ -584,10 +585,9 @@ cudaError_t launch_for_tokens(const SwigluFusedParams& p, const FusedMlpTuning& 
                      (NT == 1 && (p.hidden < 8192 || 4 * p.intermediate >= 3 * p.hidden));
   const bool four = p.hidden <= 2048 || NT == 2;
   int cluster = tuning.cluster_size > 0 ? tuning.cluster_size : pairs ? 2 : four ? 4 : 8;
-  int major = 0, device = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device); e != cudaSuccess) return e;
-  if (major < 9) cluster = 1;  // clusters are a Hopper feature
+  DeviceAttributes device;
+  if (cudaError_t e = current_device_attributes(device); e != cudaSuccess) return e;
+  if (!device.has_clusters()) cluster = 1;
   const int i_tiles = p.intermediate / 16;  // a cluster needs at least one tile per block
   // NT = 4 with clusters of 8 would need 66 KB of exchanged activations: too much next to the ring.
   if constexpr (NT < 4)

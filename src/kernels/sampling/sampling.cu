@@ -38,6 +38,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "core/device_attributes.hpp"
 #include "kernels/common/cluster_launch.hpp"
 #include "kernels/common/log2e.cuh"
 #include "kernels/sampling/sampling_primitives.cuh"
@@ -681,16 +682,16 @@ struct ClusterSupport {
 cudaError_t cluster_support(ClusterSupport& out) {
   static std::mutex mutex;
   static std::unordered_map<int, ClusterSupport> by_device;
-  int device = 0, major = 0;
+  int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   std::lock_guard<std::mutex> lock(mutex);
   if (auto it = by_device.find(device); it != by_device.end()) {
     out = it->second;
     return cudaSuccess;
   }
+  DeviceAttributes attributes;
+  if (cudaError_t e = current_device_attributes(attributes); e != cudaSuccess) return e;
   ClusterSupport support;
-  if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device); e != cudaSuccess)
-    return e;
   // The logits stay in L1 between passes: a small shared-memory carveout (in percent) leaves L1
   // the room.
   constexpr int kCarveout = 25;
@@ -698,7 +699,7 @@ cudaError_t cluster_support(ClusterSupport& out) {
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, kCarveout);
         e != cudaSuccess)
       return e;
-  if (major >= 9) {
+  if (attributes.has_clusters()) {
     for (auto kernel : {sampling_kernel<4, 0>, sampling_kernel<4, kRegisterRows>, sampling_kernel<8, 0>,
                         sampling_kernel<8, kRegisterRows>, sampling_kernel<16, 0>, sampling_kernel<16, kRegisterRows>})
       if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, kCarveout);
