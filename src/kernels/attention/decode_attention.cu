@@ -63,12 +63,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <mutex>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "core/device_attributes.hpp"
+#include "core/per_device.hpp"
 #include "deepfuse/error.hpp"
 #include "kernels/attention/warp_tiles.cuh"
 #include "kernels/common/cluster_launch.hpp"
@@ -606,23 +605,17 @@ __global__ void __launch_bounds__(BlockShape<W>::kThreads, BlockShape<W>::kPerSm
 // Shared-memory opt-in, once per (instantiation, device).
 template <int D, int HT, int W, bool kCluster>
 cudaError_t prepare_kernel() {
-  static std::mutex mutex;
-  static std::vector<int> prepared_devices;
-  int device = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (std::find(prepared_devices.begin(), prepared_devices.end(), device) != prepared_devices.end()) return cudaSuccess;
-  auto kernel = decode_attention_kernel<D, HT, W, kCluster>;
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           kernel_shared_bytes<D, W, kCluster>());
-      e != cudaSuccess)
-    return e;
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                           cudaSharedmemCarveoutMaxShared);
-      e != cudaSuccess)
-    return e;
-  prepared_devices.push_back(device);
-  return cudaSuccess;
+  static PerDevice<bool> prepared;
+  bool done = false;
+  return prepared.get(done, [](bool& ok) {
+    auto kernel = decode_attention_kernel<D, HT, W, kCluster>;
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             kernel_shared_bytes<D, W, kCluster>());
+        e != cudaSuccess)
+      return e;
+    ok = true;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  });
 }
 
 template <int D, int HT, int W, bool kCluster = false>
@@ -734,18 +727,29 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
 
 namespace {
 
+// A refused query is an answer too: no clusters (counts of 0), kept like any other.
 template <int D>
-ResidentClusters query_resident_clusters() {
+ResidentClusters resident_clusters_of() {
+  static PerDevice<ResidentClusters> known;
   ResidentClusters resident;
-  if (!device_has_clusters() || prepare_kernel<D, 1, 8, true>() != cudaSuccess) return resident;
-  for (int cluster : {2, 4, 8}) {
-    const ClusterLaunch probe(dim3(cluster, 1, 1), BlockShape<8>::kThreads, kernel_shared_bytes<D, 8, true>(), cluster,
-                              nullptr);
-    int count = 0;
-    if (cudaOccupancyMaxActiveClusters(&count, decode_attention_kernel<D, 1, 8, true>, &probe.config) != cudaSuccess)
-      return ResidentClusters{};
-    (cluster == 2 ? resident.of2 : cluster == 4 ? resident.of4 : resident.of8) = count;
-  }
+  DF_CHECK_CUDA(known.get(resident, [](ResidentClusters& r) {
+    if (!device_has_clusters() || prepare_kernel<D, 1, 8, true>() != cudaSuccess) {
+      cudaGetLastError();  // leave nothing behind for the next launch
+      return cudaSuccess;
+    }
+    for (int cluster : {2, 4, 8}) {
+      const ClusterLaunch probe(dim3(cluster, 1, 1), BlockShape<8>::kThreads, kernel_shared_bytes<D, 8, true>(),
+                                cluster, nullptr);
+      int count = 0;
+      if (cudaOccupancyMaxActiveClusters(&count, decode_attention_kernel<D, 1, 8, true>, &probe.config) != cudaSuccess) {
+        cudaGetLastError();
+        r = ResidentClusters{};
+        return cudaSuccess;
+      }
+      (cluster == 2 ? r.of2 : cluster == 4 ? r.of4 : r.of8) = count;
+    }
+    return cudaSuccess;
+  }));
   return resident;
 }
 
@@ -753,17 +757,7 @@ ResidentClusters query_resident_clusters() {
 
 ResidentClusters decode_attention_resident_clusters(int head_dim) {
   DF_CHECK(head_dim == 64 || head_dim == 128, "decode attention: head_dim " + std::to_string(head_dim) + " (64 or 128 supported)");
-  static std::mutex mutex;
-  static std::vector<std::tuple<int, int, ResidentClusters>> known;  // (device, head_dim, answer)
-  int device = 0;
-  DF_CHECK_CUDA(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mutex);
-  for (const auto& [id, d, resident] : known)
-    if (id == device && d == head_dim) return resident;
-  const ResidentClusters resident = head_dim == 64 ? query_resident_clusters<64>() : query_resident_clusters<128>();
-  cudaGetLastError();  // a refused query leaves nothing behind: the answer is "no clusters"
-  known.emplace_back(device, head_dim, resident);
-  return resident;
+  return head_dim == 64 ? resident_clusters_of<64>() : resident_clusters_of<128>();
 }
 
 std::optional<DecodeAttentionPlan> plan_short_context_decode_attention(const DecodeAttentionPlan& plan, int num_sms,

@@ -34,9 +34,8 @@
 
 #include <climits>
 #include <cmath>
-#include <mutex>
-#include <vector>
 
+#include "core/per_device.hpp"
 #include "kernels/attention/warp_tiles.cuh"
 #include "kernels/common/log2e.cuh"
 #include "kernels/common/pointer_checks.hpp"
@@ -353,20 +352,13 @@ bool valid_params(const PrefillAttentionParams& p) {
 // Lifts the 48 KB default limit on dynamic shared memory once per device and instantiation.
 template <int HeadDim>
 cudaError_t opt_in_shared_memory() {
-  static std::mutex mutex;
-  static std::vector<bool> done_for_device;
-  int device = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (static_cast<size_t>(device) < done_for_device.size() && done_for_device[device]) return cudaSuccess;
-  if (cudaError_t e = cudaFuncSetAttribute(prefill_attention_kernel<HeadDim>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(PrefillTile<HeadDim>::kSharedBytes));
-      e != cudaSuccess)
-    return e;
-  if (done_for_device.size() <= static_cast<size_t>(device)) done_for_device.resize(device + 1, false);
-  done_for_device[device] = true;
-  return cudaSuccess;
+  static PerDevice<bool> opted_in;
+  bool done = false;
+  return opted_in.get(done, [](bool& ok) {
+    ok = true;
+    return cudaFuncSetAttribute(prefill_attention_kernel<HeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(PrefillTile<HeadDim>::kSharedBytes));
+  });
 }
 
 template <int HeadDim>

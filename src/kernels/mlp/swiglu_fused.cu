@@ -35,10 +35,9 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <mutex>
-#include <unordered_map>
 
 #include "core/device_attributes.hpp"
+#include "core/per_device.hpp"
 #include "kernels/common/async_ring.cuh"
 #include "kernels/common/cluster_launch.hpp"
 #include "kernels/common/dependent_launch.cuh"
@@ -506,34 +505,26 @@ struct Residency {
 
 template <int NT, int C>
 cudaError_t residency_for(Residency& out) {
-  static std::mutex mutex;
-  static std::unordered_map<int, Residency> by_device;
-  int device = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (auto it = by_device.find(device); it != by_device.end()) {
-    out = it->second;
+  static PerDevice<Residency> known;
+  return known.get(out, [](Residency& r) {
+    DeviceAttributes attributes;
+    if (cudaError_t e = current_device_attributes(attributes); e != cudaSuccess) return e;
+    r.sm_count = attributes.sm_count;
+    if (C > 1 && !attributes.has_clusters()) return cudaSuccess;  // max_clusters stays 0: unsupported here
+    const int smem = static_cast<int>(sizeof(SharedStorage<NT, C>));
+    auto kernel = swiglu_fused_kernel<NT, C>;
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); e != cudaSuccess)
+      return e;
+    if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.max_blocks_per_sm, kernel,
+                                                                      FusedConfig<NT, C>::kThreads, smem);
+        e != cudaSuccess)
+      return e;
+    if (C > 1) {
+      const FusedLaunch<NT, C> probe(C * r.sm_count, nullptr);
+      return cudaOccupancyMaxActiveClusters(&r.max_clusters, kernel, &probe.config);
+    }
     return cudaSuccess;
-  }
-  DeviceAttributes attributes;
-  if (cudaError_t e = current_device_attributes(attributes); e != cudaSuccess) return e;
-  Residency r;
-  r.sm_count = attributes.sm_count;
-  const int smem = static_cast<int>(sizeof(SharedStorage<NT, C>));
-  auto kernel = swiglu_fused_kernel<NT, C>;
-  if (C > 1 && !attributes.has_clusters()) {
-    out = r;  // max_clusters stays 0: clusters unsupported here
-    return cudaSuccess;
-  }
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.max_blocks_per_sm, kernel, FusedConfig<NT, C>::kThreads, smem); e != cudaSuccess) return e;
-  if (C > 1) {
-    const FusedLaunch<NT, C> probe(C * r.sm_count, nullptr);
-    if (cudaError_t e = cudaOccupancyMaxActiveClusters(&r.max_clusters, kernel, &probe.config); e != cudaSuccess) return e;
-  }
-  by_device[device] = r;
-  out = r;
-  return cudaSuccess;
+  });
 }
 
 template <int NT, int C>

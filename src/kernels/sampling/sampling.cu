@@ -35,10 +35,9 @@
 #include "kernels/sampling/sampling.cuh"
 
 #include <cmath>
-#include <mutex>
-#include <unordered_map>
 
 #include "core/device_attributes.hpp"
+#include "core/per_device.hpp"
 #include "kernels/common/cluster_launch.hpp"
 #include "kernels/common/log2e.cuh"
 #include "kernels/sampling/sampling_primitives.cuh"
@@ -680,26 +679,18 @@ struct ClusterSupport {
 };
 
 cudaError_t cluster_support(ClusterSupport& out) {
-  static std::mutex mutex;
-  static std::unordered_map<int, ClusterSupport> by_device;
-  int device = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (auto it = by_device.find(device); it != by_device.end()) {
-    out = it->second;
-    return cudaSuccess;
-  }
-  DeviceAttributes attributes;
-  if (cudaError_t e = current_device_attributes(attributes); e != cudaSuccess) return e;
-  ClusterSupport support;
-  // The logits stay in L1 between passes: a small shared-memory carveout (in percent) leaves L1
-  // the room.
-  constexpr int kCarveout = 25;
-  for (auto kernel : {sampling_kernel<1, 0>, sampling_kernel<1, kRegisterRows>})
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, kCarveout);
-        e != cudaSuccess)
-      return e;
-  if (attributes.has_clusters()) {
+  static PerDevice<ClusterSupport> known;
+  return known.get(out, [](ClusterSupport& support) {
+    DeviceAttributes attributes;
+    if (cudaError_t e = current_device_attributes(attributes); e != cudaSuccess) return e;
+    // The logits stay in L1 between passes: a small shared-memory carveout (in percent) leaves L1
+    // the room.
+    constexpr int kCarveout = 25;
+    for (auto kernel : {sampling_kernel<1, 0>, sampling_kernel<1, kRegisterRows>})
+      if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, kCarveout);
+          e != cudaSuccess)
+        return e;
+    if (!attributes.has_clusters()) return cudaSuccess;  // every count stays 0: unsupported
     for (auto kernel : {sampling_kernel<4, 0>, sampling_kernel<4, kRegisterRows>, sampling_kernel<8, 0>,
                         sampling_kernel<8, kRegisterRows>, sampling_kernel<16, 0>, sampling_kernel<16, kRegisterRows>})
       if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, kCarveout);
@@ -709,10 +700,8 @@ cudaError_t cluster_support(ClusterSupport& out) {
     support.clusters_of_8 = resident_clusters<8>();
     support.clusters_of_16 = resident_clusters<16>();
     (void)cudaGetLastError();  // a refused cluster probe means "unsupported", not the next launch's error
-  }
-  by_device[device] = support;
-  out = support;
-  return cudaSuccess;
+    return cudaSuccess;
+  });
 }
 
 bool valid(const SamplingParams& p) {
