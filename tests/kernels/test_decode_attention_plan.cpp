@@ -205,7 +205,10 @@ TEST(DecodeAttentionPlan, ShortContextPlans) {
       EXPECT_TRUE(plan->cluster_merge) << what;
       EXPECT_EQ(plan->warps_per_block, 8) << what;
       EXPECT_EQ(plan->min_pages_per_split, 1) << what << ": every split streams";
-      EXPECT_EQ(plan->max_context, std::min(context, 256 * e.cluster)) << what << ": 16 pages per split";
+      if (e.batch > 1)
+        EXPECT_EQ(plan->max_context, std::min(context, 256 * e.cluster)) << what << ": 16 pages per split";
+      else  // one sequence: at least 16 pages per split, more where the L2 merge is large (below)
+        EXPECT_GE(plan->max_context, std::min(context, 256 * e.cluster)) << what;
       if (context > 256 * e.cluster) EXPECT_EQ(plan->splits_per_sequence, e.cluster) << what;
     }
   }
@@ -219,6 +222,40 @@ TEST(DecodeAttentionPlan, ShortContextPlans) {
       << "a device without clusters";
   EXPECT_FALSE(plan_short_context_decode_attention(plan_decode_attention(1, 32, 8, 128, 16, 132), 132, h200))
       << "one page: nothing to merge";
+}
+
+// One sequence's cluster splits stream one page each per 400 bytes of the bf16 partials the L2
+// plan's merge would read (splits x query heads per kv head x head_dim x 2), at least 16: the
+// bounds fitted to the decode step on the H200 (docs/kernels/decode_attention.md).
+TEST(DecodeAttentionPlan, OneSequenceClusterBoundGrowsWithTheMerge) {
+  using kernels::plan_short_context_decode_attention;
+  const kernels::ResidentClusters h200{66, 30, 15};
+  struct Shape {
+    const char* model;
+    int q_heads, kv_heads, head_dim, l2_splits, keys;
+  };
+  for (const Shape s : {Shape{"Llama-3.2-1B", 32, 8, 64, 16, 2560}, Shape{"Llama-3-8B", 32, 8, 128, 16, 5120},
+                        Shape{"Qwen2.5-7B", 28, 4, 128, 32, 18304}}) {
+    const auto l2 = plan_decode_attention(1, s.q_heads, s.kv_heads, s.head_dim, 32768, 132);
+    ASSERT_EQ(l2.splits_per_sequence, s.l2_splits) << s.model;
+    const auto plan = plan_short_context_decode_attention(l2, 132, h200);
+    ASSERT_TRUE(plan.has_value()) << s.model;
+    EXPECT_EQ(plan->max_context, s.keys) << s.model;
+    EXPECT_EQ(plan->splits_per_sequence, 8) << s.model;
+    expect_consistent({1, s.q_heads, s.kv_heads, s.head_dim, plan->max_context, 132}, *plan);
+    // Never beyond the engine's own context.
+    const auto short_engine = plan_short_context_decode_attention(
+        plan_decode_attention(1, s.q_heads, s.kv_heads, s.head_dim, 3000, 132), 132, h200);
+    ASSERT_TRUE(short_engine.has_value()) << s.model;
+    EXPECT_LE(short_engine->max_context, 3000) << s.model;
+  }
+  // More than 4 times fewer splits than the L2 plan (2 kv heads: 8 against 64) keep 16 pages per
+  // split, however large the merge: a long cache would stream through too few SMs.
+  const auto few = plan_decode_attention(1, 16, 2, 128, 32768, 132);
+  ASSERT_GT(few.splits_per_sequence, 32);
+  const auto plan = plan_short_context_decode_attention(few, 132, h200);
+  ASSERT_TRUE(plan.has_value());
+  EXPECT_EQ(plan->max_context, 2048);
 }
 
 TEST(DecodeAttentionPlan, RejectsBadSizes) {

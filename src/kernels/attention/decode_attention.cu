@@ -100,11 +100,17 @@ constexpr int kMergePages = 2;
 // pages per split (4-warp blocks; twice as many for 8 warps); the plan's split count is only
 // reached by long ones.
 constexpr int kMinPagesPerSplit = 8;
-// A short-context plan's splits stream at most this many pages each: the L2 plans' minimum split
-// (16 pages in 8 warps, 8 in 4). Longer, one sequence's 8 cluster splits would stream more pages
-// each than the L2 plan's 16-32, which costs more than the merge saves at 8k tokens and up on the
-// Llama shapes (docs/kernels/decode_attention.md, "Splits merged in a cluster").
+// A short-context plan's splits stream at least this many pages each: the L2 plans' minimum split
+// (16 pages in 8 warps, 8 in 4), so that up to there only the merge changes.
 constexpr int kClusterSplitMaxPages = 16;
+// One sequence's 8 cluster splits may stream longer: each page more per split is worth it while
+// the L2 merge it spares costs more, and that merge's last block reads every split's bf16 partial
+// of every query head of the group (splits x group x head_dim x 2 bytes). One page per split for
+// each kMergeBytesPerClusterPage of them, fitted to where 8 cluster splits stopped paying in the
+// decode step (docs/kernels/decode_attention.md, "Longer cluster splits where the merge is large"):
+// Llama-3.2-1B 8 KB of partials -> 20 pages (2560 keys), Llama-3-8B 16 KB -> 40 (5120), Qwen2.5-7B
+// 56 KB -> 143 (18304).
+constexpr int kMergeBytesPerClusterPage = 400;
 
 // A block of W = 4 or 8 warps, each with its own ring. Two 4-warp blocks fit an SM (2 x (96 KB +
 // the 1 KB the runtime reserves per block) of the H100/H200's 228 KB), one 8-warp block: it
@@ -727,6 +733,16 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
 
 namespace {
 
+// Pages one split of a short-context plan (`cluster` splits) may stream, against the L2 plan it
+// stands in for. The rule was measured at one sequence with up to 4 times fewer splits than the
+// L2 plan (Qwen2.5-7B: 8 against 32); with fewer still, the few SMs of the clusters would stream a
+// long cache too slowly (a model with one or two kv heads), so those keep the 16 pages.
+int cluster_split_max_pages(const DecodeAttentionPlan& l2_plan, int cluster) {
+  if (l2_plan.batch > 1 || l2_plan.splits_per_sequence > 4 * cluster) return kClusterSplitMaxPages;
+  const long long merge_bytes = 2LL * l2_plan.splits_per_sequence * (l2_plan.q_heads / l2_plan.kv_heads) * l2_plan.head_dim;
+  return static_cast<int>(std::max<long long>(kClusterSplitMaxPages, merge_bytes / kMergeBytesPerClusterPage));
+}
+
 // A refused query is an answer too: no clusters (counts of 0), kept like any other.
 template <int D>
 ResidentClusters resident_clusters_of() {
@@ -770,7 +786,8 @@ std::optional<DecodeAttentionPlan> plan_short_context_decode_attention(const Dec
   while (largest > 1 && largest * plan.batch > kMaxClusterSplits) largest /= 2;
   for (int cluster = largest; cluster >= 2; cluster /= 2) {
     if (pairs > resident.of(cluster)) continue;  // a cluster left for a second wave would wait
-    const int context = std::min(plan.max_context, cluster * kClusterSplitMaxPages * kKvPageSize);
+    const int max_pages = cluster_split_max_pages(plan, cluster);
+    const int context = static_cast<int>(std::min<long long>(plan.max_context, 1LL * cluster * max_pages * kKvPageSize));
     DecodeAttentionPlan shorter = plan_decode_attention(plan.batch, plan.q_heads, plan.kv_heads, plan.head_dim,
                                                         context, num_sms, cluster, 8, SplitMerge::cluster);
     if (!shorter.cluster_merge) return std::nullopt;  // a single page: nothing to merge
