@@ -241,6 +241,11 @@ TEST(DecodeAttentionPlan, OneSequenceClusterBoundGrowsWithTheMerge) {
     const auto plan = plan_short_context_decode_attention(l2, 132, h200);
     ASSERT_TRUE(plan.has_value()) << s.model;
     EXPECT_EQ(plan->max_context, s.keys) << s.model;
+    // The bench's engines plan for 32800 keys, where Qwen2.5-7B's L2 plan takes 33 splits.
+    const auto engine_plan = plan_short_context_decode_attention(
+        plan_decode_attention(1, s.q_heads, s.kv_heads, s.head_dim, 32800, 132), 132, h200);
+    ASSERT_TRUE(engine_plan.has_value()) << s.model;
+    EXPECT_GE(engine_plan->max_context, s.keys) << s.model;
     EXPECT_EQ(plan->splits_per_sequence, 8) << s.model;
     expect_consistent({1, s.q_heads, s.kv_heads, s.head_dim, plan->max_context, 132}, *plan);
     // Never beyond the engine's own context.
@@ -249,7 +254,7 @@ TEST(DecodeAttentionPlan, OneSequenceClusterBoundGrowsWithTheMerge) {
     ASSERT_TRUE(short_engine.has_value()) << s.model;
     EXPECT_LE(short_engine->max_context, 3000) << s.model;
   }
-  // More than 4 times fewer splits than the L2 plan (2 kv heads: 8 against 64) keep 16 pages per
+  // Clusters on fewer than a fifth of the SMs (8 x 2 kv heads = 16 of 132) keep 16 pages per
   // split, however large the merge: a long cache would stream through too few SMs.
   const auto few = plan_decode_attention(1, 16, 2, 128, 32768, 132);
   ASSERT_GT(few.splits_per_sequence, 32);

@@ -733,12 +733,12 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
 
 namespace {
 
-// Pages one split of a short-context plan (`cluster` splits) may stream, against the L2 plan it
-// stands in for. The rule was measured at one sequence with up to 4 times fewer splits than the
-// L2 plan (Qwen2.5-7B: 8 against 32); with fewer still, the few SMs of the clusters would stream a
-// long cache too slowly (a model with one or two kv heads), so those keep the 16 pages.
-int cluster_split_max_pages(const DecodeAttentionPlan& l2_plan, int cluster) {
-  if (l2_plan.batch > 1 || l2_plan.splits_per_sequence > 4 * cluster) return kClusterSplitMaxPages;
+// Pages one split of a short-context plan may stream, against the L2 plan it stands in for. The
+// rule was measured at one sequence whose clusters hold 32 (Qwen2.5-7B) or 64 blocks on 132 SMs;
+// on fewer than a fifth of the SMs (a model with one or two kv heads) they would stream a long
+// cache too slowly, so those keep the 16 pages.
+int cluster_split_max_pages(const DecodeAttentionPlan& l2_plan, long long cluster_blocks, int num_sms) {
+  if (l2_plan.batch > 1 || 5 * cluster_blocks < num_sms) return kClusterSplitMaxPages;
   const long long merge_bytes = 2LL * l2_plan.splits_per_sequence * (l2_plan.q_heads / l2_plan.kv_heads) * l2_plan.head_dim;
   return static_cast<int>(std::max<long long>(kClusterSplitMaxPages, merge_bytes / kMergeBytesPerClusterPage));
 }
@@ -786,7 +786,7 @@ std::optional<DecodeAttentionPlan> plan_short_context_decode_attention(const Dec
   while (largest > 1 && largest * plan.batch > kMaxClusterSplits) largest /= 2;
   for (int cluster = largest; cluster >= 2; cluster /= 2) {
     if (pairs > resident.of(cluster)) continue;  // a cluster left for a second wave would wait
-    const int max_pages = cluster_split_max_pages(plan, cluster);
+    const int max_pages = cluster_split_max_pages(plan, pairs * cluster, num_sms);
     const int context = static_cast<int>(std::min<long long>(plan.max_context, 1LL * cluster * max_pages * kKvPageSize));
     DecodeAttentionPlan shorter = plan_decode_attention(plan.batch, plan.q_heads, plan.kv_heads, plan.head_dim,
                                                         context, num_sms, cluster, 8, SplitMerge::cluster);
