@@ -152,8 +152,8 @@ TEST_P(EngineVsReference, TeacherForcedDecodeMatchesReference) {
 
 // Short sequences decode under the short-context plans (splits merged in thread-block clusters)
 // and longer ones under the buckets' plans (merged in L2): one sequence and a ragged pair, steps
-// well inside the short plans and on either side of the switch at 2048 keys, each plan's graph
-// captured mid-sequence.
+// well inside the short plans and on either side of the switch at 2048 keys (these models' few
+// kv heads keep the 16 pages per cluster split), each plan's graph captured mid-sequence.
 TEST_P(EngineVsReference, DecodeAcrossTheShortContextPlan) {
   DF_REQUIRE_GPU();
   make_model(9, 4096);
