@@ -100,9 +100,9 @@ constexpr int kMergePages = 2;
 // pages per split (4-warp blocks; twice as many for 8 warps); the plan's split count is only
 // reached by long ones.
 constexpr int kMinPagesPerSplit = 8;
-// A short-context plan's splits stream at least this many pages each: the L2 plans' minimum split
-// (16 pages in 8 warps, 8 in 4), so that up to there only the merge changes.
-constexpr int kClusterSplitMaxPages = 16;
+// What a short-context plan's splits may stream at least (their bound, in pages each): the L2
+// plans' minimum split (16 pages in 8 warps, 8 in 4), so that up to there only the merge changes.
+constexpr int kClusterSplitBoundPages = 16;
 // One sequence's 8 cluster splits may stream longer: each page more per split is worth it while
 // the L2 merge it spares costs more, and that merge's last block reads every split's bf16 partial
 // of every query head of the group (splits x group x head_dim x 2 bytes). One page per split for
@@ -738,9 +738,9 @@ namespace {
 // on fewer than a fifth of the SMs (a model with one or two kv heads) they would stream a long
 // cache too slowly, so those keep the 16 pages.
 int cluster_split_max_pages(const DecodeAttentionPlan& l2_plan, long long cluster_blocks, int num_sms) {
-  if (l2_plan.batch > 1 || 5 * cluster_blocks < num_sms) return kClusterSplitMaxPages;
+  if (l2_plan.batch > 1 || 5 * cluster_blocks < num_sms) return kClusterSplitBoundPages;
   const long long merge_bytes = 2LL * l2_plan.splits_per_sequence * (l2_plan.q_heads / l2_plan.kv_heads) * l2_plan.head_dim;
-  return static_cast<int>(std::max<long long>(kClusterSplitMaxPages, merge_bytes / kMergeBytesPerClusterPage));
+  return static_cast<int>(std::max<long long>(kClusterSplitBoundPages, merge_bytes / kMergeBytesPerClusterPage));
 }
 
 // A refused query is an answer too: no clusters (counts of 0), kept like any other.
