@@ -103,14 +103,18 @@ constexpr int kMinPagesPerSplit = 8;
 // What a short-context plan's splits may stream at least (their bound, in pages each): the L2
 // plans' minimum split (16 pages in 8 warps, 8 in 4), so that up to there only the merge changes.
 constexpr int kClusterSplitBoundPages = 16;
-// One sequence's 8 cluster splits may stream longer: each page more per split is worth it while
-// the L2 merge it spares costs more, and that merge's last block reads every split's bf16 partial
-// of every query head of the group (splits x group x head_dim x 2 bytes). One page per split for
-// each kMergeBytesPerClusterPage of them, fitted to where 8 cluster splits stopped paying in the
-// decode step (docs/kernels/decode_attention.md, "Longer cluster splits where the merge is large"):
-// Llama-3.2-1B 8 KB of partials -> 20 pages (2560 keys), Llama-3-8B 16 KB -> 40 (5120), Qwen2.5-7B
-// 56 KB -> 143 (18304).
+// The cluster splits may stream longer: each page more per split is worth it while the L2 merge
+// it spares costs more, and that merge's last block reads every split's bf16 partial of every
+// query head of the group (splits x group x head_dim x 2 bytes). One page per split for each
+// kMergeBytesPerClusterPage of them, fitted to where one sequence's 8 cluster splits stopped
+// paying in the decode step (docs/kernels/decode_attention.md, "Longer cluster splits where the
+// merge is large"): Llama-3.2-1B 8 KB of partials -> 20 pages (2560 keys), Llama-3-8B 16 KB -> 40
+// (5120), Qwen2.5-7B 56 KB -> 143 (18304).
 constexpr int kMergeBytesPerClusterPage = 400;
+// A batch's cluster splits (4 per sequence for two, 2 for three or four) stream at most this many
+// pages by that rule: Qwen2.5-7B at two sequences gained 1.3-1.5% at 2-4k keys (32-64 pages per
+// split), 0.2% at 6k (96) and lost 0.5% at 8k (128), where one sequence still gained at 147.
+constexpr int kBatchClusterSplitMaxPages = 64;
 
 // A block of W = 4 or 8 warps, each with its own ring. Two 4-warp blocks fit an SM (2 x (96 KB +
 // the 1 KB the runtime reserves per block) of the H100/H200's 228 KB), one 8-warp block: it
@@ -734,13 +738,15 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
 namespace {
 
 // Pages one split of a short-context plan may stream, against the L2 plan it stands in for. The
-// rule was measured at one sequence whose clusters hold 32 (Qwen2.5-7B) or 64 blocks on 132 SMs;
-// on fewer than a fifth of the SMs (a model with one or two kv heads) they would stream a long
-// cache too slowly, so those keep the 16 pages.
+// rule was measured where the clusters hold 32 (Qwen2.5-7B) or 64 blocks on 132 SMs; on fewer
+// than a fifth of the SMs (a model with one or two kv heads) they would stream a long cache too
+// slowly, so those keep the 16 pages.
 int cluster_split_max_pages(const DecodeAttentionPlan& l2_plan, long long cluster_blocks, int num_sms) {
-  if (l2_plan.batch > 1 || 5 * cluster_blocks < num_sms) return kClusterSplitBoundPages;
+  if (5 * cluster_blocks < num_sms) return kClusterSplitBoundPages;
   const long long merge_bytes = 2LL * l2_plan.splits_per_sequence * (l2_plan.q_heads / l2_plan.kv_heads) * l2_plan.head_dim;
-  return static_cast<int>(std::max<long long>(kClusterSplitBoundPages, merge_bytes / kMergeBytesPerClusterPage));
+  long long pages = std::max<long long>(kClusterSplitBoundPages, merge_bytes / kMergeBytesPerClusterPage);
+  if (l2_plan.batch > 1) pages = std::min<long long>(pages, kBatchClusterSplitMaxPages);
+  return static_cast<int>(pages);
 }
 
 // A refused query is an answer too: no clusters (counts of 0), kept like any other.
