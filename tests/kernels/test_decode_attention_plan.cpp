@@ -264,6 +264,14 @@ TEST(DecodeAttentionPlan, ClusterBoundGrowsWithTheMerge) {
     EXPECT_EQ(plan->max_context, s.keys) << s.model << ", two sequences";
     EXPECT_EQ(plan->splits_per_sequence, 4) << s.model << ", two sequences";
   }
+  // Four sequences of Qwen2.5-7B: 2 splits each, the 64-page cap (its merge: 71); three: 24 cluster
+  // blocks, under a fifth of the SMs, keep 16 pages.
+  const auto four = plan_short_context_decode_attention(plan_decode_attention(4, 28, 4, 128, 32768, 132), 132, h200);
+  ASSERT_TRUE(four.has_value());
+  EXPECT_EQ(four->max_context, 2048);
+  const auto three = plan_short_context_decode_attention(plan_decode_attention(3, 28, 4, 128, 32768, 132), 132, h200);
+  ASSERT_TRUE(three.has_value());
+  EXPECT_EQ(three->max_context, 512);
   // Clusters on fewer than a fifth of the SMs (8 x 2 kv heads = 16 of 132) keep 16 pages per
   // split, however large the merge: a long cache would stream through too few SMs.
   const auto few = plan_decode_attention(1, 16, 2, 128, 32768, 132);
