@@ -90,9 +90,16 @@ TEST(DecodeAttentionPlan, FillsTheGpuWithoutARaggedLastWave) {
         const long long slots = static_cast<long long>(sms) * (8 / plan.warps_per_block);
         const long long waves = (blocks + slots - 1) / slots;
         EXPECT_GE(blocks * plan.warps_per_block, 4LL * sms) << describe(in) << ": only " << blocks << " blocks";
-        // Fraction of the resident slots busy, averaged over the waves.
+        // Fraction of the resident slots busy, averaged over the waves. Where the (sequence, kv
+        // head) pairs fit one wave the plan keeps to one: shorter sequences run fewer splits, and
+        // a second wave would then be a part-filled one.
         const double occupancy = static_cast<double>(blocks) / static_cast<double>(waves * slots);
-        EXPECT_GT(occupancy, 0.8) << describe(in) << ": " << blocks << " blocks in " << waves << " waves";
+        if (batch * 8 <= slots) {
+          EXPECT_EQ(waves, 1) << describe(in);
+          EXPECT_GT(occupancy, 0.75) << describe(in) << ": " << blocks << " blocks";
+        } else {
+          EXPECT_GT(occupancy, 0.8) << describe(in) << ": " << blocks << " blocks in " << waves << " waves";
+        }
       }
 }
 
