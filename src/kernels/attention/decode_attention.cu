@@ -111,9 +111,11 @@ constexpr int kClusterSplitBoundPages = 16;
 // merge is large"): Llama-3.2-1B 8 KB of partials -> 20 pages (2560 keys), Llama-3-8B 16 KB -> 40
 // (5120), Qwen2.5-7B 56 KB -> 143 (18304).
 constexpr int kMergeBytesPerClusterPage = 400;
-// A batch's cluster splits (4 per sequence for two, 2 for three or four) stream at most this many
-// pages by that rule: Qwen2.5-7B at two sequences gained 1.3-1.5% at 2-4k keys (32-64 pages per
-// split), 0.2% at 6k (96) and lost 0.5% at 8k (128), where one sequence still gained at 147.
+// A batch's cluster splits (4 per sequence for two, 2 for three or four) stream at most 64 pages:
+// Qwen2.5-7B at two sequences gained 1.3-1.5% at 2-4k keys (32-64 pages per split), 0.2% at 6k (96)
+// and lost 0.5% at 8k (128), where one sequence still gained at 147. And at least 32, whatever
+// the merge: Llama-3.2-1B (8 KB of partials) gained 0.5-1.5% at two and four sequences there.
+constexpr int kBatchClusterSplitMinPages = 32;
 constexpr int kBatchClusterSplitMaxPages = 64;
 
 // A block of W = 4 or 8 warps, each with its own ring. Two 4-warp blocks fit an SM (2 x (96 KB +
@@ -751,7 +753,7 @@ int cluster_split_max_pages(const DecodeAttentionPlan& l2_plan, long long cluste
   if (5 * cluster_blocks < num_sms) return kClusterSplitBoundPages;
   const long long merge_bytes = 2LL * l2_plan.splits_per_sequence * (l2_plan.q_heads / l2_plan.kv_heads) * l2_plan.head_dim;
   long long pages = std::max<long long>(kClusterSplitBoundPages, merge_bytes / kMergeBytesPerClusterPage);
-  if (l2_plan.batch > 1) pages = std::min<long long>(pages, kBatchClusterSplitMaxPages);
+  if (l2_plan.batch > 1) pages = std::clamp<long long>(pages, kBatchClusterSplitMinPages, kBatchClusterSplitMaxPages);
   return static_cast<int>(pages);
 }
 

@@ -73,8 +73,8 @@ ResidentClusters decode_attention_resident_clusters(int head_dim);
 // pages, no longer than the L2 plan's blocks take for their minimum split (16 pages in 8 warps,
 // 8 in 4), and the merge skips the L2 round trips. The splits may stream longer where the L2
 // merge is large: one page per 400 bytes of the partials it would read (splits x group x head_dim
-// bf16), a batch's at most 64, while the clusters hold at least a fifth of the SMs (one sequence:
-// Llama-3.2-1B 2560 keys, Llama-3-8B 5120, Qwen2.5-7B 18816 under plans for 32k; two: 1280, 2560,
+// bf16), a batch's 32 to 64, while the clusters hold at least a fifth of the SMs (one sequence:
+// Llama-3.2-1B 2560 keys, Llama-3-8B 5120, Qwen2.5-7B 18816 under plans for 32k; two: 2048, 2560,
 // 4096). The engine captures both plans and picks by the longest sequence each step.
 std::optional<DecodeAttentionPlan> plan_short_context_decode_attention(const DecodeAttentionPlan& plan, int num_sms,
                                                                        const ResidentClusters& resident);
