@@ -74,6 +74,15 @@ int tokens_per_case(const DecodeBenchOptions& options) {
   return options.warmup + options.steps + (options.trace_path.empty() ? 0 : 1) + 1;
 }
 
+// Tokens the longest case needs in one sequence: a decode case's context and steps, or a prompt
+// and its first token.
+int longest_case(const DecodeBenchOptions& options) {
+  const int largest_context = *std::max_element(options.contexts.begin(), options.contexts.end());
+  const int largest_prompt =
+      options.ttft_prompts.empty() ? 0 : *std::max_element(options.ttft_prompts.begin(), options.ttft_prompts.end());
+  return std::max(largest_context + tokens_per_case(options), largest_prompt + 1);
+}
+
 // Events per traced step: a few marks per block of every traced kernel, with room to spare.
 constexpr unsigned kTraceCapacity = 1u << 22;
 
@@ -115,7 +124,8 @@ void trace_one_step(Engine& engine, const std::string& arch, int batch, int cont
 void run_decode_case(Engine& engine, const std::string& arch, int batch, int context, const DecodeBenchOptions& options,
                      double copy_bytes_per_s, Report& report) {
   const ModelConfig& config = engine.config();
-  nlohmann::json row = {{"kind", "decode"}, {"arch", arch}, {"batch", batch}, {"context", context}};
+  nlohmann::json row = {{"kind", "decode"}, {"arch", arch}, {"batch", batch}, {"context", context},
+                        {"max_context", engine.options().max_context}};
   const int tokens_per_sequence = tokens_per_case(options);
   const int pages_needed = batch * pages_for(context + tokens_per_sequence);
   const std::string label = arch + " batch " + std::to_string(batch) + " context " + std::to_string(context);
@@ -222,13 +232,11 @@ void run_ttft_case(Engine& engine, const std::string& arch, int prompt_tokens, c
 }
 
 void run_arch(const std::string& arch, const DecodeBenchOptions& options, double copy_bytes_per_s, Report& report) {
-  const int largest_context = *std::max_element(options.contexts.begin(), options.contexts.end());
-  const int largest_prompt =
-      options.ttft_prompts.empty() ? 0 : *std::max_element(options.ttft_prompts.begin(), options.ttft_prompts.end());
   EngineOptions engine_options;
   engine_options.max_batch = *std::max_element(options.batches.begin(), options.batches.end());
-  const int longest = std::max(largest_context + tokens_per_case(options), largest_prompt + 1);
-  engine_options.max_context = pages_for(longest) * kernels::kKvPageSize;  // whole pages
+  // The attention's plans (splits per sequence) are made for max_context, so a step's speed at a
+  // given length depends on it: --max-context measures an engine planned as a server would be.
+  engine_options.max_context = pages_for(std::max(longest_case(options), options.max_context)) * kernels::kKvPageSize;
   engine_options.kv_cache_bytes = options.kv_cache_bytes;
   engine_options.cuda_graphs = options.cuda_graphs;
   engine_options.overlap_steps = options.overlap_steps;
@@ -240,7 +248,7 @@ void run_arch(const std::string& arch, const DecodeBenchOptions& options, double
   ModelConfig config = random_arch_config(arch);
   if (config.max_position_embeddings < engine_options.max_context) {
     // Random weights: positions past the trained length cost the same and only speed is measured.
-    std::printf("  %s: max_position_embeddings %d raised to %d for the longest case\n", arch.c_str(),
+    std::printf("  %s: max_position_embeddings %d raised to %d for the planned context\n", arch.c_str(),
                 config.max_position_embeddings, engine_options.max_context);
     config.max_position_embeddings = engine_options.max_context;
   }
@@ -263,9 +271,9 @@ void run_arch(const std::string& arch, const DecodeBenchOptions& options, double
                            {"chosen_us", t.chosen_us}});
   }
   const EngineStats stats = engine->stats();
-  std::fprintf(stderr, "  %s: %.2f GB of weights, %.1f GB KV pool (%d pages), %d launches per step\n", arch.c_str(),
-               stats.weight_bytes / 1e9, stats.kv_cache_bytes / 1e9, stats.kv_pages_total,
-               stats.launches_per_decode_step);
+  std::fprintf(stderr, "  %s: %.2f GB of weights, %.1f GB KV pool (%d pages), %d launches per step, planned for %d tokens\n",
+               arch.c_str(), stats.weight_bytes / 1e9, stats.kv_cache_bytes / 1e9, stats.kv_pages_total,
+               stats.launches_per_decode_step, engine->options().max_context);
   for (int context : options.contexts)
     for (int batch : options.batches) {
       run_decode_case(*engine, arch, batch, context, options, copy_bytes_per_s, report);
@@ -286,6 +294,10 @@ void check_options(const DecodeBenchOptions& options) {
   const std::vector<std::string> known = random_arch_names();
   for (const auto& arch : options.archs)
     DF_CHECK(std::find(known.begin(), known.end(), arch) != known.end(), "bench decode: unknown arch '" + arch + "'");
+  DF_CHECK(options.max_context >= 0, "bench decode: --max-context must be positive");
+  DF_CHECK(options.max_context == 0 || options.max_context >= longest_case(options),
+           "bench decode: --max-context " + std::to_string(options.max_context) + " is below the " +
+               std::to_string(longest_case(options)) + " tokens the longest case needs");
 }
 
 }  // namespace

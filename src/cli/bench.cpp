@@ -56,6 +56,9 @@ void register_bench_decode(CLI::App& bench, Action& action) {
                      "larger steps run the unfused MLP (a second weight copy); 0: fused always (default " +
                          std::to_string(o.fused_mlp_max_tokens) + ")")
       ->check(CLI::NonNegativeNumber);
+  decode->add_option("--max-context", o.max_context,
+                     "the engine's planned context (default: what the longest case needs); the attention plans for it")
+      ->check(CLI::PositiveNumber);
   decode->add_option("--kv-cache-mb", args->kv_cache_mb, "KV cache pool in MiB (default: 90% of free GPU memory)")
       ->check(CLI::PositiveNumber);
   decode->add_flag("--tune-gemms", o.tune_gemms,

@@ -200,6 +200,10 @@ TEST_F(Cli, BackendAndModelSourceProblems) {
       run_cli(scratch_, "generate" + model + " --prompt-ids 1 --max-tokens 2 --ignore-eos --no-cuda-graphs");
   EXPECT_EQ(fallback.exit_code, 0) << fallback.err;
   EXPECT_EQ(stats_line(fallback).rfind("prompt tokens: 1, generated tokens: 2,", 0), 0u) << fallback.out;
+  // Checked before any device work: a planned context below what the longest case needs (512
+  // tokens, 4 warm-up and 32 timed steps and one to spare).
+  expect_bad_input(run_cli(scratch_, "bench decode --archs llama3.2-1b --contexts 512 --no-ttft --max-context 500"),
+                   {"--max-context 500", "549 tokens"});
   if (cuda_device_available()) {
     EXPECT_NE(fallback.err.find("head_dim 16"), std::string::npos) << fallback.err;
     return;  // the rest is about machines without a GPU
