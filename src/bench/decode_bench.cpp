@@ -294,7 +294,7 @@ void check_options(const DecodeBenchOptions& options) {
   const std::vector<std::string> known = random_arch_names();
   for (const auto& arch : options.archs)
     DF_CHECK(std::find(known.begin(), known.end(), arch) != known.end(), "bench decode: unknown arch '" + arch + "'");
-  DF_CHECK(options.max_context >= 0, "bench decode: --max-context must be positive");
+  DF_CHECK(options.max_context >= 0, "bench decode: --max-context must not be negative");
   DF_CHECK(options.max_context == 0 || options.max_context >= longest_case(options),
            "bench decode: --max-context " + std::to_string(options.max_context) + " is below the " +
                std::to_string(longest_case(options)) + " tokens the longest case needs");

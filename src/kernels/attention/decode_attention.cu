@@ -701,9 +701,9 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
   // block's start and pages, plus the merge. Only s that leave no split empty are distinct. The
   // plan serves every length up to max_context, and shorter sequences run fewer, shorter splits
   // (min_pages each), so a grid of several waves at max_context runs a wave and a part at mid
-  // lengths: where the pairs fit one wave, the plan keeps to one. (Without this, the model took 2
-  // waves of 33 splits for two sequences planned for 32800 keys, 133 against 132 for one wave of
-  // 16, and the step ran 2.5% slower at 3000 keys; for 131072 keys 8 waves at batch 8.)
+  // lengths: where the pairs fit one wave, the plan keeps to one. (Without this, two sequences
+  // planned for 32800 keys took two waves of 33 splits, cost 132, over one wave of 16, cost 133,
+  // and ran 2.5% slower at 3000 keys; a plan for 131072 keys took 8 waves at batch 8.)
   const long long slots = static_cast<long long>(num_sms) * (8 / warps);
   int best_splits = 1;
   long long best_cost = std::numeric_limits<long long>::max();
