@@ -54,12 +54,6 @@ struct EngineOptions {
   // differ between processes when two algorithms time within noise, and with it the last bits of
   // the logits; false keeps cuBLASLt's deterministic first choice.
   bool tune_gemms = false;
-  // Batch-1 decode steps run every transformer block as ONE persistent launch whose SMs stream
-  // the weights through shared memory without stopping at the operations' hand-offs
-  // (kernels/persistent/persistent_decode.cuh). Needs sm_90 and the MLP's row-major weights (the
-  // unfused variant, or the fused variant's unfused copy); construction fails with the reason
-  // otherwise. Larger batches are unaffected.
-  bool persistent_decode = false;
   int device = 0;
 };
 

@@ -73,7 +73,6 @@ struct MlpHfWeights {
 struct FusedMlpTuning {
   int blocks_per_sm = 0;  // resident blocks per SM (at most 1 where blocks have 16 warps: clusters of 2, or 9-16 tokens)
   int cluster_size = 0;   // blocks sharing activations through distributed shared memory: 1, 2, 4, 8
-  bool skip_reduction_diagnostic = false;  // benchmarks only: skips the cross-cluster sum (wrong y)
   // The decode engine's layers: launch as a programmatic dependent of the kernel before (blocks
   // start early and wait for it first thing) where that measured faster: calls of up to 8 tokens
   // on the grids that cover every SM (clusters of 2 or 4). Back-to-back MLP calls measured
@@ -133,16 +132,6 @@ class MlpLayer {
   // Overwrites the scratch; synchronises the stream; not during a graph capture.
   static std::vector<GemmTuning> tune_unfused_gemms(std::span<MlpLayer* const> layers, int tokens,
                                                     bool with_residual, cudaStream_t stream);
-
-  // The unfused variant's row-major weights (gate_up [2I, H]: gate rows then up rows; down
-  // [H, I]) for kernels that stream them themselves (the persistent decode kernel); null
-  // pointers for the other variants. norm_folded: gate_up holds the norm weight in its columns.
-  struct RowMajorWeights {
-    const __nv_bfloat16* gate_up = nullptr;
-    const __nv_bfloat16* down = nullptr;
-    bool norm_folded = false;
-  };
-  RowMajorWeights row_major_weights() const;
 
   MlpVariant variant() const;
   MlpShape shape() const;

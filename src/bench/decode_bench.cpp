@@ -243,7 +243,6 @@ void run_arch(const std::string& arch, const DecodeBenchOptions& options, double
   engine_options.mlp_variant = options.mlp_variant;
   engine_options.fused_mlp_max_tokens = options.fused_mlp_max_tokens;
   engine_options.tune_gemms = options.tune_gemms;
-  engine_options.persistent_decode = options.persistent_decode;
 
   ModelConfig config = random_arch_config(arch);
   if (config.max_position_embeddings < engine_options.max_context) {
@@ -340,7 +339,6 @@ int run_decode_bench(const DecodeBenchOptions& options) {
     json.update({{"suite", "decode"}, {"cuda_graphs", options.cuda_graphs}, {"overlap_steps", options.overlap_steps},
                  {"mlp_variant", mlp_variant_name(options.mlp_variant)},
                  {"fused_mlp_max_tokens", options.fused_mlp_max_tokens}, {"tune_gemms", options.tune_gemms},
-                 {"persistent_decode", options.persistent_decode},
                  {"steps", options.steps},
                  {"warmup", options.warmup}, {"rows", report.rows}});
     write_json(options.json_path, json);

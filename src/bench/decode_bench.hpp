@@ -29,7 +29,6 @@ struct DecodeBenchOptions {
   MlpVariant mlp_variant = MlpVariant::fused;
   int fused_mlp_max_tokens = EngineOptions{}.fused_mlp_max_tokens;
   bool tune_gemms = false;             // EngineOptions::tune_gemms; the timings go in a table of their own
-  bool persistent_decode = false;      // EngineOptions::persistent_decode
   size_t kv_cache_bytes = 0;           // 0: the engine's default share of free GPU memory
   int max_context = 0;                 // the engine's planned context; 0: the longest case needs
   uint64_t seed = 1;                   // weights and TTFT prompts

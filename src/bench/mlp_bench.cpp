@@ -28,11 +28,9 @@ std::vector<int> default_mlp_bench_tokens() { return {1, 2, 4, 8, 16, 32, 64, 12
 
 FusedMlpTuning parse_fused_tuning(const std::string& text) {
   FusedMlpTuning tuning;
-  char suffix[32] = {0};
-  const int fields = std::sscanf(text.c_str(), "b%dc%d%31s", &tuning.blocks_per_sm, &tuning.cluster_size, suffix);
-  DF_CHECK(fields >= 2 && (fields == 2 || std::string(suffix) == "-noreduce"),
-           "bad fused tuning '" + text + "' (expected bBcC[-noreduce], e.g. b2c8)");
-  tuning.skip_reduction_diagnostic = fields == 3;
+  char rest = 0;
+  const int fields = std::sscanf(text.c_str(), "b%dc%d%c", &tuning.blocks_per_sm, &tuning.cluster_size, &rest);
+  DF_CHECK(fields == 2, "bad fused tuning '" + text + "' (expected bBcC, e.g. b2c8)");
   return tuning;
 }
 

@@ -26,7 +26,7 @@ struct MlpBenchOptions {
   std::vector<std::string> fused_tunings;
 };
 
-// "b2c8" = 2 blocks/SM, clusters of 8; a "-noreduce" suffix adds the skip-reduction diagnostic.
+// "b2c8" = 2 blocks/SM, clusters of 8.
 FusedMlpTuning parse_fused_tuning(const std::string& text);
 
 // The default shape list (Llama-3.2-1B ... Llama-3-70B at TP8) and token counts.

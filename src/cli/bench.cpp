@@ -63,8 +63,6 @@ void register_bench_decode(CLI::App& bench, Action& action) {
       ->check(CLI::PositiveNumber);
   decode->add_flag("--tune-gemms", o.tune_gemms,
                    "time cuBLASLt's suggested algorithms at construction and keep the fastest (EngineOptions::tune_gemms)");
-  decode->add_flag("--persistent-decode", o.persistent_decode,
-                   "batch-1 steps run every block as one persistent kernel (EngineOptions::persistent_decode)");
   decode->add_option("--seed", o.seed, "random weights and prompts (default 1)");
   decode->add_option("--json", o.json_path, "write the rows as JSON to this file");
   decode->add_option("--trace", o.trace_path,
@@ -127,7 +125,7 @@ void register_bench(CLI::App& app, Action& action) {
   mlp->add_option("--reps", args->options.repetitions, "timed calls per point (median)")->check(CLI::PositiveNumber);
   mlp->add_option("--warmup", args->options.warmup, "untimed calls first")->check(CLI::NonNegativeNumber);
   mlp->add_option("--fused-tunings", args->options.fused_tunings,
-                  "extra fused rows with launch tuning bBcC[-noreduce], e.g. b2c8,b1c8,b2c1-noreduce")
+                  "extra fused rows with launch tuning bBcC, e.g. b2c8,b1c8,b2c1")
       ->delimiter(',');
   mlp->add_flag("--no-residual", args->no_residual, "time without the fused residual add");
   mlp->add_flag("--norm", args->options.norm, "fold an RMSNorm of x in (the decode engine's configuration)");

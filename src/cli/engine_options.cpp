@@ -57,10 +57,6 @@ void add_engine_options(CLI::App& command, EngineArgs& args) {
       .add_flag("--tune-gemms", args.tune_gemms,
                 "time cuBLASLt's suggested algorithms for the decode GEMMs at start-up and keep the fastest")
       ->group(group);
-  command
-      .add_flag("--persistent-decode", args.persistent_decode,
-                "run batch-1 decode steps' transformer blocks as one persistent kernel (sm_90)")
-      ->group(group);
 }
 
 EngineOptions engine_options(const EngineArgs& args) {
@@ -72,7 +68,6 @@ EngineOptions engine_options(const EngineArgs& args) {
   options.overlap_steps = !args.no_overlap_steps;
   options.fused_mlp_max_tokens = args.fused_mlp_max_tokens;
   options.tune_gemms = args.tune_gemms;
-  options.persistent_decode = args.persistent_decode;
   try {
     options.mlp_variant = parse_mlp_variant(args.mlp_variant);
   } catch (const Error&) {

@@ -35,11 +35,10 @@ struct EngineArgs {
   std::string mlp_variant = "fused";
   int fused_mlp_max_tokens = EngineOptions{}.fused_mlp_max_tokens;
   bool tune_gemms = false;
-  bool persistent_decode = false;
 };
 
 // Adds --max-batch, --max-context, --kv-cache-mb, --no-cuda-graphs, --no-overlap-steps, --mlp-variant,
-// --fused-mlp-max-tokens, --tune-gemms and --persistent-decode.
+// --fused-mlp-max-tokens and --tune-gemms.
 void add_engine_options(CLI::App& command, EngineArgs& args);
 
 // Throws deepfuse::Error naming the flag on a bad value (e.g. an unknown --mlp-variant).

@@ -180,11 +180,6 @@ void Engine::Impl::finish_setup() {
   kv = std::make_unique<runtime::KvCache>(geometry, static_cast<int>(pages), max_batch, max_pages_per_sequence,
                                           stream());
   forward = std::make_unique<runtime::ForwardPass>(config, *weights, *kv, *buffers, *gemm);
-  if (options.persistent_decode) {
-    persistent = std::make_unique<runtime::PersistentDecodeStep>(config, *weights, *kv, options.device, stream());
-    DF_CHECK(persistent->available(), "persistent_decode: " + persistent->why_not());
-    forward->use_persistent_decode(persistent.get());
-  }
   if (options.tune_gemms) gemm_tunings = forward->tune_decode_gemms(buckets, stream());
   DF_CHECK_CUDA(cudaStreamSynchronize(stream()));
 }

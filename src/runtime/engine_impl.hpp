@@ -143,7 +143,6 @@ struct Engine::Impl {
   std::vector<std::optional<kernels::DecodeAttentionPlan>> short_context_plans;
   std::unique_ptr<runtime::StepBuffers> buffers;
   std::unique_ptr<runtime::KvCache> kv;
-  std::unique_ptr<runtime::PersistentDecodeStep> persistent;  // EngineOptions::persistent_decode
   std::unique_ptr<runtime::ForwardPass> forward;
 
   std::array<runtime::StepLane, 2> lanes;

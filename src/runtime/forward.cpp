@@ -2,11 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <numeric>
 #include <vector>
 
-#include "core/ab_switch.hpp"
 #include "deepfuse/error.hpp"
 #include "kernels/attention/prefill_attention.cuh"
 #include "kernels/embedding/embedding.cuh"
@@ -23,21 +21,6 @@ size_t bf16_bytes(size_t elements) { return elements * sizeof(__nv_bfloat16); }
 
 // Launchers may legitimately need no workspace; a small allocation keeps the pointer non-null.
 constexpr size_t kMinWorkspaceBytes = 256;
-
-// Diagnostic only: DEEPFUSE_KNOCKOUT=mask leaves kinds of layer kernels out of every decode step,
-// so a benchmark measures what each adds to the step (scripts/knockouts.sh; docs/runtime.md,
-// "Where a batch-1 step's time goes"). Outputs are wrong while it is set, and a warning says so.
-enum KnockedOut : int { kNoQkv = 1, kNoAttention = 2, kNoOProj = 4, kNoMlp = 8 };
-int knocked_out() {
-  static const int mask = [] {
-    const int m = ab_switch("DEEPFUSE_KNOCKOUT", 0);
-    if (m != 0)
-      std::fprintf(stderr, "warning: DEEPFUSE_KNOCKOUT=%d leaves kernels out of every decode step: outputs are wrong\n",
-                   m);
-    return m;
-  }();
-  return mask;
-}
 
 }  // namespace
 
@@ -117,21 +100,17 @@ float* ForwardPass::layer(int index, int tokens, const int32_t* positions, const
   DF_CHECK(!pending || reads_pending, "a deferred MLP sum reached a block that cannot add it");
   auto* residual = buffers_.residual.as<__nv_bfloat16>();
   const kernels::PagedKv kv = kv_.layer(index);
-  const int knocked = attention.decode_plan ? knocked_out() : 0;
 
   // 1-4. input RMSNorm, QKV (+bias), RoPE and the KV append; then attention.
-  if (!(knocked & kNoQkv)) {
-    if (attention.decode_plan && uses_fused_front(tokens))
-      fused_qkv(w, tokens, positions, rows, kv, pending, stream);
-    else
-      unfused_qkv(w, tokens, positions, rows, kv, stream);
-  }
-  if (!(knocked & kNoAttention)) attend(kv, tokens, attention, stream);
+  if (attention.decode_plan && uses_fused_front(tokens))
+    fused_qkv(w, tokens, positions, rows, kv, pending, stream);
+  else
+    unfused_qkv(w, tokens, positions, rows, kv, stream);
+  attend(kv, tokens, attention, stream);
   // 5. output projection, added into the residual stream in place.
-  if (!(knocked & kNoOProj)) output_projection(w, tokens, reads_pending, pending, stream);
+  output_projection(w, tokens, reads_pending, pending, stream);
   // 6-7. post-attention RMSNorm and the SwiGLU MLP, added into the residual stream in place (the
   // fused variant folds the norm into its one launch), or left for the next block's kernels.
-  if (knocked & kNoMlp) return nullptr;
   if (defers_sum) return mlp.run_deferred(residual, tokens, stream);
   mlp.run(residual, residual, residual, tokens, stream);
   return nullptr;
@@ -262,18 +241,12 @@ void ForwardPass::decode_step(const kernels::DecodeAttentionPlan& plan, int32_t*
   DF_CHECK(batch >= 1 && batch <= buffers_.max_batch && batch <= buffers_.logits_rows,
            "decode step batch " + std::to_string(batch) + " outside 1.." + std::to_string(buffers_.max_batch));
   DF_CHECK(host_sampled, "a decode step needs a host buffer for its sampled ids");
-  if (persistent_ && batch == 1) {
-    persistent_->run(buffers_.decode_ids(), buffers_.decode_positions(), buffers_.decode_seq_lens(),
-                     buffers_.residual.as<__nv_bfloat16>(), stream);
-  } else {
-    embed(buffers_.decode_ids(), batch, stream);
-    const Attention attention{&plan};
-    float* pending = nullptr;
-    for (int l = 0; l < config_.num_hidden_layers; ++l)
-      pending =
-          layer(l, batch, buffers_.decode_positions(), buffers_.decode_rows.as<int32_t>(), attention, pending, stream);
-    DF_CHECK(!pending, "the last block's MLP sum must reach the residual stream");
-  }
+  embed(buffers_.decode_ids(), batch, stream);
+  const Attention attention{&plan};
+  float* pending = nullptr;
+  for (int l = 0; l < config_.num_hidden_layers; ++l)
+    pending = layer(l, batch, buffers_.decode_positions(), buffers_.decode_rows.as<int32_t>(), attention, pending, stream);
+  DF_CHECK(!pending, "the last block's MLP sum must reach the residual stream");
   final_norm(0, batch, stream);
   lm_head(0, batch, stream);
   sample(0, batch, stream, host_sampled);
@@ -352,7 +325,6 @@ std::vector<GemmTuning> ForwardPass::tune_decode_gemms(std::span<const int> buck
 }
 
 int ForwardPass::launches_per_layer(int attention_launches, int decode_batch) const {
-  if (persistent_ && decode_batch == 1) return 0;  // one launch runs every block
   // [norm (unless folded), QKV GEMM, rope_kv_append] or the fused QKV kernel, attention, o_proj
   // (the cluster GEMV, or cuBLASLt, counted as one although a split-K algorithm adds a reduction
   // kernel), MLP (+ its norm unless folded)
@@ -363,8 +335,7 @@ int ForwardPass::launches_per_layer(int attention_launches, int decode_batch) co
 }
 
 int ForwardPass::launches_per_decode_step(const kernels::DecodeAttentionPlan& plan) const {
-  // embedding, the layers, final norm, lm_head, sampling (the persistent kernel: the first two)
-  if (persistent_ && plan.batch == 1) return 1 + 3;
+  // embedding, the layers, final norm, lm_head, sampling
   return 1 + config_.num_hidden_layers * launches_per_layer(kernels::decode_attention_launches(plan), plan.batch) + 3;
 }
 

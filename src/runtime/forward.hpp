@@ -38,7 +38,6 @@
 #include "kernels/sampling/sampling.cuh"
 #include "runtime/gpu_weights.hpp"
 #include "runtime/kv_cache.hpp"
-#include "runtime/persistent_step.hpp"
 
 namespace deepfuse::runtime {
 
@@ -77,9 +76,6 @@ class ForwardPass {
  public:
   ForwardPass(const ModelConfig& config, const GpuWeights& weights, const KvCache& kv, const StepBuffers& buffers,
               kernels::CublasLtGemm& gemm);
-
-  // Batch-1 decode steps run their blocks as this one launch from now on (null: per-layer kernels).
-  void use_persistent_decode(const PersistentDecodeStep* step) { persistent_ = step; }
 
   // A decode step for plan.batch entries read from buffers.decode_inputs; ends with their
   // logits in rows 0..batch-1 and the sampled ids in decode_ids and in `host_sampled` (the
@@ -141,7 +137,6 @@ class ForwardPass {
   const StepBuffers& buffers_;
   kernels::CublasLtGemm& gemm_;
   float attention_scale_;
-  const PersistentDecodeStep* persistent_ = nullptr;
 };
 
 }  // namespace deepfuse::runtime

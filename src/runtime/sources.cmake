@@ -3,7 +3,6 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/kv_cache.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gpu_weights.cpp
   ${CMAKE_CURRENT_LIST_DIR}/forward.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/persistent_step.cpp
   ${CMAKE_CURRENT_LIST_DIR}/graph_cache.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine.cpp
   ${CMAKE_CURRENT_LIST_DIR}/step.cpp

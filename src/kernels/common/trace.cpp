@@ -55,12 +55,6 @@ const char* kernel_name(std::uint8_t kernel) {
     case Kernel::decode_attention: return "decode_attention";
     case Kernel::gemv_residual: return "gemv_residual";
     case Kernel::fused_mlp: return "fused_mlp";
-    case Kernel::persistent_qkv: return "persistent_qkv";
-    case Kernel::persistent_attention: return "persistent_attention";
-    case Kernel::persistent_o_proj: return "persistent_o_proj";
-    case Kernel::persistent_gate_up: return "persistent_gate_up";
-    case Kernel::persistent_down: return "persistent_down";
-    case Kernel::persistent_producer: return "persistent_producer";
     default: return "unknown";
   }
 }

@@ -54,41 +54,10 @@ __device__ __forceinline__ void stamp(Kernel kernel, Mark mark) {
   buffer.events[index] = event_at(globaltimer(), static_cast<std::uint8_t>(kernel), static_cast<std::uint8_t>(mark));
 }
 
-// A block's marks kept in shared memory and written out by flush() at the end: no global atomic
-// on the way, for kernels that stamp on their critical path (the persistent decode kernel). One
-// thread per log stamps (the caller's choice); marks past N are dropped.
-template <int N>
-struct BlockLog {
-  std::uint64_t time[N];
-  std::uint8_t kernel[N], mark[N];
-  unsigned count;
-
-  __device__ void init() { count = 0; }
-  __device__ __forceinline__ void stamp(Kernel k, Mark m) {
-    if (count >= N) return;
-    time[count] = globaltimer();
-    kernel[count] = static_cast<std::uint8_t>(k), mark[count] = static_cast<std::uint8_t>(m);
-    ++count;
-  }
-  __device__ void flush() {
-    const Buffer buffer = unit_buffer;
-    if (!buffer.events || count == 0) return;
-    const unsigned first = atomicAdd(buffer.count, count);
-    for (unsigned i = 0; i < count && first + i < buffer.capacity; ++i)
-      buffer.events[first + i] = event_at(time[i], kernel[i], mark[i]);
-  }
-};
-
 }  // namespace
 #else
 inline void attach_unit() {}
 __device__ __forceinline__ void stamp(Kernel, Mark) {}
-template <int N>
-struct BlockLog {
-  __device__ void init() {}
-  __device__ void stamp(Kernel, Mark) {}
-  __device__ void flush() {}
-};
 #endif
 
 }  // namespace deepfuse::kernels::trace

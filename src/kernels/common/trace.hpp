@@ -18,14 +18,6 @@ enum class Kernel : std::uint8_t {
   decode_attention,
   gemv_residual,
   fused_mlp,
-  // The persistent decode kernel's operations (its marks carry these, not 0), and its producer
-  // warp's end of each layer's weights.
-  persistent_qkv,
-  persistent_attention,
-  persistent_o_proj,
-  persistent_gate_up,
-  persistent_down,
-  persistent_producer,
 };
 enum class Mark : std::uint8_t {
   start = 0,     // the block begins

@@ -154,11 +154,6 @@ void MlpLayer::set_fused_tuning(const FusedMlpTuning& tuning) {
   impl_->fused_tuning = tuning;
 }
 
-MlpLayer::RowMajorWeights MlpLayer::row_major_weights() const {
-  if (impl_->variant != MlpVariant::unfused) return {};
-  return {impl_->gate_up.as<__nv_bfloat16>(), impl_->down.as<__nv_bfloat16>(), impl_->norm_folded};
-}
-
 MlpVariant MlpLayer::variant() const { return impl_->variant; }
 MlpShape MlpLayer::shape() const { return impl_->shape; }
 int MlpLayer::max_tokens() const { return impl_->max_tokens; }

@@ -162,7 +162,7 @@ __device__ void add_norm_squares(const SwigluFusedParams& p, float* norm_squares
 
 template <int NT, int C>
 __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, C>::kBlocksPerSm)
-    swiglu_fused_kernel(const SwigluFusedParams p, int finishers, bool skip_reduction) {
+    swiglu_fused_kernel(const SwigluFusedParams p, int finishers) {
   using Config = FusedConfig<NT, C>;
   constexpr int S = Config::kStages, kWarps = Config::kWarps, kThreads = Config::kThreads;
   extern __shared__ __align__(16) unsigned char shared_raw[];
@@ -414,7 +414,7 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
           for (int r = 0; r < RT; ++r) mma_bf16_m16n8k16(acc[r][nt], a[r], b0, b1);
         }
         if (k == k2_steps - 1 || f == f2_end - 1) {  // group or range ends: reduce into L2
-          if (!skip_reduction) reduce_group(group);
+          reduce_group(group);
 #pragma unroll
           for (int r = 0; r < RT; ++r)
 #pragma unroll
@@ -550,7 +550,7 @@ cudaError_t launch_instance(const SwigluFusedParams& p, const FusedMlpTuning& tu
 
   trace::attach_unit();
   const FusedLaunch<NT, C> launch(blocks, stream, launches_programmatically<NT, C>(tuning));
-  return cudaLaunchKernelEx(&launch.config, swiglu_fused_kernel<NT, C>, p, finishers, tuning.skip_reduction_diagnostic);
+  return cudaLaunchKernelEx(&launch.config, swiglu_fused_kernel<NT, C>, p, finishers);
 }
 
 template <int NT>
