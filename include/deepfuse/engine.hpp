@@ -21,9 +21,13 @@
 #include "deepfuse/gemm_tuning.hpp"
 #include "deepfuse/mlp.hpp"
 #include "deepfuse/model_config.hpp"
-#include "deepfuse/reference.hpp"
+#include "deepfuse/sampling_params.hpp"
 
 namespace deepfuse {
+
+namespace runtime {
+class EngineBench;
+}
 
 struct EngineOptions {
   int max_batch = 8;              // largest decode batch; graphs are captured for buckets 1,2,4,..,max_batch
@@ -65,7 +69,7 @@ const char* finish_reason_name(FinishReason reason);
 
 struct SequenceRequest {
   std::vector<int32_t> prompt;           // at least one id
-  reference::SamplingParams sampling;    // repetition_penalty must be 1 on this backend
+  SamplingParams sampling;    // repetition_penalty must be 1 on this backend
   int max_new_tokens = 16;
   std::vector<int32_t> stop_ids;         // generation ends after producing one of these
 };
@@ -116,20 +120,9 @@ class Engine {
   // Validates (ids in range, prompt + max_new_tokens within max_context, enough KV pages for
   // the prompt in an empty cache) and queues. Throws deepfuse::Error with a one-line reason.
   SequenceId add_sequence(const SequenceRequest& request);
-  // Benchmarks: a running sequence whose first `context` positions count as already in the KV
-  // cache (pages allocated, contents whatever they hold, last token id 0), so decode at 32k
-  // context needs no 32k prefill. Greedy sampling. Its first step() decodes at position
-  // `context`; needs a free decode row and context + 1 + max_new_tokens <= max_context.
-  SequenceId add_prefilled_for_benchmark(int context, int max_new_tokens);
   // Blocks until every decode step launched ahead has run (their tokens still come from the
   // next step() calls): benchmarks that time from an idle GPU.
   void wait_for_launched_steps();
-  // Benchmarks: GPU milliseconds per decode step with no host work between steps: the captured
-  // step of the running sequences' bucket replayed `replays` times back to back; 0 before that
-  // bucket's first step() or without CUDA graphs. The replays feed their own samples at the
-  // latest step's positions, so those cache entries and the draw counters are left as the
-  // replays wrote them; the ids the next step() feeds are kept.
-  double decode_replay_ms_for_benchmark(int replays);
   // Drops a sequence (finished or not) and frees its pages.
   void remove_sequence(SequenceId sequence);
   // Sequences added and not yet finished, queued ones included: step() while this is > 0.
@@ -157,6 +150,7 @@ class Engine {
                                               const std::vector<int>& prefill_tokens);
 
  private:
+  friend class runtime::EngineBench;  // benchmark-only entry points (src/runtime/engine_bench.hpp)
   struct Impl;
   explicit Engine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

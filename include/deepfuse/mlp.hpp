@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "deepfuse/gemm_tuning.hpp"
+#include "deepfuse/kernels/swiglu_fused.hpp"
 
 namespace deepfuse {
 
@@ -66,18 +67,6 @@ struct MlpHfWeights {
   const __nv_bfloat16* gate = nullptr;  // [I, H]
   const __nv_bfloat16* up = nullptr;    // [I, H]
   const __nv_bfloat16* down = nullptr;  // [H, I]
-};
-
-// Launch tuning of the fused variant; 0 means the device default. The kernel scheduler (and the
-// benchmark's tuning sweep) sets it.
-struct FusedMlpTuning {
-  int blocks_per_sm = 0;  // resident blocks per SM (at most 1 where blocks have 16 warps: clusters of 2, or 9-16 tokens)
-  int cluster_size = 0;   // blocks sharing activations through distributed shared memory: 1, 2, 4, 8
-  // The decode engine's layers: launch as a programmatic dependent of the kernel before (blocks
-  // start early and wait for it first thing) where that measured faster: calls of up to 8 tokens
-  // on the grids that cover every SM (clusters of 2 or 4). Back-to-back MLP calls measured
-  // slower that way, so it is off unless asked for.
-  bool programmatic_launch = false;
 };
 
 // The RMSNorm applied to x first; weight == nullptr: none.

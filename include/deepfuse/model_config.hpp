@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "deepfuse/reference.hpp"
+#include "deepfuse/rope.hpp"
 
 namespace deepfuse {
 
@@ -40,7 +40,7 @@ struct ModelConfig {
   int head_dim = 0;             // config default: hidden_size / num_attention_heads
   int max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
-  reference::RopeParams rope;   // head_dim, theta and the optional llama3 scaling
+  RopeParams rope;   // head_dim, theta and the optional llama3 scaling
   bool qkv_bias = false;        // Qwen2 always; Llama with attention_bias
   bool o_proj_bias = false;     // Llama with attention_bias
   bool tie_word_embeddings = false;

@@ -27,6 +27,9 @@ double silu(double v);
 #include <span>
 #include <vector>
 
+#include "deepfuse/rope.hpp"
+#include "deepfuse/sampling_params.hpp"
+
 namespace deepfuse::reference {
 
 // out[t, :] = table[ids[t], :]; table is [vocab, hidden]. Throws deepfuse::Error on an id outside
@@ -41,20 +44,6 @@ void rms_norm(const float* x, const float* weight, int rows, int hidden, float e
 // the bf16 GPU kernel (and Hugging Face in bf16) stores it.
 void add_rms_norm(float* residual, const float* x, const float* weight, int rows, int hidden, float eps,
                   float* out, bool round_residual_to_bf16 = false);
-
-// Rotary position embedding parameters (the Hugging Face "default" and "llama3" rope types).
-struct RopeParams {
-  int head_dim = 128;
-  double theta = 10000.0;
-  bool llama3_scaling = false;
-  double factor = 8.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  int original_max_position = 8192;
-};
-
-// inv_freq[i] = theta^(-2i/head_dim), i < head_dim/2, then llama3's wavelength-dependent scaling.
-std::vector<double> rope_inverse_frequencies(const RopeParams& params);
 
 // Rotates x [heads, head_dim] in place for `position`, HF rotate-half layout: pairs (i, i+d/2).
 void apply_rope(float* x, int heads, int head_dim, int position, std::span<const double> inv_freq);
@@ -73,15 +62,7 @@ void attention_decode(const float* q, const float* k_cache, const float* v_cache
 void attention_prefill(const float* q, const float* k_cache, const float* v_cache, int q_start, int q_len,
                        int q_heads, int kv_heads, int head_dim, float scale, int sliding_window, float* out);
 
-// Sampling. temperature <= 0 means greedy (argmax, lowest id on ties).
-struct SamplingParams {
-  float temperature = 0.0f;
-  int top_k = 0;                    // 0: off
-  float top_p = 1.0f;               // 1: off
-  float min_p = 0.0f;               // 0: off
-  float repetition_penalty = 1.0f;  // 1: off; applied to logits of ids in `previous` (HF rule)
-  uint64_t seed = 0;
-};
+// Sampling (SamplingParams: deepfuse/sampling_params.hpp).
 
 // The distribution sampling draws from, after repetition penalty, temperature, top-k, top-p and
 // min-p (in that order, as Hugging Face's processors apply them): probabilities summing to 1.

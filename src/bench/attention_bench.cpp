@@ -13,8 +13,8 @@
 #include "deepfuse/error.hpp"
 #include "deepfuse/reference.hpp"
 #include "deepfuse/tensor.hpp"
-#include "kernels/attention/decode_attention.cuh"
-#include "kernels/fill.cuh"
+#include "deepfuse/kernels/decode_attention.hpp"
+#include "deepfuse/kernels/fill.hpp"
 
 namespace deepfuse::bench {
 

@@ -13,8 +13,9 @@
 #include "deepfuse/device.hpp"
 #include "deepfuse/engine.hpp"
 #include "deepfuse/error.hpp"
-#include "kernels/attention/paged_kv.cuh"
+#include "deepfuse/kernels/paged_kv.hpp"
 #include "kernels/common/trace.hpp"
+#include "runtime/engine_bench.hpp"
 
 namespace deepfuse::bench {
 
@@ -141,7 +142,8 @@ void run_decode_case(Engine& engine, const std::string& arch, int batch, int con
   double replay_ms = 0.0;  // the captured step replayed back to back: the GPU's time without host gaps
   std::optional<double> power_capped;
   try {
-    for (int b = 0; b < batch; ++b) sequences.push_back(engine.add_prefilled_for_benchmark(context, tokens_per_sequence));
+    for (int b = 0; b < batch; ++b)
+      sequences.push_back(runtime::EngineBench::add_prefilled(engine, context, tokens_per_sequence));
     warm_up_clocks();
     for (int s = 0; s < options.warmup; ++s) step_all(engine, batch);
     cudaProfilerStart();  // a profiler started with --profile-from-start off sees the timed steps only
@@ -153,7 +155,7 @@ void run_decode_case(Engine& engine, const std::string& arch, int batch, int con
     }
     power_capped = capped.fraction();
     cudaProfilerStop();
-    replay_ms = engine.decode_replay_ms_for_benchmark(options.steps);
+    replay_ms = runtime::EngineBench::decode_replay_ms(engine, options.steps);
     if (!options.trace_path.empty()) trace_one_step(engine, arch, batch, context, options.trace_path);
   } catch (const Error& e) {
     remove_all(engine, sequences);

@@ -3,7 +3,7 @@
 // weight once, plus each sequence's K and V up to its context) over the copy bandwidth measured in
 // the same run. Also time to first token for random prompts at batch 1.
 //
-// Long contexts need no prefill: Engine::add_prefilled_for_benchmark gives sequences whose KV
+// Long contexts need no prefill: runtime::EngineBench::add_prefilled gives sequences whose KV
 // pages count as filled, so a 32k-context step costs a 32k-context step and nothing else.
 #pragma once
 

@@ -16,7 +16,7 @@
 #include "deepfuse/error.hpp"
 #include "deepfuse/reference.hpp"
 #include "deepfuse/tensor.hpp"
-#include "kernels/fill.cuh"
+#include "deepfuse/kernels/fill.hpp"
 
 namespace deepfuse::bench {
 

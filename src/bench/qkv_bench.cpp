@@ -12,13 +12,13 @@
 #include "deepfuse/error.hpp"
 #include "deepfuse/reference.hpp"
 #include "deepfuse/tensor.hpp"
-#include "kernels/fill.cuh"
-#include "kernels/gemm/cublaslt_gemm.hpp"
-#include "kernels/gemv/gemv_residual.cuh"
-#include "kernels/gemv/packing.cuh"
-#include "kernels/norm/rms_norm.cuh"
-#include "kernels/qkv/qkv_rope_fused.cuh"
-#include "kernels/rope_kv/rope_kv_append.cuh"
+#include "deepfuse/kernels/fill.hpp"
+#include "deepfuse/kernels/cublaslt_gemm.hpp"
+#include "deepfuse/kernels/gemv_residual.hpp"
+#include "deepfuse/kernels/gemv_packing.hpp"
+#include "deepfuse/kernels/rms_norm.hpp"
+#include "deepfuse/kernels/qkv_rope_fused.hpp"
+#include "deepfuse/kernels/rope_kv_append.hpp"
 
 namespace deepfuse::bench {
 
@@ -93,9 +93,9 @@ int run_shape(const QkvBenchShape& s, const QkvBenchOptions& options, const GpuB
   const DeviceBuffer table_dev = DeviceBuffer::from_host(table_host);
   const size_t pool = table_host.size() * s.kv_heads * kernels::kKvPageSize * s.head_dim * 2;
   DeviceBuffer k_pool(pool), v_pool(pool);
-  reference::RopeParams rope;
+  RopeParams rope;
   rope.head_dim = s.head_dim;
-  const std::vector<double> inv_freq = reference::rope_inverse_frequencies(rope);
+  const std::vector<double> inv_freq = rope_inverse_frequencies(rope);
   const DeviceBuffer inv_freq_dev = DeviceBuffer::from_host(std::vector<float>(inv_freq.begin(), inv_freq.end()));
   const kernels::PagedKv kv{k_pool.as<__nv_bfloat16>(), v_pool.as<__nv_bfloat16>(), table_dev.as<int32_t>(),
                             pages_per_sequence, s.kv_heads, s.head_dim};

@@ -11,14 +11,14 @@
 #include "deepfuse/error.hpp"
 #include "deepfuse/reference.hpp"
 #include "deepfuse/tensor.hpp"
-#include "kernels/sampling/sampling.cuh"
+#include "deepfuse/kernels/sampling.hpp"
 
 namespace deepfuse::bench {
 namespace {
 
 struct Mode {
   const char* name;
-  reference::SamplingParams params;  // seed set per row
+  SamplingParams params;  // seed set per row
 };
 
 // Greedy, plain temperature, each filter alone, and the common top-k + top-p pairing.
@@ -110,7 +110,7 @@ int run_gpu(const SamplingBenchOptions& o) {
         const Mode& mode = find_mode(name);
         std::vector<kernels::SamplingSlot> host_slots(batch);
         for (int s = 0; s < batch; ++s) {
-          reference::SamplingParams row_params = mode.params;
+          SamplingParams row_params = mode.params;
           row_params.seed = 1000 + s;
           host_slots[s] = kernels::sampling_slot(row_params);
         }
@@ -178,7 +178,7 @@ int run_cpu(const SamplingBenchOptions& o) {
       const std::vector<float> logits = model_like_logits(batch, vocab, 11);
       for (const std::string& name : o.modes) {
         const Mode& mode = find_mode(name);
-        const reference::SamplingParams& params = mode.params;
+        const SamplingParams& params = mode.params;
         const double us = median_host_call_us(
             [&] {
               for (int s = 0; s < batch; ++s)

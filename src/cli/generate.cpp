@@ -28,9 +28,9 @@ struct GenerateArgs {
 };
 
 // Flags win; otherwise generation_config.json's values when it asks to sample; otherwise greedy.
-reference::SamplingParams resolve_sampling(const GenerateArgs& args, const GenerationDefaults& defaults) {
+SamplingParams resolve_sampling(const GenerateArgs& args, const GenerationDefaults& defaults) {
   const bool sample = defaults.do_sample.value_or(false);
-  reference::SamplingParams p;
+  SamplingParams p;
   p.temperature = args.temperature.value_or(sample ? defaults.temperature.value_or(1.0f) : 0.0f);
   p.top_k = args.top_k.value_or(sample ? defaults.top_k.value_or(50) : 0);  // transformers' default 50
   p.top_p = args.top_p.value_or(sample ? defaults.top_p.value_or(1.0f) : 1.0f);
@@ -92,7 +92,7 @@ double milliseconds_between(Clock::time_point from, Clock::time_point to) {
 }
 
 GenerationResult generate_on_reference(const LoadedModel& model, std::vector<int32_t> tokens,
-                                       const reference::SamplingParams& sampling, int budget,
+                                       const SamplingParams& sampling, int budget,
                                        const std::vector<int32_t>& stops, TokenPrinter& printer) {
   const auto start = Clock::now();
   Clock::time_point first_token_at = start;
@@ -118,7 +118,7 @@ GenerationResult generate_on_reference(const LoadedModel& model, std::vector<int
 
 // One sequence through the CUDA engine: every step() returns its next token, printed at once.
 GenerationResult generate_on_engine(Engine& engine, const std::vector<int32_t>& prompt,
-                                    const reference::SamplingParams& sampling, int budget,
+                                    const SamplingParams& sampling, int budget,
                                     const std::vector<int32_t>& stops, TokenPrinter& printer) {
   const auto start = Clock::now();
   Clock::time_point first_token_at = start;
@@ -158,8 +158,8 @@ GenerationResult generate_on_engine(Engine& engine, const std::vector<int32_t>& 
 
 // The sampling the backend runs. The cuda backend has no repetition penalty: asking for one is an
 // error, while a checkpoint's generation_config.json default is dropped with a note.
-reference::SamplingParams backend_sampling(const GenerateArgs& args, const LoadedModel& model) {
-  reference::SamplingParams sampling = resolve_sampling(args, model.config.generation);
+SamplingParams backend_sampling(const GenerateArgs& args, const LoadedModel& model) {
+  SamplingParams sampling = resolve_sampling(args, model.config.generation);
   if (model.backend != Backend::cuda || sampling.repetition_penalty == 1.0f) return sampling;
   DF_CHECK(!args.repetition_penalty,
            "--repetition-penalty: the cuda backend does not apply a repetition penalty; use --backend reference");
@@ -172,7 +172,7 @@ reference::SamplingParams backend_sampling(const GenerateArgs& args, const Loade
 int run_generate(const GenerateArgs& args) {
   std::vector<int32_t> prompt;
   LoadedModel model = prepare_model(args.model, prompt, TokenizerUse::whenever_present);
-  const reference::SamplingParams sampling = backend_sampling(args, model);
+  const SamplingParams sampling = backend_sampling(args, model);
   const std::vector<int32_t> stops = args.ignore_eos ? std::vector<int32_t>{} : stop_ids(model);
   // Generation stops at the context length rather than running past what the model was built for.
   const int budget = std::min<int>(args.max_tokens, model.max_context - static_cast<int>(prompt.size()));

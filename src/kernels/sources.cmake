@@ -4,11 +4,10 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/common/cluster_launch.cpp
   ${CMAKE_CURRENT_LIST_DIR}/common/trace.cpp
   ${CMAKE_CURRENT_LIST_DIR}/embedding/embedding.cu
-  ${CMAKE_CURRENT_LIST_DIR}/fill.cu
+  ${CMAKE_CURRENT_LIST_DIR}/fill/fill.cu
   ${CMAKE_CURRENT_LIST_DIR}/gemm/cublaslt_gemm.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/gemv/cluster_gemv.cu
+  ${CMAKE_CURRENT_LIST_DIR}/common/cluster_gemv.cu
   ${CMAKE_CURRENT_LIST_DIR}/gemv/gemv_residual.cu
-  ${CMAKE_CURRENT_LIST_DIR}/mlp/mlp_layer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/mlp/swiglu_elementwise.cu
   ${CMAKE_CURRENT_LIST_DIR}/mlp/swiglu_fused.cu
   ${CMAKE_CURRENT_LIST_DIR}/qkv/qkv_rope_fused.cu

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "deepfuse/error.hpp"
+#include "deepfuse/reference.hpp"
 #include "deepfuse/reference_decoder.hpp"
 #include "reference/parallel.hpp"
 

@@ -7,7 +7,6 @@
 #include <string>
 
 #include "core/ab_switch.hpp"
-#include "core/cuda_event.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "deepfuse/safetensors.hpp"
@@ -266,7 +265,7 @@ void Engine::Impl::validate_request(const SequenceRequest& r) const {
            "prompt + max_new_tokens need " + std::to_string(pages) + " KV pages of " +
                std::to_string(kernels::kKvPageSize) + " tokens, the whole cache holds " +
                std::to_string(kv->table().total_pages()));
-  const reference::SamplingParams& p = r.sampling;
+  const SamplingParams& p = r.sampling;
   DF_CHECK(p.repetition_penalty == 1.0f, "repetition_penalty " + std::to_string(p.repetition_penalty) +
                                              " is not supported by the GPU engine (it must be 1)");
   DF_CHECK(std::isfinite(p.temperature), "temperature must be a finite number");
@@ -286,60 +285,6 @@ SequenceId Engine::add_sequence(const SequenceRequest& request) {
   sequence.stop_ids = request.stop_ids;
   s.queued.push_back(std::move(sequence));
   return s.queued.back().id;
-}
-
-SequenceId Engine::add_prefilled_for_benchmark(int context, int max_new_tokens) {
-  Impl& s = *impl_;
-  s.activate_device();
-  DF_CHECK(context >= 0, "benchmark context is " + std::to_string(context) + "; it must be >= 0");
-  DF_CHECK(max_new_tokens >= 1, "max_new_tokens is " + std::to_string(max_new_tokens) + "; it must be at least 1");
-  // Like a prompt of context + 1 tokens (the last, id 0, not yet fed) with context prefilled.
-  DF_CHECK(static_cast<int64_t>(context) + 1 + max_new_tokens <= s.options.max_context,
-           "benchmark context " + std::to_string(context) + " + 1 pending token + max_new_tokens " +
-               std::to_string(max_new_tokens) + " exceeds max_context " + std::to_string(s.options.max_context));
-  DF_CHECK(static_cast<int>(s.running.size()) < s.options.max_batch,
-           "all " + std::to_string(s.options.max_batch) + " decode rows (max_batch) are running");
-  const int pages = KvPageTable::pages_for(context + 1);
-  DF_CHECK(pages <= s.kv->table().free_pages(), "benchmark context " + std::to_string(context) + " needs " +
-                                                    std::to_string(pages) + " KV pages, " +
-                                                    std::to_string(s.kv->table().free_pages()) + " are free");
-  Sequence sequence;
-  sequence.id = s.next_id++;
-  sequence.max_new_tokens = max_new_tokens;
-  sequence.context = context;
-  sequence.next_token = 0;
-  const int row = s.kv->add_row();
-  s.kv->reserve(row, context);
-  s.upload_slot(row, sequence.sampling);  // default SamplingParams: greedy
-  s.running.push_back(std::move(sequence));
-  return s.running.back().id;
-}
-
-double Engine::decode_replay_ms_for_benchmark(int replays) {
-  Impl& s = *impl_;
-  s.activate_device();
-  DF_CHECK(replays >= 1, "replays is " + std::to_string(replays) + "; it must be at least 1");
-  if (s.running.empty()) return 0.0;
-  const int bucket = s.lanes[0].graphs->bucket_index(static_cast<int>(s.running.size()));
-  const runtime::StepLane* lane = s.lane_with_graph(bucket);
-  if (!lane) return 0.0;  // no step() of this bucket yet, or graphs off
-  // The replays feed their own samples: keep the ids the next step() feeds, on the device and
-  // in the lane's host buffer (a step in flight may not have been read back yet).
-  const size_t id_bytes = s.running.size() * sizeof(int32_t);
-  DeviceBuffer saved_ids(id_bytes);
-  DF_CHECK_CUDA(cudaMemcpyAsync(saved_ids.data(), s.buffers->decode_ids(), id_bytes, cudaMemcpyDeviceToDevice, s.stream()));
-  DF_CHECK_CUDA(cudaStreamSynchronize(s.stream()));
-  const std::vector<int32_t> saved_sampled(lane->sampled.as<int32_t>(), lane->sampled.as<int32_t>() + s.running.size());
-  CudaEvent start, stop;
-  start.record(s.stream());
-  for (int r = 0; r < replays; ++r) DF_CHECK_CUDA(lane->graphs->replay(bucket, s.stream()));
-  stop.record(s.stream());
-  stop.synchronize();
-  std::copy(saved_sampled.begin(), saved_sampled.end(), lane->sampled.as<int32_t>());
-  DF_CHECK_CUDA(
-      cudaMemcpyAsync(s.buffers->decode_ids(), saved_ids.data(), id_bytes, cudaMemcpyDeviceToDevice, s.stream()));
-  DF_CHECK_CUDA(cudaStreamSynchronize(s.stream()));  // before saved_ids is freed
-  return stop.ms_since(start) / replays;
 }
 
 void Engine::remove_sequence(SequenceId sequence) {

@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "deepfuse/engine.hpp"
-#include "kernels/attention/decode_attention.cuh"
-#include "kernels/gemm/cublaslt_gemm.hpp"
+#include "deepfuse/kernels/decode_attention.hpp"
+#include "deepfuse/kernels/cublaslt_gemm.hpp"
 #include "runtime/forward.hpp"
 #include "runtime/gpu_weights.hpp"
 #include "runtime/graph_cache.hpp"
@@ -38,7 +38,7 @@ namespace runtime {
 struct Sequence {
   SequenceId id = 0;
   std::vector<int32_t> prompt;
-  reference::SamplingParams sampling;
+  SamplingParams sampling;
   int max_new_tokens = 0;
   std::vector<int32_t> stop_ids;
   int context = 0;          // positions whose keys and values are in the cache (read back)
@@ -117,7 +117,7 @@ struct Engine::Impl {
   // `lane` to the device, then the step (step.cpp).
   void run_decode_step(runtime::StepLane& lane, int sequences,
                        const std::function<bool(int row, int32_t& id, int& position)>& input);
-  void upload_slot(int row, const reference::SamplingParams& sampling);
+  void upload_slot(int row, const SamplingParams& sampling);
   // The lane whose graphs hold bucket `index` (stats and benchmark replays), or null: none yet.
   const runtime::StepLane* lane_with_graph(int bucket_index) const;
   void remove_running(int row);

@@ -5,13 +5,14 @@
 #include <numeric>
 #include <vector>
 
+#include "core/ab_switch.hpp"
 #include "deepfuse/error.hpp"
-#include "kernels/attention/prefill_attention.cuh"
-#include "kernels/embedding/embedding.cuh"
-#include "kernels/gemv/gemv_residual.cuh"
-#include "kernels/norm/rms_norm.cuh"
-#include "kernels/qkv/qkv_rope_fused.cuh"
-#include "kernels/rope_kv/rope_kv_append.cuh"
+#include "deepfuse/kernels/prefill_attention.hpp"
+#include "deepfuse/kernels/embedding.hpp"
+#include "deepfuse/kernels/gemv_residual.hpp"
+#include "deepfuse/kernels/rms_norm.hpp"
+#include "deepfuse/kernels/qkv_rope_fused.hpp"
+#include "deepfuse/kernels/rope_kv_append.hpp"
 
 namespace deepfuse::runtime {
 

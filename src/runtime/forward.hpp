@@ -33,9 +33,9 @@
 #include "deepfuse/gemm_tuning.hpp"
 #include "deepfuse/model_config.hpp"
 #include "deepfuse/tensor.hpp"
-#include "kernels/attention/decode_attention.cuh"
-#include "kernels/gemm/cublaslt_gemm.hpp"
-#include "kernels/sampling/sampling.cuh"
+#include "deepfuse/kernels/decode_attention.hpp"
+#include "deepfuse/kernels/cublaslt_gemm.hpp"
+#include "deepfuse/kernels/sampling.hpp"
 #include "runtime/gpu_weights.hpp"
 #include "runtime/kv_cache.hpp"
 

@@ -11,12 +11,12 @@
 #include "deepfuse/bf16.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/model_weights.hpp"
-#include "deepfuse/reference.hpp"
-#include "kernels/gemv/gemv_residual.cuh"
-#include "kernels/gemv/packing.cuh"
-#include "kernels/qkv/qkv_rope_fused.cuh"
-#include "kernels/fill.cuh"
-#include "kernels/norm/folded_norm.cuh"
+#include "deepfuse/rope.hpp"
+#include "deepfuse/kernels/gemv_residual.hpp"
+#include "deepfuse/kernels/gemv_packing.hpp"
+#include "deepfuse/kernels/qkv_rope_fused.hpp"
+#include "deepfuse/kernels/fill.hpp"
+#include "deepfuse/kernels/folded_norm.hpp"
 #include "model/float16.hpp"
 #include "runtime/pinned_buffer.hpp"
 
@@ -150,7 +150,7 @@ class MlpBuilder {
 };
 
 DeviceBuffer rope_table(const ModelConfig& config) {
-  const std::vector<double> inv_freq = reference::rope_inverse_frequencies(config.rope);
+  const std::vector<double> inv_freq = rope_inverse_frequencies(config.rope);
   DF_CHECK(static_cast<int>(inv_freq.size()) * 2 == config.head_dim,
            "rope head_dim " + std::to_string(config.rope.head_dim) + " differs from the model's head_dim " +
                std::to_string(config.head_dim));

@@ -14,7 +14,7 @@
 //   qkv_packed, o_proj_packed: with the fused MLP variant, fragment-packed copies for the decode
 //   kernels (kernels/qkv/qkv_rope_fused.cuh, kernels/gemv/gemv_residual.cuh); prefill keeps using
 //   the row-major copies with cuBLASLt.
-//   rope_inv_freq: fp32 [head_dim / 2], reference::rope_inverse_frequencies (llama3 scaling included).
+//   rope_inv_freq: fp32 [head_dim / 2], rope_inverse_frequencies (llama3 scaling included).
 //
 // Checkpoint tensors go straight to the device through two pinned staging buffers used in turn,
 // so reading (and F16/F32 -> bf16 conversion) of one chunk overlaps the copy of the previous one.

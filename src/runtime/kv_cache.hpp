@@ -12,7 +12,7 @@
 #include <cstddef>
 
 #include "deepfuse/tensor.hpp"
-#include "kernels/attention/paged_kv.cuh"
+#include "deepfuse/kernels/paged_kv.hpp"
 #include "runtime/kv_page_table.hpp"
 #include "runtime/pinned_buffer.hpp"
 

@@ -3,7 +3,7 @@
 #include <string>
 
 #include "deepfuse/error.hpp"
-#include "kernels/attention/paged_kv.cuh"
+#include "deepfuse/kernels/paged_kv.hpp"
 
 namespace deepfuse::runtime {
 

@@ -79,7 +79,7 @@ std::vector<std::vector<float>> Engine::Impl::score_batch(const std::vector<std:
     const int row = kv->add_row();
     ++guard.rows;
     kv->reserve(row, static_cast<int>(sequences[i].size()));  // every position, checked above
-    upload_slot(row, reference::SamplingParams{});             // sampled ids are ignored: greedy
+    upload_slot(row, SamplingParams{});             // sampled ids are ignored: greedy
     logits[i].resize(sequences[i].size() * vocab);
   }
   for (int i = 0; i < count; ++i) {

@@ -51,7 +51,7 @@ void Engine::wait_for_launched_steps() {
   DF_CHECK_CUDA(cudaStreamSynchronize(impl_->stream()));
 }
 
-void Engine::Impl::upload_slot(int row, const reference::SamplingParams& sampling) {
+void Engine::Impl::upload_slot(int row, const SamplingParams& sampling) {
   slot_host_read.wait();  // slot_host may still be the source of an earlier upload
   kernels::SamplingSlot& slot = slot_host.as<kernels::SamplingSlot>()[row];
   // Step 0: draws count tokens generated so far, as reference::sample's step does.

@@ -21,7 +21,7 @@
 #include "deepfuse/error.hpp"
 #include "deepfuse/reference.hpp"
 #include "deepfuse/tensor.hpp"
-#include "kernels/attention/decode_attention.cuh"
+#include "deepfuse/kernels/decode_attention.hpp"
 #include "test_util.hpp"
 
 namespace deepfuse {

@@ -11,7 +11,7 @@
 
 #include "deepfuse/device.hpp"
 #include "deepfuse/error.hpp"
-#include "kernels/attention/decode_attention.cuh"
+#include "deepfuse/kernels/decode_attention.hpp"
 
 namespace deepfuse {
 namespace {

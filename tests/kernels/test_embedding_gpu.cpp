@@ -10,7 +10,7 @@
 #include "deepfuse/error.hpp"
 #include "deepfuse/reference.hpp"
 #include "deepfuse/tensor.hpp"
-#include "kernels/embedding/embedding.cuh"
+#include "deepfuse/kernels/embedding.hpp"
 #include "test_util.hpp"
 
 namespace deepfuse {

@@ -12,7 +12,7 @@
 #include "deepfuse/bf16.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/tensor.hpp"
-#include "kernels/gemm/cublaslt_gemm.hpp"
+#include "deepfuse/kernels/cublaslt_gemm.hpp"
 #include "test_util.hpp"
 
 namespace deepfuse {

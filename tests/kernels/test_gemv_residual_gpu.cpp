@@ -9,8 +9,8 @@
 #include "deepfuse/bf16.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/tensor.hpp"
-#include "kernels/gemv/gemv_residual.cuh"
-#include "kernels/gemv/packing.cuh"
+#include "deepfuse/kernels/gemv_residual.hpp"
+#include "deepfuse/kernels/gemv_packing.hpp"
 #include "test_util.hpp"
 
 namespace deepfuse {

@@ -129,7 +129,7 @@ TEST(FusedMlp, EveryClusterSizeAndOccupancy) {
         MlpLayer layer(MlpVariant::fused, shape, c.max_tokens);
         layer.load_weights(c.weights(), nullptr);
         // Programmatic launches (consecutive calls overlap) where allowed, half of the cases.
-        layer.set_fused_tuning({blocks_per_sm, cluster, false, blocks_per_sm == 2});
+        layer.set_fused_tuning({.blocks_per_sm = blocks_per_sm, .cluster_size = cluster, .programmatic_launch = blocks_per_sm == 2});
         for (int tokens : {1, 3, 12, 17, 40, 100}) {
           const std::vector<float> y = run_poisoned(layer, c, tokens, true);
           EXPECT_EQ(testing::count_nan(y), 0u);
@@ -214,7 +214,7 @@ TEST(MlpLayer, FoldedRmsNormInPlaceOnTheResidualStream) {
         for (int cluster : settings) {
           MlpLayer layer(v, shape, c.max_tokens);
           layer.load_weights(c.weights(), nullptr, MlpNorm{norm_dev.as<__nv_bfloat16>(), eps, cluster < 0});
-          if (cluster > 0) layer.set_fused_tuning({0, cluster, false});
+          if (cluster > 0) layer.set_fused_tuning({.cluster_size = cluster});
           std::vector<float> stream_values(c.x.begin(), c.x.begin() + normed.size());
           DeviceBuffer stream = DeviceBuffer::from_host(to_bf16_bits(stream_values));
           auto* s = stream.as<__nv_bfloat16>();

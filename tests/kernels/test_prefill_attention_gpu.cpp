@@ -18,7 +18,7 @@
 #include "deepfuse/error.hpp"
 #include "deepfuse/reference.hpp"
 #include "deepfuse/tensor.hpp"
-#include "kernels/attention/prefill_attention.cuh"
+#include "deepfuse/kernels/prefill_attention.hpp"
 #include "test_util.hpp"
 
 namespace deepfuse {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "deepfuse/device.hpp"
-#include "kernels/attention/prefill_attention.cuh"
+#include "deepfuse/kernels/prefill_attention.hpp"
 
 namespace deepfuse {
 namespace {

@@ -12,7 +12,7 @@
 #include "deepfuse/error.hpp"
 #include "deepfuse/reference.hpp"
 #include "deepfuse/tensor.hpp"
-#include "kernels/qkv/qkv_rope_fused.cuh"
+#include "deepfuse/kernels/qkv_rope_fused.hpp"
 #include "test_util.hpp"
 
 namespace deepfuse {
@@ -66,7 +66,7 @@ void check_case(const QkvShape& s, int tokens, uint64_t salt, bool pending = fal
   }
   if (tokens > 2) positions[tokens / 2] = -1;  // a padded batch slot
 
-  reference::RopeParams rope;
+  RopeParams rope;
   rope.head_dim = s.head_dim;
   rope.theta = s.llama3_rope ? 500000.0 : 10000.0;
   rope.llama3_scaling = s.llama3_rope;

@@ -12,8 +12,8 @@
 #include "deepfuse/error.hpp"
 #include "deepfuse/reference.hpp"
 #include "deepfuse/tensor.hpp"
-#include "kernels/norm/folded_norm.cuh"
-#include "kernels/norm/rms_norm.cuh"
+#include "deepfuse/kernels/folded_norm.hpp"
+#include "deepfuse/kernels/rms_norm.hpp"
 #include "test_util.hpp"
 
 namespace deepfuse {

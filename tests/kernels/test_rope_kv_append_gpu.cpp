@@ -17,7 +17,7 @@
 #include "deepfuse/error.hpp"
 #include "deepfuse/reference.hpp"
 #include "deepfuse/tensor.hpp"
-#include "kernels/rope_kv/rope_kv_append.cuh"
+#include "deepfuse/kernels/rope_kv_append.hpp"
 #include "test_util.hpp"
 
 namespace deepfuse {
@@ -33,7 +33,7 @@ struct RopeCase {
   std::string name;
   int q_heads, kv_heads, head_dim;
   bool bias;
-  reference::RopeParams rope;
+  RopeParams rope;
   int norm_hidden = 0;  // > 0: a folded input norm over residual rows this wide
 };
 
@@ -85,7 +85,7 @@ void run_case(const RopeCase& c, uint64_t salt) {
   std::shuffle(block_table.begin(), block_table.end(), rng);
   std::vector<int32_t> positions, sequence_of;
   for (const Token& t : tokens) positions.push_back(t.position), sequence_of.push_back(t.sequence);
-  const std::vector<double> inv_freq = reference::rope_inverse_frequencies(c.rope);
+  const std::vector<double> inv_freq = rope_inverse_frequencies(c.rope);
   const std::vector<float> inv_freq_f(inv_freq.begin(), inv_freq.end());
 
   const size_t pool = static_cast<size_t>(num_pages) * c.kv_heads * kKvPageSize * d;
@@ -167,8 +167,8 @@ void run_case(const RopeCase& c, uint64_t salt) {
   }
 }
 
-reference::RopeParams rope(int head_dim, double theta, bool llama3) {
-  reference::RopeParams p;
+RopeParams rope(int head_dim, double theta, bool llama3) {
+  RopeParams p;
   p.head_dim = head_dim;
   p.theta = theta;
   p.llama3_scaling = llama3;
@@ -204,7 +204,7 @@ TEST(RopeKvAppendGpu, PrefillChunk) {
   std::iota(positions.begin(), positions.end(), 0);
   std::iota(block_table.begin(), block_table.end(), 0);
   std::shuffle(block_table.begin(), block_table.end(), rng);
-  const auto inv_freq = reference::rope_inverse_frequencies(rope(d, 500000.0, true));
+  const auto inv_freq = rope_inverse_frequencies(rope(d, 500000.0, true));
   const std::vector<float> inv_freq_f(inv_freq.begin(), inv_freq.end());
   const size_t pool = static_cast<size_t>(max_pages) * kv_heads * kKvPageSize * d;
 

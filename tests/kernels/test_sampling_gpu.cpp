@@ -20,7 +20,7 @@
 #include "deepfuse/error.hpp"
 #include "deepfuse/reference.hpp"
 #include "deepfuse/tensor.hpp"
-#include "kernels/sampling/sampling.cuh"
+#include "deepfuse/kernels/sampling.hpp"
 #include "runtime/pinned_buffer.hpp"
 #include "test_util.hpp"
 
@@ -51,8 +51,8 @@ SamplingSlot make_slot(const Spec& s, uint64_t seed, uint64_t step) {
   return slot;
 }
 
-reference::SamplingParams reference_params(const SamplingSlot& slot) {
-  reference::SamplingParams p;
+SamplingParams reference_params(const SamplingSlot& slot) {
+  SamplingParams p;
   p.temperature = slot.temperature, p.top_k = slot.top_k, p.top_p = slot.top_p, p.min_p = slot.min_p;
   p.seed = slot.seed;
   return p;
@@ -140,7 +140,7 @@ void expect_matches_reference(const std::vector<float>& logits, int vocab, const
   std::vector<std::vector<double>> probs(batch);
   for (int b = 0; b < batch; ++b) {
     const std::span<const float> row(logits.data() + static_cast<size_t>(b) * vocab, vocab);
-    const reference::SamplingParams params = reference_params(slots[b]);
+    const SamplingParams params = reference_params(slots[b]);
     probs[b] = reference::sampling_distribution(row, params, {});
     for (uint64_t step = slots[b].step; step < slots[b].step + 3; ++step)  // the shortcut is reference::sample
       ASSERT_EQ(draw_from(probs[b], reference::sampling_uniform(params.seed, step)),

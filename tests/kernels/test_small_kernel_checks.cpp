@@ -11,12 +11,12 @@
 
 #include "deepfuse/bf16.hpp"
 #include "deepfuse/reference.hpp"
-#include "kernels/embedding/embedding.cuh"
-#include "kernels/mlp/swiglu_elementwise.cuh"
-#include "kernels/norm/folded_norm.cuh"
-#include "kernels/norm/rms_norm.cuh"
-#include "kernels/rope_kv/rope_kv_append.cuh"
-#include "kernels/sampling/sampling.cuh"
+#include "deepfuse/kernels/embedding.hpp"
+#include "deepfuse/kernels/swiglu_elementwise.hpp"
+#include "deepfuse/kernels/folded_norm.hpp"
+#include "deepfuse/kernels/rms_norm.hpp"
+#include "deepfuse/kernels/rope_kv_append.hpp"
+#include "deepfuse/kernels/sampling.hpp"
 
 namespace deepfuse {
 namespace {

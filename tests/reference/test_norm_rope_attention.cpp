@@ -66,10 +66,10 @@ TEST(ReferenceRmsNorm, AddRmsNormUpdatesResidualThenNormalises) {
 }
 
 TEST(ReferenceRope, DefaultInverseFrequencies) {
-  reference::RopeParams params;
+  RopeParams params;
   params.head_dim = 4;
   params.theta = 10000.0;
-  const auto inv_freq = reference::rope_inverse_frequencies(params);
+  const auto inv_freq = rope_inverse_frequencies(params);
   ASSERT_EQ(inv_freq.size(), 2u);
   EXPECT_DOUBLE_EQ(inv_freq[0], 1.0);
   EXPECT_NEAR(inv_freq[1], 0.01, 1e-15);
@@ -77,7 +77,7 @@ TEST(ReferenceRope, DefaultInverseFrequencies) {
 
 // transformers' _compute_llama3_parameters, transcribed in its torch.where form (masks computed on
 // the unscaled wavelengths, the medium band being neither strictly high nor strictly low).
-std::vector<double> hf_llama3_inv_freq(const reference::RopeParams& p) {
+std::vector<double> hf_llama3_inv_freq(const RopeParams& p) {
   std::vector<double> result;
   for (int i = 0; i < p.head_dim; i += 2) {
     const double inv_freq = 1.0 / std::pow(p.theta, static_cast<double>(i) / p.head_dim);
@@ -95,7 +95,7 @@ std::vector<double> hf_llama3_inv_freq(const reference::RopeParams& p) {
 }
 
 TEST(ReferenceRope, Llama3ScalingMatchesTransformersFormula) {
-  reference::RopeParams params;  // Llama 3.1 / 3.2 values
+  RopeParams params;  // Llama 3.1 / 3.2 values
   params.head_dim = 128;
   params.theta = 500000.0;
   params.llama3_scaling = true;
@@ -103,7 +103,7 @@ TEST(ReferenceRope, Llama3ScalingMatchesTransformersFormula) {
   params.low_freq_factor = 1.0;
   params.high_freq_factor = 4.0;
   params.original_max_position = 8192;
-  const auto ours = reference::rope_inverse_frequencies(params);
+  const auto ours = rope_inverse_frequencies(params);
   const auto theirs = hf_llama3_inv_freq(params);
   ASSERT_EQ(ours.size(), theirs.size());
   int scaled = 0, kept = 0, smoothed = 0;
@@ -133,9 +133,9 @@ TEST(ReferenceRope, QuarterTurnRotatesPairs) {
 
 TEST(ReferenceRope, PositionZeroIsIdentityAndNormsArePreserved) {
   auto rng = testing::make_rng(23);
-  reference::RopeParams params;
+  RopeParams params;
   params.head_dim = 16;
-  const auto inv_freq = reference::rope_inverse_frequencies(params);
+  const auto inv_freq = rope_inverse_frequencies(params);
   const int heads = 3;
   const auto x = testing::random_uniform(rng, heads * 16, 1.0f);
   auto at_zero = x;
@@ -155,9 +155,9 @@ TEST(ReferenceRope, PositionZeroIsIdentityAndNormsArePreserved) {
 // The reason RoPE exists: q·k after rotation depends only on the distance between positions.
 TEST(ReferenceRope, DotProductDependsOnlyOnRelativePosition) {
   auto rng = testing::make_rng(24);
-  reference::RopeParams params;
+  RopeParams params;
   params.head_dim = 32;
-  const auto inv_freq = reference::rope_inverse_frequencies(params);
+  const auto inv_freq = rope_inverse_frequencies(params);
   const auto q = testing::random_uniform(rng, 32, 1.0f);
   const auto k = testing::random_uniform(rng, 32, 1.0f);
   auto rotated_dot = [&](int q_position, int k_position) {

@@ -12,8 +12,6 @@
 namespace deepfuse {
 namespace {
 
-using reference::SamplingParams;
-
 // Logits whose softmax is exactly `probs`.
 std::vector<float> logits_of(const std::vector<double>& probs) {
   std::vector<float> logits;

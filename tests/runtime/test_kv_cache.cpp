@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "deepfuse/error.hpp"
-#include "kernels/attention/paged_kv.cuh"
+#include "deepfuse/kernels/paged_kv.hpp"
 #include "runtime/kv_page_table.hpp"
 
 namespace deepfuse::runtime {

@@ -14,6 +14,7 @@
 #include "deepfuse/engine.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/make_model.hpp"
+#include "runtime/engine_bench.hpp"
 #include "runtime/gpu_weights.hpp"
 #include "test_util.hpp"
 
@@ -303,20 +304,20 @@ TEST(Engine, BenchmarkSequencesDecodeFromAPrefilledContext) {
   auto rng = testing::make_rng(107);
   const ModelConfig config = small_config(Architecture::mistral);
   Engine engine = Engine::with_random_weights(config, small_options(true), rng());
-  const SequenceId long_one = engine.add_prefilled_for_benchmark(601, 4);
-  const SequenceId short_one = engine.add_prefilled_for_benchmark(3, 7);
+  const SequenceId long_one = runtime::EngineBench::add_prefilled(engine, 601, 4);
+  const SequenceId short_one = runtime::EngineBench::add_prefilled(engine, 3, 7);
   EXPECT_EQ(engine.running_sequences(), 2);
-  EXPECT_EQ(engine.decode_replay_ms_for_benchmark(2), 0.0) << "no captured step before the first step()";
+  EXPECT_EQ(runtime::EngineBench::decode_replay_ms(engine, 2), 0.0) << "no captured step before the first step()";
   std::map<SequenceId, std::vector<StepToken>> produced;
   for (const StepToken& token : engine.step()) produced[token.sequence].push_back(token);
   // Replays of the captured step time the GPU alone and leave the sequences' bookkeeping as it was.
-  EXPECT_GT(engine.decode_replay_ms_for_benchmark(3), 0.0);
+  EXPECT_GT(runtime::EngineBench::decode_replay_ms(engine, 3), 0.0);
   for (auto& [id, tokens] : run_to_completion(engine)) produced[id].insert(produced[id].end(), tokens.begin(), tokens.end());
   EXPECT_EQ(produced.at(long_one).size(), 4u);
   EXPECT_EQ(produced.at(short_one).size(), 7u);
   expect_well_formed(produced.at(long_one), config.vocab_size, "long");
   expect_well_formed(produced.at(short_one), config.vocab_size, "short");
-  expect_error([&] { engine.add_prefilled_for_benchmark(1020, 4); }, "max_context");
+  expect_error([&] { runtime::EngineBench::add_prefilled(engine, 1020, 4); }, "max_context");
 }
 
 // With steps launched ahead, removing every running sequence leaves a step in flight that feeds
@@ -327,13 +328,13 @@ TEST(Engine, AStepLaunchedForRemovedSequencesIsDropped) {
   const ModelConfig config = small_config(Architecture::llama);
   Engine engine = Engine::with_random_weights(config, small_options(true), rng());
   ASSERT_TRUE(engine.options().overlap_steps);
-  const std::vector<SequenceId> first = {engine.add_prefilled_for_benchmark(20, 30),
-                                         engine.add_prefilled_for_benchmark(40, 30)};
+  const std::vector<SequenceId> first = {runtime::EngineBench::add_prefilled(engine, 20, 30),
+                                         runtime::EngineBench::add_prefilled(engine, 40, 30)};
   EXPECT_EQ(engine.step().size(), 2u);
   for (SequenceId id : first) engine.remove_sequence(id);
-  const std::vector<SequenceId> second = {engine.add_prefilled_for_benchmark(7, 3),
-                                          engine.add_prefilled_for_benchmark(9, 3),
-                                          engine.add_prefilled_for_benchmark(11, 3)};
+  const std::vector<SequenceId> second = {runtime::EngineBench::add_prefilled(engine, 7, 3),
+                                          runtime::EngineBench::add_prefilled(engine, 9, 3),
+                                          runtime::EngineBench::add_prefilled(engine, 11, 3)};
   for (int step = 0; step < 3; ++step) {
     const std::vector<StepToken> tokens = engine.step();
     ASSERT_EQ(tokens.size(), 3u) << "step " << step;

@@ -58,7 +58,7 @@
 // Padding and bounds: rows of a page outside [first, len) are zero-filled by cp.async and masked
 // to -inf, so whatever the cache holds there (even NaN) never reaches the output; pages past the
 // sequence's last one are never read; len is clamped to [0, plan.max_context]; len = 0 writes 0.
-#include "kernels/attention/decode_attention.cuh"
+#include "deepfuse/kernels/decode_attention.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -69,7 +69,7 @@
 #include "core/device_attributes.hpp"
 #include "core/per_device.hpp"
 #include "deepfuse/error.hpp"
-#include "kernels/attention/warp_tiles.cuh"
+#include "kernels/common/warp_tiles.cuh"
 #include "kernels/common/cluster_launch.hpp"
 #include "kernels/common/cluster_sync.cuh"
 #include "kernels/common/dependent_launch.cuh"
@@ -77,7 +77,7 @@
 #include "kernels/common/l2_policy.cuh"
 #include "kernels/common/pointer_checks.hpp"
 #include "kernels/common/trace.cuh"
-#include "kernels/mlp/fragment.cuh"
+#include "kernels/common/fragment.cuh"
 
 namespace deepfuse::kernels {
 namespace {

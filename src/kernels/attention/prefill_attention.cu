@@ -30,16 +30,16 @@
 // fragments by ldmatrix.trans. Tiles no row of the CTA can see are never loaded; a warp skips
 // tiles none of its rows can see; only tiles that cut a warp's causal diagonal or window edge pay
 // for the mask. Keys at or past the sequence's end are zero-filled, never read from the page.
-#include "kernels/attention/prefill_attention.cuh"
+#include "deepfuse/kernels/prefill_attention.hpp"
 
 #include <climits>
 #include <cmath>
 
 #include "core/per_device.hpp"
-#include "kernels/attention/warp_tiles.cuh"
+#include "kernels/common/warp_tiles.cuh"
 #include "kernels/common/log2e.cuh"
 #include "kernels/common/pointer_checks.hpp"
-#include "kernels/mlp/fragment.cuh"
+#include "kernels/common/fragment.cuh"
 
 namespace deepfuse::kernels {
 namespace {

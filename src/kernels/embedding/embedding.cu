@@ -9,7 +9,7 @@
 // grid of at most a few thousand blocks covers a prefill chunk in one wave. An id outside
 // [0, vocab) (padded slots use -1) writes zeros: a kernel cannot throw, and zeros keep the
 // layers after it finite.
-#include "kernels/embedding/embedding.cuh"
+#include "deepfuse/kernels/embedding.hpp"
 
 #include <algorithm>
 #include <cstddef>

@@ -1,4 +1,4 @@
-#include "kernels/gemm/cublaslt_gemm.hpp"
+#include "deepfuse/kernels/cublaslt_gemm.hpp"
 
 #include <algorithm>
 #include <cstring>

@@ -3,11 +3,11 @@
 // every block of a cluster then finishes its 1/8 of the unit's rows: sum of the partials, bias,
 // residual, bf16. Bytes: rows x inner x 2 of weights (32 MB for Llama-3-8B's o_proj, 7.6 µs at
 // 4.2 TB/s); the cuBLASLt path it replaces runs a split-K GEMM plus a reduction kernel.
-#include "kernels/gemv/gemv_residual.cuh"
+#include "deepfuse/kernels/gemv_residual.hpp"
 
 #include "kernels/common/residual_sum.cuh"
 #include "kernels/common/trace.cuh"
-#include "kernels/gemv/cluster_gemv.cuh"
+#include "kernels/common/cluster_gemv.cuh"
 
 namespace deepfuse::kernels {
 namespace {

@@ -1,9 +1,10 @@
-#include "kernels/mlp/swiglu_elementwise.cuh"
+#include "deepfuse/kernels/swiglu_elementwise.hpp"
 
 #include <algorithm>
 #include <cstdint>
 
 #include "kernels/mlp/silu.cuh"
+#include "kernels/common/row_rms.cuh"
 
 namespace deepfuse::kernels {
 namespace {

@@ -30,7 +30,7 @@
 // x's B-fragment words) through its own column of a cp.async ring in shared memory, 3-5 stages
 // deep: bytes in flight without holding registers.
 // Tokens beyond 32 go in passes of 32 (weights re-read per pass): large M is unfused territory.
-#include "kernels/mlp/swiglu_fused.cuh"
+#include "deepfuse/kernels/swiglu_fused.hpp"
 
 #include <cooperative_groups.h>
 
@@ -43,7 +43,7 @@
 #include "kernels/common/dependent_launch.cuh"
 #include "kernels/common/residual_sum.cuh"
 #include "kernels/common/trace.cuh"
-#include "kernels/mlp/fragment.cuh"
+#include "kernels/common/fragment.cuh"
 #include "kernels/mlp/silu.cuh"
 
 namespace deepfuse::kernels {

@@ -1,6 +1,6 @@
 // The load-time half of a folded RMSNorm (folded_norm.cuh): the norm weight multiplied into the
 // columns of the projection that consumes the normalised rows.
-#include "kernels/norm/folded_norm.cuh"
+#include "deepfuse/kernels/folded_norm.hpp"
 
 #include <algorithm>
 #include <cstddef>

@@ -16,14 +16,14 @@
 // block size so small rows do not leave most threads idle (at least 128 threads when the row has
 // that many vectors). The sum of squares is reduced in fp32 with warp shuffles, then across the
 // block's warps through shared memory.
-#include "kernels/norm/rms_norm.cuh"
+#include "deepfuse/kernels/rms_norm.hpp"
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
 #include "kernels/common/pointer_checks.hpp"
-#include "kernels/norm/folded_norm.cuh"
+#include "kernels/common/row_rms.cuh"
 
 namespace deepfuse::kernels {
 namespace {

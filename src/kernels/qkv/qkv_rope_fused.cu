@@ -26,10 +26,10 @@
 // barrier and needed a second barrier before leaving.)
 // Without clusters (pre-Hopper) C = 1: one block does the whole k range, when its x slice fits
 // in shared memory.
-#include "kernels/qkv/qkv_rope_fused.cuh"
+#include "deepfuse/kernels/qkv_rope_fused.hpp"
 
 #include "kernels/common/trace.cuh"
-#include "kernels/gemv/cluster_gemv.cuh"
+#include "kernels/common/cluster_gemv.cuh"
 
 namespace deepfuse::kernels {
 namespace {

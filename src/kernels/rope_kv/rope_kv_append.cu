@@ -24,13 +24,13 @@
 // W = 4 (d a multiple of 8 makes d/2 a multiple of 4). Consecutive threads cover consecutive
 // chunks, heads, then tokens: coalesced reads of each qkv row, and a K/V head's W-value chunks
 // land contiguously in its page row.
-#include "kernels/rope_kv/rope_kv_append.cuh"
+#include "deepfuse/kernels/rope_kv_append.hpp"
 
 #include <algorithm>
 #include <cstddef>
 
 #include "kernels/common/pointer_checks.hpp"
-#include "kernels/norm/folded_norm.cuh"
+#include "kernels/common/row_rms.cuh"
 
 namespace deepfuse::kernels {
 namespace {

@@ -32,7 +32,7 @@
 // Kept mass is w = exp(-(M - l) / T) in fp32 (computed as exp2 of (l - M) * (1/T) * log2 e),
 // summed in fp64: a CDF over 150k tokens summed in fp32 would drift by more than the gap between
 // neighbouring tokens' boundaries.
-#include "kernels/sampling/sampling.cuh"
+#include "deepfuse/kernels/sampling.hpp"
 
 #include <cmath>
 

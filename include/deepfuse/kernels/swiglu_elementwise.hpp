@@ -4,7 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
-#include "kernels/norm/folded_norm.cuh"
+#include "deepfuse/kernels/folded_norm.hpp"
 
 namespace deepfuse::kernels {
 

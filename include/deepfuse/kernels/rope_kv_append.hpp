@@ -2,7 +2,7 @@
 // (Hugging Face rotate-half layout: pairs (i, i + head_dim/2)), q written out rotated, k and v
 // appended to the paged KV cache at each token's position. One launch for all tokens of a step,
 // decode (one token per sequence) and prefill chunks alike.
-// CPU references: reference::apply_rope, reference::rope_inverse_frequencies.
+// CPU references: reference::apply_rope, rope_inverse_frequencies.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,15 +10,15 @@
 
 #include <cstdint>
 
-#include "kernels/attention/paged_kv.cuh"
-#include "kernels/norm/folded_norm.cuh"
+#include "deepfuse/kernels/paged_kv.hpp"
+#include "deepfuse/kernels/folded_norm.hpp"
 
 namespace deepfuse::kernels {
 
 struct RopeKvAppendParams {
   const __nv_bfloat16* qkv = nullptr;       // [tokens, (q_heads + 2*kv_heads) * head_dim]: q | k | v
   const __nv_bfloat16* qkv_bias = nullptr;  // [(q_heads + 2*kv_heads) * head_dim] or null (Qwen2 has one)
-  const float* inv_freq = nullptr;          // [head_dim / 2] (device), from reference::rope_inverse_frequencies
+  const float* inv_freq = nullptr;          // [head_dim / 2] (device), from rope_inverse_frequencies
   const int32_t* positions = nullptr;       // [tokens] position of each token; < 0: padded slot, skipped
   const int32_t* sequences = nullptr;       // [tokens] row of the block table each token belongs to
   __nv_bfloat16* q_out = nullptr;           // [tokens, q_heads, head_dim] rotated queries (padded: zeros)

@@ -1,4 +1,4 @@
-#include "kernels/fill.cuh"
+#include "deepfuse/kernels/fill.hpp"
 
 namespace deepfuse::kernels {
 namespace {

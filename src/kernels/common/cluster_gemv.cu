@@ -1,5 +1,5 @@
 // Packing for the cluster GEMV weight stream (cluster_gemv.cuh).
-#include "kernels/gemv/cluster_gemv.cuh"
+#include "kernels/common/cluster_gemv.cuh"
 
 #include "core/ab_switch.hpp"
 #include "core/device_attributes.hpp"

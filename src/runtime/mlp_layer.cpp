@@ -5,10 +5,10 @@
 #include "deepfuse/error.hpp"
 #include "deepfuse/mlp.hpp"
 #include "deepfuse/tensor.hpp"
-#include "kernels/gemm/cublaslt_gemm.hpp"
-#include "kernels/mlp/swiglu_elementwise.cuh"
-#include "kernels/mlp/swiglu_fused.cuh"
-#include "kernels/norm/rms_norm.cuh"
+#include "deepfuse/kernels/cublaslt_gemm.hpp"
+#include "deepfuse/kernels/swiglu_elementwise.hpp"
+#include "deepfuse/kernels/swiglu_fused.hpp"
+#include "deepfuse/kernels/rms_norm.hpp"
 
 namespace deepfuse {
 

@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <optional>
 
-#include "kernels/attention/paged_kv.cuh"
+#include "deepfuse/kernels/paged_kv.hpp"
 
 namespace deepfuse::kernels {
 

@@ -7,7 +7,21 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "deepfuse/mlp.hpp"
+namespace deepfuse {
+
+// Launch tuning of the fused variant; 0 means the device default. The kernel scheduler (and the
+// benchmark's tuning sweep) sets it.
+struct FusedMlpTuning {
+  int blocks_per_sm = 0;  // resident blocks per SM (at most 1 where blocks have 16 warps: clusters of 2, or 9-16 tokens)
+  int cluster_size = 0;   // blocks sharing activations through distributed shared memory: 1, 2, 4, 8
+  // The decode engine's layers: launch as a programmatic dependent of the kernel before (blocks
+  // start early and wait for it first thing) where that measured faster: calls of up to 8 tokens
+  // on the grids that cover every SM (clusters of 2 or 4). Back-to-back MLP calls measured
+  // slower that way, so it is off unless asked for.
+  bool programmatic_launch = false;
+};
+
+}  // namespace deepfuse
 
 namespace deepfuse::kernels {
 
@@ -40,7 +54,7 @@ inline constexpr int kSwigluFusedCounters = 2;
 // fp32 partial-sum buffer size in floats.
 size_t swiglu_fused_accumulator_floats(int hidden, int max_tokens);
 
-// One launch, tuned by deepfuse::FusedMlpTuning (deepfuse/mlp.hpp; 0: the device's default).
+// One launch, tuned by deepfuse::FusedMlpTuning (above; 0: the device's default).
 // The accumulator and counters must be zero on entry; they are zero again when the kernel
 // completes (with defer_sum, the accumulator once its consumer has cleared it), so consecutive
 // launches (and graph replays) need no memset.

@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/attention/paged_kv.cuh"
+#include "deepfuse/kernels/paged_kv.hpp"
 
 namespace deepfuse::kernels {
 

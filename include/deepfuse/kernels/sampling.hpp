@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "deepfuse/reference.hpp"
+#include "deepfuse/sampling_params.hpp"
 
 namespace deepfuse::kernels {
 
@@ -26,7 +26,7 @@ struct SamplingSlot {
 
 // The slot of a sequence sampled as reference::sample does with `params`, from draw 0 (the GPU
 // applies no repetition penalty).
-inline SamplingSlot sampling_slot(const reference::SamplingParams& params) {
+inline SamplingSlot sampling_slot(const deepfuse::SamplingParams& params) {
   SamplingSlot slot;
   slot.temperature = params.temperature;
   slot.top_k = params.top_k;

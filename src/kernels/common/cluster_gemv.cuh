@@ -34,8 +34,8 @@
 #include "kernels/common/dependent_launch.cuh"
 #include "kernels/common/residual_sum.cuh"
 #include "kernels/common/trace.cuh"
-#include "kernels/gemv/packing.cuh"
-#include "kernels/mlp/fragment.cuh"
+#include "deepfuse/kernels/gemv_packing.hpp"
+#include "kernels/common/fragment.cuh"
 
 namespace deepfuse::kernels::cluster_gemv {
 

@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "kernels/attention/paged_kv.cuh"
+#include "deepfuse/kernels/paged_kv.hpp"
 
 namespace deepfuse::kernels {
 

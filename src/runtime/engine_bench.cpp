@@ -1,0 +1,67 @@
+#include "runtime/engine_bench.hpp"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "core/cuda_event.hpp"
+#include "deepfuse/error.hpp"
+#include "runtime/engine_impl.hpp"
+
+namespace deepfuse::runtime {
+
+SequenceId EngineBench::add_prefilled(Engine& engine, int context, int max_new_tokens) {
+  Engine::Impl& s = *engine.impl_;
+  s.activate_device();
+  DF_CHECK(context >= 0, "benchmark context is " + std::to_string(context) + "; it must be >= 0");
+  DF_CHECK(max_new_tokens >= 1, "max_new_tokens is " + std::to_string(max_new_tokens) + "; it must be at least 1");
+  // Like a prompt of context + 1 tokens (the last, id 0, not yet fed) with context prefilled.
+  DF_CHECK(static_cast<int64_t>(context) + 1 + max_new_tokens <= s.options.max_context,
+           "benchmark context " + std::to_string(context) + " + 1 pending token + max_new_tokens " +
+               std::to_string(max_new_tokens) + " exceeds max_context " + std::to_string(s.options.max_context));
+  DF_CHECK(static_cast<int>(s.running.size()) < s.options.max_batch,
+           "all " + std::to_string(s.options.max_batch) + " decode rows (max_batch) are running");
+  const int pages = KvPageTable::pages_for(context + 1);
+  DF_CHECK(pages <= s.kv->table().free_pages(), "benchmark context " + std::to_string(context) + " needs " +
+                                                    std::to_string(pages) + " KV pages, " +
+                                                    std::to_string(s.kv->table().free_pages()) + " are free");
+  Sequence sequence;
+  sequence.id = s.next_id++;
+  sequence.max_new_tokens = max_new_tokens;
+  sequence.context = context;
+  sequence.next_token = 0;
+  const int row = s.kv->add_row();
+  s.kv->reserve(row, context);
+  s.upload_slot(row, sequence.sampling);  // default SamplingParams: greedy
+  s.running.push_back(std::move(sequence));
+  return s.running.back().id;
+}
+
+double EngineBench::decode_replay_ms(Engine& engine, int replays) {
+  Engine::Impl& s = *engine.impl_;
+  s.activate_device();
+  DF_CHECK(replays >= 1, "replays is " + std::to_string(replays) + "; it must be at least 1");
+  if (s.running.empty()) return 0.0;
+  const int bucket = s.lanes[0].graphs->bucket_index(static_cast<int>(s.running.size()));
+  const StepLane* lane = s.lane_with_graph(bucket);
+  if (!lane) return 0.0;  // no step() of this bucket yet, or graphs off
+  // The replays feed their own samples: keep the ids the next step() feeds, on the device and
+  // in the lane's host buffer (a step in flight may not have been read back yet).
+  const size_t id_bytes = s.running.size() * sizeof(int32_t);
+  DeviceBuffer saved_ids(id_bytes);
+  DF_CHECK_CUDA(cudaMemcpyAsync(saved_ids.data(), s.buffers->decode_ids(), id_bytes, cudaMemcpyDeviceToDevice, s.stream()));
+  DF_CHECK_CUDA(cudaStreamSynchronize(s.stream()));
+  const std::vector<int32_t> saved_sampled(lane->sampled.as<int32_t>(), lane->sampled.as<int32_t>() + s.running.size());
+  CudaEvent start, stop;
+  start.record(s.stream());
+  for (int r = 0; r < replays; ++r) DF_CHECK_CUDA(lane->graphs->replay(bucket, s.stream()));
+  stop.record(s.stream());
+  stop.synchronize();
+  std::copy(saved_sampled.begin(), saved_sampled.end(), lane->sampled.as<int32_t>());
+  DF_CHECK_CUDA(
+      cudaMemcpyAsync(s.buffers->decode_ids(), saved_ids.data(), id_bytes, cudaMemcpyDeviceToDevice, s.stream()));
+  DF_CHECK_CUDA(cudaStreamSynchronize(s.stream()));  // before saved_ids is freed
+  return stop.ms_since(start) / replays;
+}
+
+}  // namespace deepfuse::runtime

@@ -1,0 +1,25 @@
+// Benchmark-only entry points into an Engine, kept out of the public API (deepfuse/engine.hpp):
+// `deepfuse bench decode` and the runtime's tests use them to time decode at long contexts
+// without prefilling them, and to time the captured step alone.
+#pragma once
+
+#include "deepfuse/engine.hpp"
+
+namespace deepfuse::runtime {
+
+class EngineBench {
+ public:
+  // A running sequence whose first `context` positions count as already in the KV
+  // cache (pages allocated, contents whatever they hold, last token id 0), so decode at 32k
+  // context needs no 32k prefill. Greedy sampling. Its first step() decodes at position
+  // `context`; needs a free decode row and context + 1 + max_new_tokens <= max_context.
+  static SequenceId add_prefilled(Engine& engine, int context, int max_new_tokens);
+  // GPU milliseconds per decode step with no host work between steps: the captured
+  // step of the running sequences' bucket replayed `replays` times back to back; 0 before that
+  // bucket's first step() or without CUDA graphs. The replays feed their own samples at the
+  // latest step's positions, so those cache entries and the draw counters are left as the
+  // replays wrote them; the ids the next step() feeds are kept.
+  static double decode_replay_ms(Engine& engine, int replays);
+};
+
+}  // namespace deepfuse::runtime
