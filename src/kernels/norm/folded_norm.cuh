@@ -4,7 +4,7 @@
 // consumes the projection's output scales each token's values by 1/rms(x) (row_inverse_rms). The
 // norm's own launch, and its bf16 round trip of the normalised rows, disappear. Rounding: one
 // bf16 rounding of W∘w at load where Hugging Face rounds the normalised row; the same trade the
-// fused kernels make (docs/kernels/swiglu_fused.md, v6).
+// fused kernels make (docs/kernels/swiglu_fused.md, "v6: the norm weight in the packed columns").
 #pragma once
 
 #include <cuda_bf16.h>
