@@ -20,7 +20,7 @@ struct MlpBenchOptions {
   double l2_multiple = 4.0;  // weight copies rotated per call cover at least this many L2s
   std::string json_path;     // empty: no JSON
   // Per-block timelines of a graph of calls per row (needs -DDEEPFUSE_TRACE=ON): CSV rows
-  // labelled "<variant>-<H>x<I>", batch = M, context = 0 (scripts/summarize_trace.py).
+  // labelled "<variant>-<H>x<I>", batch = M, context = 0 (scripts/profile/summarize_trace.py).
   std::string trace_path;
   // Extra fused rows with explicit launch tuning, named like "fused[b2c8]" (see parse below).
   std::vector<std::string> fused_tunings;
