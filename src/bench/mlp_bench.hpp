@@ -29,7 +29,7 @@ struct MlpBenchOptions {
 // "b2c8" = 2 blocks/SM, clusters of 8.
 FusedMlpTuning parse_fused_tuning(const std::string& text);
 
-// The default shape list (Llama-3.2-1B ... Llama-3-70B at TP8) and token counts.
+// The default shape list (Llama-3.2-1B ... Llama-3-70B at TP8 and TP4) and token counts.
 std::vector<MlpShape> default_mlp_bench_shapes();
 std::vector<int> default_mlp_bench_tokens();
 
