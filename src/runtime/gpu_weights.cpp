@@ -271,9 +271,9 @@ class RandomFiller {
 
 int gemv_o_proj_max_tokens(const ModelConfig& c, MlpVariant mlp_variant) {
   // Up to 8 sequences the cluster GEMV equals or beats cuBLASLt on every model and saves its
-  // split-K reduction launch; from 9 on cuBLASLt is as fast or faster (docs/kernels/qkv_rope_fused.md,
-  // "The stream, shared: o_proj + residual" and "Clusters of 4 over a short inner dimension";
-  // docs/runtime.md, "The MLP's second copy").
+  // split-K reduction launch; from 9 on cuBLASLt is as fast or faster (docs/kernels/
+  // qkv_rope_fused.md, "The stream, shared: o_proj + residual", "Spread grids: at most 3 blocks per
+  // SM" and "Clusters of 4 over a short inner dimension"; docs/runtime.md, "The MLP's second copy").
   // DEEPFUSE_OPROJ_GEMV=0 / 1 forces never / every fused-front step, for A/B measurements.
   static const int forced = ab_switch("DEEPFUSE_OPROJ_GEMV", -1);
   constexpr int kMaxTokens = 8;

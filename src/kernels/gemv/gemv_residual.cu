@@ -69,7 +69,8 @@ cudaError_t launch_for_unit(const GemvResidualParams& p, cudaStream_t stream) {
     // start while the attention before them finishes and have more of their weights in flight by
     // their upstream wait. No more than two: more measured slower, for a reason not established
     // (docs/kernels/qkv_rope_fused.md, "Two more ring stages for o_proj when its grid holds at most
-    // two blocks per SM").
+    // two blocks per SM", re-measured at the end of "A deeper ring for the fused QKV kernel's spread
+    // grids").
     constexpr int kDeepStages = kStages + 2;
     constexpr int kWarpsPerTile = cluster_gemv::kWarps / (kUnitRows / 16);
     const int warp_ksteps = cluster_gemv::max_ksteps_per_share<C * kWarpsPerTile>(p.inner);
