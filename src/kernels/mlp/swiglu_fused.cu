@@ -472,7 +472,8 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
 // (FusedMlpTuning::programmatic_launch): its blocks may start while the kernel before finishes and
 // wait for it first thing. Only calls of up to 8 tokens on the grids that cover every SM
 // (clusters of 2 or 4) gain in the decode step; clusters of 8, placed while o_proj's blocks still
-// hold SMs, lose (docs/kernels/swiglu_fused.md, "The MLP as a programmatic dependent again").
+// hold SMs, lose (docs/kernels/swiglu_fused.md, "The MLP as a programmatic dependent again" and "At
+// up to 8 tokens, and a programmatic launch at one token").
 template <int NT, int C>
 bool launches_programmatically(const FusedMlpTuning& tuning) {
   return tuning.programmatic_launch && NT == 1 && (C == 2 || C == 4) && programmatic_launches_enabled();
