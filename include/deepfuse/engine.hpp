@@ -1,7 +1,7 @@
 // The CUDA engine: a Llama / Qwen2 / Mistral decoder on one GPU, every step built from the fused
 // kernels in src/kernels, a paged KV cache, and the decode step replayed as a CUDA graph per batch
-// bucket. The runtime layer (src/runtime) implements it; the CLI, the server and the benchmarks
-// drive it through this header only.
+// bucket. The runtime layer (src/runtime) implements it; the CLI and the benchmarks drive it (no
+// server exists yet).
 //
 // Life of a sequence: add_sequence() checks and queues the prompt (nothing runs yet); step()
 // prefills every queued sequence (chunked) and then runs one decode step for all running ones,
@@ -39,15 +39,15 @@ struct EngineOptions {
   MlpVariant mlp_variant = MlpVariant::fused;
   // With the fused MLP: steps of more tokens (prefill chunks, larger decode batches) run the
   // unfused MLP (cuBLASLt) from a second, row-major copy of the MLP weights, for 3·H·I·2 more
-  // bytes per layer (11 GiB on Llama-3-8B). 0: the fused MLP serves every step. Measured on H200
-  // (bench decode, docs/runtime.md): the copy makes batch-16 steps 7-10% faster, batch-32 steps
-  // 21-39% and time to first token 7-9x; at batch 8 and below the fused MLP is as fast or faster.
+  // bytes per layer (11 GiB on Llama-3-8B). 0: the fused MLP serves every step. The copy makes
+  // steps above 8 tokens and prefill much faster; at 8 and below the fused MLP is as fast or faster
+  // (docs/runtime.md, "The MLP's second copy").
   // Set to 0 at construction when the copy would not leave room for one max_context sequence's
   // KV cache (Engine::options() shows it).
   int fused_mlp_max_tokens = 8;
   // Decode steps run one ahead of the host: step() launches the next decode step before it reads
-  // back this one's tokens, so the GPU does not wait for the host between steps (on the H200 the
-  // host's share was 29 µs of Llama-3-8B's 4.19 ms step and 77 µs of Llama-3.2-1B's 1.00 ms).
+  // back this one's tokens, so the GPU does not wait for the host between steps (docs/runtime.md,
+  // "Steps launched ahead").
   // A sequence that stops on a stop id has one step computed for nothing. false: one step per
   // step(), nothing in flight when it returns.
   bool overlap_steps = true;

@@ -1,7 +1,8 @@
 // What timing cuBLASLt's candidate algorithms found for one GEMM shape of the decode step
 // (EngineOptions::tune_gemms): cuBLASLt's heuristic suggests several algorithms per shape and
 // ranks them without running them; the engine times each, and the split-K ones also unsplit, on
-// its own weights and keeps the fastest (docs/runtime.md, "Timed cuBLASLt algorithms").
+// its own weights and keeps the fastest (docs/runtime.md, "cuBLASLt algorithms timed as the step
+// runs them").
 #pragma once
 
 #include <string>

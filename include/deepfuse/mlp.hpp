@@ -20,16 +20,18 @@
 //            gate_up: for each 16-row I tile, for each 16-wide H step: gate tile, then up tile.
 //            down:    for each 16-wide I tile, for each 16-row H tile: the Wd tile.
 //
-// Determinism: naive and unfused are deterministic for a given cuBLASLt algorithm. fused reduces
-// its per-block partial sums with fp32 atomics, so results can differ in the last bits between
-// runs (not bitwise deterministic); the error bound vs the reference is unaffected.
+// Determinism: naive and unfused are deterministic for a given cuBLASLt algorithm. fused adds its
+// partial sums in fp32 in whatever order they arrive (distributed-shared-memory atomics, then L2
+// bulk reductions, or atomics before sm_90), so results can differ in the last bits between runs
+// (not bitwise deterministic); the error bound vs the reference is unaffected.
 //
 // RMSNorm folded in (MlpNorm, given to load_weights): every run() works on rms_norm(x) * weight,
 // as a transformer block's post-attention norm feeds it. fused multiplies the norm weight into
 // its packed gate/up columns once at load (x·(W∘w)^T = (x∘w)·W^T; one extra bf16 rounding of
 // those weights) and scales the sums by 1/rms(x) inside its one launch; naive and unfused run one
-// extra norm launch, unless unfused is asked to fold the norm as fused does (MlpNorm). (v1 of
-// fused multiplied x by the weight per k-step: 8-20% slower, bench mlp --norm.)
+// extra norm launch, unless unfused is asked to fold the norm as fused does (MlpNorm). (Multiplying
+// x by the weight per k-step was slower: docs/kernels/swiglu_fused.md, "v6: the norm weight in the
+// packed columns".)
 //
 // Aliasing: y may alias residual (in-place residual add). x must not alias y, except with an
 // MlpNorm, where x, residual and y may all be the residual stream (y = x + mlp(norm(x))).

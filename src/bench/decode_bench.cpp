@@ -110,7 +110,7 @@ void remove_all(Engine& engine, const std::vector<SequenceId>& sequences) {
 }
 
 // One more step with the kernels' timeline marks on, appended to the trace CSV (see
-// scripts/summarize_trace.py): arch, batch, context, then one row per block mark.
+// scripts/profile/summarize_trace.py): arch, batch, context, then one row per block mark.
 void trace_one_step(Engine& engine, const std::string& arch, int batch, int context, const std::string& path) {
   namespace trace = kernels::trace;
   trace::begin(kTraceCapacity);

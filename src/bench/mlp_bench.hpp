@@ -20,7 +20,7 @@ struct MlpBenchOptions {
   double l2_multiple = 4.0;  // weight copies rotated per call cover at least this many L2s
   std::string json_path;     // empty: no JSON
   // Per-block timelines of a graph of calls per row (needs -DDEEPFUSE_TRACE=ON): CSV rows
-  // labelled "<variant>-<H>x<I>", batch = M, context = 0 (scripts/summarize_trace.py).
+  // labelled "<variant>-<H>x<I>", batch = M, context = 0 (scripts/profile/summarize_trace.py).
   std::string trace_path;
   // Extra fused rows with explicit launch tuning, named like "fused[b2c8]" (see parse below).
   std::vector<std::string> fused_tunings;
@@ -29,7 +29,7 @@ struct MlpBenchOptions {
 // "b2c8" = 2 blocks/SM, clusters of 8.
 FusedMlpTuning parse_fused_tuning(const std::string& text);
 
-// The default shape list (Llama-3.2-1B ... Llama-3-70B at TP8) and token counts.
+// The default shape list (Llama-3.2-1B ... Llama-3-70B at TP8 and TP4) and token counts.
 std::vector<MlpShape> default_mlp_bench_shapes();
 std::vector<int> default_mlp_bench_tokens();
 

@@ -1,7 +1,8 @@
 // How long the GPU's power limit held its clocks down, from NVML's cumulative "power violation"
 // counter (nvmlDeviceGetViolationStatus with the power policy: nanoseconds the GPU spent below its
-// application clocks because of power). A benchmark reads it around each row: `bench mlp` runs
-// at the H200's 700 W cap, where rows read up to 13% slow (docs/kernels/swiglu_fused.md).
+// application clocks because of power). A benchmark reads it around each row: `bench mlp` can run
+// at the GPU's power cap, where rows read slow (docs/kernels/swiglu_fused.md, "Per-block
+// timelines of `bench mlp --trace`, and the power cap").
 //
 // libnvidia-ml.so.1 comes with the driver, not the toolkit: it is opened at run time, so nothing
 // changes at build time and a machine without it (CI) reports the counter unavailable.

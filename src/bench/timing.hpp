@@ -56,8 +56,9 @@ int graph_calls_for_copies(int copies, int at_least = 20);
 double median_host_call_us(const std::function<void()>& call, int repetitions);
 
 // Appends traced events (kernels/common/trace.hpp, a -DDEEPFUSE_TRACE=ON build) to the CSV at
-// `path` that scripts/summarize_trace.py reads: a header when the file is empty, then one row per
-// block mark labelled with the case (arch or kernel name, batch, context) and its wall time.
+// `path` that scripts/profile/summarize_trace.py reads: a header when the file is empty, then one
+// row per block mark labelled with the case (arch or kernel name, batch, context) and its wall
+// time.
 void append_trace_csv(const std::string& path, const std::string& arch, int batch, int context, double case_ms,
                       const std::vector<kernels::trace::Event>& events);
 

@@ -1,5 +1,5 @@
 // An owned CUDA event, destroyed with the object: the timing events of the benchmarks and the
-// copy-bandwidth probe. Move-only; every call is checked (deepfuse::CudaError on failure).
+// copy-bandwidth probe. Move-only; every call is checked (deepfuse::Error on failure).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,6 +1,6 @@
 // Warming the GPU up before timing it: a GPU coming out of a pause runs its first milliseconds at
-// lower clocks (with 5 warm-up calls the fused MLP's first token count after loading its weights
-// read up to 10% slow, docs/kernels/swiglu_fused.md; the copy-bandwidth probe read 1% low).
+// lower clocks, and the first rows timed read slow (docs/kernels/swiglu_fused.md, "`bench mlp`
+// timing").
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -53,8 +53,8 @@ struct Sequence {
 
 // One decode step's host side: its inputs, the ids it samples, and which sequence each row fed.
 // Two lanes alternate, so one step can be read back while the next is in flight. The step's
-// sampler writes the ids into the lane's mapped pinned memory itself (no copy after the graph:
-// 5-19 us per step on the H200, docs/runtime.md), so each lane has its own graphs.
+// sampler writes the ids into the lane's mapped pinned memory itself (no copy after the graph;
+// docs/runtime.md, "The step's ends: copies, lm_head, sampler"), so each lane has its own graphs.
 struct StepLane {
   PinnedBuffer inputs;           // int32 [3, max_batch]: ids | positions | seq_lens, uploaded
   PinnedBuffer sampled;          // int32 [max_batch]: the ids the step sampled (mapped)

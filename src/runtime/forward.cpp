@@ -88,10 +88,8 @@ float* ForwardPass::layer(int index, int tokens, const int32_t* positions, const
   // The MLP sum may skip the residual stream only when the two kernels that read the stream
   // before the next MLP can take it: the fused QKV (x + sum) and the o_proj GEMV (residual + sum,
   // which also clears it); the last block's MLP feeds the final norm and writes the stream itself.
-  // Whenever they can (up to 8 sequences, where o_proj is the GEMV): A/B in the
-  // decode step, deferring at 2-8 sequences too against batch 1 only, 0.7-1.7% faster on
-  // Llama-3-8B and Qwen2.5-7B at 2, 4 and 8 sequences, 512 and 8k tokens (docs/kernels/swiglu_fused.md,
-  // "The sum left for the next block at batch 1", where an earlier kernel set lost at 8).
+  // It defers whenever they can (up to 8 sequences, where o_proj is the GEMV): faster at every
+  // such batch (docs/kernels/swiglu_fused.md, "The sum left for the next block at batch 1").
   // Steps above the fused MLP's token limit run the unfused copy when the weights hold one, and
   // only the fused kernel can leave its sum.
   MlpLayer& mlp = w.mlp_for(tokens);
@@ -167,8 +165,8 @@ void ForwardPass::output_projection(const GpuLayerWeights& w, int tokens, bool g
 }
 
 bool ForwardPass::uses_fused_front(int decode_tokens) const {
-  // Measured on H200 (bench qkv): the fused kernel wins up to 16 tokens (1.0-1.4x) and loses at
-  // 32 (0.5-0.7x), where cuBLASLt's GEMM amortises the weights over more tokens.
+  // The fused kernel wins up to 16 tokens and loses at 32, where cuBLASLt's GEMM amortises the
+  // weights over more tokens (docs/kernels/qkv_rope_fused.md, "Versions").
   // DEEPFUSE_FUSED_FRONT_MAX_TOKENS overrides the limit, for A/B measurements.
   static const int max_tokens = ab_switch("DEEPFUSE_FUSED_FRONT_MAX_TOKENS", 16);
   return !weights_.layers.front().qkv_packed.empty() && decode_tokens <= max_tokens;

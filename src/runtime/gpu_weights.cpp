@@ -51,8 +51,9 @@ std::string gib(size_t bytes) {
   return text;
 }
 
-// Whether the unfused paths fold their RMSNorms into the weights (kernels/norm/folded_norm.cuh).
-// Measured on H200: see docs/runtime.md. DEEPFUSE_FOLD_NORMS=0 keeps the norm launches, for A/B.
+// Whether the unfused paths fold their RMSNorms into the weights (kernels/norm/folded_norm.cuh):
+// two launches per layer fewer (docs/runtime.md, "Norms folded into the unfused paths' weights").
+// DEEPFUSE_FOLD_NORMS=0 keeps the norm launches, for A/B.
 bool folds_norms() {
   static const bool fold = ab_switch("DEEPFUSE_FOLD_NORMS", 1) != 0;
   return fold;
@@ -269,12 +270,10 @@ class RandomFiller {
 }  // namespace
 
 int gemv_o_proj_max_tokens(const ModelConfig& c, MlpVariant mlp_variant) {
-  // Measured on H200 (A/B in one run, ms per step): on Llama-3-8B and Qwen2.5-7B the cluster GEMV
-  // equals cuBLASLt up to 8 sequences (-0.5% .. +0.7%) and saves the split-K reduction launch; at
-  // 16 cuBLASLt's step is 1.7% (8B) and 3.9% (Qwen) faster. Llama-3.2-1B's 2048 x 2048 took it at
-  // batch 1 only until its grid moved to clusters of 4 (kernels/gemv/cluster_gemv.cuh, dispatch);
-  // since, the GEMV is 1.9-2.9% faster per step at 8 sequences too (512 to 8k tokens) and 2.8%
-  // slower at 16.
+  // Up to 8 sequences the cluster GEMV equals or beats cuBLASLt on every model and saves its
+  // split-K reduction launch; from 9 on cuBLASLt is as fast or faster (docs/kernels/
+  // qkv_rope_fused.md, "The stream, shared: o_proj + residual", "Spread grids: at most 3 blocks per
+  // SM" and "Clusters of 4 over a short inner dimension"; docs/runtime.md, "The MLP's second copy").
   // DEEPFUSE_OPROJ_GEMV=0 / 1 forces never / every fused-front step, for A/B measurements.
   static const int forced = ab_switch("DEEPFUSE_OPROJ_GEMV", -1);
   constexpr int kMaxTokens = 8;

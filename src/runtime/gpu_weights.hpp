@@ -35,10 +35,11 @@
 
 namespace deepfuse::runtime {
 
-// The MLP layouts the weights hold. The fused MLP is the fastest up to 8 tokens, 10-25% slower
-// than cuBLASLt at 16 and 2-8x from 32 on (it re-reads its weights once per 32 tokens; bench
-// mlp), so with fused_max_tokens set, larger steps (prefill chunks, decode batches above it) run
-// the unfused variant on a second, row-major copy of the MLP weights (3·H·I·2 bytes more per layer).
+// The MLP layouts the weights hold. The fused MLP is the fastest up to 8 tokens and slower than
+// cuBLASLt from 16 on (it re-reads its weights once per 32 tokens; docs/runtime.md, "The MLP's
+// second copy"), so with fused_max_tokens set, larger steps (prefill chunks, decode batches above
+// it) run the unfused variant on a second, row-major copy of the MLP weights (3·H·I·2 bytes more
+// per layer).
 struct MlpPlan {
   MlpVariant variant = MlpVariant::fused;
   int max_tokens = 1;        // per call, prefill chunks included
@@ -94,8 +95,8 @@ void check_weights_fit(const ModelConfig& config, const MlpPlan& mlp, const std:
 bool uses_fused_qkv(const ModelConfig& config, MlpVariant mlp_variant);
 
 // Up to how many tokens those decode steps also run o_proj + residual as one cluster GEMV launch
-// (0: never; otherwise the weights hold a packed o_proj next to the plain one): up to 8 tokens on
-// o_proj matrices of at least 12M weights, batch 1 on smaller ones.
+// (0: never; otherwise the weights hold a packed o_proj next to the plain one): 8 on every model
+// that runs the fused front half (uses_fused_qkv); DEEPFUSE_OPROJ_GEMV=1 / 0 makes it 32 / 0.
 int gemv_o_proj_max_tokens(const ModelConfig& config, MlpVariant mlp_variant);
 
 // Validates the checkpoint against the config, then loads it. progress (may be empty) gets

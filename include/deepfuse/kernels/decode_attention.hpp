@@ -1,9 +1,9 @@
 // Split-KV ("flash-decoding") attention for the decode step: one query token per sequence over a
 // paged KV cache. GQA: the q_heads / kv_heads query heads of a group share one read of their K/V.
 // Each sequence's context is cut into `splits_per_sequence` chunks of whole pages so that one long
-// sequence fills the GPU; each chunk produces an unnormalised partial output and its log-sum-exp,
-// and the partials are merged (in the same launch or a second one: the implementation's choice,
-// counted by decode_attention_launches()). CPU reference: reference::attention_decode.
+// sequence fills the GPU; each chunk produces a normalised partial output and its log-sum-exp,
+// and the partials are merged in the same launch (decode_attention_launches() counts the launches:
+// one). CPU reference: reference::attention_decode.
 //
 // Graph safety: the grid is fixed by the plan (made once per batch bucket for a maximum context),
 // sequence lengths are read on the device each launch, chunks past a sequence's end do no work,

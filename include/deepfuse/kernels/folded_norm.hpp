@@ -5,7 +5,7 @@
 // src/kernels/common/row_rms.cuh). The norm's own launch, and its bf16 round trip of the
 // normalised rows, disappear. Rounding: one
 // bf16 rounding of W∘w at load where Hugging Face rounds the normalised row; the same trade the
-// fused kernels make (docs/kernels/swiglu_fused.md, v6).
+// fused kernels make (docs/kernels/swiglu_fused.md, "v6: the norm weight in the packed columns").
 #pragma once
 
 #include <cuda_bf16.h>

@@ -9,8 +9,8 @@
 
 namespace deepfuse {
 
-// Launch tuning of the fused variant; 0 means the device default. The kernel scheduler (and the
-// benchmark's tuning sweep) sets it.
+// Launch tuning of the fused variant; 0 means the device default. The engine sets
+// programmatic_launch for its layers; `bench mlp --fused-tunings` sets the rest.
 struct FusedMlpTuning {
   int blocks_per_sm = 0;  // resident blocks per SM (at most 1 where blocks have 16 warps: clusters of 2, or 9-16 tokens)
   int cluster_size = 0;   // blocks sharing activations through distributed shared memory: 1, 2, 4, 8
@@ -41,7 +41,8 @@ struct SwigluFusedParams {
   // Leave mlp(x) in the accumulator and write nothing else (residual and y are ignored): a later
   // kernel adds it to the residual stream and zeroes the accumulator (the decode step: the next
   // layer's fused QKV and o_proj, see cluster_gemv::Inputs::pending). Saves the finish: the
-  // ticket, the wait for the last block and the conversion, ~2 µs per layer on Llama-3-8B.
+  // ticket, the wait for the last block and the conversion (docs/kernels/swiglu_fused.md, "The sum
+  // left for the next block at batch 1").
   bool defer_sum = false;
   unsigned* counters = nullptr;             // kSwigluFusedCounters; zero between calls
   int tokens = 0;

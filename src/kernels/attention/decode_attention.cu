@@ -89,16 +89,16 @@ constexpr int kMaxGroup = 16;                  // query heads per kv head: two 8
 constexpr int kMaxSplits = 256;
 // Plan costs in pages a 4-warp block streams (~0.5 µs each at a 1/264 share of 4.3 TB/s): a
 // block's start (length, then page-table reads) and a split merge each cost about two. The model
-// fills every resident slot: plans of one 4-warp block per SM (16 splits at 1 x 8k) stream as
-// fast alone, but lose 3-35 µs in a graph where the next launch starts early (docs).
+// fills every resident slot: plans of one 4-warp block per SM stream as fast alone, but lose in a
+// graph where the next launch starts early (docs/kernels/decode_attention.md, "Where the time
+// goes (v1, per-block timelines)").
 constexpr int kBlockStartPages = 2;
 constexpr int kMergePages = 2;
 // Inside the decode step a split merge costs more than the model's two pages: the last block's
 // ticket, its L2 round trips for the partials and the next kernel's wait come after the stream
-// (per-block timelines, Llama-3-8B at 512 tokens: cache reads done 2 µs after the upstream wait,
-// merged output 6-8 µs). A sequence shorter than max_context therefore keeps at least this many
-// pages per split (4-warp blocks; twice as many for 8 warps); the plan's split count is only
-// reached by long ones.
+// (docs/kernels/decode_attention.md, "Short sequences in a long plan: at least 8 pages per
+// split"). A sequence shorter than max_context therefore keeps at least this many pages per split
+// (4-warp blocks; twice as many for 8 warps); the plan's split count is only reached by long ones.
 constexpr int kMinPagesPerSplit = 8;
 // What a short-context plan's splits may stream at least (their bound, in pages each): the L2
 // plans' minimum split (16 pages in 8 warps, 8 in 4), so that up to there only the merge changes.
@@ -108,13 +108,10 @@ constexpr int kClusterSplitBoundPages = 16;
 // query head of the group (splits x group x head_dim x 2 bytes). One page per split for each
 // kMergeBytesPerClusterPage of them, fitted to where one sequence's 8 cluster splits stopped
 // paying in the decode step (docs/kernels/decode_attention.md, "Longer cluster splits where the
-// merge is large"): Llama-3.2-1B 8 KB of partials -> 20 pages (2560 keys), Llama-3-8B 16 KB -> 40
-// (5120), Qwen2.5-7B 56 KB -> 143 (18304).
+// merge is large").
 constexpr int kMergeBytesPerClusterPage = 400;
-// A batch's cluster splits (4 per sequence for two, 2 for three or four) stream at most 64 pages:
-// Qwen2.5-7B at two sequences gained 1.3-1.5% at 2-4k keys (32-64 pages per split), 0.2% at 6k (96)
-// and lost 0.5% at 8k (128), where one sequence still gained at 147. And at least 32, whatever
-// the merge: Llama-3.2-1B (8 KB of partials) gained 0.5-1.5% at two and four sequences there.
+// A batch's cluster splits (4 per sequence for two, 2 for three or four) stream 32 to 64 pages,
+// whatever the merge: where a batch's clusters gained in the step (same section).
 constexpr int kBatchClusterSplitMinPages = 32;
 constexpr int kBatchClusterSplitMaxPages = 64;
 
@@ -635,8 +632,8 @@ cudaError_t launch_instance(const KernelArgs& args, dim3 grid, cudaStream_t stre
   if (cudaError_t e = prepare_kernel<D, HT, W, kCluster>(); e != cudaSuccess) return e;
   trace::attach_unit();
   // A programmatic dependent launch: blocks may start (lengths, page ids) while the kernel before
-  // finishes; they wait for it before reading q and the cache. Measured in the decode step:
-  // -0.9% (Llama-3-8B), -1.6% (Llama-3.2-1B), -1.1% (Qwen2.5-7B) per step at batch 1.
+  // finishes; they wait for it before reading q and the cache. Faster in the decode step
+  // (docs/kernels/decode_attention.md, "Programmatic dependent launch").
   const ClusterLaunch launch(grid, BlockShape<W>::kThreads, kernel_shared_bytes<D, W, kCluster>(),
                              kCluster ? static_cast<int>(grid.x) : 1, stream, programmatic_launches_enabled());
   return cudaLaunchKernelEx(&launch.config, decode_attention_kernel<D, HT, W, kCluster>, args);
@@ -691,9 +688,9 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
   const int max_pages = pages_for(max_context);
   const bool cluster = merge == SplitMerge::cluster;
 
-  // A single sequence takes blocks of 8 warps: half the splits and partials for its merge. In the
-  // decode step at batch 1 0.3-0.9% faster on every model (512 and 8k tokens), 1 x 32k alone 94%
-  // of copy instead of 90.5%; with 2-8 sequences mixed (-0.7% to +1.5%; docs).
+  // A single sequence takes blocks of 8 warps: half the splits and partials for its merge; faster
+  // at batch 1, mixed at 2-8 sequences (docs/kernels/decode_attention.md, "Blocks of 8 warps for
+  // one sequence").
   const long long pairs = static_cast<long long>(batch) * kv_heads;
   const int warps = forced_warps > 0 ? forced_warps : batch == 1 || cluster ? 8 : 4;
   const int min_pages = kMinPagesPerSplit * warps / 4;
@@ -701,9 +698,8 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
   // block's start and pages, plus the merge. Only s that leave no split empty are distinct. The
   // plan serves every length up to max_context, and shorter sequences run fewer, shorter splits
   // (min_pages each), so a grid of several waves at max_context runs a wave and a part at mid
-  // lengths: where the pairs fit one wave, the plan keeps to one. (Without this, two sequences
-  // planned for 32800 keys took two waves of 33 splits, cost 132, over one wave of 16, cost 133,
-  // and ran 2.5% slower at 3000 keys; a plan for 131072 keys took 8 waves at batch 8.)
+  // lengths: where the pairs fit one wave, the plan keeps to one (docs/kernels/decode_attention.md,
+  // "One wave where the pairs fit one").
   const long long slots = static_cast<long long>(num_sms) * (8 / warps);
   int best_splits = 1;
   long long best_cost = std::numeric_limits<long long>::max();
@@ -735,7 +731,8 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
   plan.max_context = max_context;
   plan.splits_per_sequence = best_splits;
   plan.pages_per_split = (max_pages + best_splits - 1) / best_splits;
-  // A cluster merge is cheap enough that every split streams even at a few pages (docs).
+  // A cluster merge is cheap enough that every split streams even at a few pages
+  // (docs/kernels/decode_attention.md, "Splits merged in a cluster").
   plan.min_pages_per_split = forced_splits > 0 || cluster ? 1 : min_pages;
   plan.warps_per_block = warps;
   plan.cluster_merge = cluster && best_splits > 1;
@@ -794,7 +791,8 @@ std::optional<DecodeAttentionPlan> plan_short_context_decode_attention(const Dec
                                                                        const ResidentClusters& resident) {
   if (plan.cluster_merge || plan.q_heads / plan.kv_heads > 8) return std::nullopt;
   // A batch's sequences share one sequence's 8 splits per kv head (4 each for 2 sequences, 2 for
-  // 3-4, none from 5): the grid keeps the single-sequence plan's block count (docs).
+  // 3-4, none from 5): the grid keeps the single-sequence plan's block count
+  // (docs/kernels/decode_attention.md, "Splits merged in a cluster").
   const long long pairs = static_cast<long long>(plan.batch) * plan.kv_heads;
   int largest = kMaxClusterSplits;
   while (largest > 1 && largest * plan.batch > kMaxClusterSplits) largest /= 2;

@@ -46,13 +46,12 @@ constexpr int kMaxCluster = 8;
 constexpr int kMaxSharedBytes = 200 * 1024;
 
 // cp.async ring depth per thread (16 B per stage). 10 stages keep a block of up to 8 tokens
-// under 56 KB, so 4 fit an SM and all 48 clusters of Llama-3-8B's QKV (48 heads) run at once:
-// with 12 stages only 45 clusters fit and 3 ran as a second wave (ncu: SMs idle 38% of the
-// kernel). ~150 KB in flight per SM. 32-token launches stage 4x the x rows: a shorter ring.
-// Clusters of 4 (short inner dimensions, see dispatch) give each block twice the k-steps of a
-// cluster of 8: 18 stages prime a warp's whole share at inner 2048, two blocks per SM (Llama-3.2-1B
-// with 10 stages: batch 1 / 512 1.5% slower, 8k and batch 8 equal; 26 stages, one block per SM:
-// 7% slower; docs/kernels/qkv_rope_fused.md).
+// under 56 KB, so 4 fit an SM and all 48 clusters of Llama-3-8B's QKV (48 heads) run in one wave
+// (docs/kernels/qkv_rope_fused.md, "Versions", v3). ~150 KB in flight per SM. 32-token launches
+// stage 4x the x rows: a shorter ring. Clusters of 4 (short inner dimensions, see dispatch) give
+// each block twice the k-steps of a cluster of 8: 18 stages prime a warp's whole share at inner
+// 2048, two blocks per SM (docs/kernels/qkv_rope_fused.md, "Clusters of 4 over a short inner
+// dimension").
 // This is the default depth; stream_unit and launch take the depth as kStages, and o_proj's
 // packed grid of at most two blocks per SM gets two more (gemv_residual.cu).
 template <int NT, int C>
@@ -333,32 +332,20 @@ cudaError_t launch(void (*kernel)(Params, int), const Params& params, int units,
 // kMaxCluster) c = 1.
 //
 // Spreading, at up to 16 tokens and inner >= kSpreadMinInner: a unit's blocks stream equal bytes,
-// but blocks that share an SM with more of them finish later (Llama-3-8B decode step, fused QKV:
-// last weight at 12.3 µs after the upstream wait on SMs holding 4 blocks, 8.7 on SMs holding 2),
-// and the packed grid ends with its most crowded SMs. So the grid takes at most
-// kSpreadBlocksPerSm blocks per SM: clusters of 8 when all units' clusters are then resident at
-// once, else clusters of 6 (more, smaller blocks per unit), else the packed grid of 8.
-// Measured in the decode step (docs/kernels/qkv_rope_fused.md, "Spread grids"): Llama-3-8B 0.8-0.9%
-// faster at batch 1 and 8 and 2.2-3.9% at 16, Qwen2.5-7B 0.3-1.7% at 1 and 8 (equal at 16);
-// Llama-3.2-1B (inner 2048) lost 1.3% at batch 8 with its QKV spread, and keeps the packed grid.
-// Up to 8 tokens a grid whose packed blocks already fall evenly on the SMs (the fullest at most
-// 10% above the mean: Llama-3-8B's QKV, 48 units, and o_proj, 32) stays packed. A/B in one run,
-// three rounds, Llama-3-8B batch 1 / 512: 4.015-4.018 ms spread, 3.992-3.993 packed (and
-// 4.065-4.067 / 4.042-4.046 on a second machine); at 2-8 sequences too, once the MLP after
-// o_proj launched early there (three rounds, spread / packed): b2 / 512 3.929-3.932 /
-// 3.918-3.920, b8 / 512 4.085-4.087 / 4.062-4.066, b8 / 8k 5.876-5.879 / 5.856-5.859.
-// Qwen2.5-7B's 36 and 28 units fall unevenly (38% and 18% above the mean) and keep the spread,
-// 0.9% faster there (docs/kernels/qkv_rope_fused.md).
+// but blocks that share an SM with more of them finish later, and the packed grid ends with its
+// most crowded SMs. So the grid takes at most kSpreadBlocksPerSm blocks per SM: clusters of 8 when
+// all units' clusters are then resident at once, else clusters of 6 (more, smaller blocks per
+// unit), else the packed grid of 8 (docs/kernels/qkv_rope_fused.md, "Spread grids: at most 3
+// blocks per SM"). Up to 8 tokens a grid whose packed blocks already fall evenly on the SMs (the
+// fullest at most 10% above the mean) stays packed: spreading it measured slower (same file, "One
+// token: packed when the packed grid is already even", and "Clusters of 4 over a short inner
+// dimension").
 //
 // Short inner dimensions (below kSpreadMinInner, packed grids) at up to 16 tokens take clusters
-// of 4 instead of 8: half as many blocks, each with twice the k-steps (32 at Llama-3.2-1B's
-// 2048), so the grid is placed sooner as the kernel before frees its SMs and pays its per-block
-// costs (x staging, cluster barrier, epilogue) half as often. A/B in one run on the H200,
-// Llama-3.2-1B, ms per step, clusters of 8 / 4 (18-stage ring at up to 8 tokens) for the QKV /
-// and for o_proj too: batch 1 / 512 0.875 / 0.855-0.856 / 0.850-0.851, batch 1 / 8k 0.945 /
-// 0.931-0.933 / 0.920-0.921; at 16 sequences (QKV only, 10 stages; 18 were 1% slower) 1.200 /
-// 1.092-1.093. Llama-3-8B and Qwen2.5-7B (inner 4096 and 3584) lost 0.1-0.8% and 0.8-1.8% with
-// clusters of 4 at one token and keep 8 (docs/kernels/qkv_rope_fused.md).
+// of 4 instead of 8: half as many blocks, each with twice the k-steps, so the grid is placed
+// sooner as the kernel before frees its SMs and pays its per-block costs (x staging, cluster
+// barrier, epilogue) half as often (docs/kernels/qkv_rope_fused.md, "Clusters of 4 over a short
+// inner dimension"). Wider inner dimensions measured slower in clusters of 4 and keep 8.
 template <typename LaunchInstance>
 cudaError_t dispatch(int tokens, int inner, int units, LaunchInstance&& launch_instance) {
   DeviceAttributes device;

@@ -2,8 +2,8 @@
 // -DDEEPFUSE_TRACE=ON). Thread 0 of every block of the traced kernels stamps %globaltimer at a
 // few marks (start, upstream grids done, phase ends, end) into one device buffer, with its grid
 // id and SM; `deepfuse bench decode --trace FILE` writes one step's events, and
-// scripts/summarize_trace.py turns them into per-launch timelines. A normal build compiles every
-// mark to nothing and begin() refuses.
+// scripts/profile/summarize_trace.py turns them into per-launch timelines. A normal build compiles
+// every mark to nothing and begin() refuses.
 #pragma once
 
 #include <cstdint>

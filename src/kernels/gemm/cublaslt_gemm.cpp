@@ -32,9 +32,9 @@ int split_k_of(const cublasLtMatmulAlgo_t& algorithm) {
 // The heuristic's suggestions without split-K, where they split and cuBLASLt accepts the unsplit
 // algorithm for this operation (cublasLtMatmulAlgoCheck). For the decode step's skinny GEMMs (a
 // few tokens, N of a few thousand) it suggests splitting K with a separate reduction kernel; the
-// same algorithms unsplit stream o_proj at 16-32 tokens 10-18% faster (docs/runtime.md, "Unsplit
-// suggestions"). Other split factors, timed too, won a few percent alone at most and nothing the
-// step could tell apart from noise.
+// same algorithms unsplit stream o_proj at 16-32 tokens faster. Other split factors gained nothing
+// the step could tell from noise (docs/runtime.md, "cuBLASLt algorithms timed as the step runs
+// them", "Unsplit suggestions").
 std::vector<cublasLtMatmulAlgo_t> unsplit_variants(cublasLtHandle_t handle, cublasLtMatmulDesc_t operation,
                                                    cublasLtMatrixLayout_t w, cublasLtMatrixLayout_t x,
                                                    cublasLtMatrixLayout_t y,
@@ -225,8 +225,8 @@ GemmTuning CublasLtGemm::tune(std::string op, const Operands& o, std::span<const
 
   // Two rounds, each candidate keeping its faster time: tuning often starts on a GPU left idle
   // while the engine packed its weights, whose clocks take ~100 ms of work to come up, so the
-  // first candidates timed (the heuristic's own choice first) would read slow (`bench mlp`'s first
-  // rows read up to 10% slow that way before its warm-up, docs/kernels/swiglu_fused.md).
+  // first candidates timed (the heuristic's own choice first) would read slow
+  // (docs/kernels/swiglu_fused.md, "`bench mlp` timing").
   std::vector<double> us(count, -1.0);
   for (int round = 0; round < 2; ++round)
     for (int i = 0; i < count; ++i) {

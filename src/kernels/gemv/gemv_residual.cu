@@ -1,7 +1,7 @@
 // Output projection + residual for decode: the cluster GEMV weight stream (cluster_gemv.cuh)
-// over units of 64 or 128 output rows, each cluster of 8 blocks splitting the inner dimension;
-// every block of a cluster then finishes its 1/8 of the unit's rows: sum of the partials, bias,
-// residual, bf16. Bytes: rows x inner x 2 of weights (32 MB for Llama-3-8B's o_proj, 7.6 µs at
+// over units of 64 or 128 output rows, each cluster of C blocks (cluster_gemv::dispatch: 8, 6 or
+// 4) splitting the inner dimension; every block of a cluster then finishes its 1/C of the unit's
+// rows: sum of the partials, bias, residual, bf16. Bytes: rows x inner x 2 of weights (32 MB for Llama-3-8B's o_proj, 7.6 µs at
 // 4.2 TB/s); the cuBLASLt path it replaces runs a split-K GEMM plus a reduction kernel.
 #include "deepfuse/kernels/gemv_residual.hpp"
 
@@ -67,8 +67,10 @@ cudaError_t launch_for_unit(const GemvResidualParams& p, cudaStream_t stream) {
     // Two more ring stages where the packed cluster grid holds at most two blocks per SM and a
     // warp streams more k-steps than the default ring primes (Llama-3-8B's o_proj): the blocks
     // start while the attention before them finishes and have more of their weights in flight by
-    // their upstream wait. No more than two: 16 or 20 stages measured 3.5-4% slower at batch 1,
-    // for a reason not established (docs/kernels/qkv_rope_fused.md).
+    // their upstream wait. No more than two: more measured slower, for a reason not established
+    // (docs/kernels/qkv_rope_fused.md, "Two more ring stages for o_proj when its grid holds at most
+    // two blocks per SM", re-measured at the end of "A deeper ring for the fused QKV kernel's spread
+    // grids").
     constexpr int kDeepStages = kStages + 2;
     constexpr int kWarpsPerTile = cluster_gemv::kWarps / (kUnitRows / 16);
     const int warp_ksteps = cluster_gemv::max_ksteps_per_share<C * kWarpsPerTile>(p.inner);

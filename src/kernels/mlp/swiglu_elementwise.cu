@@ -89,8 +89,8 @@ cudaError_t silu_and_mul(const __nv_bfloat16* gate_up, __nv_bfloat16* act, int t
   if (intermediate % 8 != 0 || tokens < 1 || !valid_folded_norm(norm)) return cudaErrorInvalidValue;
   if (norm.input) {
     // Enough blocks to fill a large GPU at decode sizes, one per token at prefill sizes (each
-    // block re-reads its token's x row for 1/rms: one block per 256 vectors at 512 tokens made
-    // prefill 3% slower end to end).
+    // block re-reads its token's x row for 1/rms; docs/runtime.md, "Norms folded into the unfused
+    // paths' weights").
     constexpr int kThreads = 256, kMaxTokens = 65535, kTargetBlocks = 264;
     if (tokens > kMaxTokens) return cudaErrorInvalidValue;
     const int blocks_for_row = (intermediate / 8 + kThreads - 1) / kThreads;

@@ -56,14 +56,10 @@ struct FusedConfig {
   static_assert(NT == 1 || NT == 2 || NT == 4, "passes hold 8, 16 or 32 tokens");
   static constexpr int kTokensPerPass = 8 * NT;
   // 16 warps a block (one block per SM) in clusters of 2, and at 9-16 tokens in any cluster; else
-  // 8 warps, two blocks per SM. Same ring bytes per SM either way. Measured
-  // (docs/kernels/swiglu_fused.md):
-  // - "One block of 16 warps": at M = 16 one block is 4-8% faster on every shape.
-  // - "Clusters of 2 on one block per SM": at up to 8 tokens, pairs of 16-warp blocks make half
-  //   as many clusters as pairs of 8-warp blocks on the same SMs, so half as many partial sums of
-  //   y go through L2, whose cost grows with them: the decode step at batch 8 is 2-4% faster
-  //   (Llama-3-8B, Qwen2.5-7B, Llama-3.2-1B), batch 1 up to 1.1%.
-  // Without clusters (sm_80: 164 KB per SM) the 16-warp block would not fit.
+  // 8 warps, two blocks per SM. Same ring bytes per SM either way. One block per SM is faster at
+  // 9-16 tokens, and 16-warp pairs halve the clusters, so the partial sums of y through L2
+  // (docs/kernels/swiglu_fused.md, "One block of 16 warps at 9-16 tokens" and "Clusters of 2 on one
+  // block per SM: half the partial sums"). Without clusters (sm_80: 164 KB per SM) it would not fit.
   static constexpr int kWarps = C > 1 && (NT == 2 || C == 2) ? 16 : 8;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlocksPerSm = 16 / kWarps;
@@ -72,9 +68,8 @@ struct FusedConfig {
   static constexpr size_t kMaxSharedBytes = 227 * 1024 / kBlocksPerSm - 1024;
   static constexpr int kRowTiles = NT == 1 ? 4 : NT == 2 ? 2 : 1;  // phase-2 output row tiles per warp item
   // The load ring: kStages stages per thread, each kSteps k-steps deep (see ring_run below).
-  // One 16-warp block per SM at up to 8 tokens has room for a fifth stage: the decode step
-  // 0.1-0.5% faster on 5 of 6 cases, Llama-3-8B batch 8 0.3% slower (docs, "Clusters of 2 on one
-  // block per SM"). A fifth stage for two 8-warp blocks per SM was slower in the step.
+  // A fifth stage pays only where one 16-warp block per SM has room for it, at up to 8 tokens
+  // (docs/kernels/swiglu_fused.md, "A fifth ring stage at up to 8 tokens, tried and not kept").
   static constexpr int kStages = NT == 1 ? (kWarps == 16 ? 5 : 4) : 3;
   static constexpr int kSteps1 = NT == 4 ? 1 : 2;  // phase 1: gate + up fragments (+ x words) per k-step
   static constexpr int kSteps2 = NT == 1 ? 1 : 2;  // phase 2: kRowTiles down fragments per k-step
@@ -181,7 +176,7 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
   const int cluster_begin = split_point(i_tiles, clusters, cluster);
   const int cluster_tiles = split_point(i_tiles, clusters, cluster + 1) - cluster_begin;
 
-  // Work split. Phase 1: the cluster's C x 8 warps take equal contiguous ranges of the cluster's
+  // Work split. Phase 1: the cluster's C x kWarps warps take equal contiguous ranges of the cluster's
   // flattened (tile, k-step) space, f = tile * h_tiles + k (also the packed gate_up order), and
   // stream them without a break; g and u sums cut by a range end meet in the tile owner's shared
   // memory through distributed-shared-memory atomics. Blocks own tiles for the activation only.
@@ -205,7 +200,8 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
   auto row_tile_of = [&](int local) { return (row_begin + local + row_rotation) % h_tiles; };
   // The ring issues and consumes k-steps in order, once each, so both sides keep running
   // positions instead of dividing f: a runtime division is ~20 dependent instructions, and the
-  // instruction latency per k-step, not DRAM, bounded each warp's rate (ncu, docs).
+  // instruction latency per k-step, not DRAM, bounded each warp's rate (docs/kernels/swiglu_fused.md,
+  // "The bound was instruction latency, not DRAM: no divisions per k-step").
   // down: [I tile][row tile][32 lanes] uint4; rows past the block's share are zero-filled.
   const uint64_t streamed = evict_first_policy();  // the weights are read once
   const size_t down_k_stride = static_cast<size_t>(h_tiles) * 32;
@@ -254,8 +250,8 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
   wait_for_upstream_grids();
   // A programmatic next kernel (the next layer's fused QKV) may launch now: its blocks take the
   // SMs this grid's blocks leave as they finish (the grid is already resident) and start their
-  // weight loads, then wait for this grid to complete before reading y. Measured against the
-  // trigger after phase 2: decode step -0.8% (Llama-3-8B), -1.7% (Llama-3.2-1B).
+  // weight loads, then wait for this grid to complete before reading y. Faster in the step than
+  // the trigger after phase 2 (docs/kernels/swiglu_fused.md, "Overlap with the kernels around it").
   allow_downstream_launch();
   cluster_barrier<C>();  // every block's sums are zero before anyone adds into them
 
@@ -474,14 +470,10 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
 
 // Whether the (NT, C) instance launches as a programmatic dependent when the caller allows it
 // (FusedMlpTuning::programmatic_launch): its blocks may start while the kernel before finishes and
-// wait for it first thing. Calls of up to 8 tokens on the grids that cover every SM (clusters of
-// 2 or 4) gain in the decode step: at batch 1 Llama-3.2-1B 1.7%, Llama-3-8B 0.7%, Qwen2.5-7B 0.4%;
-// at 2-8 sequences, once the o_proj before it was the cluster GEMV on every model (A/B in one
-// run, two rounds, 512 and 8k tokens), Llama-3.2-1B 1.8-2.6%, Llama-3-8B 0.8-1.6%, Qwen2.5-7B
-// 0.1-0.9% (with cuBLASLt's o_proj before it, Qwen2.5-7B had lost 1.1-1.5% at 8). Clusters of 8
-// placed while o_proj's blocks still hold SMs lost 3-15%; and back-to-back calls of the same grid
-// (bench mlp, 2048x8192 M = 1 in a graph) took 40.2 µs instead of 33.3
-// (docs/kernels/swiglu_fused.md, "Overlap with the kernels around it").
+// wait for it first thing. Only calls of up to 8 tokens on the grids that cover every SM
+// (clusters of 2 or 4) gain in the decode step; clusters of 8, placed while o_proj's blocks still
+// hold SMs, lose (docs/kernels/swiglu_fused.md, "The MLP as a programmatic dependent again" and "At
+// up to 8 tokens, and a programmatic launch at one token").
 template <int NT, int C>
 bool launches_programmatically(const FusedMlpTuning& tuning) {
   return tuning.programmatic_launch && NT == 1 && (C == 2 || C == 4) && programmatic_launches_enabled();
@@ -555,23 +547,13 @@ cudaError_t launch_instance(const SwigluFusedParams& p, const FusedMlpTuning& tu
 
 template <int NT>
 cudaError_t launch_for_tokens(const SwigluFusedParams& p, const FusedMlpTuning& tuning, cudaStream_t stream) {
-  // Clusters of 4 pack two blocks on every SM (264 blocks on an H200); clusters of 8 must fit in
-  // a GPC and leave 8 SMs empty (240 blocks), but share each activation among twice the blocks.
-  // Measured on the H200 (docs/kernels/swiglu_fused.md, "Clusters of 4 or 8"): alone, 4 is 1-7%
-  // faster up to H = 5120 at M <= 8 and 2-12% at M = 16, 8 is 3-4% faster at H = 8192; inside
-  // the decode step at M <= 8 only H = 2048 gains (-1.7 to -3%), H = 3584 and 4096 lose 0.5%
-  // (a guess, not verified: the next layer's QKV blocks start early on the SMs 8 leaves empty).
-  // Clusters of 2 fit every GPC, so the grid covers all 132 SMs, at the price of more partial
-  // sums per output row (docs/kernels/swiglu_fused.md, "Clusters of 2"). At 9-16 tokens (one
-  // 16-warp block per SM; bench mlp --norm, M = 9 / 12 / 16, in a graph): 5-8% faster at
-  // H = 2048, 1-2% at 3584 and 4096, equal at 5120, 4-13% slower at 8192. At up to 8 tokens, as
-  // pairs of 16-warp blocks (one per SM, FusedConfig::kWarps), for H < 8192: against the 8-warp
-  // pairs before them, the decode step 2-4% faster at batch 8 and up to 1.1% at batch 1 on
-  // Llama-3-8B, Qwen2.5-7B and Llama-3.2-1B (which had clusters of 4); at H = 8192 equal alone.
-  // With the partial sums as bulk reductions (docs, "Partial sums as bulk reductions"), at
-  // H = 8192 pairs also win at up to 8 tokens once I >= 3H/4 (8192x7168 3-4.5% faster, 8192x14336
-  // 4-6%; 8192x5632 and 8192x4608 equal, 8192x3584 2-3.5% slower), and at 9-16 tokens clusters
-  // of 4 beat 8 by 4-6% (8192x3584 and 8192x7168).
+  // Clusters of 2 fit every GPC, so the grid covers every SM, at the price of more partial sums
+  // per output row; clusters of 4 pack two blocks on every SM; clusters of 8 must fit in a GPC and
+  // leave SMs empty, but share each activation among the most blocks. The rule below is what
+  // measured fastest per token count and shape (docs/kernels/swiglu_fused.md, "Clusters of 4 or 8",
+  // "Clusters of 2", "Clusters of 2 on one block per SM: half the partial sums" and "Partial sums
+  // as bulk reductions"): pairs up to H = 4096 at 9-16 tokens, and at up to 8 tokens wherever
+  // H < 8192 or I >= 3H/4; else clusters of 4 at 9-16 tokens (and beyond 16), 8 at up to 8 tokens.
   const bool pairs = (NT == 2 && p.hidden <= 4096) ||
                      (NT == 1 && (p.hidden < 8192 || 4 * p.intermediate >= 3 * p.hidden));
   const bool four = p.hidden <= 2048 || NT == 2;

@@ -7,9 +7,10 @@
 //
 // The weight stream is kernels/gemv/cluster_gemv.cuh's; this file is the epilogue.
 //
-// Work split. One thread-block cluster of C = 8 blocks per "head unit" (each q head, each k
-// head, each v head: head_dim output rows); the cluster's blocks split the hidden (k) dimension
-// into 8 ranges, so Llama-3-8B runs 48 x 8 = 384 blocks, ~3 per SM. Inside a block each warp
+// Work split. One thread-block cluster of C blocks per "head unit" (each q head, each k head, each
+// v head: head_dim output rows); the cluster's blocks split the hidden (k) dimension into C ranges.
+// C is 8 (Llama-3-8B's packed grid: 48 x 8 = 384 blocks, ~3 per SM), 6 in some spread grids, 4
+// over a short hidden dimension (cluster_gemv::dispatch). Inside a block each warp
 // streams one 16-row tile (two warps per tile at head_dim 64) over its k range through a
 // per-thread cp.async ring (kernels/common/async_ring.cuh), mma.m16n8k16 with the weights on the
 // 16-row side and up to 8 tokens per n-tile.
@@ -21,9 +22,8 @@
 // memory, one slot per warp); after one cluster barrier block r adds them, scales by 1/rms, adds
 // the bias, rotates q and k (Hugging Face rotate-half, angle = position * inv_freq[i] in fp32, as
 // rope_kv_append) and writes q_out or the cache. The inputs of that epilogue (positions, cache
-// addresses, bias, angles) are read before the weight stream. (v1 sent every partial to the
-// leader with remote atomics: 30-110 µs, growing with M; v3 read the partials remotely after the
-// barrier and needed a second barrier before leaving.)
+// addresses, bias, angles) are read before the weight stream. Versions tried: docs/kernels/
+// qkv_rope_fused.md.
 // Without clusters (pre-Hopper) C = 1: one block does the whole k range, when its x slice fits
 // in shared memory.
 #include "deepfuse/kernels/qkv_rope_fused.hpp"
@@ -116,8 +116,8 @@ cudaError_t launch_for_head_dim(const QkvRopeFusedParams& p, int units, cudaStre
     constexpr int NT = decltype(nt)::value, C = decltype(c)::value;
     // A spread grid at up to 8 tokens streams through a deeper ring when its layout still fits
     // the spread block's shared memory: more weights in flight before the upstream wait, while
-    // the kernel before (the MLP) finishes. A/B in the decode step (docs/kernels/qkv_rope_fused.md):
-    // 0.3-0.7% faster wherever a spread grid serves (Llama-3-8B at 8 sequences, Qwen2.5-7B at 1 and 8).
+    // the kernel before (the MLP) finishes. Faster in the decode step wherever a spread grid serves
+    // (docs/kernels/qkv_rope_fused.md, "A deeper ring for the fused QKV kernel's spread grids").
     if constexpr (NT == 1 && C > 1) {
       using Layout = cluster_gemv::SharedLayout<HD, C>;
       const Layout deep(cluster_gemv::kSpreadRingStages, cluster_gemv::max_ksteps_per_block<C>(p.hidden), 8 * NT);

@@ -122,7 +122,8 @@ struct Sequence {
   float cached[R > 0 ? R : 1];  // row i of this lane: id warp_begin + 32 i + lane
 
   // Nats below the max after temperature, >= 0; monotone (non-increasing) in the logit. A multiply
-  // by 1/T and exp2 rather than a division and expf: v6, 9-31% faster (docs/kernels/sampling.md).
+  // by 1/T and exp2 rather than a division and expf: fewer instructions per logit
+  // (docs/kernels/sampling.md, "v6: a multiply by 1/T and exp2 per logit").
   __device__ __forceinline__ float distance(float v) const { return (max_logit - v) * inverse_temperature; }
   // Unnormalised probability, in (0, 1].
   __device__ __forceinline__ float mass(float v) const { return exp2f(-distance(v) * kLog2e); }
@@ -194,8 +195,8 @@ __device__ __forceinline__ void combine_argmax(SharedStorage<C>& s, float best, 
 // The float4 sweep of pass 1, for a row that is 16-byte aligned (vocab a multiple of 4) whose
 // logits are not held in registers: the same warp segments, read as float4 with up to
 // kSweepLoads loads per lane in flight at once. In the decode step the lm_head's weight stream has pushed most logits
-// out of L2, and the scalar sweep (four loads in flight) waited on HBM four times: greedy took
-// 11.3 us at batch 1 over 128256 cold ids against 4.4 with this one (docs/kernels/sampling.md, v5).
+// out of L2, and the scalar sweep (four loads in flight) waited on HBM four times
+// (docs/kernels/sampling.md, "v5: greedy reads float4, every load in flight").
 constexpr int kSweepLoads = 8;
 
 __device__ __forceinline__ bool float4_sweep_fits(const float* logits, int vocab) {
@@ -333,7 +334,7 @@ __device__ __forceinline__ void build_histogram(SharedStorage<C>& s, const Seq& 
 // bin, source block) pair is a thread: the C threads of a bin are adjacent lanes, each reads one
 // remote copy, and a butterfly sums them in lane 0's order. One thread per bin reading the C
 // copies in turn left the other warps waiting at the next barrier: ncu's top stall at batch 1
-// (docs/kernels/sampling.md, v7).
+// (docs/kernels/sampling.md, "v7: the cluster exchanges in parallel").
 template <int C>
 __device__ void merge_histograms(SharedStorage<C>& s, int rank) {
   static_assert(kBins <= kThreads && 32 % C == 0, "one thread per (owned bin, source) pair, C lanes per bin");
@@ -718,10 +719,8 @@ cudaError_t launch_sampling(const SamplingParams& params, cudaStream_t stream) {
   ClusterSupport support;
   if (cudaError_t e = cluster_support(support); e != cudaSuccess) return e;
   // 16 blocks per sequence while the batch's clusters of 16 fit the GPU at once; then 8 while
-  // they take at most two waves; then 4 (one wave up to ~32 sequences). Measured on the H200
-  // (docs/kernels/sampling.md): batch 16 runs faster in two waves of 8 (temperature 49.7 vs 64.9
-  // us over 128256 ids), batch 32 in one wave of 4 (three of 8: greedy 27.3 -> 16.7 us, top-k +
-  // top-p 176 -> 130 us).
+  // they take at most two waves; then 4 (one wave up to ~32 sequences): what measured fastest
+  // (docs/kernels/sampling.md, "v3: clusters of 4 beyond two waves of 8").
   const int cluster = params.batch <= support.clusters_of_16    ? 16
                       : params.batch <= 2 * support.clusters_of_8 ? 8
                       : support.clusters_of_4 > 0                 ? 4
