@@ -1,11 +1,12 @@
 # One folder per op, mirroring src/kernels/<op>/: *_gpu binaries are GPU tests (label gpu, skipped
 # without a device); the others are host-side checks (label cpu) that must hold where a GPU is
-# present too (scripts/device/gpu.sh runs them there).
+# present too (scripts/device/gpu.sh runs them there; the two whose paths differ with a device are
+# labelled gpu as well).
 set(kernel_tests ${CMAKE_CURRENT_LIST_DIR})
 
-deepfuse_test(test_decode_attention_plan ${kernel_tests}/attention/test_decode_attention_plan.cpp)
+deepfuse_test(test_decode_attention_plan ${kernel_tests}/attention/test_decode_attention_plan.cpp CPU_AND_GPU)
 deepfuse_test(test_decode_attention_gpu ${kernel_tests}/attention/test_decode_attention_gpu.cpp GPU)
-deepfuse_test(test_prefill_attention_params ${kernel_tests}/attention/test_prefill_attention_params.cpp)
+deepfuse_test(test_prefill_attention_params ${kernel_tests}/attention/test_prefill_attention_params.cpp CPU_AND_GPU)
 deepfuse_test(test_prefill_attention_gpu ${kernel_tests}/attention/test_prefill_attention_gpu.cpp GPU)
 
 deepfuse_test(test_embedding_checks ${kernel_tests}/embedding/test_embedding_checks.cpp)
