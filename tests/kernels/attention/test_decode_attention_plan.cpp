@@ -269,12 +269,16 @@ TEST(DecodeAttentionPlan, ShortContextPlans) {
             EXPECT_EQ(plan->warps_per_block, 8) << what;
             EXPECT_EQ(plan->min_pages_per_split, 1) << what << ": every split streams";
             EXPECT_LE(plan->splits_per_sequence, cluster) << what;
-            if (pages_for(plan->max_context) >= cluster) EXPECT_EQ(plan->splits_per_sequence, cluster) << what;
+            if (pages_for(plan->max_context) >= cluster) {
+              EXPECT_EQ(plan->splits_per_sequence, cluster) << what;
+            }
             EXPECT_LE(static_cast<long long>(batch) * kv_heads, resident.of(plan->splits_per_sequence))
                 << what << ": the clusters must all be resident at once";
             EXPECT_LE(plan->max_context, context) << what;
             EXPECT_GE(plan->max_context, std::min(context, 256 * cluster)) << what;
-            if (batch > 1) EXPECT_LE(plan->max_context, std::min(context, 1024 * cluster)) << what;
+            if (batch > 1) {
+              EXPECT_LE(plan->max_context, std::min(context, 1024 * cluster)) << what;
+            }
           }
   const kernels::ResidentClusters all{66, 33, 16};
   EXPECT_FALSE(plan_short_context_decode_attention(plan_decode_attention(1, 96, 8, 128, 8192, 132), 132, all))
