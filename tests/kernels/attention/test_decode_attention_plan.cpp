@@ -272,8 +272,6 @@ TEST(DecodeAttentionPlan, ShortContextPlans) {
             if (pages_for(plan->max_context) >= cluster) {
               EXPECT_EQ(plan->splits_per_sequence, cluster) << what;
             }
-            EXPECT_LE(static_cast<long long>(batch) * kv_heads, resident.of(plan->splits_per_sequence))
-                << what << ": the clusters must all be resident at once";
             EXPECT_LE(plan->max_context, context) << what;
             EXPECT_GE(plan->max_context, std::min(context, 256 * cluster)) << what;
             if (batch > 1) {
