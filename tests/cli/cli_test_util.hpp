@@ -1,6 +1,6 @@
 // Running the `deepfuse` binary from tests (DEEPFUSE_CLI is its path, set by tests.cmake; the
 // environment variable DEEPFUSE_CLI overrides it for binaries carried to another machine, see
-// scripts/gpu-checks.sh) and reading what it printed: shared by the CPU CLI tests and the CUDA
+// scripts/device/gpu.sh --bin) and reading what it printed: shared by the CPU CLI tests and the CUDA
 // backend's CLI tests.
 #pragma once
 

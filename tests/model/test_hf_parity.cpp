@@ -1,5 +1,5 @@
 // The reference backend against logits Hugging Face transformers computed for the same
-// checkpoints (tests/fixtures/hf, made by scripts/make_hf_fixtures.py): full forward and
+// checkpoints (tests/fixtures/hf, made by scripts/fixtures/make_hf_fixtures.py): full forward and
 // teacher-forced incremental decode, fp32 relative error per position below 1e-4.
 #include <gtest/gtest.h>
 

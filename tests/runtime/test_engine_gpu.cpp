@@ -229,7 +229,9 @@ TEST_P(EngineVsReference, TimedGemmAlgorithmsMatchReference) {
   for (const GemmTuning& t : engine.gemm_tunings()) {
     tuned.insert(t.op + " at " + std::to_string(t.m));
     EXPECT_GE(t.candidates, 1) << t.op;
-    EXPECT_GT(t.chosen_us, 0.0) << t.op;
+    EXPECT_LT(t.chosen, t.candidates) << t.op;
+    // Each call reads its weights (n x k bf16): not faster than 20 TB/s, above any GPU's HBM or L2.
+    EXPECT_GE(t.chosen_us, 2.0 * t.n * t.k / 20e6) << t.op << " " << t.n << "x" << t.k;
     EXPECT_LE(t.chosen_us, t.heuristic_us) << t.op;
   }
   for (const char* op : {"lm_head at 1", "lm_head at 2", "lm_head at 4", "mlp gate_up at 4", "mlp down at 4"})

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <string>
 #include <utility>
@@ -53,6 +54,20 @@ ModelConfig small_config_with_attention_bias() {
   c.qkv_bias = true;
   c.o_proj_bias = true;
   return c;
+}
+
+// The bytes a decode step reads from weights (EngineStats::weight_bytes), from the config alone,
+// bf16 throughout: per layer the two RMSNorm weights, q/k/v and their biases, o_proj and its bias,
+// gate/up/down; the final norm; and the lm_head (the embedding for tied models). The embedding
+// itself is a gather of one row per token and is not counted.
+size_t expected_decode_weight_bytes(const ModelConfig& c) {
+  const size_t hidden = c.hidden_size, inter = c.intermediate_size;
+  const size_t q = static_cast<size_t>(c.num_attention_heads) * c.head_dim;
+  const size_t kv = static_cast<size_t>(c.num_key_value_heads) * c.head_dim;
+  const size_t per_layer = 2 * hidden + (q + 2 * kv) * hidden + (c.qkv_bias ? q + 2 * kv : 0) + q * hidden +
+                           (c.o_proj_bias ? hidden : 0) + 3 * hidden * inter;
+  const size_t lm_head = static_cast<size_t>(c.vocab_size) * hidden;
+  return 2 * (c.num_hidden_layers * per_layer + hidden + lm_head);
 }
 
 EngineOptions small_options(bool cuda_graphs, MlpVariant mlp = MlpVariant::fused) {
@@ -152,8 +167,8 @@ TEST_P(EngineGeneration, EverySequenceGetsItsTokensAndFinishReason) {
   }
   const EngineStats stats = engine.stats();
   EXPECT_EQ(stats.kv_pages_free, stats.kv_pages_total) << "pages leaked";
-  EXPECT_GT(stats.weight_bytes, 0u);
-  EXPECT_GT(stats.launches_per_layer, 0);
+  EXPECT_EQ(stats.weight_bytes, expected_decode_weight_bytes(c.config));
+  EXPECT_GE(stats.launches_per_layer, 4) << "a layer launches at least its qkv projection, attention, o_proj and MLP";
   EXPECT_GT(stats.launches_per_decode_step, c.config.num_hidden_layers * stats.launches_per_layer);
 }
 
@@ -310,8 +325,17 @@ TEST(Engine, BenchmarkSequencesDecodeFromAPrefilledContext) {
   EXPECT_EQ(runtime::EngineBench::decode_replay_ms(engine, 2), 0.0) << "no captured step before the first step()";
   std::map<SequenceId, std::vector<StepToken>> produced;
   for (const StepToken& token : engine.step()) produced[token.sequence].push_back(token);
-  // Replays of the captured step time the GPU alone and leave the sequences' bookkeeping as it was.
-  EXPECT_GT(runtime::EngineBench::decode_replay_ms(engine, 3), 0.0);
+  // Replays of the captured step time the GPU alone and leave the sequences' bookkeeping as it was:
+  // at least half a microsecond per launch of the step, and no longer than a whole step timed on the
+  // host (which launches the same graph and waits for it), with a quarter for clock noise.
+  const double replay_ms = runtime::EngineBench::decode_replay_ms(engine, 3);
+  const int launches = engine.stats(2).launches_per_decode_step;
+  const auto step_start = std::chrono::steady_clock::now();
+  for (const StepToken& token : engine.step()) produced[token.sequence].push_back(token);
+  engine.wait_for_launched_steps();  // the step launched ahead has run too: at least one GPU step
+  const double step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count();
+  EXPECT_GE(replay_ms, 0.0005 * launches) << "replay " << replay_ms << " ms for " << launches << " launches";
+  EXPECT_LE(replay_ms, 1.25 * step_ms) << "replay " << replay_ms << " ms, host-timed step " << step_ms << " ms";
   for (auto& [id, tokens] : run_to_completion(engine)) produced[id].insert(produced[id].end(), tokens.begin(), tokens.end());
   EXPECT_EQ(produced.at(long_one).size(), 4u);
   EXPECT_EQ(produced.at(short_one).size(), 7u);

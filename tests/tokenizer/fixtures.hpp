@@ -1,4 +1,4 @@
-// Access to the parity fixtures made by scripts/make_tokenizer_fixtures.py with the real Hugging
+// Access to the parity fixtures made by scripts/fixtures/make_tokenizer_fixtures.py with the real Hugging
 // Face tokenizers library (tests/fixtures/tokenizers/<name>/).
 #pragma once
 

@@ -13,7 +13,7 @@ directory, and every position's logits are compared:
   transformers logits (the two within 5% of the row's RMS: bf16 may swap those; see
   tests/logits_check.hpp).
 
-    python3 scripts/compare_hf_cuda.py [--deepfuse build-gpu/deepfuse] [--json results.json]
+    python3 scripts/parity/compare_hf_cuda.py [--deepfuse build-gpu/deepfuse] [--json results.json]
 
 Prints a table; exits 1 when a model fails, 2 when deepfuse itself fails to run.
 """
@@ -28,7 +28,8 @@ import tempfile
 import torch
 import transformers
 
-from make_hf_fixtures import randomize  # trained-like random weights, the fixtures' recipe
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "fixtures"))
+from make_hf_fixtures import randomize  # noqa: E402  trained-like random weights, the fixtures' recipe
 
 MAX_ERROR = 2e-2
 MIN_TOP1_AGREEMENT = 0.99

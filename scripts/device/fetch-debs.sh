@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Run HERE (a Debian machine with apt), before a GPU run: downloads into .debs/ (git-ignored) the
-# Debian packages the build needs that a bare GPU machine may lack. scripts/gpu.sh unpacks them
+# Debian packages the build needs that a bare GPU machine may lack. scripts/device/gpu.sh unpacks them
 # into a private prefix there; nothing is installed system-wide and nothing is committed.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 mkdir -p .debs
 cd .debs
 packages=(nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libpcre2-dev libpcre2-8-0 libpcre2-16-0

@@ -3,6 +3,7 @@
 // cudaErrorInvalidValue before it touches the device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -78,58 +79,91 @@ TEST(DecodeAttentionPlan, EveryPlanIsConsistent) {
           }
 }
 
-// With enough pages to go round, the blocks fill the SMs and fit the resident slots (two 4-warp
-// blocks or one 8-warp block per SM) in one wave, or cover several waves almost fully.
-TEST(DecodeAttentionPlan, FillsTheGpuWithoutARaggedLastWave) {
-  for (int sms : {78, 114, 132})
-    for (int batch : {1, 2, 5, 8, 32, 48})
-      for (int context : {8192, 32768, 100000}) {
-        const PlanInput in{batch, 32, 8, 128, context, sms};
-        const auto plan = plan_decode_attention(batch, 32, 8, 128, context, sms);
-        const long long blocks = static_cast<long long>(batch) * 8 * plan.splits_per_sequence;
-        const long long slots = static_cast<long long>(sms) * (8 / plan.warps_per_block);
-        const long long waves = (blocks + slots - 1) / slots;
-        EXPECT_GE(blocks * plan.warps_per_block, 4LL * sms) << describe(in) << ": only " << blocks << " blocks";
-        // Fraction of the resident slots busy, averaged over the waves. Where the (sequence, kv
-        // head) pairs fit one wave the plan keeps to one: shorter sequences run fewer splits, and
-        // a second wave would then be a part-filled one.
-        const double occupancy = static_cast<double>(blocks) / static_cast<double>(waves * slots);
-        if (batch * 8 <= slots) {
-          EXPECT_EQ(waves, 1) << describe(in);
-          EXPECT_GT(occupancy, 0.75) << describe(in) << ": " << blocks << " blocks";
-        } else {
-          EXPECT_GT(occupancy, 0.8) << describe(in) << ": " << blocks << " blocks in " << waves << " waves";
-        }
-      }
+// SM counts of the GPUs the planner must serve (A100 108, H100 PCIe 114, H100 SXM and H200 132,
+// others around them): nothing below holds for one count only.
+constexpr int kSmCounts[] = {78, 108, 114, 132, 144};
+
+// Keys each split of a (sequence, kv head) covers at max_context, in order: split i takes pages
+// [i * pages_per_split, (i + 1) * pages_per_split) of the sequence, clipped to its last page.
+std::vector<long long> keys_per_split(const DecodeAttentionPlan& plan) {
+  std::vector<long long> keys;
+  for (int split = 0; split < plan.splits_per_sequence; ++split) {
+    const long long first = static_cast<long long>(split) * plan.pages_per_split * kernels::kKvPageSize;
+    const long long end = std::min<long long>(first + static_cast<long long>(plan.pages_per_split) * kernels::kKvPageSize,
+                                              plan.max_context);
+    keys.push_back(std::max<long long>(0, end - first));
+  }
+  return keys;
 }
 
-// The benchmark shapes on an H200 (132 SMs).
-TEST(DecodeAttentionPlan, H200BenchmarkShapes) {
-  const auto one_by_8k = plan_decode_attention(1, 32, 8, 128, 8192, 132);
-  EXPECT_EQ(one_by_8k.warps_per_block, 8);
-  EXPECT_GE(one_by_8k.splits_per_sequence, 16) << "one sequence must spread over the SMs";
-  const auto one_by_32k = plan_decode_attention(1, 32, 8, 128, 32768, 132);
-  EXPECT_GE(8 * one_by_32k.splits_per_sequence, 128);
-  EXPECT_LE(8 * one_by_32k.splits_per_sequence, 132) << "one 8-warp block per SM, one wave";
-  const auto eight_by_32k = plan_decode_attention(8, 32, 8, 128, 32768, 132);
-  EXPECT_EQ(eight_by_32k.warps_per_block, 4);
-  EXPECT_EQ(eight_by_32k.splits_per_sequence, 4) << "256 blocks of 4 warps in the 264 slots";
-  const auto many = plan_decode_attention(32, 32, 8, 128, 8192, 132);
-  EXPECT_EQ(many.splits_per_sequence, 1) << "256 (sequence, kv head) blocks already fill 132 SMs";
-  EXPECT_EQ(many.workspace_bytes, 0u);
+// Properties of automatic plans on any SM count, batch, head shape and length:
+//  - every key of the longest sequence is in exactly one split, and no split is empty;
+//  - the workspace holds the counters and every split's partials (expect_consistent);
+//  - where the (sequence, kv head) pairs fit the resident block slots (two 4-warp blocks or one
+//    8-warp block per SM), the plan keeps to one wave: pairs x splits <= slots; and on a cache long
+//    enough to spread, its splits are as short as one wave allows (to the page a 4-warp block
+//    streams) and the blocks hold more than half the slots;
+//  - where the pairs need several waves, the waves are more than 80% full (no ragged last wave).
+TEST(DecodeAttentionPlan, InvariantsOnAnySmCount) {
+  struct Heads {
+    int q, kv;
+  };
+  for (int sms : kSmCounts)
+    for (int batch : {1, 2, 3, 5, 8, 12, 16, 32, 48, 64, 128})
+      for (const Heads heads : {Heads{4, 1}, Heads{16, 2}, Heads{28, 4}, Heads{32, 8}})
+        for (int head_dim : {64, 128})
+          for (int context : {1, 17, 576, 8192, 32768, 100000, 131072}) {
+            const PlanInput in{batch, heads.q, heads.kv, head_dim, context, sms};
+            SCOPED_TRACE(describe(in));
+            const auto plan = plan_decode_attention(batch, heads.q, heads.kv, head_dim, context, sms);
+            expect_consistent(in, plan);
+
+            const std::vector<long long> keys = keys_per_split(plan);
+            long long covered = 0;
+            for (size_t split = 0; split < keys.size(); ++split) {
+              EXPECT_GT(keys[split], 0) << "split " << split << " of " << keys.size() << " is empty";
+              covered += keys[split];
+            }
+            EXPECT_EQ(covered, context) << "the splits must cover every key exactly once";
+
+            const int warps = plan.warps_per_block;
+            EXPECT_EQ(warps, batch == 1 ? 8 : 4) << "one sequence takes 8-warp blocks, a batch 4-warp ones";
+            const long long pages = pages_for(context);
+            const long long pairs = static_cast<long long>(batch) * heads.kv;
+            const long long slots = static_cast<long long>(sms) * (8 / warps);
+            const long long blocks = pairs * plan.splits_per_sequence;
+            const long long waves = (blocks + slots - 1) / slots;
+            if (pairs <= slots) {
+              EXPECT_LE(blocks, slots) << "the pairs fit one wave, the plan must keep to one";
+              const long long most_splits = slots / pairs;  // splits per pair one wave holds
+              if (pages >= 2 * most_splits * warps) {
+                // Pages a 4-warp block streams for a split of `p` pages in this block shape.
+                auto streamed = [&](long long p) { return (p * 4 + warps - 1) / warps; };
+                const long long shortest = (pages + most_splits - 1) / most_splits;
+                EXPECT_EQ(streamed(plan.pages_per_split), streamed(shortest))
+                    << plan.splits_per_sequence << " splits of " << plan.pages_per_split << " pages; one wave holds "
+                    << most_splits << " splits of " << shortest;
+                EXPECT_GT(2 * blocks, slots) << blocks << " blocks leave most of the " << slots << " slots idle";
+              }
+            } else if (pages >= 64) {
+              const double occupancy = static_cast<double>(blocks) / static_cast<double>(waves * slots);
+              EXPECT_GT(occupancy, 0.8) << blocks << " blocks in " << waves << " waves of " << slots << " slots";
+            }
+          }
 }
 
 // One sequence takes 8-warp blocks (half the splits to merge), more take 4-warp blocks; a forced
 // block shape is kept, and short sequences keep 2 pages per warp and split.
 TEST(DecodeAttentionPlan, BlockShapePerBatch) {
+  for (int sms : kSmCounts)
   for (int batch : {1, 2, 8}) {
-    const PlanInput in{batch, 32, 8, 128, 8192, 132};
-    const auto plan = plan_decode_attention(batch, 32, 8, 128, 8192, 132);
+    const PlanInput in{batch, 32, 8, 128, 8192, sms};
+    const auto plan = plan_decode_attention(batch, 32, 8, 128, 8192, sms);
     expect_consistent(in, plan);
     EXPECT_EQ(plan.warps_per_block, batch == 1 ? 8 : 4) << describe(in);
     EXPECT_EQ(plan.min_pages_per_split, 2 * plan.warps_per_block) << describe(in);
     for (int warps : {4, 8}) {
-      const auto forced = plan_decode_attention(batch, 32, 8, 128, 8192, 132, 0, warps);
+      const auto forced = plan_decode_attention(batch, 32, 8, 128, 8192, sms, 0, warps);
       expect_consistent(in, forced);
       EXPECT_EQ(forced.warps_per_block, warps) << describe(in);
     }
@@ -138,11 +172,13 @@ TEST(DecodeAttentionPlan, BlockShapePerBatch) {
 
 // A forced split count is taken as far as distinct, non-empty splits allow.
 TEST(DecodeAttentionPlan, ForcedSplits) {
-  const PlanInput in{1, 32, 8, 128, 8192, 132};
-  for (int forced : {1, 7, 32, 33, 256}) {
-    const auto plan = plan_decode_attention(1, 32, 8, 128, 8192, 132, forced);
-    expect_consistent(in, plan);
-    EXPECT_EQ(plan.splits_per_sequence, forced == 33 ? 32 : forced) << "forced " << forced;
+  for (int sms : kSmCounts) {
+    const PlanInput in{1, 32, 8, 128, 8192, sms};
+    for (int forced : {1, 7, 32, 33, 256}) {
+      const auto plan = plan_decode_attention(1, 32, 8, 128, 8192, sms, forced);
+      expect_consistent(in, plan);
+      EXPECT_EQ(plan.splits_per_sequence, forced == 33 ? 32 : forced) << "forced " << forced << ", " << sms << " SMs";
+    }
   }
   EXPECT_EQ(plan_decode_attention(1, 32, 8, 128, 100, 132, 64).splits_per_sequence, 7) << "100 keys are 7 pages";
   EXPECT_EQ(plan_decode_attention(1, 32, 8, 128, 8192, 132, 7).min_pages_per_split, 1)
@@ -188,104 +224,105 @@ TEST(DecodeAttentionPlan, ClusterMerge) {
   }
 }
 
-// Short-context plans: the largest cluster (8, 4, 2) of at most 8 / batch whose batch x kv_heads
-// clusters the device holds at once, as many splits of 8 warps, sequences up to 16 pages per
-// split; none from 5 sequences, where no cluster fits, for groups of more than 8 heads, or for a
+// Clusters of 2, 4 and 8 one-block-per-SM blocks a device of `sms` SMs holds at once: all of
+// them, a GPU whose GPCs strand some SMs (the H200's 132 hold 66, 30 and 15), and a small share.
+std::vector<kernels::ResidentClusters> resident_cluster_cases(int sms) {
+  return {{sms / 2, sms / 4, sms / 8}, {sms / 2, sms * 30 / 132, sms * 15 / 132}, {4, 2, 1}};
+}
+
+// The cluster size the header promises: the largest of 8, 4, 2 with size x batch <= 8 whose
+// batch x kv_heads clusters the device holds at once; 0 for none.
+int expected_cluster(int batch, int kv_heads, const kernels::ResidentClusters& resident) {
+  for (int cluster : {8, 4, 2})
+    if (cluster * batch <= 8 && static_cast<long long>(batch) * kv_heads <= resident.of(cluster)) return cluster;
+  return 0;
+}
+
+// Short-context plans, on any SM count and resident clusters: the promised cluster size as the
+// split count (fewer only where the cache has fewer pages), merged in the cluster by 8-warp blocks
+// whose every split streams; serving at least 16 pages per split (256 keys x cluster) and never
+// beyond the long plan's context; a batch's splits at most 64 pages; and none where no cluster
+// fits, from 5 sequences, for groups of more than 8 heads, on a device without clusters, or for a
 // single page.
 TEST(DecodeAttentionPlan, ShortContextPlans) {
   using kernels::plan_short_context_decode_attention;
-  const kernels::ResidentClusters h200{66, 30, 15};
-  struct Expected {
-    int batch, kv_heads, cluster;
-  };
-  for (const Expected e : {Expected{1, 8, 8}, Expected{2, 8, 4}, Expected{3, 8, 2}, Expected{4, 8, 2},
-                           Expected{1, 4, 8}, Expected{2, 4, 4}, Expected{4, 4, 2}, Expected{1, 16, 4},
-                           Expected{1, 32, 2}}) {
-    const int q_heads = 4 * e.kv_heads;
-    for (int context : {32768, 1000}) {
-      const auto long_plan = plan_decode_attention(e.batch, q_heads, e.kv_heads, 128, context, 132);
-      const auto plan = plan_short_context_decode_attention(long_plan, 132, h200);
-      const std::string what = "batch " + std::to_string(e.batch) + ", " + std::to_string(e.kv_heads) +
-                               " kv heads, plan for " + std::to_string(context);
-      ASSERT_TRUE(plan.has_value()) << what;
-      expect_consistent({e.batch, q_heads, e.kv_heads, 128, plan->max_context, 132}, *plan);
-      EXPECT_TRUE(plan->cluster_merge) << what;
-      EXPECT_EQ(plan->warps_per_block, 8) << what;
-      EXPECT_EQ(plan->min_pages_per_split, 1) << what << ": every split streams";
-      // At least 16 pages per split, more where the L2 merge is large (below); a batch's 32-64.
-      EXPECT_GE(plan->max_context, std::min(context, 256 * e.cluster)) << what;
-      if (e.batch > 1) EXPECT_LE(plan->max_context, std::min(context, 1024 * e.cluster)) << what;
-      if (context > 256 * e.cluster) EXPECT_EQ(plan->splits_per_sequence, e.cluster) << what;
-    }
-  }
-  EXPECT_FALSE(plan_short_context_decode_attention(plan_decode_attention(5, 32, 8, 128, 8192, 132), 132, h200))
-      << "5 sequences: less than 2 of the 8 splits each";
-  EXPECT_FALSE(plan_short_context_decode_attention(plan_decode_attention(2, 160, 40, 128, 8192, 132), 132, h200))
-      << "80 clusters of 2 do not fit";
-  EXPECT_FALSE(plan_short_context_decode_attention(plan_decode_attention(1, 96, 8, 128, 8192, 132), 132, h200))
+  for (int sms : kSmCounts)
+    for (const kernels::ResidentClusters& resident : resident_cluster_cases(sms))
+      for (int batch : {1, 2, 3, 4, 5})
+        for (int kv_heads : {1, 2, 4, 8, 16, 32})
+          for (int context : {16, 100, 1000, 32768}) {
+            const int q_heads = 4 * kv_heads;
+            const auto long_plan = plan_decode_attention(batch, q_heads, kv_heads, 128, context, sms);
+            const auto plan = plan_short_context_decode_attention(long_plan, sms, resident);
+            const std::string what = std::to_string(sms) + " SMs holding " + std::to_string(resident.of2) + "/" +
+                                     std::to_string(resident.of4) + "/" + std::to_string(resident.of8) +
+                                     " clusters, batch " + std::to_string(batch) + ", " + std::to_string(kv_heads) +
+                                     " kv heads, plan for " + std::to_string(context);
+            const int cluster = expected_cluster(batch, kv_heads, resident);
+            if (cluster == 0 || pages_for(context) == 1) {
+              EXPECT_FALSE(plan.has_value()) << what;
+              continue;
+            }
+            ASSERT_TRUE(plan.has_value()) << what;
+            expect_consistent({batch, q_heads, kv_heads, 128, plan->max_context, sms}, *plan);
+            EXPECT_TRUE(plan->cluster_merge) << what;
+            EXPECT_EQ(plan->warps_per_block, 8) << what;
+            EXPECT_EQ(plan->min_pages_per_split, 1) << what << ": every split streams";
+            EXPECT_LE(plan->splits_per_sequence, cluster) << what;
+            if (pages_for(plan->max_context) >= cluster) {
+              EXPECT_EQ(plan->splits_per_sequence, cluster) << what;
+            }
+            EXPECT_LE(plan->max_context, context) << what;
+            EXPECT_GE(plan->max_context, std::min(context, 256 * cluster)) << what;
+            if (batch > 1) {
+              EXPECT_LE(plan->max_context, std::min(context, 1024 * cluster)) << what;
+            }
+          }
+  const kernels::ResidentClusters all{66, 33, 16};
+  EXPECT_FALSE(plan_short_context_decode_attention(plan_decode_attention(1, 96, 8, 128, 8192, 132), 132, all))
       << "12 heads per kv head";
   EXPECT_FALSE(plan_short_context_decode_attention(plan_decode_attention(1, 32, 8, 128, 8192, 132), 132, {}))
       << "a device without clusters";
-  EXPECT_FALSE(plan_short_context_decode_attention(plan_decode_attention(1, 32, 8, 128, 16, 132), 132, h200))
-      << "one page: nothing to merge";
 }
 
-// Cluster splits stream one page each per 400 bytes of the bf16 partials the L2 plan's merge
-// would read (splits x query heads per kv head x head_dim x 2), at least 16, for a batch 32 to
-// 64: the bounds fitted to the decode step on the H200 (docs/kernels/decode_attention.md).
+// How long a short-context plan's splits may stream, on any SM count (the header's rule): 16
+// pages each while the clusters hold under a fifth of the SMs; else one page per 400 bytes of the
+// bf16 partials the L2 plan's merge would read (its splits x group x head_dim x 2), at least 16,
+// and for a batch between 32 and 64. So the bound grows with the merge it spares.
 TEST(DecodeAttentionPlan, ClusterBoundGrowsWithTheMerge) {
   using kernels::plan_short_context_decode_attention;
-  const kernels::ResidentClusters h200{66, 30, 15};
   struct Shape {
     const char* model;
-    int q_heads, kv_heads, head_dim, l2_splits, keys;
+    int q_heads, kv_heads, head_dim;
   };
-  for (const Shape s : {Shape{"Llama-3.2-1B", 32, 8, 64, 16, 2560}, Shape{"Llama-3-8B", 32, 8, 128, 16, 5120},
-                        Shape{"Qwen2.5-7B", 28, 4, 128, 32, 18304}}) {
-    const auto l2 = plan_decode_attention(1, s.q_heads, s.kv_heads, s.head_dim, 32768, 132);
-    ASSERT_EQ(l2.splits_per_sequence, s.l2_splits) << s.model;
-    const auto plan = plan_short_context_decode_attention(l2, 132, h200);
-    ASSERT_TRUE(plan.has_value()) << s.model;
-    EXPECT_EQ(plan->max_context, s.keys) << s.model;
-    // The bench's engines plan for 32800 keys, where Qwen2.5-7B's L2 plan takes 33 splits.
-    const auto engine_plan = plan_short_context_decode_attention(
-        plan_decode_attention(1, s.q_heads, s.kv_heads, s.head_dim, 32800, 132), 132, h200);
-    ASSERT_TRUE(engine_plan.has_value()) << s.model;
-    EXPECT_GE(engine_plan->max_context, s.keys) << s.model;
-    EXPECT_EQ(plan->splits_per_sequence, 8) << s.model;
-    expect_consistent({1, s.q_heads, s.kv_heads, s.head_dim, plan->max_context, 132}, *plan);
-    // Never beyond the engine's own context.
-    const auto short_engine = plan_short_context_decode_attention(
-        plan_decode_attention(1, s.q_heads, s.kv_heads, s.head_dim, 3000, 132), 132, h200);
-    ASSERT_TRUE(short_engine.has_value()) << s.model;
-    EXPECT_LE(short_engine->max_context, 3000) << s.model;
-  }
-  // Two sequences (4 cluster splits each, L2 plans of 4-warp blocks): Llama-3.2-1B 32 pages (its
-  // merge alone: 20), Llama-3-8B 40, Qwen2.5-7B 64 (its merge alone would allow 147).
-  for (const Shape s : {Shape{"Llama-3.2-1B", 32, 8, 64, 16, 2048}, Shape{"Llama-3-8B", 32, 8, 128, 16, 2560},
-                        Shape{"Qwen2.5-7B", 28, 4, 128, 33, 4096}}) {
-    const auto l2 = plan_decode_attention(2, s.q_heads, s.kv_heads, s.head_dim, 32768, 132);
-    ASSERT_EQ(l2.splits_per_sequence, s.l2_splits) << s.model << ", two sequences";
-    const auto plan = plan_short_context_decode_attention(l2, 132, h200);
-    ASSERT_TRUE(plan.has_value()) << s.model << ", two sequences";
-    EXPECT_EQ(plan->max_context, s.keys) << s.model << ", two sequences";
-    EXPECT_EQ(plan->splits_per_sequence, 4) << s.model << ", two sequences";
-  }
-  // Four sequences of Qwen2.5-7B: 2 splits each, the 64-page cap (its merge: 71); three: 24 cluster
-  // blocks, under a fifth of the SMs, keep 16 pages.
-  const auto four = plan_short_context_decode_attention(plan_decode_attention(4, 28, 4, 128, 32768, 132), 132, h200);
-  ASSERT_TRUE(four.has_value());
-  EXPECT_EQ(four->max_context, 2048);
-  const auto three = plan_short_context_decode_attention(plan_decode_attention(3, 28, 4, 128, 32768, 132), 132, h200);
-  ASSERT_TRUE(three.has_value());
-  EXPECT_EQ(three->max_context, 512);
-  // Clusters on fewer than a fifth of the SMs (8 x 2 kv heads = 16 of 132) keep 16 pages per
-  // split, however large the merge: a long cache would stream through too few SMs.
-  const auto few = plan_decode_attention(1, 16, 2, 128, 32768, 132);
-  ASSERT_GT(few.splits_per_sequence, 32);
-  const auto plan = plan_short_context_decode_attention(few, 132, h200);
-  ASSERT_TRUE(plan.has_value());
-  EXPECT_EQ(plan->max_context, 2048);
+  const Shape shapes[] = {{"Llama-3.2-1B", 32, 8, 64}, {"Llama-3-8B", 32, 8, 128}, {"Qwen2.5-7B", 28, 4, 128},
+                          {"two kv heads", 16, 2, 128}};
+  for (int sms : kSmCounts)
+    for (const Shape& s : shapes)
+      for (int batch : {1, 2, 4})
+        for (int context : {3000, 32768, 32800}) {
+          const kernels::ResidentClusters resident{sms / 2, sms / 4, sms / 8};
+          const auto l2 = plan_decode_attention(batch, s.q_heads, s.kv_heads, s.head_dim, context, sms);
+          const auto plan = plan_short_context_decode_attention(l2, sms, resident);
+          const std::string what = std::string(s.model) + ", batch " + std::to_string(batch) + ", " +
+                                   std::to_string(sms) + " SMs, plan for " + std::to_string(context);
+          const int cluster = expected_cluster(batch, s.kv_heads, resident);
+          if (cluster == 0) {
+            EXPECT_FALSE(plan.has_value()) << what;
+            continue;
+          }
+          ASSERT_TRUE(plan.has_value()) << what;
+          const long long cluster_blocks = static_cast<long long>(batch) * s.kv_heads * cluster;
+          const long long merge_bytes = 2LL * l2.splits_per_sequence * (s.q_heads / s.kv_heads) * s.head_dim;
+          long long pages = 16;
+          if (5 * cluster_blocks >= sms) {
+            pages = std::max<long long>(16, merge_bytes / 400);
+            if (batch > 1) pages = std::clamp<long long>(pages, 32, 64);
+          }
+          EXPECT_EQ(plan->max_context, std::min<long long>(context, cluster * pages * kernels::kKvPageSize))
+              << what << ": " << merge_bytes << " bytes of partials, " << cluster_blocks << " cluster blocks";
+          EXPECT_EQ(plan->splits_per_sequence, cluster) << what;
+        }
 }
 
 TEST(DecodeAttentionPlan, RejectsBadSizes) {

@@ -2,11 +2,12 @@
 # A/B of deepfuse binaries (a change against its base, built elsewhere and carried to the GPU
 # machine) in one run: every round runs each binary once with the same arguments, rounds
 # interleaved (a b a b), so clock or thermal drift shows up as a spread, not as a difference.
-#   scripts/ab-binaries.sh OUT ROUNDS NAME=BINARY[,NAME=BINARY...] deepfuse-arguments...
-# e.g. scripts/ab-binaries.sh out 2 base=bin/deepfuse-base,new=bin/deepfuse bench mlp --norm --m 1 8
+#   scripts/device/ab-binaries.sh OUT ROUNDS NAME=BINARY[,NAME=BINARY...] deepfuse-arguments...
+# e.g. scripts/device/ab-binaries.sh out 2 base=bin/deepfuse-base,new=bin/deepfuse bench mlp --norm --m 1 8
 # Logs: OUT/NAME-rROUND.log; OUT/ab.txt holds every log's table rows, labelled.
 set -uo pipefail
-out=${1:?usage: scripts/ab-binaries.sh OUT ROUNDS NAME=BINARY,... ARGS...}
+export NCCL_NVLS_ENABLE=0  # NCCL NVLink multicast off: the lent multi-GPU machines need it
+out=${1:?usage: scripts/device/ab-binaries.sh OUT ROUNDS NAME=BINARY,... ARGS...}
 rounds=${2:?rounds}
 IFS=, read -r -a binaries <<<"${3:?NAME=BINARY list}"
 shift 3

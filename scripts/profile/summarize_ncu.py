@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Sums an `ncu --csv --metrics gpu__time_duration.sum` log by kernel and compares the total with
 the step time a `deepfuse bench decode --json` file reports.
-usage: summarize_ncu.py NCU_CSV [STEP_JSON]"""
+usage: scripts/profile/summarize_ncu.py NCU_CSV [STEP_JSON]"""
 import csv
 import io
 import json

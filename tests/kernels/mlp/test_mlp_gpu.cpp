@@ -129,7 +129,8 @@ TEST(FusedMlp, EveryClusterSizeAndOccupancy) {
         MlpLayer layer(MlpVariant::fused, shape, c.max_tokens);
         layer.load_weights(c.weights(), nullptr);
         // Programmatic launches (consecutive calls overlap) where allowed, half of the cases.
-        layer.set_fused_tuning({.blocks_per_sm = blocks_per_sm, .cluster_size = cluster, .programmatic_launch = blocks_per_sm == 2});
+        layer.set_fused_tuning(
+            {.blocks_per_sm = blocks_per_sm, .cluster_size = cluster, .programmatic_launch = blocks_per_sm == 2});
         for (int tokens : {1, 3, 12, 17, 40, 100}) {
           const std::vector<float> y = run_poisoned(layer, c, tokens, true);
           EXPECT_EQ(testing::count_nan(y), 0u);

@@ -1,5 +1,5 @@
 # Sourced by the GPU scripts: unpacks the Debian packages brought along in .debs/
-# (scripts/fetch-device-debs.sh) into .deps/ and points the build and the loader at them.
+# (scripts/device/fetch-debs.sh) into .deps/ and points the build and the loader at them.
 # Sets prefix_args (extra CMake configure arguments; empty when there are no .debs).
 prefix_args=()
 if compgen -G ".debs/*.deb" >/dev/null; then

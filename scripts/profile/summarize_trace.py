@@ -2,7 +2,7 @@
 """Per-launch timelines from `deepfuse bench decode|attention|mlp --trace FILE` (a
 -DDEEPFUSE_TRACE=ON build).
 
-usage: scripts/summarize_trace.py TRACE.csv [--launches N]
+usage: scripts/profile/summarize_trace.py TRACE.csv [--launches N]
 
 Each traced kernel's blocks stamp %globaltimer at marks (kernels/common/trace.hpp): start,
 upstream (programmatic dependents: the previous grid is complete), phase (the last weight or

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Nsight Compute details (clocks left as they are) for the kernels one deepfuse command launches:
 # speed of light, launch statistics, occupancy, warp states and memory traffic, as text.
-#   scripts/profile-kernels.sh OUT NAME KERNEL_REGEX COUNT -- deepfuse-args...
-# e.g. scripts/profile-kernels.sh out attn8k decode_attention 3 -- bench attention --cases 1x8k --reps 5
+#   scripts/profile/profile-kernels.sh OUT NAME KERNEL_REGEX COUNT -- deepfuse-args...
+# e.g. scripts/profile/profile-kernels.sh out attn8k decode_attention 3 -- bench attention --cases 1x8k --reps 5
 # Builds build-gpu/deepfuse first when it is missing.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out=${1:?usage: profile-kernels.sh OUT NAME KERNEL_REGEX COUNT -- args...}
+export NCCL_NVLS_ENABLE=0  # NCCL NVLink multicast off: the lent multi-GPU machines need it
+cd "$(dirname "$0")/../.."
+out=${1:?usage: scripts/profile/profile-kernels.sh OUT NAME KERNEL_REGEX COUNT -- args...}
 name=$2 kernels=$3 count=$4
 shift 4
 [[ ${1:-} == -- ]] && shift
@@ -14,9 +15,9 @@ export PATH=/usr/local/cuda/bin:$PATH
 mkdir -p "$out"
 bin=build-gpu/deepfuse
 if [[ ! -x $bin ]]; then
-  source scripts/unpack-device-debs.sh
+  source scripts/device/unpack-debs.sh
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDEEPFUSE_CUDA_ARCHS=90a "${prefix_args[@]}" >"$out/configure.log" 2>&1
-  cmake --build build-gpu --target deepfuse -j "$(nproc)" >"$out/build.log" 2>&1 || { tail -n 30 "$out/build.log"; exit 1; }
+  cmake --build build-gpu --target deepfuse_cli -j "$(nproc)" >"$out/build.log" 2>&1 || { tail -n 30 "$out/build.log"; exit 1; }
 fi
 sections=(--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats
           --section SchedulerStats --section MemoryWorkloadAnalysis ${DEEPFUSE_NCU_SECTIONS:-})
