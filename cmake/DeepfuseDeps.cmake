@@ -1,5 +1,5 @@
 # Finds every external dependency in one place. All come from the CUDA toolkit or Debian
-# packages (scripts/install-deps.sh); on the GPU machine, from the prefix scripts/gpu.sh unpacks.
+# packages (scripts/install-deps.sh); on the GPU machine, from the prefix scripts/device/gpu.sh unpacks.
 find_package(CUDAToolkit REQUIRED)
 find_package(Threads REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)

@@ -14,9 +14,9 @@
 //   6 rms_norm(residual; post_attention_norm)          -> MLP input
 //   7 SwiGLU MLP + residual                            -> residual
 // With the fused MLP variant a decode step of up to 16 tokens runs 1-3 as one kernel
-// (kernels/qkv/qkv_rope_fused.cuh); up to 8 tokens (EngineOptions::fused_mlp_max_tokens) 6-7
+// (deepfuse/kernels/qkv_rope_fused.hpp); up to 8 tokens (EngineOptions::fused_mlp_max_tokens) 6-7
 // run as one (the norm folded into the fused MLP), and o_proj + residual is one cluster GEMV
-// launch (kernels/gemv/gemv_residual.cuh; up to 8 tokens on every model, gemv_o_proj_max_tokens):
+// launch (deepfuse/kernels/gemv_residual.hpp; up to 8 tokens on every model, gemv_o_proj_max_tokens):
 // four launches per layer with single-launch attention. Otherwise o_proj is cuBLASLt, which at
 // small batch adds a split-K reduction kernel (five). Elsewhere the
 // norms 1 and 6 are folded into the weights after them (GpuWeights, folded_norm.cuh): 1/rms is

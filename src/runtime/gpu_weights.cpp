@@ -51,7 +51,7 @@ std::string gib(size_t bytes) {
   return text;
 }
 
-// Whether the unfused paths fold their RMSNorms into the weights (kernels/norm/folded_norm.cuh):
+// Whether the unfused paths fold their RMSNorms into the weights (deepfuse/kernels/folded_norm.hpp):
 // two launches per layer fewer (docs/runtime.md, "Norms folded into the unfused paths' weights").
 // DEEPFUSE_FOLD_NORMS=0 keeps the norm launches, for A/B.
 bool folds_norms() {

@@ -12,7 +12,7 @@
 //   input_norm's weight in its columns and every unfused MLP (the copy, or the unfused variant)
 //   post_attention_norm's in gate_up, so those paths need no norm launch (folded_norm.cuh).
 //   qkv_packed, o_proj_packed: with the fused MLP variant, fragment-packed copies for the decode
-//   kernels (kernels/qkv/qkv_rope_fused.cuh, kernels/gemv/gemv_residual.cuh); prefill keeps using
+//   kernels (deepfuse/kernels/qkv_rope_fused.hpp, deepfuse/kernels/gemv_residual.hpp); prefill keeps using
 //   the row-major copies with cuBLASLt.
 //   rope_inv_freq: fp32 [head_dim / 2], rope_inverse_frequencies (llama3 scaling included).
 //

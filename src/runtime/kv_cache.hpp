@@ -1,5 +1,5 @@
 // The paged KV cache on the device: one allocation holding every layer's key and value pools
-// (layout: src/kernels/attention/paged_kv.cuh), the device block table, and the host
+// (layout: include/deepfuse/kernels/paged_kv.hpp), the device block table, and the host
 // KvPageTable whose changes it mirrors to the device with small stream-ordered copies:
 //   - a row gains pages: only the new entries are copied up (from pinned staging);
 //   - a row is removed: the last row is moved into the hole device-to-device.

@@ -1,6 +1,6 @@
 // Host bookkeeping of the paged KV cache: which page holds which positions of which sequence.
 //
-// The pool has `total_pages` pages of kKvPageSize tokens (src/kernels/attention/paged_kv.cuh). A
+// The pool has `total_pages` pages of kKvPageSize tokens (include/deepfuse/kernels/paged_kv.hpp). A
 // free list hands them out; each running sequence owns one row of the block table, listing its
 // pages in position order, and grows by whole pages as its context grows. Rows are kept compact
 // (rows 0..rows()-1 are in use) because row i of the block table is entry i of the decode batch:

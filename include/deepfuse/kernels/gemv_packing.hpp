@@ -1,6 +1,6 @@
 // The weight layout of the cluster GEMV stream (cluster_gemv.cuh): row-major [rows, inner] bf16
 // -> for each 16-row tile, for each 16-column k-step, the 32 lanes x 16 bytes an mma.m16n8k16 A
-// operand wants (kernels/mlp/fragment.cuh). Host-callable; no device code here.
+// operand wants (kernels/common/fragment.cuh). Host-callable; no device code here.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -42,7 +42,7 @@ cudaError_t launch_qkv_rope_fused(const QkvRopeFusedParams& params, cudaStream_t
 
 // Row-major [rows, hidden] bf16 (q_proj, k_proj, v_proj rows stacked) -> the fragment-packed
 // layout: for each 16-row tile, for each 16-column k-step, 32 lanes x 16 bytes (see
-// kernels/mlp/fragment.cuh). Same byte count as the input; rows and hidden multiples of 16.
+// kernels/common/fragment.cuh). Same byte count as the input; rows and hidden multiples of 16.
 cudaError_t pack_qkv_weights(const __nv_bfloat16* weights, uint4* packed, int rows, int hidden, cudaStream_t stream);
 
 }  // namespace deepfuse::kernels

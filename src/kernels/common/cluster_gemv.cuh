@@ -12,7 +12,7 @@
 // cluster barrier each block adds its rows' partials from its own shared memory and may leave
 // without waiting for the others. Design history and timings: docs/kernels/qkv_rope_fused.md.
 //
-// Weights are fragment-packed by pack_rows_fragments (kernels/mlp/fragment.cuh's A layout): for
+// Weights are fragment-packed by pack_rows_fragments (kernels/common/fragment.cuh's A layout): for
 // each 16-row tile, for each 16-column k-step, 32 lanes x 16 bytes.
 #pragma once
 

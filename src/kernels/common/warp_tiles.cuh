@@ -1,5 +1,5 @@
 // Warp-level building blocks of the attention kernels: cp.async copies into shared memory,
-// ldmatrix / movmatrix fragment moves for mma.m16n8k16 (fragment layouts: kernels/mlp/fragment.cuh),
+// ldmatrix / movmatrix fragment moves for mma.m16n8k16 (fragment layouts: kernels/common/fragment.cuh),
 // bf16 packing, warp reductions. Thin PTX wrappers, nothing attention-specific.
 #pragma once
 

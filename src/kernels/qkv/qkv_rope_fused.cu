@@ -5,7 +5,7 @@
 // with a small prologue (the norm) and a small epilogue (bias, rotation, scatter into the cache),
 // and the unfused path's two extra launches and HBM round trips of qkv are what it saves.
 //
-// The weight stream is kernels/gemv/cluster_gemv.cuh's; this file is the epilogue.
+// The weight stream is kernels/common/cluster_gemv.cuh's; this file is the epilogue.
 //
 // Work split. One thread-block cluster of C blocks per "head unit" (each q head, each k head, each
 // v head: head_dim output rows); the cluster's blocks split the hidden (k) dimension into C ranges.
