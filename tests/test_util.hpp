@@ -63,6 +63,13 @@ inline size_t count_nan(const std::vector<float>& values) {
   return n;
 }
 
+// A fake device address for the launchers' host-side argument checks, which must refuse a bad
+// call before anything dereferences it.
+template <typename T>
+T* fake_device_pointer(uintptr_t address) {
+  return reinterpret_cast<T*>(address);
+}
+
 }  // namespace deepfuse::testing
 
 // First statement of every GPU test.

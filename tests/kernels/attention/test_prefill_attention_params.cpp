@@ -13,17 +13,13 @@
 
 #include "deepfuse/device.hpp"
 #include "deepfuse/kernels/prefill_attention.hpp"
+#include "test_util.hpp"
 
 namespace deepfuse {
 namespace {
 
 using kernels::PrefillAttentionParams;
-
-// Fake, 16-byte aligned device addresses: validation never dereferences them.
-template <typename T>
-T* fake_device_pointer(uintptr_t address) {
-  return reinterpret_cast<T*>(address);
-}
+using testing::fake_device_pointer;
 
 // 28 query heads over 4 kv heads of 128, a 100-token chunk at position 37 of sequence 2.
 PrefillAttentionParams valid_params() {

@@ -5,21 +5,18 @@
 #include <cstdint>
 
 #include "deepfuse/kernels/embedding.hpp"
+#include "test_util.hpp"
 
 namespace deepfuse {
 namespace {
 
-// Fake device addresses: the launchers must reject the call before dereferencing anything.
-template <typename T>
-T* fake(uintptr_t address) {
-  return reinterpret_cast<T*>(address);
-}
+using testing::fake_device_pointer;
 
 kernels::EmbeddingParams valid_embedding() {
   kernels::EmbeddingParams p;
-  p.table = fake<const __nv_bfloat16>(0x100000);
-  p.ids = fake<const int32_t>(0x200000);
-  p.out = fake<__nv_bfloat16>(0x300000);
+  p.table = fake_device_pointer<const __nv_bfloat16>(0x100000);
+  p.ids = fake_device_pointer<const int32_t>(0x200000);
+  p.out = fake_device_pointer<__nv_bfloat16>(0x300000);
   p.vocab = 100, p.hidden = 64, p.tokens = 3;
   return p;
 }
@@ -36,8 +33,8 @@ TEST(SmallKernelChecks, EmbeddingRejectsBadArguments) {
   p = valid_embedding(), p.hidden = 0, expect_invalid(p, "hidden 0");
   p = valid_embedding(), p.tokens = 0, expect_invalid(p, "no tokens");
   p = valid_embedding(), p.vocab = 0, expect_invalid(p, "empty vocabulary");
-  p = valid_embedding(), p.table = fake<const __nv_bfloat16>(0x100008), expect_invalid(p, "misaligned table");
-  p = valid_embedding(), p.out = fake<__nv_bfloat16>(0x300002), expect_invalid(p, "misaligned out");
+  p = valid_embedding(), p.table = fake_device_pointer<const __nv_bfloat16>(0x100008), expect_invalid(p, "misaligned table");
+  p = valid_embedding(), p.out = fake_device_pointer<__nv_bfloat16>(0x300002), expect_invalid(p, "misaligned out");
 }
 
 }  // namespace

@@ -14,22 +14,19 @@
 #include "deepfuse/kernels/swiglu_elementwise.hpp"
 #include "deepfuse/kernels/folded_norm.hpp"
 #include "deepfuse/kernels/rms_norm.hpp"
+#include "test_util.hpp"
 
 namespace deepfuse {
 namespace {
 
-// Fake device addresses: the launchers must reject the call before dereferencing anything.
-template <typename T>
-T* fake(uintptr_t address) {
-  return reinterpret_cast<T*>(address);
-}
+using testing::fake_device_pointer;
 
 kernels::RmsNormParams valid_norm() {
   kernels::RmsNormParams p;
-  p.residual = fake<__nv_bfloat16>(0x100000);
-  p.x = fake<const __nv_bfloat16>(0x200000);
-  p.weight = fake<const __nv_bfloat16>(0x300000);
-  p.out = fake<__nv_bfloat16>(0x400000);
+  p.residual = fake_device_pointer<__nv_bfloat16>(0x100000);
+  p.x = fake_device_pointer<const __nv_bfloat16>(0x200000);
+  p.weight = fake_device_pointer<const __nv_bfloat16>(0x300000);
+  p.out = fake_device_pointer<__nv_bfloat16>(0x400000);
   p.rows = 4, p.hidden = 4096, p.eps = 1e-5f;
   return p;
 }
@@ -49,33 +46,33 @@ TEST(SmallKernelChecks, RmsNormRejectsBadArguments) {
   p = valid_norm(), p.eps = -1.0f, expect_invalid(p, "negative eps");
   p = valid_norm(), p.eps = std::numeric_limits<float>::quiet_NaN(), expect_invalid(p, "NaN eps");
   p = valid_norm(), p.out = p.residual, expect_invalid(p, "out aliases residual");
-  p = valid_norm(), p.out = fake<__nv_bfloat16>(0x100000 + 4 * 4096 * 2 - 16), expect_invalid(p, "out overlaps residual");
-  p = valid_norm(), p.weight = fake<const __nv_bfloat16>(0x300004), expect_invalid(p, "misaligned weight");
+  p = valid_norm(), p.out = fake_device_pointer<__nv_bfloat16>(0x100000 + 4 * 4096 * 2 - 16), expect_invalid(p, "out overlaps residual");
+  p = valid_norm(), p.weight = fake_device_pointer<const __nv_bfloat16>(0x300004), expect_invalid(p, "misaligned weight");
   // add_rms_norm alone also reads x: an out overlapping x is rejected there.
-  p = valid_norm(), p.out = fake<__nv_bfloat16>(0x200000);
+  p = valid_norm(), p.out = fake_device_pointer<__nv_bfloat16>(0x200000);
   EXPECT_EQ(kernels::launch_add_rms_norm(p, nullptr), cudaErrorInvalidValue) << "out aliases x";
-  p = valid_norm(), p.x = fake<const __nv_bfloat16>(0x200002);
+  p = valid_norm(), p.x = fake_device_pointer<const __nv_bfloat16>(0x200002);
   EXPECT_EQ(kernels::launch_add_rms_norm(p, nullptr), cudaErrorInvalidValue) << "misaligned x";
 }
 
 TEST(SmallKernelChecks, FoldedNormConsumersRejectBadArguments) {
-  auto* gate_up = fake<const __nv_bfloat16>(0x1000000);
-  auto* act = fake<__nv_bfloat16>(0x2000000);
-  const kernels::FoldedRmsNorm norm{fake<const __nv_bfloat16>(0x3000000), 4096, 1e-5f};
+  auto* gate_up = fake_device_pointer<const __nv_bfloat16>(0x1000000);
+  auto* act = fake_device_pointer<__nv_bfloat16>(0x2000000);
+  const kernels::FoldedRmsNorm norm{fake_device_pointer<const __nv_bfloat16>(0x3000000), 4096, 1e-5f};
   auto bad = norm;
   bad.hidden = 100;
   EXPECT_EQ(kernels::silu_and_mul(gate_up, act, 4, 14336, nullptr, bad), cudaErrorInvalidValue) << "norm hidden";
-  bad = norm, bad.input = fake<const __nv_bfloat16>(0x3000002);
+  bad = norm, bad.input = fake_device_pointer<const __nv_bfloat16>(0x3000002);
   EXPECT_EQ(kernels::silu_and_mul(gate_up, act, 4, 14336, nullptr, bad), cudaErrorInvalidValue) << "misaligned";
   EXPECT_EQ(kernels::silu_and_mul(gate_up, act, 65536, 64, nullptr, norm), cudaErrorInvalidValue) << "tokens";
 
-  auto* matrix = fake<__nv_bfloat16>(0x4000000);
-  auto* weight = fake<const __nv_bfloat16>(0x5000000);
+  auto* matrix = fake_device_pointer<__nv_bfloat16>(0x4000000);
+  auto* weight = fake_device_pointer<const __nv_bfloat16>(0x5000000);
   EXPECT_EQ(kernels::launch_fold_norm_weight(nullptr, 4, 64, weight, nullptr), cudaErrorInvalidValue) << "null matrix";
   EXPECT_EQ(kernels::launch_fold_norm_weight(matrix, 4, 64, nullptr, nullptr), cudaErrorInvalidValue) << "null weight";
   EXPECT_EQ(kernels::launch_fold_norm_weight(matrix, 0, 64, weight, nullptr), cudaErrorInvalidValue) << "no rows";
   EXPECT_EQ(kernels::launch_fold_norm_weight(matrix, 4, 60, weight, nullptr), cudaErrorInvalidValue) << "cols % 8";
-  EXPECT_EQ(kernels::launch_fold_norm_weight(matrix, 4, 64, fake<const __nv_bfloat16>(0x5000002), nullptr),
+  EXPECT_EQ(kernels::launch_fold_norm_weight(matrix, 4, 64, fake_device_pointer<const __nv_bfloat16>(0x5000002), nullptr),
             cudaErrorInvalidValue)
       << "misaligned weight";
 }

@@ -7,26 +7,23 @@
 
 #include "deepfuse/kernels/folded_norm.hpp"
 #include "deepfuse/kernels/rope_kv_append.hpp"
+#include "test_util.hpp"
 
 namespace deepfuse {
 namespace {
 
-// Fake device addresses: the launchers must reject the call before dereferencing anything.
-template <typename T>
-T* fake(uintptr_t address) {
-  return reinterpret_cast<T*>(address);
-}
+using testing::fake_device_pointer;
 
 kernels::RopeKvAppendParams valid_rope() {
   kernels::RopeKvAppendParams p;
-  p.qkv = fake<const __nv_bfloat16>(0x1000000);
-  p.inv_freq = fake<const float>(0x2000000);
-  p.positions = fake<const int32_t>(0x3000000);
-  p.sequences = fake<const int32_t>(0x4000000);
-  p.q_out = fake<__nv_bfloat16>(0x5000000);
-  p.kv.k_pages = fake<__nv_bfloat16>(0x6000000);
-  p.kv.v_pages = fake<__nv_bfloat16>(0x7000000);
-  p.kv.block_table = fake<const int32_t>(0x8000000);
+  p.qkv = fake_device_pointer<const __nv_bfloat16>(0x1000000);
+  p.inv_freq = fake_device_pointer<const float>(0x2000000);
+  p.positions = fake_device_pointer<const int32_t>(0x3000000);
+  p.sequences = fake_device_pointer<const int32_t>(0x4000000);
+  p.q_out = fake_device_pointer<__nv_bfloat16>(0x5000000);
+  p.kv.k_pages = fake_device_pointer<__nv_bfloat16>(0x6000000);
+  p.kv.v_pages = fake_device_pointer<__nv_bfloat16>(0x7000000);
+  p.kv.block_table = fake_device_pointer<const int32_t>(0x8000000);
   p.kv.max_pages_per_seq = 4, p.kv.kv_heads = 2, p.kv.head_dim = 128;
   p.tokens = 3, p.q_heads = 8;
   return p;
@@ -51,16 +48,16 @@ TEST(SmallKernelChecks, RopeKvAppendRejectsBadArguments) {
   p = valid_rope(), p.kv.head_dim = 12, expect_invalid(p, "head_dim not a multiple of 8");
   p = valid_rope(), p.kv.head_dim = 0, expect_invalid(p, "head_dim 0");
   p = valid_rope(), p.kv.max_pages_per_seq = 0, expect_invalid(p, "empty block table rows");
-  p = valid_rope(), p.q_out = fake<__nv_bfloat16>(0x1000000 + 256), expect_invalid(p, "q_out overlaps qkv");
-  p = valid_rope(), p.qkv_bias = fake<const __nv_bfloat16>(0x9000008), expect_invalid(p, "misaligned bias");
-  p = valid_rope(), p.kv.k_pages = fake<__nv_bfloat16>(0x6000004), expect_invalid(p, "misaligned k_pages");
-  const kernels::FoldedRmsNorm norm{fake<const __nv_bfloat16>(0xa000000), 4096, 1e-5f};
+  p = valid_rope(), p.q_out = fake_device_pointer<__nv_bfloat16>(0x1000000 + 256), expect_invalid(p, "q_out overlaps qkv");
+  p = valid_rope(), p.qkv_bias = fake_device_pointer<const __nv_bfloat16>(0x9000008), expect_invalid(p, "misaligned bias");
+  p = valid_rope(), p.kv.k_pages = fake_device_pointer<__nv_bfloat16>(0x6000004), expect_invalid(p, "misaligned k_pages");
+  const kernels::FoldedRmsNorm norm{fake_device_pointer<const __nv_bfloat16>(0xa000000), 4096, 1e-5f};
   p = valid_rope(), p.input_norm = norm, p.input_norm.hidden = 12, expect_invalid(p, "norm hidden not a multiple of 8");
   p = valid_rope(), p.input_norm = norm, p.input_norm.hidden = 0, expect_invalid(p, "norm hidden 0");
   p = valid_rope(), p.input_norm = norm, p.input_norm.eps = -1.0f, expect_invalid(p, "negative norm eps");
-  p = valid_rope(), p.input_norm = norm, p.input_norm.input = fake<const __nv_bfloat16>(0xa000004),
+  p = valid_rope(), p.input_norm = norm, p.input_norm.input = fake_device_pointer<const __nv_bfloat16>(0xa000004),
   expect_invalid(p, "misaligned norm input");
-  p = valid_rope(), p.input_norm = norm, p.tokens = 65536, p.q_out = fake<__nv_bfloat16>(0x40000000);
+  p = valid_rope(), p.input_norm = norm, p.tokens = 65536, p.q_out = fake_device_pointer<__nv_bfloat16>(0x40000000);
   expect_invalid(p, "more tokens than grid rows");
 }
 

@@ -6,21 +6,18 @@
 #include <cstdint>
 
 #include "deepfuse/kernels/sampling.hpp"
+#include "test_util.hpp"
 
 namespace deepfuse {
 namespace {
 
-// Fake device addresses: the launchers must reject the call before dereferencing anything.
-template <typename T>
-T* fake(uintptr_t address) {
-  return reinterpret_cast<T*>(address);
-}
+using testing::fake_device_pointer;
 
 kernels::SamplingParams valid_sampling() {
   kernels::SamplingParams p;
-  p.logits = fake<const float>(0x100000);
-  p.slots = fake<kernels::SamplingSlot>(0x200000);
-  p.ids = fake<int32_t>(0x300000);
+  p.logits = fake_device_pointer<const float>(0x100000);
+  p.slots = fake_device_pointer<kernels::SamplingSlot>(0x200000);
+  p.ids = fake_device_pointer<int32_t>(0x300000);
   p.batch = 4, p.vocab = 152064;
   return p;
 }
