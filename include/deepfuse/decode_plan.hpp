@@ -83,4 +83,9 @@ struct PlanOverride {
 // malformed text).
 std::vector<PlanOverride> parse_plan_overrides(std::string_view text);
 
+// "splits=8 warps=4 merge=workspace" / "auto" (the planner's choice), as tables print it.
+std::string describe(const AttentionChoice& choice);
+// The plan as a table, one row per bucket, then the prefill choice and the source.
+std::string describe(const DecodePlan& plan);
+
 }  // namespace deepfuse

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "deepfuse/decode_plan.hpp"
 #include "deepfuse/gemm_tuning.hpp"
 #include "deepfuse/mlp.hpp"
 #include "deepfuse/model_config.hpp"
@@ -27,6 +28,7 @@ namespace deepfuse {
 
 namespace runtime {
 class EngineBench;
+class EngineTuning;
 }
 
 struct EngineOptions {
@@ -36,15 +38,12 @@ struct EngineOptions {
   double kv_memory_fraction = 0.90;
   bool cuda_graphs = true;        // false: eager launches (debugging); results are identical
   int prefill_chunk = 1024;       // prompt tokens per prefill pass
-  MlpVariant mlp_variant = MlpVariant::fused;
-  // With the fused MLP: steps of more tokens (prefill chunks, larger decode batches) run the
-  // unfused MLP (cuBLASLt) from a second, row-major copy of the MLP weights, for 3·H·I·2 more
-  // bytes per layer (11 GiB on Llama-3-8B). 0: the fused MLP serves every step. The copy makes
-  // steps above 8 tokens and prefill much faster; at 8 and below the fused MLP is as fast or faster
-  // (docs/runtime.md, "The MLP's second copy").
-  // Set to 0 at construction when the copy would not leave room for one max_context sequence's
-  // KV cache (Engine::options() shows it).
-  int fused_mlp_max_tokens = 8;
+  // The decode plan (deepfuse/decode_plan.hpp): which variant each op runs per batch bucket. The
+  // GPU class's built-in plan, replaced by the entry `deepfuse tune` saved in `tuning_cache` for
+  // this GPU, model and buckets (empty path: none), then `plan_overrides` (applied in order; an
+  // override the model or GPU cannot run is an error). Engine::plan() shows the result.
+  std::filesystem::path tuning_cache;
+  std::vector<PlanOverride> plan_overrides;
   // Decode steps run one ahead of the host: step() launches the next decode step before it reads
   // back this one's tokens, so the GPU does not wait for the host between steps (docs/runtime.md,
   // "Steps launched ahead").
@@ -58,6 +57,10 @@ struct EngineOptions {
   // differ between processes when two algorithms time within noise, and with it the last bits of
   // the logits; false keeps cuBLASLt's deterministic first choice.
   bool tune_gemms = false;
+  // Benchmarks: keep the unfused MLP's second weight copy whenever the plan runs both MLP variants
+  // and the weights fit, even where it leaves less than max_batch x max_context of KV cache
+  // (which the engine otherwise keeps first, dropping the copy: Engine::plan() then says so).
+  bool keep_mlp_copy = false;
   int device = 0;
 };
 
@@ -87,6 +90,7 @@ struct StepToken {
 // Memory and launch accounting for benchmarks and `inspect`.
 struct EngineStats {
   size_t weight_bytes = 0;               // bytes a decode step reads from weights
+  size_t gpu_weight_bytes = 0;           // bytes the weights hold on the device, every layout the plan needs
   size_t kv_cache_bytes = 0;             // pool size
   int kv_pages_total = 0;
   int kv_pages_free = 0;
@@ -96,6 +100,15 @@ struct EngineStats {
   int kernels_per_decode_step = 0;       // kernel nodes in the bucket's captured graph, counted from
                                          // the graph (0 before the bucket's first step, or without graphs)
 };
+
+// The decode plan an engine with these options would run for `config` on options.device, and the
+// bytes its weights would hold there, without loading any weight (`deepfuse inspect --plan`).
+struct PlanPreview {
+  DecodePlan plan;
+  std::string notice;           // Engine::plan_notice()
+  size_t gpu_weight_bytes = 0;  // EngineStats::gpu_weight_bytes
+};
+PlanPreview preview_plan(const ModelConfig& config, const EngineOptions& options);
 
 class Engine {
  public:
@@ -114,6 +127,10 @@ class Engine {
   const EngineOptions& options() const;
   // Launch counts are those of the graph bucket serving `decode_batch` sequences (0: the largest).
   EngineStats stats(int decode_batch = 0) const;
+  // The decode plan in use, and its source; plan_notice(): empty, or one line on why a tuning
+  // cache was ignored.
+  const DecodePlan& plan() const;
+  const std::string& plan_notice() const;
   // The GEMMs timed at construction (EngineOptions::tune_gemms), in the order they were timed.
   const std::vector<GemmTuning>& gemm_tunings() const;
 
@@ -151,6 +168,8 @@ class Engine {
 
  private:
   friend class runtime::EngineBench;  // benchmark-only entry points (src/runtime/engine_bench.hpp)
+  friend class runtime::EngineTuning;  // the profiler's entry points (src/runtime/engine_tuning.hpp)
+  friend PlanPreview preview_plan(const ModelConfig& config, const EngineOptions& options);
   struct Impl;
   explicit Engine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

@@ -16,6 +16,7 @@
 #include "deepfuse/kernels/paged_kv.hpp"
 #include "kernels/common/trace.hpp"
 #include "runtime/engine_bench.hpp"
+#include "scheduler/tuning_cache.hpp"
 
 namespace deepfuse::bench {
 
@@ -242,8 +243,9 @@ void run_arch(const std::string& arch, const DecodeBenchOptions& options, double
   engine_options.kv_cache_bytes = options.kv_cache_bytes;
   engine_options.cuda_graphs = options.cuda_graphs;
   engine_options.overlap_steps = options.overlap_steps;
-  engine_options.mlp_variant = options.mlp_variant;
-  engine_options.fused_mlp_max_tokens = options.fused_mlp_max_tokens;
+  engine_options.plan_overrides = options.plan_overrides;
+  engine_options.tuning_cache = options.tuning_cache;
+  engine_options.keep_mlp_copy = options.keep_mlp_copy;
   engine_options.tune_gemms = options.tune_gemms;
 
   ModelConfig config = random_arch_config(arch);
@@ -271,6 +273,9 @@ void run_arch(const std::string& arch, const DecodeBenchOptions& options, double
                            {"heuristic_us", t.heuristic_us},
                            {"chosen_us", t.chosen_us}});
   }
+  if (!engine->plan_notice().empty()) std::fprintf(stderr, "  %s: %s\n", arch.c_str(), engine->plan_notice().c_str());
+  if (options.print_plan) std::printf("  %s decode plan:\n%s", arch.c_str(), describe(engine->plan()).c_str());
+  report.rows.push_back({{"kind", "plan"}, {"arch", arch}, {"plan", nlohmann::json::parse(scheduler::plan_to_json(engine->plan()))}});
   const EngineStats stats = engine->stats();
   std::fprintf(stderr, "  %s: %.2f GB of weights, %.1f GB KV pool (%d pages), %d launches per step, planned for %d tokens\n",
                arch.c_str(), stats.weight_bytes / 1e9, stats.kv_cache_bytes / 1e9, stats.kv_pages_total,
@@ -313,11 +318,11 @@ int run_decode_bench(const DecodeBenchOptions& options) {
   }
   const double copy_bw = measure_copy_bandwidth();
   std::printf(
-      "GPU: %s, %d SMs; measured copy bandwidth %.3f TB/s (read+write); CUDA graphs %s, steps overlapped %s, MLP "
-      "%s (fused up to %d tokens), cuBLASLt GEMMs %s\n",
+      "GPU: %s, %d SMs; measured copy bandwidth %.3f TB/s (read+write); CUDA graphs %s, steps overlapped %s, plan "
+      "%s%s%s, cuBLASLt GEMMs %s\n",
       device.name.c_str(), device.sm_count, copy_bw / 1e12, options.cuda_graphs ? "on" : "off",
-      options.overlap_steps ? "on" : "off",
-      mlp_variant_name(options.mlp_variant), options.fused_mlp_max_tokens,
+      options.overlap_steps ? "on" : "off", options.tuning_cache.empty() ? "built-in" : "from the tuning cache",
+      options.plan_override_text.empty() ? "" : " + overrides ", options.plan_override_text.c_str(),
       options.tune_gemms ? "timed at construction" : "as cuBLASLt's heuristic ranks them");
   Report report;
   for (const auto& arch : options.archs) run_arch(arch, options, copy_bw, report);
@@ -339,8 +344,8 @@ int run_decode_bench(const DecodeBenchOptions& options) {
   if (!options.json_path.empty()) {
     nlohmann::json json = run_header(device.name, copy_bw);
     json.update({{"suite", "decode"}, {"cuda_graphs", options.cuda_graphs}, {"overlap_steps", options.overlap_steps},
-                 {"mlp_variant", mlp_variant_name(options.mlp_variant)},
-                 {"fused_mlp_max_tokens", options.fused_mlp_max_tokens}, {"tune_gemms", options.tune_gemms},
+                 {"plan_override", options.plan_override_text}, {"tuning_cache", options.tuning_cache.string()},
+                 {"keep_mlp_copy", options.keep_mlp_copy}, {"tune_gemms", options.tune_gemms},
                  {"steps", options.steps},
                  {"warmup", options.warmup}, {"rows", report.rows}});
     write_json(options.json_path, json);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -26,8 +27,11 @@ struct DecodeBenchOptions {
   int ttft_repetitions = 3;            // timed first tokens per prompt length (median)
   bool cuda_graphs = true;
   bool overlap_steps = true;
-  MlpVariant mlp_variant = MlpVariant::fused;
-  int fused_mlp_max_tokens = EngineOptions{}.fused_mlp_max_tokens;
+  std::vector<PlanOverride> plan_overrides;  // EngineOptions::plan_overrides
+  std::string plan_override_text;            // as given, for the results
+  std::filesystem::path tuning_cache;        // EngineOptions::tuning_cache (empty: built-in plans)
+  bool keep_mlp_copy = true;                 // EngineOptions::keep_mlp_copy
+  bool print_plan = false;                   // --plan: each engine's plan before its rows
   bool tune_gemms = false;             // EngineOptions::tune_gemms; the timings go in a table of their own
   size_t kv_cache_bytes = 0;           // 0: the engine's default share of free GPU memory
   int max_context = 0;                 // the engine's planned context; 0: the longest case needs

@@ -6,6 +6,7 @@
 #include "bench/decode_bench.hpp"
 #include "bench/mlp_bench.hpp"
 #include "bench/sampling_bench.hpp"
+#include "cli/engine_options.hpp"
 #include "cli/commands.hpp"
 #include "deepfuse/error.hpp"
 
@@ -28,7 +29,8 @@ void register_bench_decode(CLI::App& bench, Action& action) {
   auto* decode = bench.add_subcommand("decode", "CUDA engine decode step vs its roofline, and time to first token");
   struct DecodeArgs {
     bench::DecodeBenchOptions options;
-    std::string mlp_variant = "fused";
+    EngineArgs plan;  // --plan-override, --tuning-cache, --no-tuning-cache
+    bool server_memory_plan = false;
     size_t kv_cache_mb = 0;
     bool no_cuda_graphs = false;
     bool no_overlap_steps = false;
@@ -51,11 +53,11 @@ void register_bench_decode(CLI::App& bench, Action& action) {
   decode->add_flag("--no-cuda-graphs", args->no_cuda_graphs, "eager launches instead of CUDA graphs");
   decode->add_flag("--no-overlap-steps", args->no_overlap_steps,
                    "read each decode step back before launching the next (EngineOptions::overlap_steps)");
-  decode->add_option("--mlp-variant", args->mlp_variant, "fused | unfused | naive (default fused)");
-  decode->add_option("--fused-mlp-max-tokens", o.fused_mlp_max_tokens,
-                     "larger steps run the unfused MLP (a second weight copy); 0: fused always (default " +
-                         std::to_string(o.fused_mlp_max_tokens) + ")")
-      ->check(CLI::NonNegativeNumber);
+  add_plan_options(*decode, args->plan);
+  decode->add_flag("--plan", o.print_plan, "print each engine's decode plan and where it came from");
+  decode->add_flag("--server-memory-plan", args->server_memory_plan,
+                   "drop the unfused MLP copy unless max_batch x max_context of KV cache fits too, as "
+                   "generate and serve do (default: keep it whenever the weights fit)");
   decode->add_option("--max-context", o.max_context,
                      "the engine's planned context (default: what the longest case needs); the attention plans for it")
       ->check(CLI::PositiveNumber);
@@ -77,7 +79,12 @@ void register_bench_decode(CLI::App& bench, Action& action) {
       else if (options.ttft_prompts.empty()) options.ttft_prompts = bench::default_decode_bench_ttft_prompts();
       options.cuda_graphs = !args->no_cuda_graphs;
       options.overlap_steps = !args->no_overlap_steps;
-      options.mlp_variant = parse_mlp_variant(args->mlp_variant);
+      const EngineOptions plan = engine_options(args->plan);  // a bad override fails here, before any GPU work
+      options.plan_overrides = plan.plan_overrides;
+      for (const std::string& text : args->plan.plan_overrides)
+        options.plan_override_text += (options.plan_override_text.empty() ? "" : ",") + text;
+      options.tuning_cache = plan.tuning_cache;
+      options.keep_mlp_copy = !args->server_memory_plan;
       options.kv_cache_bytes = args->kv_cache_mb << 20;
       return bench::run_decode_bench(options);
     };

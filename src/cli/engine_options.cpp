@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
+#include <cstdlib>
 #include <cstdio>
 #include <memory>
 
@@ -46,17 +48,50 @@ void add_engine_options(CLI::App& command, EngineArgs& args) {
       .add_flag("--no-overlap-steps", args.no_overlap_steps,
                 "read each decode step's tokens back before launching the next (debugging)")
       ->group(group);
-  command.add_option("--mlp-variant", args.mlp_variant, "fused | unfused | naive (default fused)")->group(group);
-  command
-      .add_option("--fused-mlp-max-tokens", args.fused_mlp_max_tokens,
-                  "larger steps run the unfused MLP from a second copy of its weights; 0: fused always (default " +
-                      std::to_string(args.fused_mlp_max_tokens) + ")")
-      ->check(CLI::NonNegativeNumber)
-      ->group(group);
+  add_plan_options(command, args);
   command
       .add_flag("--tune-gemms", args.tune_gemms,
                 "time cuBLASLt's suggested algorithms for the decode GEMMs at start-up and keep the fastest")
       ->group(group);
+}
+
+void add_plan_options(CLI::App& command, EngineArgs& args) {
+  const std::string group = "CUDA backend";
+  command
+      .add_option("--plan-override", args.plan_overrides,
+                  "OP[@BUCKET]=VARIANT[,...]: override the decode plan, e.g. mlp=unfused, mlp@16=unfused, "
+                  "front@32=fused, o_proj=cublaslt, attention.splits@1=8, attention.merge=workspace, prefill.mlp=fused")
+      ->group(group);
+  command
+      .add_option("--tuning-cache", args.tuning_cache,
+                  "plans measured by `deepfuse tune` (default $XDG_CACHE_HOME/deepfuse/tuning.json)")
+      ->group(group);
+  command.add_flag("--no-tuning-cache", args.no_tuning_cache, "use the built-in plan, ignoring any tuning cache")
+      ->group(group);
+}
+
+void check_tuning_cache_writable(const std::filesystem::path& path) {
+  std::error_code error;
+  std::filesystem::create_directories(path.parent_path().empty() ? "." : path.parent_path(), error);
+  const std::filesystem::path probe = path.string() + ".probe";
+  {
+    std::ofstream out(probe);
+    DF_CHECK(!error && out.good(), "--tuning-cache " + path.string() + ": cannot write there" +
+                                       (error ? " (" + error.message() + ")" : ""));
+  }
+  std::filesystem::remove(probe, error);
+}
+
+std::filesystem::path default_tuning_cache() {
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
+    return std::filesystem::path(xdg) / "deepfuse" / "tuning.json";
+  if (const char* home = std::getenv("HOME"); home && *home)
+    return std::filesystem::path(home) / ".cache" / "deepfuse" / "tuning.json";
+  return {};
+}
+
+void print_plan_notice(const Engine& engine) {
+  if (!engine.plan_notice().empty()) std::fprintf(stderr, "%s\n", engine.plan_notice().c_str());
 }
 
 EngineOptions engine_options(const EngineArgs& args) {
@@ -66,12 +101,22 @@ EngineOptions engine_options(const EngineArgs& args) {
   options.kv_cache_bytes = args.kv_cache_mb << 20;
   options.cuda_graphs = !args.no_cuda_graphs;
   options.overlap_steps = !args.no_overlap_steps;
-  options.fused_mlp_max_tokens = args.fused_mlp_max_tokens;
   options.tune_gemms = args.tune_gemms;
-  try {
-    options.mlp_variant = parse_mlp_variant(args.mlp_variant);
-  } catch (const Error&) {
-    throw Error("--mlp-variant '" + args.mlp_variant + "': unknown MLP variant (fused, unfused, naive)");
+  for (const std::string& text : args.plan_overrides) {
+    try {
+      for (PlanOverride& o : parse_plan_overrides(text)) options.plan_overrides.push_back(std::move(o));
+    } catch (const Error& e) {
+      throw Error("--plan-override '" + text + "': " + e.what());
+    }
+  }
+  if (!args.no_tuning_cache)
+    options.tuning_cache = args.tuning_cache.empty() ? default_tuning_cache() : std::filesystem::path(args.tuning_cache);
+  // A cache named on the command line must be a readable file where it exists (a corrupt one is
+  // only ignored, with a notice, by the engine).
+  if (!args.tuning_cache.empty() && std::filesystem::exists(options.tuning_cache)) {
+    std::ifstream in(options.tuning_cache);
+    DF_CHECK(std::filesystem::is_regular_file(options.tuning_cache) && in.good(),
+             "--tuning-cache " + options.tuning_cache.string() + ": not a readable file");
   }
   return options;
 }

@@ -5,7 +5,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include <filesystem>
 #include <string>
+#include <vector>
 
 #include "deepfuse/engine.hpp"
 #include "deepfuse/model_config.hpp"
@@ -32,17 +34,35 @@ struct EngineArgs {
   size_t kv_cache_mb = 0;        // 0: the engine's default share of free GPU memory
   bool no_cuda_graphs = false;
   bool no_overlap_steps = false;
-  std::string mlp_variant = "fused";
-  int fused_mlp_max_tokens = EngineOptions{}.fused_mlp_max_tokens;
+  std::vector<std::string> plan_overrides;  // --plan-override, as given
+  std::string tuning_cache;                 // --tuning-cache; empty: default_tuning_cache()
+  bool no_tuning_cache = false;
   bool tune_gemms = false;
 };
 
-// Adds --max-batch, --max-context, --kv-cache-mb, --no-cuda-graphs, --no-overlap-steps, --mlp-variant,
-// --fused-mlp-max-tokens and --tune-gemms.
+// Adds --max-batch, --max-context, --kv-cache-mb, --no-cuda-graphs, --no-overlap-steps,
+// --plan-override, --tuning-cache, --no-tuning-cache and --tune-gemms.
 void add_engine_options(CLI::App& command, EngineArgs& args);
 
-// Throws deepfuse::Error naming the flag on a bad value (e.g. an unknown --mlp-variant).
+// Adds --plan-override and --tuning-cache / --no-tuning-cache alone (bench decode has its own
+// engine flags).
+void add_plan_options(CLI::App& command, EngineArgs& args);
+
+// Throws deepfuse::Error naming the flag on a bad value (e.g. a malformed --plan-override), before
+// any GPU work.
 EngineOptions engine_options(const EngineArgs& args);
+
+// Where `deepfuse tune` saves plans and engines look them up: $XDG_CACHE_HOME/deepfuse/tuning.json,
+// else ~/.cache/deepfuse/tuning.json; empty when neither variable is set. (The CLI reads the
+// environment; the library never does.)
+std::filesystem::path default_tuning_cache();
+
+// Throws deepfuse::Error naming the path when a tuning cache cannot be written there (its folder
+// cannot be made, or a file in it cannot be created): `tune` checks before any GPU work.
+void check_tuning_cache_writable(const std::filesystem::path& path);
+
+// The plan's one-line cache notice, if any, on stderr.
+void print_plan_notice(const Engine& engine);
 
 // Draws "loading weights [#####     ]  52%  1.2 / 2.3 GB" on stderr while weights load, when
 // stderr is a terminal (logs and tests see nothing); clears the line when done.

@@ -1,8 +1,13 @@
-// `deepfuse inspect`: what a checkpoint directory holds, after validating it fully.
+// `deepfuse inspect`: what a checkpoint directory holds, after validating it fully; with --plan,
+// the decode plan the CUDA engine would run for it on this GPU, and where each choice came from.
 #include <cstdio>
 #include <map>
 
 #include "cli/commands.hpp"
+#include "cli/engine_options.hpp"
+#include "deepfuse/device.hpp"
+#include "deepfuse/engine.hpp"
+#include "deepfuse/error.hpp"
 #include "deepfuse/model_config.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "deepfuse/safetensors.hpp"
@@ -11,7 +16,26 @@ namespace deepfuse::cli {
 
 namespace {
 
-int run_inspect(const std::string& model_dir) {
+struct InspectArgs {
+  std::string model_dir;
+  bool plan = false;
+  EngineArgs engine;
+};
+
+void print_plan(const ModelConfig& config, const EngineArgs& args) {
+  const EngineOptions options = engine_options(args);  // bad flags fail before any GPU work
+  DF_CHECK(cuda_device_available(), "inspect --plan: no CUDA device found on this machine (plans are per GPU)");
+  const PlanPreview preview = preview_plan(config, options);
+  if (!preview.notice.empty()) std::fprintf(stderr, "%s\n", preview.notice.c_str());
+  std::printf("\ndecode plan (max_batch %d, tuning cache %s):\n%s", options.max_batch,
+              options.tuning_cache.empty() ? "none" : options.tuning_cache.string().c_str(),
+              describe(preview.plan).c_str());
+  std::printf("weights on the GPU: %zu bytes (%.2f GiB) in the layouts this plan runs\n", preview.gpu_weight_bytes,
+              static_cast<double>(preview.gpu_weight_bytes) / (1ull << 30));
+}
+
+int run_inspect(const InspectArgs& args) {
+  const std::string& model_dir = args.model_dir;
   const ModelConfig c = load_model_config(model_dir);
   const Checkpoint checkpoint(model_dir);
   validate_checkpoint(checkpoint, c);
@@ -42,6 +66,7 @@ int run_inspect(const std::string& model_dir) {
   std::printf("parameters:    %llu\n", static_cast<unsigned long long>(parameters));
   std::printf("bytes:         %llu (%.2f GiB)\n", static_cast<unsigned long long>(bytes),
               static_cast<double>(bytes) / (1ull << 30));
+  if (args.plan) print_plan(c, args.engine);
   return 0;
 }
 
@@ -49,9 +74,12 @@ int run_inspect(const std::string& model_dir) {
 
 void register_inspect(CLI::App& app, Action& action) {
   auto* command = app.add_subcommand("inspect", "Validate a checkpoint and print its architecture, sizes and dtype");
-  auto model_dir = std::make_shared<std::string>();
-  command->add_option("--model", *model_dir, "checkpoint directory")->required();
-  command->callback([model_dir, &action] { action = [model_dir] { return run_inspect(*model_dir); }; });
+  auto args = std::make_shared<InspectArgs>();
+  command->add_option("--model", args->model_dir, "checkpoint directory")->required();
+  command->add_flag("--plan", args->plan,
+                    "also print the decode plan the CUDA engine would run on this GPU (the engine flags below shape it)");
+  add_engine_options(*command, args->engine);
+  command->callback([args, &action] { action = [args] { return run_inspect(*args); }; });
 }
 
 }  // namespace deepfuse::cli

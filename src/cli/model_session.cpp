@@ -160,10 +160,12 @@ void load_weights(const ModelArgs& args, LoadedModel& model) {
   const EngineOptions options = engine_options(args.engine);
   if (args.random_weights) {
     model.engine = std::make_unique<Engine>(Engine::with_random_weights(model.config, options, /*seed=*/0));
+    print_plan_notice(*model.engine);
     return;
   }
   try {
     model.engine = std::make_unique<Engine>(Engine::from_checkpoint(args.model_dir, options, stderr_progress_bar()));
+    print_plan_notice(*model.engine);
   } catch (...) {
     clear_progress_bar();
     throw;

@@ -1,7 +1,6 @@
 list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/attention/prefill_attention.cu
   ${CMAKE_CURRENT_LIST_DIR}/attention/decode_attention.cu
-  ${CMAKE_CURRENT_LIST_DIR}/common/cluster_launch.cpp
   ${CMAKE_CURRENT_LIST_DIR}/common/trace.cpp
   ${CMAKE_CURRENT_LIST_DIR}/embedding/embedding.cu
   ${CMAKE_CURRENT_LIST_DIR}/fill/fill.cu

@@ -6,11 +6,13 @@
 #include <cmath>
 #include <string>
 
-#include "core/ab_switch.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "deepfuse/safetensors.hpp"
 #include "runtime/engine_impl.hpp"
+#include "scheduler/builtin_plans.hpp"
+#include "scheduler/tuning_cache.hpp"
+#include "scheduler/variants.hpp"
 
 namespace deepfuse {
 
@@ -31,8 +33,6 @@ std::string str(size_t value) { return std::to_string(value); }
 void validate_engine_setup(const ModelConfig& c, EngineOptions& o) {
   DF_CHECK(o.max_batch >= 1, "max_batch is " + std::to_string(o.max_batch) + "; it must be at least 1");
   DF_CHECK(o.prefill_chunk >= 1, "prefill_chunk is " + std::to_string(o.prefill_chunk) + "; it must be at least 1");
-  DF_CHECK(o.fused_mlp_max_tokens >= 0,
-           "fused_mlp_max_tokens is " + std::to_string(o.fused_mlp_max_tokens) + "; it must be 0 (no limit) or more");
   DF_CHECK(o.kv_memory_fraction > 0 && o.kv_memory_fraction <= 1,
            "kv_memory_fraction is " + std::to_string(o.kv_memory_fraction) + "; it must be in (0, 1]");
   if (o.max_context == 0) o.max_context = c.max_position_embeddings;
@@ -103,42 +103,109 @@ Engine::Impl::~Impl() {
 
 void Engine::Impl::activate_device() const { DF_CHECK_CUDA(cudaSetDevice(options.device)); }
 
-void Engine::Impl::fit_mlp_copy() {
+scheduler::GpuInfo Engine::Impl::gpu_info() const {
+  cudaDeviceProp props{};
+  DF_CHECK_CUDA(cudaGetDeviceProperties(&props, options.device));
+  return {props.name, props.major, props.minor, props.multiProcessorCount, props.totalGlobalMem};
+}
+
+scheduler::TuningKey Engine::Impl::tuning_key() const {
+  const scheduler::GpuInfo gpu = gpu_info();
+  scheduler::TuningKey key{gpu.name, gpu.sms, gpu.memory_bytes};
+  DF_CHECK_CUDA(cudaDriverGetVersion(&key.driver));
+  DF_CHECK_CUDA(cudaRuntimeGetVersion(&key.runtime));
+  key.deepfuse = DEEPFUSE_VERSION;
+  key.model = scheduler::PlanShape::of(config).signature();
+  return key;
+}
+
+void Engine::Impl::make_plan(bool all_layouts) {
+  const scheduler::GpuInfo gpu = gpu_info();
+  const scheduler::PlanShape shape = scheduler::PlanShape::of(config);
+  const std::vector<int> buckets = runtime::decode_buckets(options.max_batch);
+  plan = scheduler::builtin_plan(shape, gpu, buckets);
+  if (!options.tuning_cache.empty()) {
+    scheduler::CacheLookup cached = scheduler::load_tuned_plan(options.tuning_cache, tuning_key());
+    plan_notice = cached.notice;
+    // A plan tuned for up to 64 sequences serves an engine of fewer: each of its buckets the
+    // tuned plan measured takes the tuned choices; others keep the built-in ones.
+    if (cached.plan) {
+      int taken = 0;
+      for (BucketPlan& bucket : plan.buckets)
+        for (const BucketPlan& tuned : cached.plan->buckets)
+          if (tuned.batch == bucket.batch) bucket = tuned, ++taken;
+      if (taken > 0) {
+        plan.prefill_mlp = cached.plan->prefill_mlp;
+        plan.source = cached.plan->source + (taken < static_cast<int>(plan.buckets.size())
+                                                 ? "; built-in where not tuned (" + plan.source + ")"
+                                                 : "");
+      }
+    }
+  }
+  plan = scheduler::apply_overrides(std::move(plan), options.plan_overrides, shape, gpu);
+  scheduler::check_plan(plan, shape, gpu);
+  layouts_ = runtime::WeightLayouts::of(plan, max_tokens());
+  if (all_layouts) {
+    // Every layout a candidate of any bucket may need (the registry's supports rules).
+    for (const BucketPlan& bucket : plan.buckets) {
+      const int m = bucket.batch;
+      layouts_.mlp_fused |= scheduler::why_unsupported(MlpChoice::fused, shape, m, gpu).empty();
+      layouts_.mlp_unfused |= scheduler::why_unsupported(MlpChoice::unfused, shape, m, gpu).empty();
+      layouts_.front_packed |= scheduler::why_unsupported(FrontChoice::fused, shape, m, gpu).empty();
+      layouts_.o_proj_packed |=
+          scheduler::why_unsupported(OProjChoice::gemv, FrontChoice::fused, shape, m, gpu).empty();
+    }
+  } else {
+    fit_plan_to_memory();
+  }
+}
+
+void Engine::Impl::fit_plan_to_memory() {
+  if (!(layouts_.mlp_fused && layouts_.mlp_unfused)) return;
   size_t free_bytes = 0, total_bytes = 0;
   DF_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
   const size_t one_sequence = static_cast<size_t>(KvPageTable::pages_for(options.max_context)) * kv_geometry().page_bytes();
-  options.fused_mlp_max_tokens =
-      runtime::fit_mlp_plan(config, mlp_plan(), free_bytes, one_sequence + kMemoryReserve).fused_max_tokens;
+  const size_t kv_first = options.keep_mlp_copy ? 0 : one_sequence * options.max_batch;
+  if (runtime::fits_with_kv(config, layouts_, free_bytes, kv_first + kMemoryReserve)) return;
+  const scheduler::GpuInfo gpu = gpu_info();
+  const scheduler::PlanShape shape = scheduler::PlanShape::of(config);
+  if (!scheduler::why_unsupported(MlpChoice::fused, shape, max_tokens(), gpu).empty()) return;  // the copy is needed
+  for (BucketPlan& bucket : plan.buckets) bucket.mlp = MlpChoice::fused;
+  plan.prefill_mlp = MlpChoice::fused;
+  plan.source += "; unfused MLP copy dropped (the KV cache of max_batch x max_context comes first)";
+  layouts_.mlp_unfused = false;
+}
+
+void Engine::Impl::plan_attention(int index) {
+  const AttentionChoice& choice = plan.buckets[index].attention;
+  const auto merge = choice.merge == MergeChoice::workspace ? kernels::SplitMerge::workspace
+                     : choice.merge == MergeChoice::cluster ? kernels::SplitMerge::cluster
+                                                            : kernels::SplitMerge::automatic;
+  decode_plans[index] = kernels::plan_decode_attention(plan.buckets[index].batch, config.num_attention_heads,
+                                                       config.num_key_value_heads, config.head_dim, options.max_context,
+                                                       num_sms, choice.splits, choice.warps, merge);
+  // Short sequences: a cluster-merged plan of their own where the bucket leaves the shape to the planner.
+  const bool planner_shape = choice.splits == 0 && choice.warps == 0 && choice.merge == MergeChoice::automatic;
+  short_context_plans[index] =
+      planner_shape && choice.short_context
+          ? kernels::plan_short_context_decode_attention(decode_plans[index], num_sms,
+                                                         kernels::decode_attention_resident_clusters(config.head_dim))
+          : std::nullopt;
 }
 
 void Engine::Impl::finish_setup() {
   const int max_batch = options.max_batch;
-  const std::vector<int> buckets = runtime::decode_buckets(max_batch);
   size_t attention_workspace = 0;
-  // DEEPFUSE_ATTENTION_MERGE=1 / 2 forces the workspace / cluster merge, and
-  // DEEPFUSE_ATTENTION_SPLITS the split count, in every bucket (A/B only).
-  static const int forced_merge = ab_switch("DEEPFUSE_ATTENTION_MERGE", 0);
-  static const int forced_splits = ab_switch("DEEPFUSE_ATTENTION_SPLITS", 0);
-  for (int bucket : buckets) {
-    const auto merge = forced_merge == 0 ? kernels::SplitMerge::automatic
-                       : forced_merge == 1            ? kernels::SplitMerge::workspace
-                                                      : kernels::SplitMerge::cluster;
-    decode_plans.push_back(kernels::plan_decode_attention(bucket, config.num_attention_heads,
-                                                          config.num_key_value_heads, config.head_dim,
-                                                          options.max_context, num_sms,
-                                                          forced_splits, 0, merge));
-    attention_workspace = std::max(attention_workspace, decode_plans.back().workspace_bytes);
+  decode_plans.resize(plan.buckets.size());
+  short_context_plans.resize(plan.buckets.size());
+  for (size_t index = 0; index < plan.buckets.size(); ++index) {
+    plan_attention(static_cast<int>(index));
+    attention_workspace = std::max(attention_workspace, decode_plans[index].workspace_bytes);
+    if (!short_context_plans[index]) continue;
+    attention_workspace = std::max(attention_workspace, short_context_plans[index]->workspace_bytes);
   }
-  const kernels::ResidentClusters resident = forced_merge == 0 && forced_splits == 0
-                                                 ? kernels::decode_attention_resident_clusters(config.head_dim)
-                                                 : kernels::ResidentClusters{};
-  bool short_plans = false;
-  for (const kernels::DecodeAttentionPlan& plan : decode_plans) {
-    short_context_plans.push_back(kernels::plan_short_context_decode_attention(plan, num_sms, resident));
-    if (!short_context_plans.back()) continue;
-    short_plans = true;
-    attention_workspace = std::max(attention_workspace, short_context_plans.back()->workspace_bytes);
-  }
+  // The tuner tries other attention shapes on these buffers: room for the largest it may try.
+  attention_workspace = std::max(attention_workspace, attention_workspace_floor);
   gemm = std::make_unique<kernels::CublasLtGemm>();
   buffers = std::make_unique<runtime::StepBuffers>(config, max_tokens(), max_batch,
                                                    std::max(max_batch, kScoreLogitRows), attention_workspace, stream());
@@ -146,8 +213,9 @@ void Engine::Impl::finish_setup() {
   for (runtime::StepLane& lane : lanes) {
     lane.inputs = PinnedBuffer(3 * static_cast<size_t>(max_batch) * sizeof(int32_t));
     lane.sampled = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t), PinnedBuffer::Access::mapped);
-    lane.graphs = std::make_unique<runtime::DecodeGraphCache>(max_batch, options.cuda_graphs,
-                                                              short_plans ? 2 : 1);
+    // Room for a short-context graph per bucket even where none is planned yet: the profiler may
+    // switch a bucket's attention back to the planner's choice.
+    lane.graphs = std::make_unique<runtime::DecodeGraphCache>(max_batch, options.cuda_graphs, 2);
   }
   prefill_sampled = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t));
   prefill_host = PinnedBuffer(3 * static_cast<size_t>(max_tokens()) * sizeof(int32_t));
@@ -178,8 +246,8 @@ void Engine::Impl::finish_setup() {
   DF_CHECK(pages <= static_cast<size_t>(INT32_MAX), "KV cache of " + str(pages) + " pages exceeds int32 page ids");
   kv = std::make_unique<runtime::KvCache>(geometry, static_cast<int>(pages), max_batch, max_pages_per_sequence,
                                           stream());
-  forward = std::make_unique<runtime::ForwardPass>(config, *weights, *kv, *buffers, *gemm);
-  if (options.tune_gemms) gemm_tunings = forward->tune_decode_gemms(buckets, stream());
+  forward = std::make_unique<runtime::ForwardPass>(config, *weights, *kv, *buffers, *gemm, plan);
+  if (options.tune_gemms) gemm_tunings = forward->tune_decode_gemms(stream());
   DF_CHECK_CUDA(cudaStreamSynchronize(stream()));
 }
 
@@ -194,48 +262,53 @@ Engine Engine::from_checkpoint(const std::filesystem::path& model_dir, const Eng
   const Checkpoint checkpoint(model_dir);
   validate_checkpoint(checkpoint, config);
   auto impl = std::make_unique<Impl>(std::move(config), options);
-  impl->fit_mlp_copy();
-  runtime::check_weights_fit(impl->config, impl->mlp_plan(), model_dir.string());
+  impl->make_plan();
+  runtime::check_weights_fit(impl->config, impl->layouts(), model_dir.string());
   impl->weights = std::make_unique<runtime::GpuWeights>(
-      runtime::load_checkpoint_weights(checkpoint, impl->config, impl->mlp_plan(), impl->stream(), progress));
+      runtime::load_checkpoint_weights(checkpoint, impl->config, impl->layouts(), impl->stream(), progress));
   impl->finish_setup();
   return Engine(std::move(impl));
 }
 
 Engine Engine::with_random_weights(const ModelConfig& config, const EngineOptions& options, uint64_t seed) {
   auto impl = std::make_unique<Impl>(config, options);
-  impl->fit_mlp_copy();
-  runtime::check_weights_fit(impl->config, impl->mlp_plan(), "random weights for a " + describe_model(config));
+  impl->make_plan();
+  runtime::check_weights_fit(impl->config, impl->layouts(), "random weights for a " + describe_model(config));
   impl->weights = std::make_unique<runtime::GpuWeights>(
-      runtime::make_random_weights(impl->config, impl->mlp_plan(), seed, impl->stream()));
+      runtime::make_random_weights(impl->config, impl->layouts(), seed, impl->stream()));
   impl->finish_setup();
   return Engine(std::move(impl));
+}
+
+PlanPreview preview_plan(const ModelConfig& config, const EngineOptions& options) {
+  Engine::Impl impl(config, options);
+  impl.make_plan();
+  return {impl.plan, impl.plan_notice, runtime::gpu_weight_bytes(impl.config, impl.layouts())};
 }
 
 const ModelConfig& Engine::config() const { return impl_->config; }
 const EngineOptions& Engine::options() const { return impl_->options; }
 const std::vector<GemmTuning>& Engine::gemm_tunings() const { return impl_->gemm_tunings; }
+const DecodePlan& Engine::plan() const { return impl_->plan; }
+const std::string& Engine::plan_notice() const { return impl_->plan_notice; }
 
 EngineStats Engine::stats(int decode_batch) const {
   const Impl& s = *impl_;
   s.activate_device();
   EngineStats stats;
   stats.weight_bytes = runtime::decode_weight_bytes(s.config);
+  stats.gpu_weight_bytes = runtime::gpu_weight_bytes(s.config, s.layouts_);
   stats.kv_cache_bytes = s.kv->pool_bytes();
   stats.kv_pages_total = s.kv->table().total_pages();
   stats.kv_pages_free = s.kv->table().free_pages();
   size_t free_bytes = 0, total_bytes = 0;
   DF_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
   stats.gpu_memory_used = total_bytes - free_bytes;
-  const kernels::DecodeAttentionPlan* plan = &s.decode_plans.back();
-  for (const kernels::DecodeAttentionPlan& p : s.decode_plans)
-    if (p.batch >= decode_batch) {
-      plan = &p;
-      break;
-    }
-  stats.launches_per_decode_step = s.forward->launches_per_decode_step(*plan);
-  stats.launches_per_layer = s.forward->launches_per_layer(kernels::decode_attention_launches(*plan), plan->batch);
-  const int bucket = s.lanes[0].graphs->bucket_index(plan->batch);  // every lane has the same buckets
+  const int bucket = s.lanes[0].graphs->bucket_index(decode_batch < 1 ? s.options.max_batch : decode_batch);
+  const kernels::DecodeAttentionPlan& attention = s.decode_plans[bucket];
+  stats.launches_per_decode_step = s.forward->launches_per_decode_step(s.plan.buckets[bucket], attention);
+  stats.launches_per_layer =
+      s.forward->launches_per_layer(kernels::decode_attention_launches(attention), s.plan.buckets[bucket]);
   const runtime::StepLane* lane = s.lane_with_graph(bucket);
   stats.kernels_per_decode_step = lane ? lane->graphs->kernel_nodes(bucket) : 0;
   return stats;

@@ -30,6 +30,8 @@
 #include "runtime/graph_cache.hpp"
 #include "runtime/kv_cache.hpp"
 #include "runtime/pinned_buffer.hpp"
+#include "scheduler/tuning_cache.hpp"
+#include "scheduler/variants.hpp"
 
 namespace deepfuse {
 
@@ -87,13 +89,22 @@ struct Engine::Impl {
   void finish_setup();
 
   int max_tokens() const { return std::max(options.prefill_chunk, options.max_batch); }
-  runtime::MlpPlan mlp_plan() const { return {options.mlp_variant, max_tokens(), options.fused_mlp_max_tokens}; }
+  // The decode plan: the GPU class's built-in, or the tuning cache's entry, then the overrides
+  // (scheduler/); then fit_plan_to_memory. `all_layouts`: the tuner's engine, whose weights hold
+  // every layout some candidate needs.
+  void make_plan(bool all_layouts = false);
+  scheduler::GpuInfo gpu_info() const;
+  scheduler::TuningKey tuning_key() const;
+  runtime::WeightLayouts layouts() const { return layouts_; }
   runtime::KvGeometry kv_geometry() const {
     return {config.num_hidden_layers, config.num_key_value_heads, config.head_dim};
   }
-  // Drops the MLP's unfused copy (options.fused_mlp_max_tokens = 0, as options() then shows) when
-  // it would not leave room for one longest sequence's KV cache: runtime::fit_mlp_plan.
-  void fit_mlp_copy();
+  // Where the plan runs both MLP variants: drops the unfused copy (its buckets run the fused MLP,
+  // as plan.source then says) unless the weights with it still leave room for max_batch x
+  // max_context of KV cache (or EngineOptions::keep_mlp_copy and the weights fit).
+  void fit_plan_to_memory();
+  // The decode attention plans of bucket `index` from its plan's attention choice.
+  void plan_attention(int index);
   cudaStream_t stream() const { return stream_owner.get(); }
   void activate_device() const;
 
@@ -132,7 +143,11 @@ struct Engine::Impl {
 
   ModelConfig config;
   EngineOptions options;  // max_context resolved
+  DecodePlan plan;
+  std::string plan_notice;  // why a tuning cache was ignored, or empty
+  runtime::WeightLayouts layouts_;
   int num_sms = 0;
+  size_t attention_workspace_floor = 0;  // the tuner's engine: room for its attention candidates
   runtime::StreamOwner stream_owner;  // declared first: destroyed last, after everything using it
 
   std::unique_ptr<runtime::GpuWeights> weights;

@@ -5,7 +5,6 @@
 #include <numeric>
 #include <vector>
 
-#include "core/ab_switch.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/kernels/prefill_attention.hpp"
 #include "deepfuse/kernels/embedding.hpp"
@@ -52,12 +51,13 @@ StepBuffers::StepBuffers(const ModelConfig& c, int max_tokens_in, int max_batch_
 }
 
 ForwardPass::ForwardPass(const ModelConfig& config, const GpuWeights& weights, const KvCache& kv,
-                         const StepBuffers& buffers, kernels::CublasLtGemm& gemm)
+                         const StepBuffers& buffers, kernels::CublasLtGemm& gemm, const DecodePlan& plan)
     : config_(config),
       weights_(weights),
       kv_(kv),
       buffers_(buffers),
       gemm_(gemm),
+      plan_(plan),
       attention_scale_(1.0f / std::sqrt(static_cast<float>(config.head_dim))) {}
 
 void ForwardPass::embed(const int32_t* ids, int tokens, cudaStream_t stream) {
@@ -85,31 +85,29 @@ void ForwardPass::rms_norm(const __nv_bfloat16* weight, int first_row, int rows,
 float* ForwardPass::layer(int index, int tokens, const int32_t* positions, const int32_t* rows,
                           const Attention& attention, float* pending, cudaStream_t stream) {
   const GpuLayerWeights& w = weights_.layers[index];
+  const Choices& c = attention.choices;
   // The MLP sum may skip the residual stream only when the two kernels that read the stream
   // before the next MLP can take it: the fused QKV (x + sum) and the o_proj GEMV (residual + sum,
   // which also clears it); the last block's MLP feeds the final norm and writes the stream itself.
-  // It defers whenever they can (up to 8 sequences, where o_proj is the GEMV): faster at every
-  // such batch (docs/kernels/swiglu_fused.md, "The sum left for the next block at batch 1").
-  // Steps above the fused MLP's token limit run the unfused copy when the weights hold one, and
-  // only the fused kernel can leave its sum.
-  MlpLayer& mlp = w.mlp_for(tokens);
-  const bool reads_pending = attention.decode_plan && uses_gemv_o_proj(tokens);
-  const bool defers_sum =
-      reads_pending && mlp.variant() == MlpVariant::fused && index + 1 < config_.num_hidden_layers;
+  // It defers whenever they can: faster at every such batch (docs/kernels/swiglu_fused.md, "The
+  // sum left for the next block at batch 1"). Only the fused MLP can leave its sum.
+  const bool reads_pending = c.o_proj == OProjChoice::gemv;
+  const bool defers_sum = reads_pending && c.mlp == MlpChoice::fused && index + 1 < config_.num_hidden_layers;
   DF_CHECK(!pending || reads_pending, "a deferred MLP sum reached a block that cannot add it");
   auto* residual = buffers_.residual.as<__nv_bfloat16>();
   const kernels::PagedKv kv = kv_.layer(index);
 
   // 1-4. input RMSNorm, QKV (+bias), RoPE and the KV append; then attention.
-  if (attention.decode_plan && uses_fused_front(tokens))
+  if (c.front == FrontChoice::fused)
     fused_qkv(w, tokens, positions, rows, kv, pending, stream);
   else
     unfused_qkv(w, tokens, positions, rows, kv, stream);
   attend(kv, tokens, attention, stream);
   // 5. output projection, added into the residual stream in place.
-  output_projection(w, tokens, reads_pending, pending, stream);
-  // 6-7. post-attention RMSNorm and the SwiGLU MLP, added into the residual stream in place (the
-  // fused variant folds the norm into its one launch), or left for the next block's kernels.
+  output_projection(w, tokens, c.o_proj == OProjChoice::gemv, pending, stream);
+  // 6-7. post-attention RMSNorm and the SwiGLU MLP, added into the residual stream in place (both
+  // variants fold the norm in), or left for the next block's kernels.
+  MlpLayer& mlp = w.mlp(c.mlp);
   if (defers_sum) return mlp.run_deferred(residual, tokens, stream);
   mlp.run(residual, residual, residual, tokens, stream);
   return nullptr;
@@ -164,37 +162,19 @@ void ForwardPass::output_projection(const GpuLayerWeights& w, int tokens, bool g
   DF_CHECK_CUDA(kernels::launch_gemv_residual(p, stream));
 }
 
-bool ForwardPass::uses_fused_front(int decode_tokens) const {
-  // The fused kernel wins up to 16 tokens and loses at 32, where cuBLASLt's GEMM amortises the
-  // weights over more tokens (docs/kernels/qkv_rope_fused.md, "Versions").
-  // DEEPFUSE_FUSED_FRONT_MAX_TOKENS overrides the limit, for A/B measurements.
-  static const int max_tokens = ab_switch("DEEPFUSE_FUSED_FRONT_MAX_TOKENS", 16);
-  return !weights_.layers.front().qkv_packed.empty() && decode_tokens <= max_tokens;
-}
-
-bool ForwardPass::uses_gemv_o_proj(int decode_tokens) const {
-  // The weights hold a packed o_proj exactly when runtime::gemv_o_proj_max_tokens is not 0.
-  return uses_fused_front(decode_tokens) && !weights_.layers.front().o_proj_packed.empty() &&
-         decode_tokens <= gemv_o_proj_max_tokens(config_, MlpVariant::fused);
-}
-
 void ForwardPass::unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_t* positions, const int32_t* rows,
                               const kernels::PagedKv& kv, cudaStream_t stream) {
   const int hidden = config_.hidden_size;
   const int qkv_width = config_.q_size() + 2 * config_.kv_size();
   const auto* residual = buffers_.residual.as<__nv_bfloat16>();
-  // 1. input RMSNorm: folded into qkv's weights, 1/rms applied by rope_kv_append; or a launch
-  const bool folded = weights_.input_norms_folded;
-  if (!folded) rms_norm(w.input_norm.as<__nv_bfloat16>(), 0, tokens, stream);
-  const auto* qkv_input = folded ? residual : buffers_.normed.as<__nv_bfloat16>();
-
-  // 2. merged QKV projection
-  gemm_.run(qkv_input, w.qkv.as<__nv_bfloat16>(), nullptr, buffers_.qkv.as<__nv_bfloat16>(), tokens, qkv_width,
+  // 1-2. merged QKV projection of the raw residual stream: the input RMSNorm's weight is folded
+  // into qkv's columns (GpuWeights), and rope_kv_append applies its 1/rms.
+  gemm_.run(residual, w.qkv.as<__nv_bfloat16>(), nullptr, buffers_.qkv.as<__nv_bfloat16>(), tokens, qkv_width,
             hidden, stream);
 
-  // 3. (1/rms,) bias, RoPE, and the keys and values appended to the cache
+  // 3. 1/rms, bias, RoPE, and the keys and values appended to the cache
   kernels::RopeKvAppendParams rope;
-  if (folded) rope.input_norm = {residual, hidden, static_cast<float>(config_.rms_norm_eps)};
+  rope.input_norm = {residual, hidden, static_cast<float>(config_.rms_norm_eps)};
   rope.qkv = buffers_.qkv.as<__nv_bfloat16>();
   rope.qkv_bias = w.qkv_bias.empty() ? nullptr : w.qkv_bias.as<__nv_bfloat16>();
   rope.inv_freq = weights_.rope_inv_freq.as<float>();
@@ -235,13 +215,16 @@ void ForwardPass::attend(const kernels::PagedKv& kv, int tokens, const Attention
   }
 }
 
-void ForwardPass::decode_step(const kernels::DecodeAttentionPlan& plan, int32_t* host_sampled, cudaStream_t stream) {
+void ForwardPass::decode_step(const BucketPlan& bucket, const kernels::DecodeAttentionPlan& plan,
+                              int32_t* host_sampled, cudaStream_t stream) {
   const int batch = plan.batch;
   DF_CHECK(batch >= 1 && batch <= buffers_.max_batch && batch <= buffers_.logits_rows,
            "decode step batch " + std::to_string(batch) + " outside 1.." + std::to_string(buffers_.max_batch));
   DF_CHECK(host_sampled, "a decode step needs a host buffer for its sampled ids");
   embed(buffers_.decode_ids(), batch, stream);
-  const Attention attention{&plan};
+  DF_CHECK(batch <= bucket.batch, "decode step batch " + std::to_string(batch) + " exceeds its bucket's " +
+                                      std::to_string(bucket.batch));
+  const Attention attention{choices_of(bucket), &plan};
   float* pending = nullptr;
   for (int l = 0; l < config_.num_hidden_layers; ++l)
     pending = layer(l, batch, buffers_.decode_positions(), buffers_.decode_rows.as<int32_t>(), attention, pending, stream);
@@ -255,7 +238,8 @@ void ForwardPass::prefill_chunk(int row, int start, int tokens, cudaStream_t str
   DF_CHECK(tokens >= 1 && tokens <= buffers_.max_tokens,
            "prefill chunk of " + std::to_string(tokens) + " tokens outside 1.." + std::to_string(buffers_.max_tokens));
   embed(buffers_.prefill_ids(), tokens, stream);
-  const Attention attention{nullptr, row, start};
+  // Prefill: hundreds of tokens, cuBLASLt's projections and prefill attention.
+  const Attention attention{{plan_.prefill_mlp, FrontChoice::unfused, OProjChoice::cublaslt}, nullptr, row, start};
   for (int l = 0; l < config_.num_hidden_layers; ++l)
     layer(l, tokens, buffers_.prefill_positions(), buffers_.prefill_rows(), attention, nullptr, stream);
 }
@@ -284,7 +268,7 @@ void ForwardPass::sample(int first_entry, int batch, cudaStream_t stream, int32_
   DF_CHECK_CUDA(kernels::launch_sampling(p, stream));
 }
 
-std::vector<GemmTuning> ForwardPass::tune_decode_gemms(std::span<const int> buckets, cudaStream_t stream) {
+std::vector<GemmTuning> ForwardPass::tune_decode_gemms(cudaStream_t stream) {
   using Operands = kernels::CublasLtGemm::Operands;
   const int hidden = config_.hidden_size, q_size = config_.q_size();
   const int qkv_width = q_size + 2 * config_.kv_size();
@@ -303,18 +287,17 @@ std::vector<GemmTuning> ForwardPass::tune_decode_gemms(std::span<const int> buck
   auto tune = [&](const char* op, const Operands& operands, std::span<const __nv_bfloat16* const> weights) {
     out.push_back(gemm_.tune(op, operands, weights, stream));
   };
-  // The operands each call of decode_step() passes (unfused_qkv, layer, lm_head).
-  for (const int m : buckets) {
-    if (!uses_fused_front(m)) {
-      const __nv_bfloat16* x = weights_.input_norms_folded ? residual : normed;
-      tune("qkv", {m, qkv_width, hidden, x, nullptr, nullptr, buffers_.qkv.data()}, qkv);
-    }
-    if (!uses_gemv_o_proj(m))
+  // The operands each bucket's decode_step() passes (unfused_qkv, output_projection, the MLP, lm_head).
+  for (const BucketPlan& bucket : plan_.buckets) {
+    const int m = bucket.batch;
+    if (bucket.front == FrontChoice::unfused)
+      tune("qkv", {m, qkv_width, hidden, residual, nullptr, nullptr, buffers_.qkv.data()}, qkv);
+    if (bucket.o_proj == OProjChoice::cublaslt)
       tune("o_proj", {m, hidden, q_size, buffers_.attention_out.as<__nv_bfloat16>(), o_bias, residual, residual},
            o_proj);
-    if (first.mlp_for(m).variant() == MlpVariant::unfused) {
+    if (bucket.mlp == MlpChoice::unfused) {
       std::vector<MlpLayer*> mlps;
-      for (const GpuLayerWeights& w : weights_.layers) mlps.push_back(&w.mlp_for(m));
+      for (const GpuLayerWeights& w : weights_.layers) mlps.push_back(&w.mlp(MlpChoice::unfused));
       for (GemmTuning& t : MlpLayer::tune_unfused_gemms(mlps, m, true, stream)) out.push_back(std::move(t));
     }
     tune("lm_head", {m, config_.vocab_size, hidden, normed, nullptr, nullptr, buffers_.logits.data(), true},
@@ -323,19 +306,16 @@ std::vector<GemmTuning> ForwardPass::tune_decode_gemms(std::span<const int> buck
   return out;
 }
 
-int ForwardPass::launches_per_layer(int attention_launches, int decode_batch) const {
-  // [norm (unless folded), QKV GEMM, rope_kv_append] or the fused QKV kernel, attention, o_proj
-  // (the cluster GEMV, or cuBLASLt, counted as one although a split-K algorithm adds a reduction
-  // kernel), MLP (+ its norm unless folded)
-  const GpuLayerWeights& w = weights_.layers.front();
-  const bool fused_front = decode_batch >= 1 && uses_fused_front(decode_batch);
-  const int front = fused_front ? 1 : (weights_.input_norms_folded ? 2 : 3);
-  return front + attention_launches + 1 + w.mlp_for(decode_batch).launches_per_call(true);
+int ForwardPass::launches_per_layer(int attention_launches, const BucketPlan& bucket) const {
+  // [QKV GEMM, rope_kv_append] or the fused front, attention, o_proj (the cluster GEMV, or
+  // cuBLASLt, counted as one although a split-K algorithm adds a reduction kernel), the MLP
+  const int front = bucket.front == FrontChoice::fused ? 1 : 2;
+  return front + attention_launches + 1 + weights_.layers.front().mlp(bucket.mlp).launches_per_call(true);
 }
 
-int ForwardPass::launches_per_decode_step(const kernels::DecodeAttentionPlan& plan) const {
+int ForwardPass::launches_per_decode_step(const BucketPlan& bucket, const kernels::DecodeAttentionPlan& plan) const {
   // embedding, the layers, final norm, lm_head, sampling
-  return 1 + config_.num_hidden_layers * launches_per_layer(kernels::decode_attention_launches(plan), plan.batch) + 3;
+  return 1 + config_.num_hidden_layers * launches_per_layer(kernels::decode_attention_launches(plan), bucket) + 3;
 }
 
 }  // namespace deepfuse::runtime

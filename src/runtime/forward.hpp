@@ -13,14 +13,14 @@
 //   5 GEMM attention_out · Wo^T + o_bias + residual    -> residual (bias in cuBLASLt's epilogue)
 //   6 rms_norm(residual; post_attention_norm)          -> MLP input
 //   7 SwiGLU MLP + residual                            -> residual
-// With the fused MLP variant a decode step of up to 16 tokens runs 1-3 as one kernel
-// (deepfuse/kernels/qkv_rope_fused.hpp); up to 8 tokens (EngineOptions::fused_mlp_max_tokens) 6-7
-// run as one (the norm folded into the fused MLP), and o_proj + residual is one cluster GEMV
-// launch (deepfuse/kernels/gemv_residual.hpp; up to 8 tokens on every model, gemv_o_proj_max_tokens):
-// four launches per layer with single-launch attention. Otherwise o_proj is cuBLASLt, which at
-// small batch adds a split-K reduction kernel (five). Elsewhere the
-// norms 1 and 6 are folded into the weights after them (GpuWeights, folded_norm.cuh): 1/rms is
-// applied by rope_kv_append and by the unfused MLP's silu_and_mul, so neither is a launch.
+// The decode plan (deepfuse/decode_plan.hpp) picks, per batch bucket, whether 1-3 run as one
+// fused kernel (deepfuse/kernels/qkv_rope_fused.hpp), 6-7 as the fused MLP (the norm folded in),
+// and 5 as one cluster GEMV launch (deepfuse/kernels/gemv_residual.hpp): four launches per layer
+// with single-launch attention. Otherwise o_proj is cuBLASLt, which at small batch adds a
+// split-K reduction kernel. Norms 1 and 6 are folded into the row-major weights after them
+// (GpuWeights, folded_norm.hpp): 1/rms is applied by rope_kv_append and by the unfused MLP's
+// silu_and_mul, so neither is a launch. Prefill chunks run cuBLASLt's projections and the plan's
+// prefill MLP.
 // Nothing here allocates or synchronises: a decode step is captured into a CUDA graph as is.
 #pragma once
 
@@ -30,6 +30,7 @@
 #include <span>
 #include <vector>
 
+#include "deepfuse/decode_plan.hpp"
 #include "deepfuse/gemm_tuning.hpp"
 #include "deepfuse/model_config.hpp"
 #include "deepfuse/tensor.hpp"
@@ -74,13 +75,17 @@ struct StepBuffers {
 
 class ForwardPass {
  public:
+  // `plan` (the engine's, outliving this) says which variant each op runs, per decode bucket and
+  // for prefill chunks; the weights hold the layouts it names.
   ForwardPass(const ModelConfig& config, const GpuWeights& weights, const KvCache& kv, const StepBuffers& buffers,
-              kernels::CublasLtGemm& gemm);
+              kernels::CublasLtGemm& gemm, const DecodePlan& plan);
 
   // A decode step for plan.batch entries read from buffers.decode_inputs; ends with their
   // logits in rows 0..batch-1 and the sampled ids in decode_ids and in `host_sampled` (the
   // device's view of mapped pinned host memory, [batch]); sampling slots advanced.
-  void decode_step(const kernels::DecodeAttentionPlan& plan, int32_t* host_sampled, cudaStream_t stream);
+  // The ops run the variants `bucket` names (the step's bucket of the plan).
+  void decode_step(const BucketPlan& bucket, const kernels::DecodeAttentionPlan& plan, int32_t* host_sampled,
+                   cudaStream_t stream);
 
   // Tokens [start, start + tokens) of the sequence on block-table row `row`, inputs in
   // buffers.prefill_inputs: their keys and values go to the cache, their final hidden states
@@ -99,16 +104,24 @@ class ForwardPass {
   // run through cuBLASLt (per bucket: lm_head, and where the fused kernels do not serve it the
   // QKV projection, o_proj and the unfused MLP) and keeps the fastest. Scribbles on the step's
   // buffers: only while no sequence runs (engine setup). Synchronises the stream.
-  std::vector<GemmTuning> tune_decode_gemms(std::span<const int> buckets, cudaStream_t stream);
+  std::vector<GemmTuning> tune_decode_gemms(cudaStream_t stream);
 
   // Kernel launches (cuBLASLt GEMMs count one each) of one layer and of a whole decode step;
   // decode_batch 0 means a prefill chunk.
-  int launches_per_layer(int attention_launches, int decode_batch) const;
-  int launches_per_decode_step(const kernels::DecodeAttentionPlan& plan) const;
+  int launches_per_layer(int attention_launches, const BucketPlan& bucket) const;
+  int launches_per_decode_step(const BucketPlan& bucket, const kernels::DecodeAttentionPlan& plan) const;
 
  private:
-  // Decode (decode_plan set) or prefill attention of one layer.
+  // The variants one pass runs.
+  struct Choices {
+    MlpChoice mlp;
+    FrontChoice front;
+    OProjChoice o_proj;
+  };
+  static Choices choices_of(const BucketPlan& bucket) { return {bucket.mlp, bucket.front, bucket.o_proj}; }
+  // A pass's choices, and its decode (decode_plan set) or prefill attention.
   struct Attention {
+    Choices choices;
     const kernels::DecodeAttentionPlan* decode_plan = nullptr;
     int prefill_row = 0;
     int prefill_start = 0;
@@ -118,15 +131,11 @@ class ForwardPass {
   // (null: none); returns this block's, or null when its MLP wrote the stream itself.
   float* layer(int index, int tokens, const int32_t* positions, const int32_t* rows, const Attention& attention,
                float* pending, cudaStream_t stream);
-  // Whether a decode step of this many tokens runs the fused norm + QKV + RoPE + KV-append kernel.
-  bool uses_fused_front(int decode_tokens) const;
-  // Whether it also runs o_proj + residual as one cluster GEMV (the weights hold a packed o_proj).
-  bool uses_gemv_o_proj(int decode_tokens) const;
   void fused_qkv(const GpuLayerWeights& w, int tokens, const int32_t* positions, const int32_t* rows,
                  const kernels::PagedKv& kv, const float* pending, cudaStream_t stream);
   void unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_t* positions, const int32_t* rows,
                    const kernels::PagedKv& kv, cudaStream_t stream);
-  // gemv: the cluster GEMV (uses_gemv_o_proj), which adds and clears `pending`; else cuBLASLt.
+  // gemv: the cluster GEMV, which adds and clears `pending`; else cuBLASLt.
   void output_projection(const GpuLayerWeights& w, int tokens, bool gemv, float* pending, cudaStream_t stream);
   void attend(const kernels::PagedKv& kv, int tokens, const Attention& attention, cudaStream_t stream);
   void rms_norm(const __nv_bfloat16* weight, int first_row, int rows, cudaStream_t stream);
@@ -136,6 +145,7 @@ class ForwardPass {
   const KvCache& kv_;
   const StepBuffers& buffers_;
   kernels::CublasLtGemm& gemm_;
+  const DecodePlan& plan_;
   float attention_scale_;
 };
 

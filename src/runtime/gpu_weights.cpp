@@ -7,7 +7,6 @@
 #include <cstring>
 #include <string>
 
-#include "core/ab_switch.hpp"
 #include "deepfuse/bf16.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/model_weights.hpp"
@@ -51,42 +50,30 @@ std::string gib(size_t bytes) {
   return text;
 }
 
-// Whether the unfused paths fold their RMSNorms into the weights (deepfuse/kernels/folded_norm.hpp):
-// two launches per layer fewer (docs/runtime.md, "Norms folded into the unfused paths' weights").
-// DEEPFUSE_FOLD_NORMS=0 keeps the norm launches, for A/B.
-bool folds_norms() {
-  static const bool fold = ab_switch("DEEPFUSE_FOLD_NORMS", 1) != 0;
-  return fold;
-}
-
 // The MLP normalises its input with the layer's post-attention RMSNorm (uploaded before the MLP);
-// an unfused MLP folds it into its weights as the fused one does.
+// the unfused MLP folds it into its weights as the fused one does (docs/runtime.md, "Norms folded
+// into the unfused paths' weights").
 MlpNorm post_attention_norm(const GpuLayerWeights& layer, const ModelConfig& config, MlpVariant variant) {
   return {layer.post_attention_norm.as<__nv_bfloat16>(), static_cast<float>(config.rms_norm_eps),
-          variant == MlpVariant::unfused && folds_norms()};
+          variant == MlpVariant::unfused};
 }
 
-// The decode kernels' fragment-packed copies of qkv and (when the GEMV runs it) o_proj,
-// stream-ordered after their upload.
-void pack_decode_projections(GpuLayerWeights& layer, const ModelConfig& config, MlpVariant mlp_variant,
-                             cudaStream_t stream) {
-  const LayerSizes s(config);
-  layer.qkv_packed = DeviceBuffer(layer.qkv.bytes());
-  DF_CHECK_CUDA(kernels::pack_qkv_weights(layer.qkv.as<__nv_bfloat16>(), layer.qkv_packed.as<uint4>(),
-                                          static_cast<int>(s.qkv_rows()), static_cast<int>(s.hidden), stream));
-  if (gemv_o_proj_max_tokens(config, mlp_variant) == 0) return;
-  layer.o_proj_packed = DeviceBuffer(layer.o_proj.bytes());
-  DF_CHECK_CUDA(kernels::pack_rows_fragments(layer.o_proj.as<__nv_bfloat16>(), layer.o_proj_packed.as<uint4>(),
-                                             static_cast<int>(s.hidden), static_cast<int>(s.q), stream));
-}
-
-// After a layer's attention weights are uploaded: the decode kernels' packed copies (from the
-// plain qkv), then the input norm's weight folded into the row-major qkv the unfused front reads.
-void prepare_attention_weights(GpuLayerWeights& layer, const ModelConfig& config, MlpVariant mlp_variant,
+// After a layer's attention weights are uploaded: the decode kernels' fragment-packed copies (from
+// the plain qkv and o_proj) the plan runs, then the input norm's weight folded into the row-major
+// qkv the unfused front and prefill read.
+void prepare_attention_weights(GpuLayerWeights& layer, const ModelConfig& config, const WeightLayouts& layouts,
                                cudaStream_t stream) {
-  if (uses_fused_qkv(config, mlp_variant)) pack_decode_projections(layer, config, mlp_variant, stream);
-  if (!folds_norms()) return;
   const LayerSizes s(config);
+  if (layouts.front_packed) {
+    layer.qkv_packed = DeviceBuffer(layer.qkv.bytes());
+    DF_CHECK_CUDA(kernels::pack_qkv_weights(layer.qkv.as<__nv_bfloat16>(), layer.qkv_packed.as<uint4>(),
+                                            static_cast<int>(s.qkv_rows()), static_cast<int>(s.hidden), stream));
+  }
+  if (layouts.o_proj_packed) {
+    layer.o_proj_packed = DeviceBuffer(layer.o_proj.bytes());
+    DF_CHECK_CUDA(kernels::pack_rows_fragments(layer.o_proj.as<__nv_bfloat16>(), layer.o_proj_packed.as<uint4>(),
+                                               static_cast<int>(s.hidden), static_cast<int>(s.q), stream));
+  }
   DF_CHECK_CUDA(kernels::launch_fold_norm_weight(layer.qkv.as<__nv_bfloat16>(), static_cast<int>(s.qkv_rows()),
                                                  static_cast<int>(s.hidden), layer.input_norm.as<__nv_bfloat16>(),
                                                  stream));
@@ -118,35 +105,33 @@ struct MlpStaging {
   }
 };
 
-// What loading needs on the device: the weights as `plan` lays them out, and one layer's MLP
-// staged in Hugging Face layout (MlpStaging) while it is packed.
-size_t weight_bytes(const ModelConfig& config, const MlpPlan& plan) {
-  return gpu_weight_bytes(config, plan.variant, plan.unfused_copy());
-}
+// What loading needs on the device besides the weights: one layer's MLP staged in Hugging Face
+// layout (MlpStaging) while it is packed.
 size_t staging_bytes(const ModelConfig& config) { return mlp_shape(config).weight_bytes(); }
 
-// The layer's MLP (and its unfused copy) from the staged Hugging Face tensors, stream-ordered.
-// The copies of the naive / unfused variant share one scratch: layers run one after another.
+// The layer's MLP in each layout the plan runs, from the staged Hugging Face tensors,
+// stream-ordered. The unfused layers share one scratch: layers run one after another.
 class MlpBuilder {
  public:
-  MlpBuilder(const ModelConfig& config, const MlpPlan& plan) : config_(config), plan_(plan) {
-    const MlpVariant unfused_variant = plan.unfused_copy() ? MlpVariant::unfused : plan.variant;
-    if (unfused_variant != MlpVariant::fused) scratch_ = make_mlp_scratch(unfused_variant, mlp_shape(config), plan.max_tokens);
+  MlpBuilder(const ModelConfig& config, const WeightLayouts& layouts) : config_(config), layouts_(layouts) {
+    if (layouts.mlp_unfused) scratch_ = make_mlp_scratch(MlpVariant::unfused, mlp_shape(config), layouts.max_tokens);
   }
   void build(GpuLayerWeights& layer, const MlpStaging& staging, cudaStream_t stream) const {
     const MlpShape shape = mlp_shape(config_);
-    const int first_max_tokens = plan_.unfused_copy() ? plan_.fused_max_tokens : plan_.max_tokens;
-    layer.mlp = std::make_unique<MlpLayer>(plan_.variant, shape, first_max_tokens, scratch_);
-    if (plan_.variant == MlpVariant::fused) layer.mlp->set_fused_tuning({.programmatic_launch = true});
-    layer.mlp->load_weights(staging.view(), stream, post_attention_norm(layer, config_, plan_.variant));
-    if (!plan_.unfused_copy()) return;
-    layer.mlp_unfused = std::make_unique<MlpLayer>(MlpVariant::unfused, shape, plan_.max_tokens, scratch_);
-    layer.mlp_unfused->load_weights(staging.view(), stream, post_attention_norm(layer, config_, MlpVariant::unfused));
+    if (layouts_.mlp_fused) {
+      layer.mlp_fused = std::make_unique<MlpLayer>(MlpVariant::fused, shape, layouts_.max_tokens);
+      layer.mlp_fused->set_fused_tuning({.programmatic_launch = true});
+      layer.mlp_fused->load_weights(staging.view(), stream, post_attention_norm(layer, config_, MlpVariant::fused));
+    }
+    if (layouts_.mlp_unfused) {
+      layer.mlp_unfused = std::make_unique<MlpLayer>(MlpVariant::unfused, shape, layouts_.max_tokens, scratch_);
+      layer.mlp_unfused->load_weights(staging.view(), stream, post_attention_norm(layer, config_, MlpVariant::unfused));
+    }
   }
 
  private:
   const ModelConfig& config_;
-  MlpPlan plan_;
+  WeightLayouts layouts_;
   std::shared_ptr<MlpScratch> scratch_;
 };
 
@@ -269,48 +254,43 @@ class RandomFiller {
 
 }  // namespace
 
-int gemv_o_proj_max_tokens(const ModelConfig& c, MlpVariant mlp_variant) {
-  // Up to 8 sequences the cluster GEMV equals or beats cuBLASLt on every model and saves its
-  // split-K reduction launch; from 9 on cuBLASLt is as fast or faster (docs/kernels/
-  // qkv_rope_fused.md, "The stream, shared: o_proj + residual", "Spread grids: at most 3 blocks per
-  // SM" and "Clusters of 4 over a short inner dimension"; docs/runtime.md, "The MLP's second copy").
-  // DEEPFUSE_OPROJ_GEMV=0 / 1 forces never / every fused-front step, for A/B measurements.
-  static const int forced = ab_switch("DEEPFUSE_OPROJ_GEMV", -1);
-  constexpr int kMaxTokens = 8;
-  if (!uses_fused_qkv(c, mlp_variant) || forced == 0) return 0;
-  return forced > 0 ? kernels::kGemvResidualMaxTokens : kMaxTokens;
+WeightLayouts WeightLayouts::of(const DecodePlan& plan, int max_tokens) {
+  return {plan.uses(MlpChoice::fused), plan.uses(MlpChoice::unfused), plan.uses(FrontChoice::fused),
+          plan.uses(OProjChoice::gemv), max_tokens};
 }
 
-bool uses_fused_qkv(const ModelConfig& c, MlpVariant mlp_variant) {
-  return mlp_variant == MlpVariant::fused && (c.head_dim == 64 || c.head_dim == 128) && c.hidden_size % 64 == 0;
+MlpLayer& GpuLayerWeights::mlp(MlpChoice choice) const {
+  const std::unique_ptr<MlpLayer>& layer = choice == MlpChoice::fused ? mlp_fused : mlp_unfused;
+  DF_CHECK(layer != nullptr, std::string("the weights hold no ") + choice_name(choice) + " MLP layout for this step");
+  return *layer;
 }
 
-size_t gpu_weight_bytes(const ModelConfig& c, MlpVariant mlp_variant, bool unfused_mlp_copy) {
+size_t gpu_weight_bytes(const ModelConfig& c, const WeightLayouts& layouts) {
   const size_t vocab_hidden = static_cast<size_t>(c.vocab_size) * c.hidden_size;
   const LayerSizes s(c);
-  const size_t packed = (uses_fused_qkv(c, mlp_variant) ? s.qkv_rows() * s.hidden : 0) +
-                        (gemv_o_proj_max_tokens(c, mlp_variant) > 0 ? s.q * s.hidden : 0) +
-                        (unfused_mlp_copy ? 3 * s.hidden * s.intermediate : 0);
-  const size_t elements = vocab_hidden + c.num_hidden_layers * (s.elements() + packed) + c.hidden_size +
-                          (c.tie_word_embeddings ? 0 : vocab_hidden);
+  const size_t mlp = 3 * s.hidden * s.intermediate;
+  const size_t mlp_copies = (layouts.mlp_fused ? 1 : 0) + (layouts.mlp_unfused ? 1 : 0);
+  const size_t per_layer = s.elements() - mlp + mlp_copies * mlp + (layouts.front_packed ? s.qkv_rows() * s.hidden : 0) +
+                           (layouts.o_proj_packed ? s.q * s.hidden : 0);
+  const size_t elements =
+      vocab_hidden + c.num_hidden_layers * per_layer + c.hidden_size + (c.tie_word_embeddings ? 0 : vocab_hidden);
   return bf16_bytes(elements);
 }
 
 size_t decode_weight_bytes(const ModelConfig& c) {
   const size_t embedding = bf16_bytes(static_cast<size_t>(c.vocab_size) * c.hidden_size);
-  return gpu_weight_bytes(c, MlpVariant::unfused) - (c.tie_word_embeddings ? 0 : embedding);
+  const WeightLayouts one_of_each{.mlp_fused = false, .mlp_unfused = true, .front_packed = false, .o_proj_packed = false};
+  return gpu_weight_bytes(c, one_of_each) - (c.tie_word_embeddings ? 0 : embedding);
 }
 
-MlpPlan fit_mlp_plan(const ModelConfig& config, MlpPlan plan, size_t free_bytes, size_t kv_reserve_bytes) {
-  if (plan.unfused_copy() && weight_bytes(config, plan) + staging_bytes(config) + kv_reserve_bytes > free_bytes)
-    plan.fused_max_tokens = 0;
-  return plan;
+bool fits_with_kv(const ModelConfig& config, const WeightLayouts& layouts, size_t free_bytes, size_t kv_reserve_bytes) {
+  return gpu_weight_bytes(config, layouts) + staging_bytes(config) + kv_reserve_bytes <= free_bytes;
 }
 
-void check_weights_fit(const ModelConfig& config, const MlpPlan& mlp, const std::string& what) {
+void check_weights_fit(const ModelConfig& config, const WeightLayouts& layouts, const std::string& what) {
   size_t free_bytes = 0, total_bytes = 0;
   DF_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const size_t weights = weight_bytes(config, mlp);
+  const size_t weights = gpu_weight_bytes(config, layouts);
   const size_t staging = staging_bytes(config);
   if (weights + staging > free_bytes) {
     int device = 0;
@@ -321,15 +301,15 @@ void check_weights_fit(const ModelConfig& config, const MlpPlan& mlp, const std:
   }
 }
 
-GpuWeights load_checkpoint_weights(const Checkpoint& checkpoint, const ModelConfig& config, const MlpPlan& mlp,
-                                   cudaStream_t stream, const LoadProgress& progress) {
+GpuWeights load_checkpoint_weights(const Checkpoint& checkpoint, const ModelConfig& config,
+                                   const WeightLayouts& layouts, cudaStream_t stream, const LoadProgress& progress) {
   validate_checkpoint(checkpoint, config);
   size_t total_bytes = 0;
   for (const ExpectedTensor& tensor : expected_tensors(config)) total_bytes += checkpoint.find(tensor.name)->info->byte_size();
   const LayerSizes s(config);
   MlpStaging staging(mlp_shape(config));  // declared first: freed after the uploader has synchronised
   StagedUploader uploader(checkpoint, total_bytes, stream, progress);
-  const MlpBuilder mlp_builder(config, mlp);
+  const MlpBuilder mlp_builder(config, layouts);
 
   GpuWeights w;
   w.embed_tokens = DeviceBuffer(bf16_bytes(static_cast<size_t>(config.vocab_size) * s.hidden));
@@ -353,10 +333,9 @@ GpuWeights load_checkpoint_weights(const Checkpoint& checkpoint, const ModelConf
     uploader.upload(p + "mlp.up_proj.weight", staging.up);
     uploader.upload(p + "mlp.down_proj.weight", staging.down);
     mlp_builder.build(layer, staging, stream);
-    prepare_attention_weights(layer, config, mlp.variant, stream);
+    prepare_attention_weights(layer, config, layouts, stream);
     w.layers.push_back(std::move(layer));
   }
-  w.input_norms_folded = folds_norms();
   w.final_norm = DeviceBuffer(bf16_bytes(s.hidden));
   uploader.upload("model.norm.weight", w.final_norm);
   if (!config.tie_word_embeddings) {
@@ -368,11 +347,12 @@ GpuWeights load_checkpoint_weights(const Checkpoint& checkpoint, const ModelConf
   return w;
 }
 
-GpuWeights make_random_weights(const ModelConfig& config, const MlpPlan& mlp, uint64_t seed, cudaStream_t stream) {
+GpuWeights make_random_weights(const ModelConfig& config, const WeightLayouts& layouts, uint64_t seed,
+                              cudaStream_t stream) {
   const LayerSizes s(config);
   RandomFiller fill(seed, config.hidden_size, stream);
   MlpStaging staging(mlp_shape(config));
-  const MlpBuilder mlp_builder(config, mlp);
+  const MlpBuilder mlp_builder(config, layouts);
   constexpr float kBiasScale = 0.1f;
 
   GpuWeights w;
@@ -390,10 +370,9 @@ GpuWeights make_random_weights(const ModelConfig& config, const MlpPlan& mlp, ui
     fill.linear(staging.up, config.hidden_size);
     fill.linear(staging.down, config.intermediate_size);
     mlp_builder.build(layer, staging, stream);
-    prepare_attention_weights(layer, config, mlp.variant, stream);
+    prepare_attention_weights(layer, config, layouts, stream);
     w.layers.push_back(std::move(layer));
   }
-  w.input_norms_folded = folds_norms();
   w.final_norm = DeviceBuffer(bf16_bytes(s.hidden));
   fill.ones(w.final_norm);
   if (!config.tie_word_embeddings) {

@@ -109,6 +109,14 @@ int DecodeGraphCache::kernel_nodes(int index) const {
   return last_run(index).kernel_nodes;
 }
 
+void DecodeGraphCache::reset(int index) {
+  for (int plan = 0; plan < plans_; ++plan) {
+    Bucket& bucket = state_[index * plans_ + plan];
+    if (bucket.graph) cudaGraphExecDestroy(bucket.graph);
+    bucket = Bucket{};
+  }
+}
+
 int DecodeGraphCache::graphs_captured() const {
   int count = 0;
   for (const Bucket& bucket : state_) count += bucket.graph ? 1 : 0;

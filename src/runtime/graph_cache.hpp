@@ -42,6 +42,9 @@ class DecodeGraphCache {
   cudaError_t replay(int index, cudaStream_t stream) const;
 
   int graphs_captured() const;
+  // Drops bucket `index`'s graphs (both plans): its next step runs eagerly, then captures anew
+  // (the profiler changes a bucket's plan between timings).
+  void reset(int index);
   // Kernel nodes in the captured graph, counted from the graph itself (library calls included: a
   // cuBLASLt split-K GEMM shows as its two kernels); 0 before capture or without graphs.
   int kernel_nodes(int index) const;

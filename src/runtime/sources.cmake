@@ -7,6 +7,8 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/graph_cache.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine_bench.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/engine_tuning.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/tuner.cpp
   ${CMAKE_CURRENT_LIST_DIR}/step.cpp
   ${CMAKE_CURRENT_LIST_DIR}/score.cpp
   ${CMAKE_CURRENT_LIST_DIR}/random_arch.cpp)

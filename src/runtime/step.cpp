@@ -207,7 +207,7 @@ void Engine::Impl::run_decode_step(StepLane& lane, int sequences,
   const kernels::DecodeAttentionPlan& plan = short_context ? *short_plan : decode_plans[bucket_index];
   int32_t* host_sampled = lane.sampled.device_as<int32_t>();
   lane.graphs->run(bucket_index, short_context ? 1 : 0, stream(),
-                   [&](cudaStream_t s) { forward->decode_step(plan, host_sampled, s); });
+                   [&](cudaStream_t s) { forward->decode_step(this->plan.buckets[bucket_index], plan, host_sampled, s); });
   lane.step_done.record(stream());
 }
 

@@ -182,8 +182,14 @@ TEST_F(Cli, BackendAndModelSourceProblems) {
   const std::string model = " --model " + model_.string();
   expect_bad_input(run_cli(scratch_, "generate" + model + " --prompt-ids 1 --backend tpu"),
                    {"--backend 'tpu'", "unknown backend"});
-  expect_bad_input(run_cli(scratch_, "score" + model + " --prompt-ids 1 --mlp-variant fastest"),
-                   {"--mlp-variant 'fastest'", "fused, unfused, naive"});
+  expect_bad_input(run_cli(scratch_, "score" + model + " --prompt-ids 1 --plan-override mlp=fastest"),
+                   {"--plan-override 'mlp=fastest'", "fastest"});
+  expect_bad_input(run_cli(scratch_, "score" + model + " --prompt-ids 1 --plan-override warp_drive=on"),
+                   {"--plan-override 'warp_drive=on'", "warp_drive"});
+  expect_bad_input(run_cli(scratch_, "score" + model + " --prompt-ids 1 --tuning-cache " + scratch_.string()),
+                   {"--tuning-cache", scratch_.string()});
+  expect_bad_input(run_cli(scratch_, "tune --random-weights --arch llama3-8b --tuning-cache /proc/deepfuse/t.json"),
+                   {"--tuning-cache", "/proc/deepfuse/t.json"});
   expect_bad_input(run_cli(scratch_, "generate --prompt-ids 1"), {"--model DIR", "--random-weights --arch NAME"});
   expect_bad_input(run_cli(scratch_, "generate" + model + " --random-weights --arch llama3-8b --prompt-ids 1"),
                    {"--model and --random-weights"});

@@ -63,9 +63,10 @@ TEST_F(CliCuda, ScoreMatchesTheReferenceBackendForEveryEngineFlag) {
   ASSERT_NO_FATAL_FAILURE(make_model());
   const std::vector<float> reference = score_json(" --backend reference");
   ASSERT_EQ(reference.size(), 40u * 320u);
-  for (const std::string flags : {kCuda, kCuda + " --no-cuda-graphs", kCuda + " --mlp-variant unfused",
-                                   kCuda + " --mlp-variant naive", kCuda + " --max-batch 3 --max-context 64",
-                                   kCuda + " --fused-mlp-max-tokens 0", kCuda + " --max-batch 4 --tune-gemms"}) {
+  for (const std::string flags :
+       {kCuda, kCuda + " --no-cuda-graphs", kCuda + " --plan-override mlp=unfused,prefill.mlp=unfused",
+        kCuda + " --plan-override front=unfused,o_proj=cublaslt", kCuda + " --max-batch 3 --max-context 64",
+        kCuda + " --plan-override mlp=fused,prefill.mlp=fused", kCuda + " --max-batch 4 --tune-gemms"}) {
     const std::vector<float> cuda = score_json(flags);
     ASSERT_EQ(cuda.size(), reference.size()) << flags;
     const testing::LogitsComparison c = testing::compare_logits(cuda, reference, 320);
@@ -149,8 +150,8 @@ TEST_F(CliCuda, CudaOnlyInputProblems) {
                    {"--prompt-ids", "40 tokens", "--max-context (16)"});
   expect_bad_input(run_cli(scratch_, "generate" + kCuda + model() + " --prompt-ids 1,2 --repetition-penalty 1.3"),
                    {"--repetition-penalty", "cuda backend"});
-  expect_bad_input(run_cli(scratch_, "generate" + kCuda + model() + " --prompt-ids 1,2 --mlp-variant fastest"),
-                   {"--mlp-variant 'fastest'"});
+  expect_bad_input(run_cli(scratch_, "generate" + kCuda + model() + " --prompt-ids 1,2 --plan-override mlp=fastest"),
+                   {"--plan-override 'mlp=fastest'"});
   // A checkpoint the engine cannot load: one line naming the problem, nothing on stdout.
   write_file(model_ / "model.safetensors", "garbage");
   expect_bad_input(run_cli(scratch_, "score" + kCuda + model() + " --prompt-ids 1,2"), {"model.safetensors"});

@@ -18,7 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "deepfuse/decode_plan.hpp"
 #include "deepfuse/engine.hpp"
+#include "deepfuse/error.hpp"
 #include "deepfuse/make_model.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "deepfuse/reference_decoder.hpp"
@@ -193,26 +195,46 @@ TEST_P(EngineVsReference, RaggedBatchMatchesReferencePerSequence) {
 TEST_P(EngineVsReference, EitherMlpCopyServesAnyStep) {
   DF_REQUIRE_GPU();
   make_model(6);
-  // The default (8) sends the 40-token prefill above to the MLP's unfused copy and the decode
-  // steps to the fused kernel. Limit 0: the fused kernel serves every step, prefills included;
-  // limit 2: the batch of three (bucket 4) decodes through the unfused copy.
+  // The built-in plan sends the 40-token prefill above to the MLP's unfused copy and the decode
+  // steps to the fused kernel. "fused": the fused kernel serves every step, prefills included;
+  // "bucket 4 unfused": the batch of three decodes through the unfused copy.
   const std::vector<std::vector<int32_t>> sequences = random_sequences({30, 47, 35});
-  std::map<int, int> launches_per_layer;  // by limit
-  for (int limit : {0, 2}) {
+  std::map<std::string, int> launches_per_layer;
+  for (const std::string plan : {"mlp=fused,prefill.mlp=fused", "mlp@4=unfused"}) {
     EngineOptions options = tiny_engine_options();
-    options.fused_mlp_max_tokens = limit;
+    options.plan_overrides = parse_plan_overrides(plan);
     Engine engine = load_engine(options);
-    expect_batch_matches_reference(engine, sequences, {5, 40, 17}, "fused MLP up to " + std::to_string(limit) + " tokens");
+    expect_batch_matches_reference(engine, sequences, {5, 40, 17}, plan);
     // The captured step's kernels, counted from the graph: at least one per launch of the op list.
     const EngineStats stats = engine.stats(3);
-    EXPECT_GE(stats.kernels_per_decode_step, stats.launches_per_decode_step) << "limit " << limit;
-    launches_per_layer[limit] = stats.launches_per_layer;
+    EXPECT_GE(stats.kernels_per_decode_step, stats.launches_per_decode_step) << plan;
+    launches_per_layer[plan] = stats.launches_per_layer;
   }
-  // The unfused copy's gate_up GEMM, silu_and_mul and down GEMM replace one launch (and its norm
-  // launch, when DEEPFUSE_FOLD_NORMS=0 keeps the norm out of its weights).
-  const char* fold = std::getenv("DEEPFUSE_FOLD_NORMS");
-  const int norm_launches = fold && std::atoi(fold) == 0 ? 1 : 0;
-  EXPECT_EQ(launches_per_layer[2], launches_per_layer[0] + 2 + norm_launches);
+  // The unfused copy's gate_up GEMM, silu_and_mul and down GEMM replace one launch.
+  EXPECT_EQ(launches_per_layer["mlp@4=unfused"], launches_per_layer["mlp=fused,prefill.mlp=fused"] + 2);
+}
+
+// Every variant the tuner can pick, forced in turn by an override: the engine's logits still
+// match the reference decoder's (the tiny models' buckets are 1, 2 and 4).
+TEST_P(EngineVsReference, EveryPlanVariantMatchesReference) {
+  DF_REQUIRE_GPU();
+  make_model(8);
+  const std::vector<std::vector<int32_t>> sequences = random_sequences({30, 47, 35});
+  for (const std::string plan :
+       {"mlp=unfused", "mlp=fused,prefill.mlp=fused", "front=unfused,o_proj=cublaslt", "o_proj=cublaslt",
+        "mlp=unfused,o_proj=gemv", "attention.merge=workspace", "attention.warps=4", "attention.warps=8",
+        "attention.splits=1", "attention.splits=3", "attention.short_context=off", "attention.merge@1=cluster"}) {
+    EngineOptions options = tiny_engine_options();
+    try {
+      options.plan_overrides = parse_plan_overrides(plan);
+      Engine engine = load_engine(options);
+      expect_batch_matches_reference(engine, sequences, {5, 40, 17}, plan);
+    } catch (const Error& e) {
+      // Only a variant this model or GPU cannot run may be refused, and the message names it.
+      const std::string what = e.what();
+      EXPECT_NE(what.find(plan.substr(0, plan.find('='))), std::string::npos) << plan << ": " << what;
+    }
+  }
 }
 
 // EngineOptions::tune_gemms: the algorithms timed at construction serve the decode steps' cuBLASLt
@@ -222,7 +244,7 @@ TEST_P(EngineVsReference, TimedGemmAlgorithmsMatchReference) {
   DF_REQUIRE_GPU();
   make_model(7);
   EngineOptions options = tiny_engine_options();
-  options.fused_mlp_max_tokens = 2;
+  options.plan_overrides = parse_plan_overrides("mlp@4=unfused");
   options.tune_gemms = true;
   Engine engine = load_engine(options);
   std::set<std::string> tuned;  // "op at m"
@@ -286,10 +308,14 @@ TEST_P(EngineVsReference, CudaGraphsAndEagerLaunchesAgree) {
   // blocks arrive, so two runs of the same engine (graphs or not) can round the bf16 residual
   // stream differently in a few elements: there the greedy tokens must agree and the logits stay
   // within the bf16 rounding of the stream.
-  for (MlpVariant variant : {MlpVariant::unfused, MlpVariant::fused}) {
-    SCOPED_TRACE(mlp_variant_name(variant));
+  // "cuBLASLt": every op of the step through cuBLASLt and the deterministic kernels.
+  for (const bool cublaslt : {true, false}) {
+    SCOPED_TRACE(cublaslt ? "cuBLASLt plan" : "built-in plan");
+    const MlpVariant variant = cublaslt ? MlpVariant::unfused : MlpVariant::fused;
     EngineOptions graph_options = tiny_engine_options(), eager_options = tiny_engine_options();
-    graph_options.mlp_variant = eager_options.mlp_variant = variant;
+    if (cublaslt)
+      graph_options.plan_overrides = eager_options.plan_overrides =
+          parse_plan_overrides("mlp=unfused,front=unfused,o_proj=cublaslt");
     eager_options.cuda_graphs = false;
     Engine graphs = load_engine(graph_options);
     Engine eager = load_engine(eager_options);

@@ -75,7 +75,7 @@ EngineOptions small_options(bool cuda_graphs, MlpVariant mlp = MlpVariant::fused
   o.max_batch = 4;        // buckets 1, 2, 4
   o.prefill_chunk = 8;    // prompts below cross several chunks
   o.cuda_graphs = cuda_graphs;
-  o.mlp_variant = mlp;
+  if (mlp == MlpVariant::unfused) o.plan_overrides = parse_plan_overrides("mlp=unfused,front=unfused,o_proj=cublaslt");
   return o;
 }
 

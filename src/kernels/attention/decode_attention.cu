@@ -635,7 +635,7 @@ cudaError_t launch_instance(const KernelArgs& args, dim3 grid, cudaStream_t stre
   // finishes; they wait for it before reading q and the cache. Faster in the decode step
   // (docs/kernels/decode_attention.md, "Programmatic dependent launch").
   const ClusterLaunch launch(grid, BlockShape<W>::kThreads, kernel_shared_bytes<D, W, kCluster>(),
-                             kCluster ? static_cast<int>(grid.x) : 1, stream, programmatic_launches_enabled());
+                             kCluster ? static_cast<int>(grid.x) : 1, stream, /*programmatic=*/true);
   return cudaLaunchKernelEx(&launch.config, decode_attention_kernel<D, HT, W, kCluster>, args);
 }
 

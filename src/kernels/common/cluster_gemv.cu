@@ -1,7 +1,6 @@
 // Packing for the cluster GEMV weight stream (cluster_gemv.cuh).
 #include "kernels/common/cluster_gemv.cuh"
 
-#include "core/ab_switch.hpp"
 #include "core/device_attributes.hpp"
 
 namespace deepfuse::kernels {
@@ -22,11 +21,6 @@ __global__ void pack_rows_kernel(const __nv_bfloat16* weights, uint4* packed, in
 }  // namespace
 
 namespace cluster_gemv {
-
-bool spread_enabled() {
-  static const bool enabled = ab_switch("DEEPFUSE_GEMV_SPREAD", 1) != 0;
-  return enabled;
-}
 
 cudaError_t shared_bytes_for_blocks_per_sm(int per_sm, size_t& bytes) {
   DeviceAttributes device;

@@ -273,8 +273,6 @@ constexpr int max_ksteps_per_block(int inner) {
 constexpr int kSpreadBlocksPerSm = 3;
 constexpr int kSpreadMinInner = 3072;
 
-// Whether dispatch may spread grids (DEEPFUSE_GEMV_SPREAD=0 turns it off, for A/B measurements).
-bool spread_enabled();
 // The dynamic shared memory per block that lets at most `per_sm` blocks share an SM: the SM's
 // shared memory over per_sm, less the runtime's reservation per block (75 KB for 3 on an H200).
 cudaError_t shared_bytes_for_blocks_per_sm(int per_sm, size_t& bytes);
@@ -322,7 +320,7 @@ cudaError_t launch(void (*kernel)(Params, int), const Params& params, int units,
     if (clusters < units) return cudaErrorCooperativeLaunchTooLarge;
   }
   const ClusterLaunch launch(static_cast<unsigned>(units * C), kThreads, shared_bytes, C, stream,
-                            programmatic_launches_enabled());
+                            /*programmatic=*/true);
   return cudaLaunchKernelEx(&launch.config, kernel, params, max_ksteps);
 }
 
@@ -359,7 +357,7 @@ cudaError_t dispatch(int tokens, int inner, int units, LaunchInstance&& launch_i
     if (!clusters) return launch_instance(nt, integral_constant<int, 1>{}, false, sms);
     if constexpr (decltype(nt)::value <= 2) {  // 32-token launches always take the packed grid of 8
       if (inner < kSpreadMinInner) return launch_instance(nt, integral_constant<int, 4>{}, false, sms);
-      if (spread_enabled() && !(decltype(nt)::value == 1 && packed_is_even)) {
+      if (!(decltype(nt)::value == 1 && packed_is_even)) {
         cudaError_t e = launch_instance(nt, integral_constant<int, 8>{}, true, sms);
         if (e == cudaErrorCooperativeLaunchTooLarge) e = launch_instance(nt, integral_constant<int, 6>{}, true, sms);
         if (e != cudaErrorCooperativeLaunchTooLarge) return e;

@@ -10,10 +10,6 @@
 
 namespace deepfuse::kernels {
 
-// Whether kernels that support it launch as programmatic dependents (the cluster GEMVs, decode
-// attention); DEEPFUSE_PDL=0 turns it off for A/B measurements. Read once.
-bool programmatic_launches_enabled();
-
 struct ClusterLaunch {
   cudaLaunchAttribute attributes[2]{};
   cudaLaunchConfig_t config{};

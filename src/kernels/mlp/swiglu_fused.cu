@@ -476,7 +476,7 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
 // up to 8 tokens, and a programmatic launch at one token").
 template <int NT, int C>
 bool launches_programmatically(const FusedMlpTuning& tuning) {
-  return tuning.programmatic_launch && NT == 1 && (C == 2 || C == 4) && programmatic_launches_enabled();
+  return tuning.programmatic_launch && NT == 1 && (C == 2 || C == 4);
 }
 
 // The launch configuration of `blocks` blocks of the (NT, C) instance, in clusters of C.

@@ -1,0 +1,97 @@
+// `deepfuse tune`: measures every supported variant of each decode op per batch bucket on this
+// GPU (scheduler/profiler.hpp), confirms the combination end to end, and saves the winning plan
+// in the tuning cache, where engines for this GPU and model find it.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include "cli/commands.hpp"
+#include "cli/engine_options.hpp"
+#include "deepfuse/device.hpp"
+#include "deepfuse/error.hpp"
+#include "runtime/engine_tuning.hpp"
+#include "runtime/tuner.hpp"
+#include "scheduler/tuning_cache.hpp"
+
+namespace deepfuse::cli {
+
+namespace {
+
+struct TuneArgs {
+  std::string model_dir;
+  bool random_weights = false;
+  std::string arch;
+  EngineArgs engine;
+  int context = 1024;
+  int replays = 20;
+  std::string json_path;
+};
+
+// "tuning [##########          ]  52%  29 / 56 timings" on a terminal's stderr.
+std::function<void(int, int)> progress_bar() {
+  if (!isatty(STDERR_FILENO)) return {};
+  return [](int done, int total) {
+    constexpr int kWidth = 30;
+    const int filled = total == 0 ? kWidth : done * kWidth / total;
+    std::fprintf(stderr, "\rtuning [%.*s%*s] %3d%%  %d / %d timings", filled, "##############################",
+                 kWidth - filled, "", total == 0 ? 100 : 100 * done / total, done, total);
+    if (done >= total) std::fprintf(stderr, "\r\033[K");
+    std::fflush(stderr);
+  };
+}
+
+int run_tune(const TuneArgs& args) {
+  DF_CHECK(args.random_weights != !args.model_dir.empty(), "give a model: --model DIR, or --random-weights --arch NAME");
+  DF_CHECK(!args.random_weights || !args.arch.empty(), "--random-weights needs --arch NAME");
+  EngineOptions options = engine_options(args.engine);  // bad flags fail here, before any GPU work
+  const std::filesystem::path cache = options.tuning_cache;
+  DF_CHECK(!cache.empty(), "tune: no tuning cache to write (give --tuning-cache PATH, or set HOME)");
+  check_tuning_cache_writable(cache);
+  DF_CHECK(cuda_device_available(), "tune: no CUDA device found on this machine");
+  const auto start = std::chrono::steady_clock::now();
+  Engine engine = args.random_weights
+                      ? runtime::EngineTuning::with_random_weights(random_arch_config(args.arch), options, /*seed=*/1)
+                      : runtime::EngineTuning::from_checkpoint(args.model_dir, options, stderr_progress_bar());
+  runtime::TuneOptions tune_options;
+  tune_options.context = args.context;
+  tune_options.replays = args.replays;
+  tune_options.progress = progress_bar();
+  const runtime::TuneOutcome outcome = runtime::tune(engine, tune_options);
+  scheduler::save_tuned_plan(cache, runtime::EngineTuning::key(engine), outcome.tuned);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  std::printf("%s", runtime::trials_table(outcome.trials).c_str());
+  std::printf("\nbuilt-in plan:\n%s", describe(outcome.builtin).c_str());
+  std::printf("\ntuned plan:\n%s", describe(outcome.tuned).c_str());
+  std::printf("\nsaved to %s (%.1f s)\n", cache.string().c_str(), seconds);
+  if (!args.json_path.empty()) {
+    std::ofstream out(args.json_path);
+    DF_CHECK(out.good(), "--json: cannot write " + args.json_path);
+    out << "{\"builtin\": " << scheduler::plan_to_json(outcome.builtin)
+        << ", \"tuned\": " << scheduler::plan_to_json(outcome.tuned) << ", \"seconds\": " << seconds << "}\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_tune(CLI::App& app, Action& action) {
+  auto* command = app.add_subcommand(
+      "tune", "Measure each decode op's variants per batch bucket on this GPU and save the fastest plan");
+  auto args = std::make_shared<TuneArgs>();
+  args->engine.max_batch = 64;
+  command->add_option("--model", args->model_dir, "checkpoint directory");
+  command->add_flag("--random-weights", args->random_weights, "random weights of --arch's shape, made on the GPU");
+  command->add_option("--arch", args->arch, "the architecture preset for --random-weights");
+  add_engine_options(*command, args->engine);
+  command->add_option("--context", args->context, "keys in each timed sequence's cache (default 1024)")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--replays", args->replays, "graph replays per timing (default 20)")->check(CLI::PositiveNumber);
+  command->add_option("--json", args->json_path, "write the built-in and tuned plans as JSON");
+  command->callback([args, &action] { action = [args] { return run_tune(*args); }; });
+}
+
+}  // namespace deepfuse::cli

@@ -1,0 +1,2 @@
+list(APPEND DEEPFUSE_SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/plan_text.cpp)
