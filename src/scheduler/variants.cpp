@@ -33,9 +33,12 @@ PlanShape PlanShape::of(const ModelConfig& config) {
 }
 
 std::string PlanShape::signature() const {
-  auto n = [](int v) { return std::to_string(v); };
-  return "h" + n(hidden) + "-i" + n(intermediate) + "-q" + n(q_heads) + "-kv" + n(kv_heads) + "-d" + n(head_dim) +
-         "-l" + n(layers) + "-v" + n(vocab) + (qkv_bias ? "-bias" : "");
+  std::string text;
+  for (const auto& [tag, value] : {std::pair{"h", hidden}, {"-i", intermediate}, {"-q", q_heads}, {"-kv", kv_heads},
+                                   {"-d", head_dim}, {"-l", layers}, {"-v", vocab}})
+    text.append(tag).append(std::to_string(value));
+  if (qkv_bias) text += "-bias";
+  return text;
 }
 
 namespace {
