@@ -1,6 +1,8 @@
 // Whole-plan checks and `--plan-override`: both go through the registry's rules (variants.cpp), so
 // a plan from the cache, a file or the command line is refused with one line naming the bucket,
 // the op and the reason before the engine loads a weight.
+#include <charconv>
+#include <initializer_list>
 #include <string>
 
 #include "deepfuse/error.hpp"
@@ -36,28 +38,47 @@ std::string bucket_list(const DecodePlan& plan) {
   return text;
 }
 
-// Sets one op of one bucket from an override's value (already checked by parse_plan_overrides).
+// An override's value as a choice; overrides usually come from parse_plan_overrides, but a caller
+// may build one by hand, so an unknown value is an error here too, never a default.
+template <typename Choice>
+Choice choice_of(const PlanOverride& o, std::initializer_list<Choice> choices) {
+  for (Choice choice : choices)
+    if (o.value == choice_name(choice)) return choice;
+  throw Error("plan override '" + o.text + "': bad value '" + o.value + "' for " + o.op);
+}
+
+int count_of(const PlanOverride& o) {
+  if (o.value == "auto") return 0;
+  int value = 0;
+  const auto [end, error] = std::from_chars(o.value.data(), o.value.data() + o.value.size(), value);
+  if (error != std::errc() || end != o.value.data() + o.value.size() || value < 0)
+    throw Error("plan override '" + o.text + "': bad value '" + o.value + "' for " + o.op);
+  return value;
+}
+
+MlpChoice mlp_of(const PlanOverride& o) { return choice_of(o, {MlpChoice::fused, MlpChoice::unfused}); }
+
+// Sets one op of one bucket from an override.
 void set_choice(BucketPlan& bucket, const PlanOverride& o) {
-  const std::string& v = o.value;
   if (o.op == "mlp") {
-    bucket.mlp = v == "fused" ? MlpChoice::fused : MlpChoice::unfused;
+    bucket.mlp = mlp_of(o);
   } else if (o.op == "front") {
-    bucket.front = v == "fused" ? FrontChoice::fused : FrontChoice::unfused;
+    bucket.front = choice_of(o, {FrontChoice::fused, FrontChoice::unfused});
     // The GEMV cannot run without the fused front, so asking for the unfused front asks for
     // cuBLASLt o_proj too; the other way round stays an error (below), never a silent change.
     if (bucket.front == FrontChoice::unfused) bucket.o_proj = OProjChoice::cublaslt;
   } else if (o.op == "o_proj") {
-    bucket.o_proj = v == "gemv" ? OProjChoice::gemv : OProjChoice::cublaslt;
+    bucket.o_proj = choice_of(o, {OProjChoice::gemv, OProjChoice::cublaslt});
   } else if (o.op == "attention.splits") {
-    bucket.attention.splits = v == "auto" ? 0 : std::stoi(v);
+    bucket.attention.splits = count_of(o);
   } else if (o.op == "attention.warps") {
-    bucket.attention.warps = v == "auto" ? 0 : std::stoi(v);
+    bucket.attention.warps = count_of(o);
   } else if (o.op == "attention.merge") {
-    bucket.attention.merge = v == "workspace" ? MergeChoice::workspace
-                             : v == "cluster" ? MergeChoice::cluster
-                                              : MergeChoice::automatic;
+    bucket.attention.merge = choice_of(o, {MergeChoice::automatic, MergeChoice::workspace, MergeChoice::cluster});
   } else if (o.op == "attention.short_context") {
-    bucket.attention.short_context = v == "on";
+    if (o.value != "on" && o.value != "off")
+      throw Error("plan override '" + o.text + "': bad value '" + o.value + "' for " + o.op);
+    bucket.attention.short_context = o.value == "on";
   } else {
     throw Error("plan override '" + o.text + "': unknown op '" + o.op + "'");
   }
@@ -88,7 +109,7 @@ DecodePlan apply_overrides(DecodePlan plan, const std::vector<PlanOverride>& ove
     auto fail = [&](const std::string& why) { throw Error("plan override '" + o.text + "': " + why); };
     applied += (applied.empty() ? "" : ",") + o.text;
     if (o.op == "prefill.mlp") {
-      plan.prefill_mlp = o.value == "fused" ? MlpChoice::fused : MlpChoice::unfused;
+      plan.prefill_mlp = mlp_of(o);
       if (std::string why = why_unsupported(plan.prefill_mlp, shape, kPrefillTokens, gpu); !why.empty())
         fail("prefill: " + why);
       continue;
@@ -105,7 +126,7 @@ DecodePlan apply_overrides(DecodePlan plan, const std::vector<PlanOverride>& ove
     if (!matched) fail(std::to_string(*o.bucket) + " is not one of the plan's buckets (" + bucket_list(plan) + ")");
     // `mlp=` without a bucket covers prefill too, as the command line's help says.
     if (o.op == "mlp" && !o.bucket) {
-      plan.prefill_mlp = o.value == "fused" ? MlpChoice::fused : MlpChoice::unfused;
+      plan.prefill_mlp = mlp_of(o);
       if (std::string why = why_unsupported(plan.prefill_mlp, shape, kPrefillTokens, gpu); !why.empty())
         fail("prefill: " + why);
     }

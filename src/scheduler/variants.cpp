@@ -34,9 +34,14 @@ PlanShape PlanShape::of(const ModelConfig& config) {
 
 std::string PlanShape::signature() const {
   std::string text;
-  for (const auto& [tag, value] : {std::pair{"h", hidden}, {"-i", intermediate}, {"-q", q_heads}, {"-kv", kv_heads},
-                                   {"-d", head_dim}, {"-l", layers}, {"-v", vocab}})
-    text.append(tag).append(std::to_string(value));
+  auto add = [&](const char* tag, int value) { text.append(tag).append(std::to_string(value)); };
+  add("h", hidden);
+  add("-i", intermediate);
+  add("-q", q_heads);
+  add("-kv", kv_heads);
+  add("-d", head_dim);
+  add("-l", layers);
+  add("-v", vocab);
   if (qkv_bias) text += "-bias";
   return text;
 }
@@ -67,9 +72,8 @@ constexpr int kClusterGemvSharedBytes = 200 * KiB;
 
 std::string cluster_gemv_unsupported(const char* what, const GpuInfo& gpu) {
   if (shared_per_block_optin(gpu) >= kClusterGemvSharedBytes) return "";
-  return std::string(what) + " asks for 200 KB of shared memory per block, more than sm_" +
-         std::to_string(gpu.major) + std::to_string(gpu.minor) + " allows (" +
-         std::to_string(shared_per_block_optin(gpu) / KiB) + " KB)";
+  return std::string(what) + " asks for 200 KB of shared memory per block, more than sm_" + std::to_string(gpu.major) +
+         std::to_string(gpu.minor) + " allows (" + std::to_string(shared_per_block_optin(gpu) / KiB) + " KB)";
 }
 
 // The fused MLP's blocks each own at most 6 tiles of 16 rows of I per 8 warps
@@ -114,7 +118,8 @@ std::string why_unsupported(FrontChoice choice, const PlanShape& shape, int toke
   if (tokens < 1 || tokens > kernels::kQkvFusedMaxTokens)
     return "the fused front takes at most " + std::to_string(kernels::kQkvFusedMaxTokens) + " tokens";
   if (shape.head_dim != 64 && shape.head_dim != 128) return "the fused front needs head_dim 64 or 128";
-  if (shape.hidden < 64 || shape.hidden % 64 != 0) return "the fused front needs a hidden size that is a multiple of 64";
+  if (shape.hidden < 64 || shape.hidden % 64 != 0)
+    return "the fused front needs a hidden size that is a multiple of 64";
   if (shape.kv_heads < 1 || shape.q_heads % shape.kv_heads != 0)
     return "the fused front needs q_heads a multiple of kv_heads";
   return cluster_gemv_unsupported("the fused front", gpu);
@@ -196,9 +201,9 @@ std::vector<AttentionChoice> attention_candidates(const PlanShape& shape, int ba
   const bool plannable = (shape.head_dim == 64 || shape.head_dim == 128) && shape.kv_heads >= 1 &&
                          shape.q_heads % shape.kv_heads == 0 && shape.q_heads / shape.kv_heads <= 16;
   if (max_context > 0 && gpu.sms > 0 && plannable) {
-    const int planned = kernels::plan_decode_attention(batch, shape.q_heads, shape.kv_heads, shape.head_dim,
-                                                       max_context, gpu.sms)
-                            .splits_per_sequence;
+    const int planned =
+        kernels::plan_decode_attention(batch, shape.q_heads, shape.kv_heads, shape.head_dim, max_context, gpu.sms)
+            .splits_per_sequence;
     for (int splits : {planned / 2, planned * 2})
       if (splits >= 1 && splits != planned) with([&](AttentionChoice& c) { c.splits = splits; });
   }

@@ -62,9 +62,10 @@ std::string describe(const AttentionChoice& choice);
 void check_plan(const DecodePlan& plan, const PlanShape& shape, const GpuInfo& gpu);
 
 // `plan` with the overrides applied in order (each to its bucket, or to all), "+ overrides ..."
-// appended to its source. `front=unfused` also moves a bucket's o_proj from the GEMV to cuBLASLt
-// (the GEMV needs the fused front); `o_proj=gemv` on a bucket whose front is unfused is an error. Throws deepfuse::Error naming the override when its op or value is
+// appended to its source. Throws deepfuse::Error naming the override when its op or value is
 // unknown, its bucket is not one of the plan's, or the variant does not support the bucket.
+// `front=unfused` also moves a bucket's o_proj from the GEMV to cuBLASLt (the GEMV needs the
+// fused front); `o_proj=gemv` on a bucket whose front is unfused is an error.
 DecodePlan apply_overrides(DecodePlan plan, const std::vector<PlanOverride>& overrides, const PlanShape& shape,
                            const GpuInfo& gpu);
 

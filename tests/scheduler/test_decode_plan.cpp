@@ -37,7 +37,8 @@ TEST(DecodePlan, UsesCountsEveryBucketAndPrefill) {
   EXPECT_TRUE(plan.uses(MlpChoice::fused));
   EXPECT_TRUE(plan.uses(MlpChoice::unfused));
   EXPECT_TRUE(plan.uses(OProjChoice::gemv));
-  for (BucketPlan& b : plan.buckets) b.mlp = MlpChoice::fused, b.front = FrontChoice::unfused, b.o_proj = OProjChoice::cublaslt;
+  for (BucketPlan& b : plan.buckets)
+    b.mlp = MlpChoice::fused, b.front = FrontChoice::unfused, b.o_proj = OProjChoice::cublaslt;
   EXPECT_TRUE(plan.uses(MlpChoice::unfused));  // prefill
   plan.prefill_mlp = MlpChoice::fused;
   EXPECT_FALSE(plan.uses(MlpChoice::unfused));
@@ -91,9 +92,9 @@ TEST(PlanOverrides, MalformedTextIsAOneLineErrorNamingIt) {
 
 TEST(PlanOverrides, AppliesInOrderAndRecordsThemInTheSource) {
   const PlanShape shape = testing::model_shapes()[0].shape;
-  const DecodePlan plan = apply_overrides(llama8b_h100_plan(),
-                                          parse_plan_overrides("mlp@16=fused,attention.warps=4,attention.warps@1=8"),
-                                          shape, testing::h100());
+  const DecodePlan plan =
+      apply_overrides(llama8b_h100_plan(), parse_plan_overrides("mlp@16=fused,attention.warps=4,attention.warps@1=8"),
+                      shape, testing::h100());
   EXPECT_EQ(plan.bucket_for(16).mlp, MlpChoice::fused);
   EXPECT_EQ(plan.bucket_for(32).mlp, MlpChoice::unfused);
   EXPECT_EQ(plan.bucket_for(1).attention.warps, 8);
@@ -106,14 +107,16 @@ TEST(PlanOverrides, AppliesInOrderAndRecordsThemInTheSource) {
 
 TEST(PlanOverrides, MlpWithoutABucketCoversPrefillToo) {
   const PlanShape shape = testing::model_shapes()[0].shape;
-  const DecodePlan plan = apply_overrides(llama8b_h100_plan(), parse_plan_overrides("mlp=fused"), shape, testing::h100());
+  const DecodePlan plan =
+      apply_overrides(llama8b_h100_plan(), parse_plan_overrides("mlp=fused"), shape, testing::h100());
   for (const BucketPlan& b : plan.buckets) EXPECT_EQ(b.mlp, MlpChoice::fused);
   EXPECT_EQ(plan.prefill_mlp, MlpChoice::fused);
 }
 
 TEST(PlanOverrides, UnfusedFrontTakesOProjToCublaslt) {
   const PlanShape shape = testing::model_shapes()[0].shape;
-  const DecodePlan plan = apply_overrides(llama8b_h100_plan(), parse_plan_overrides("front=unfused"), shape, testing::h100());
+  const DecodePlan plan =
+      apply_overrides(llama8b_h100_plan(), parse_plan_overrides("front=unfused"), shape, testing::h100());
   for (const BucketPlan& b : plan.buckets) {
     EXPECT_EQ(b.front, FrontChoice::unfused);
     EXPECT_EQ(b.o_proj, OProjChoice::cublaslt);
@@ -141,14 +144,27 @@ TEST(PlanOverrides, UnsupportedApplicationsNameTheOverrideBucketAndOp) {
   expect_error([&] { apply("attention.short_context=on", llama, a100); }, {"short-context", "clusters"});
 }
 
+TEST(PlanOverrides, HandBuiltOverridesAreCheckedToo) {
+  const PlanShape llama = testing::model_shapes()[0].shape;
+  auto apply = [&](PlanOverride o) {
+    o.text = o.op + "=" + o.value;
+    apply_overrides(llama8b_h100_plan(), {o}, llama, testing::h100());
+  };
+  expect_error([&] { apply({.op = "mlp", .value = "fast"}); }, {"'mlp=fast'", "bad value 'fast'"});
+  expect_error([&] { apply({.op = "attention.splits", .value = "many"}); }, {"bad value 'many'"});
+  expect_error([&] { apply({.op = "lm_head", .value = "gemv"}); }, {"unknown op 'lm_head'"});
+}
+
 TEST(SchedulerVariants, RulesRestateTheLaunchersLimits) {
   const PlanShape llama = testing::model_shapes()[0].shape;
   const GpuInfo h100 = testing::h100();
   EXPECT_EQ(why_unsupported(FrontChoice::fused, llama, kernels::kQkvFusedMaxTokens, h100), "");
   EXPECT_NE(why_unsupported(FrontChoice::fused, llama, kernels::kQkvFusedMaxTokens + 1, h100), "");
   EXPECT_EQ(why_unsupported(OProjChoice::gemv, FrontChoice::fused, llama, kernels::kGemvResidualMaxTokens, h100), "");
-  EXPECT_NE(why_unsupported(OProjChoice::gemv, FrontChoice::fused, llama, kernels::kGemvResidualMaxTokens + 1, h100), "");
-  EXPECT_EQ(why_unsupported(OProjChoice::gemv, FrontChoice::unfused, llama, 1, h100), "the o_proj GEMV needs the fused front");
+  EXPECT_NE(why_unsupported(OProjChoice::gemv, FrontChoice::fused, llama, kernels::kGemvResidualMaxTokens + 1, h100),
+            "");
+  EXPECT_EQ(why_unsupported(OProjChoice::gemv, FrontChoice::unfused, llama, 1, h100),
+            "the o_proj GEMV needs the fused front");
   EXPECT_EQ(why_unsupported(MlpChoice::fused, llama, 1024, h100), "");  // passes of 32 tokens
   PlanShape odd = llama;
   odd.intermediate = 14336 + 32;

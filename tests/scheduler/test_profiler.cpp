@@ -32,7 +32,8 @@ struct FakeTimer {
   std::vector<BucketPlan> timed;
 
   double operator()(const BucketPlan& b) {
-    EXPECT_EQ(why_unsupported(b.o_proj, b.front, llama(), b.batch, testing::h100()), "") << "timed an unsupported bucket";
+    EXPECT_EQ(why_unsupported(b.o_proj, b.front, llama(), b.batch, testing::h100()), "")
+        << "timed an unsupported bucket";
     timed.push_back(b);
     double ms = 10.0;
     auto add = [&](const std::string& name) {
@@ -157,7 +158,9 @@ TEST(Profiler, DeterministicWithProgressEndingFull) {
     FakeTimer fake;
     fake.cost = {{"mlp=unfused", -0.5}, {"front=unfused", 0.4}};
     return tune_plan(start_plan({1, 2, 16, 64}), llama(), testing::h100(), 8192, fake.timer(), 0.003,
-                     [&](int done, int total) { calls.push_back({done, total}); });
+                     [&](int done, int total) {
+                       calls.push_back({done, total});
+                     });
   };
   std::vector<std::pair<int, int>> first_calls, second_calls;
   const TuneResult first = run(first_calls), second = run(second_calls);
@@ -178,7 +181,8 @@ TEST(Profiler, RefusesAnUnsupportedStartOrABadTimer) {
   DecodePlan start = start_plan({1, 32});
   start.buckets[1].o_proj = OProjChoice::gemv;  // front unfused at 32
   FakeTimer fake;
-  expect_error([&] { tune_plan(start, llama(), testing::h100(), fake.timer()); }, {"bucket 32", "needs the fused front"});
+  expect_error([&] { tune_plan(start, llama(), testing::h100(), fake.timer()); },
+               {"bucket 32", "needs the fused front"});
   expect_error([&] { tune_plan(start_plan({1}), llama(), testing::h100(), [](const BucketPlan&) { return -1.0; }); },
                {"step timer returned", "bucket 1"});
   expect_error([&] { tune_plan(start_plan({1}), llama(), testing::h100(), fake.timer(), 1.5); }, {"min_gain"});
