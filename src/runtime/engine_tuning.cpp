@@ -18,7 +18,7 @@ size_t EngineTuning::attention_candidates_workspace(const Engine::Impl& s) {
   const scheduler::PlanShape shape = scheduler::PlanShape::of(s.config);
   size_t bytes = 0;
   for (const BucketPlan& bucket : s.plan.buckets)
-    for (const AttentionChoice& choice : scheduler::attention_candidates(shape, bucket.batch, gpu)) {
+    for (const AttentionChoice& choice : scheduler::attention_candidates(shape, bucket.batch, gpu, s.options.max_context)) {
       const auto merge = choice.merge == MergeChoice::workspace ? kernels::SplitMerge::workspace
                          : choice.merge == MergeChoice::cluster ? kernels::SplitMerge::cluster
                                                                 : kernels::SplitMerge::automatic;

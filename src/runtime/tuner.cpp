@@ -34,7 +34,8 @@ TuneOutcome tune(Engine& engine, const TuneOptions& options) {
     return EngineTuning::time_bucket(engine, bucket, options.context, options.replays);
   };
   scheduler::TuneResult result =
-      scheduler::tune_plan(outcome.builtin, shape, gpu, timer, options.min_gain, options.progress);
+      scheduler::tune_plan(outcome.builtin, shape, gpu, engine.options().max_context, timer, options.min_gain,
+                          options.progress);
   outcome.tuned = std::move(result.plan);
   outcome.tuned.source = "tuned " + utc_now() + " (" + gpu.name + ")";
   outcome.trials = std::move(result.trials);

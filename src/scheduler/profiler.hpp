@@ -35,5 +35,12 @@ struct TuneResult {
 // it, so noise does not flip choices. progress(done, total) after each timing.
 TuneResult tune_plan(const DecodePlan& start, const PlanShape& shape, const GpuInfo& gpu, const StepTimer& time_step,
                      double min_gain = 0.003, const std::function<void(int, int)>& progress = {});
+// ... with the context the attention plans serve (the engine's max_context), which adds the
+// planner's splits halved and doubled to the attention candidates (attention_candidates). The
+// overload above passes 0: no split candidates. progress's total may shrink as buckets finish
+// (a bucket whose ops keep the starting choices skips its end-to-end confirmation).
+TuneResult tune_plan(const DecodePlan& start, const PlanShape& shape, const GpuInfo& gpu, int max_context,
+                     const StepTimer& time_step, double min_gain = 0.003,
+                     const std::function<void(int, int)>& progress = {});
 
 }  // namespace deepfuse::scheduler

@@ -24,8 +24,6 @@ struct TuningKey {
   int runtime = 0;          // cudaRuntimeGetVersion
   std::string deepfuse;     // deepfuse version (PROJECT_VERSION)
   std::string model;        // PlanShape::signature()
-  int max_batch = 0;        // the buckets the plan covers
-  int max_context = 0;      // the attention plans' context
 
   std::string text() const;  // one string, the entry's key in the file
 };

@@ -38,6 +38,9 @@ std::string why_unsupported(FrontChoice choice, const PlanShape& shape, int toke
 std::string why_unsupported(OProjChoice choice, FrontChoice front, const PlanShape& shape, int tokens,
                             const GpuInfo& gpu);
 std::string why_unsupported(const AttentionChoice& choice, const PlanShape& shape, int batch, const GpuInfo& gpu);
+// ... and where the plan's context is known: forced splits also at most one per page of it.
+std::string why_unsupported(const AttentionChoice& choice, const PlanShape& shape, int batch, const GpuInfo& gpu,
+                            int max_context);
 
 // Every candidate of each op (the profiler tries the supported ones).
 std::vector<MlpChoice> mlp_candidates();
@@ -46,6 +49,11 @@ std::vector<OProjChoice> o_proj_candidates();
 // A few attention shapes around the planner's: automatic, and forced splits / warps / merges that
 // `shape` and the GPU support for that batch.
 std::vector<AttentionChoice> attention_candidates(const PlanShape& shape, int batch, const GpuInfo& gpu);
+// ... with the context the attention plans serve: also the planner's splits halved and doubled
+// (kernels::plan_decode_attention's choice for this batch, context and GPU). max_context 0: as above.
+std::vector<AttentionChoice> attention_candidates(const PlanShape& shape, int batch, const GpuInfo& gpu,
+                                                  int max_context);
+
 
 // Throws deepfuse::Error naming the bucket, the op and the reason when any choice of `plan` is
 // unsupported, or the buckets are not ascending and distinct.
@@ -54,6 +62,8 @@ void check_plan(const DecodePlan& plan, const PlanShape& shape, const GpuInfo& g
 // `plan` with the overrides applied in order (each to its bucket, or to all), "+ overrides ..."
 // appended to its source. Throws deepfuse::Error naming the override when its op or value is
 // unknown, its bucket is not one of the plan's, or the variant does not support the bucket.
+// `front=unfused` also moves a bucket's o_proj from the GEMV to cuBLASLt (the GEMV needs the
+// fused front); `o_proj=gemv` on a bucket whose front is unfused is an error.
 DecodePlan apply_overrides(DecodePlan plan, const std::vector<PlanOverride>& overrides, const PlanShape& shape,
                            const GpuInfo& gpu);
 

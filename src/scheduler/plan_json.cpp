@@ -1,0 +1,108 @@
+// The plan's JSON form, shared by the tuning cache and benchmark results. Reading is strict: an
+// unknown key or choice name is an error, so a plan written by another version never runs as
+// something it did not say.
+#include <nlohmann/json.hpp>
+
+#include "deepfuse/error.hpp"
+#include "scheduler/plan_json.hpp"
+#include "scheduler/tuning_cache.hpp"
+
+namespace deepfuse::scheduler {
+
+namespace {
+
+using nlohmann::json;
+
+template <typename Choice>
+Choice choice_from(const json& value, const char* field, std::initializer_list<Choice> choices) {
+  DF_CHECK(value.is_string(), std::string("decode plan JSON: ") + field + " is not a string");
+  const std::string name = value.get<std::string>();
+  for (Choice choice : choices)
+    if (name == choice_name(choice)) return choice;
+  std::string known;
+  for (Choice choice : choices) known += (known.empty() ? "" : ", ") + std::string(choice_name(choice));
+  throw Error("decode plan JSON: unknown " + std::string(field) + " '" + name + "' (" + known + ")");
+}
+
+const json& field(const json& object, const char* name, const char* where) {
+  DF_CHECK(object.contains(name), std::string("decode plan JSON: ") + where + " has no '" + name + "'");
+  return object.at(name);
+}
+
+void only_keys(const json& object, std::initializer_list<const char*> keys, const char* where) {
+  DF_CHECK(object.is_object(), std::string("decode plan JSON: ") + where + " is not an object");
+  for (const auto& [key, value] : object.items()) {
+    bool known = false;
+    for (const char* k : keys) known = known || key == k;
+    DF_CHECK(known, std::string("decode plan JSON: unknown key '") + key + "' in " + where);
+  }
+}
+
+int int_from(const json& value, const char* name) {
+  DF_CHECK(value.is_number_integer(), std::string("decode plan JSON: ") + name + " is not an integer");
+  return value.get<int>();
+}
+
+}  // namespace
+
+nlohmann::json plan_json(const DecodePlan& plan) {
+  json buckets = json::array();
+  for (const BucketPlan& b : plan.buckets) {
+    const AttentionChoice& a = b.attention;
+    buckets.push_back({{"batch", b.batch},
+                       {"mlp", choice_name(b.mlp)},
+                       {"front", choice_name(b.front)},
+                       {"o_proj", choice_name(b.o_proj)},
+                       {"attention",
+                        {{"splits", a.splits},
+                         {"warps", a.warps},
+                         {"merge", choice_name(a.merge)},
+                         {"short_context", a.short_context}}}});
+  }
+  return {{"source", plan.source}, {"prefill_mlp", choice_name(plan.prefill_mlp)}, {"buckets", buckets}};
+}
+
+DecodePlan plan_from_json_value(const nlohmann::json& j) {
+  only_keys(j, {"source", "prefill_mlp", "buckets"}, "the plan");
+  DecodePlan plan;
+  const json& source = field(j, "source", "the plan");
+  DF_CHECK(source.is_string(), "decode plan JSON: source is not a string");
+  plan.source = source.get<std::string>();
+  plan.prefill_mlp = choice_from(field(j, "prefill_mlp", "the plan"), "prefill_mlp",
+                                 {MlpChoice::fused, MlpChoice::unfused});
+  const json& buckets = field(j, "buckets", "the plan");
+  DF_CHECK(buckets.is_array(), "decode plan JSON: buckets is not an array");
+  for (const json& b : buckets) {
+    only_keys(b, {"batch", "mlp", "front", "o_proj", "attention"}, "a bucket");
+    BucketPlan bucket;
+    bucket.batch = int_from(field(b, "batch", "a bucket"), "batch");
+    bucket.mlp = choice_from(field(b, "mlp", "a bucket"), "mlp", {MlpChoice::fused, MlpChoice::unfused});
+    bucket.front = choice_from(field(b, "front", "a bucket"), "front", {FrontChoice::fused, FrontChoice::unfused});
+    bucket.o_proj = choice_from(field(b, "o_proj", "a bucket"), "o_proj", {OProjChoice::gemv, OProjChoice::cublaslt});
+    const json& a = field(b, "attention", "a bucket");
+    only_keys(a, {"splits", "warps", "merge", "short_context"}, "a bucket's attention");
+    bucket.attention.splits = int_from(field(a, "splits", "attention"), "attention.splits");
+    bucket.attention.warps = int_from(field(a, "warps", "attention"), "attention.warps");
+    bucket.attention.merge = choice_from(field(a, "merge", "attention"), "attention.merge",
+                                         {MergeChoice::automatic, MergeChoice::workspace, MergeChoice::cluster});
+    const json& short_context = field(a, "short_context", "attention");
+    DF_CHECK(short_context.is_boolean(), "decode plan JSON: attention.short_context is not true or false");
+    bucket.attention.short_context = short_context.get<bool>();
+    plan.buckets.push_back(bucket);
+  }
+  return plan;
+}
+
+std::string plan_to_json(const DecodePlan& plan) { return plan_json(plan).dump(2); }
+
+DecodePlan plan_from_json(const std::string& text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw Error("decode plan JSON: corrupt at byte " + std::to_string(e.byte));
+  }
+  return plan_from_json_value(j);
+}
+
+}  // namespace deepfuse::scheduler

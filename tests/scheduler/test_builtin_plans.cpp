@@ -1,0 +1,105 @@
+// Built-in plans: every choice supported on every shape and GPU class, and the sm_90 plan exactly
+// the rules the runtime hard-coded before the scheduler (so the engine's behaviour is unchanged).
+#include <gtest/gtest.h>
+
+#include "scheduler/builtin_plans.hpp"
+#include "scheduler/scheduler_test_util.hpp"
+
+namespace deepfuse {
+namespace {
+
+using namespace scheduler;
+
+TEST(BuiltinPlan, GpuClass) {
+  EXPECT_EQ(gpu_class(testing::h100()), "sm_90");
+  EXPECT_EQ(gpu_class(testing::gpu("NVIDIA H200", 9, 0, 132, 141)), "sm_90");
+  EXPECT_EQ(gpu_class(testing::a100()), "sm_80");
+  EXPECT_EQ(gpu_class(testing::l40s()), "sm_89");
+  EXPECT_EQ(gpu_class(testing::gpu("Tesla T4", 7, 5, 40, 16)), "sm_75");
+}
+
+TEST(BuiltinPlan, EveryOpOfEveryBucketIsSupported) {
+  for (const auto& [name, shape] : testing::model_shapes())
+    for (const GpuInfo& gpu : testing::gpus()) {
+      SCOPED_TRACE(name + " on " + gpu.name);
+      const DecodePlan plan = builtin_plan(shape, gpu, testing::buckets());
+      EXPECT_EQ(plan.source, "built-in (" + gpu_class(gpu) + ")");
+      ASSERT_EQ(plan.buckets.size(), testing::buckets().size());
+      EXPECT_NO_THROW(check_plan(plan, shape, gpu));
+      for (const BucketPlan& b : plan.buckets) {
+        EXPECT_EQ(why_unsupported(b.mlp, shape, b.batch, gpu), "") << b.batch;
+        EXPECT_EQ(why_unsupported(b.front, shape, b.batch, gpu), "") << b.batch;
+        EXPECT_EQ(why_unsupported(b.o_proj, b.front, shape, b.batch, gpu), "") << b.batch;
+        EXPECT_EQ(why_unsupported(b.attention, shape, b.batch, gpu, 32768), "") << b.batch;
+      }
+      EXPECT_EQ(why_unsupported(plan.prefill_mlp, shape, 1024, gpu), "");
+    }
+}
+
+// The runtime's rules before the scheduler, restated from the code that held them:
+// EngineOptions::fused_mlp_max_tokens = 8; forward.cpp uses_fused_front (16, when
+// gpu_weights.cpp uses_fused_qkv: head_dim 64 or 128 and hidden % 64 == 0);
+// gemv_o_proj_max_tokens (8, with the fused front); attention automatic with the short-context
+// plan; prefill on the unfused MLP.
+TEST(BuiltinPlan, Sm90IsTodaysRules) {
+  for (const GpuInfo& gpu : {testing::h100(), testing::gpu("NVIDIA H200", 9, 0, 132, 141)})
+    for (const auto& [name, shape] : testing::model_shapes()) {
+      SCOPED_TRACE(name + " on " + gpu.name);
+      const bool fused_qkv = (shape.head_dim == 64 || shape.head_dim == 128) && shape.hidden % 64 == 0;
+      const DecodePlan plan = builtin_plan(shape, gpu, testing::buckets());
+      EXPECT_EQ(plan.prefill_mlp, MlpChoice::unfused);
+      for (const BucketPlan& b : plan.buckets) {
+        const bool front = fused_qkv && b.batch <= 16;
+        EXPECT_EQ(b.mlp, b.batch <= 8 ? MlpChoice::fused : MlpChoice::unfused) << b.batch;
+        EXPECT_EQ(b.front, front ? FrontChoice::fused : FrontChoice::unfused) << b.batch;
+        EXPECT_EQ(b.o_proj, front && b.batch <= 8 ? OProjChoice::gemv : OProjChoice::cublaslt) << b.batch;
+        EXPECT_EQ(b.attention, AttentionChoice{}) << b.batch;  // automatic, short_context on
+      }
+    }
+}
+
+TEST(BuiltinPlan, OlderGpusKeepTheRulesTheyCanRun) {
+  for (const GpuInfo& gpu : {testing::a100(), testing::l40s()})
+    for (const auto& [name, shape] : testing::model_shapes()) {
+      SCOPED_TRACE(name + " on " + gpu.name);
+      const DecodePlan plan = builtin_plan(shape, gpu, testing::buckets());
+      for (const BucketPlan& b : plan.buckets) {
+        // The cluster GEMV kernels ask for more shared memory than these GPUs give a block.
+        EXPECT_EQ(b.front, FrontChoice::unfused);
+        EXPECT_EQ(b.o_proj, OProjChoice::cublaslt);
+        EXPECT_FALSE(b.attention.short_context);
+        EXPECT_EQ(b.attention.merge, MergeChoice::automatic);
+        const bool fused_mlp = b.batch <= 8 && why_unsupported(MlpChoice::fused, shape, b.batch, gpu).empty();
+        EXPECT_EQ(b.mlp, fused_mlp ? MlpChoice::fused : MlpChoice::unfused);
+      }
+    }
+  // Llama-3.2-1B's MLP fits the resident blocks of both; Llama-3-8B's does not.
+  const PlanShape llama8b = testing::model_shapes()[0].shape, llama1b = testing::model_shapes()[1].shape;
+  EXPECT_EQ(builtin_plan(llama1b, testing::a100(), testing::buckets()).bucket_for(8).mlp, MlpChoice::fused);
+  EXPECT_EQ(builtin_plan(llama1b, testing::l40s(), testing::buckets()).bucket_for(1).mlp, MlpChoice::fused);
+  EXPECT_EQ(builtin_plan(llama8b, testing::a100(), testing::buckets()).bucket_for(1).mlp, MlpChoice::unfused);
+}
+
+TEST(BuiltinPlan, ShapesTheFusedKernelsRefuseFallBackToUnfused) {
+  const PlanShape tiny = testing::model_shapes()[3].shape;  // head_dim 16
+  const DecodePlan plan = builtin_plan(tiny, testing::h100(), testing::buckets());
+  for (const BucketPlan& b : plan.buckets) {
+    EXPECT_EQ(b.front, FrontChoice::unfused);
+    EXPECT_EQ(b.o_proj, OProjChoice::cublaslt);
+  }
+  PlanShape odd = testing::model_shapes()[0].shape;
+  odd.intermediate = 14336 + 32;
+  for (const BucketPlan& b : builtin_plan(odd, testing::h100(), testing::buckets()).buckets)
+    EXPECT_EQ(b.mlp, MlpChoice::unfused);
+}
+
+TEST(BuiltinPlan, FollowsTheEnginesBuckets) {
+  const std::vector<int> buckets{1, 2, 4, 6};  // max_batch 6
+  const DecodePlan plan = builtin_plan(testing::model_shapes()[0].shape, testing::h100(), buckets);
+  ASSERT_EQ(plan.buckets.size(), 4u);
+  EXPECT_EQ(plan.buckets.back().batch, 6);
+  EXPECT_EQ(plan.bucket_for(5).batch, 6);
+}
+
+}  // namespace
+}  // namespace deepfuse
