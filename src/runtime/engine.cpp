@@ -111,7 +111,10 @@ scheduler::GpuInfo Engine::Impl::gpu_info() const {
 
 scheduler::TuningKey Engine::Impl::tuning_key() const {
   const scheduler::GpuInfo gpu = gpu_info();
-  scheduler::TuningKey key{gpu.name, gpu.sms, gpu.memory_bytes};
+  scheduler::TuningKey key;
+  key.gpu = gpu.name;
+  key.sms = gpu.sms;
+  key.memory_bytes = gpu.memory_bytes;
   DF_CHECK_CUDA(cudaDriverGetVersion(&key.driver));
   DF_CHECK_CUDA(cudaRuntimeGetVersion(&key.runtime));
   key.deepfuse = DEEPFUSE_VERSION;

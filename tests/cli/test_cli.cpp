@@ -186,8 +186,8 @@ TEST_F(Cli, BackendAndModelSourceProblems) {
                    {"--plan-override 'mlp=fastest'", "fastest"});
   expect_bad_input(run_cli(scratch_, "score" + model + " --prompt-ids 1 --plan-override warp_drive=on"),
                    {"--plan-override 'warp_drive=on'", "warp_drive"});
-  expect_bad_input(run_cli(scratch_, "score" + model + " --prompt-ids 1 --tuning-cache " + scratch_.string()),
-                   {"--tuning-cache", scratch_.string()});
+  expect_bad_input(run_cli(scratch_, "score" + model + " --prompt-ids 1 --tuning-cache " + scratch_.path().string()),
+                   {"--tuning-cache", scratch_.path().string()});
   expect_bad_input(run_cli(scratch_, "tune --random-weights --arch llama3-8b --tuning-cache /proc/deepfuse/t.json"),
                    {"--tuning-cache", "/proc/deepfuse/t.json"});
   expect_bad_input(run_cli(scratch_, "generate --prompt-ids 1"), {"--model DIR", "--random-weights --arch NAME"});

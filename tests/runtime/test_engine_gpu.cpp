@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
@@ -26,6 +27,9 @@
 #include "deepfuse/reference_decoder.hpp"
 #include "deepfuse/safetensors.hpp"
 #include "logits_check.hpp"
+#include "runtime/engine_tuning.hpp"
+#include "runtime/tuner.hpp"
+#include "scheduler/tuning_cache.hpp"
 #include "model/model_test_util.hpp"
 #include "test_util.hpp"
 #include "engine_test_util.hpp"
@@ -373,6 +377,35 @@ TEST_P(EngineVsReference, GreedyGenerationFollowsReference) {
   }
   std::printf("[ %s ] greedy tokens equal to the reference: %d of %d\n", tiny_models()[GetParam()].name.c_str(),
               compared, new_tokens * static_cast<int>(prompts.size()));
+}
+
+// `deepfuse tune` on a tiny model: the profiler times every bucket's candidates, the plan it saves
+// in a tuning cache is the one a new engine then runs, and that engine's logits match the
+// reference and its greedy tokens follow the reference decoder's.
+TEST_P(EngineVsReference, TunedPlanFollowsReference) {
+  DF_REQUIRE_GPU();
+  make_model(9);
+  const std::filesystem::path cache = scratch_.path() / "tuning" / "cache.json";
+  EngineOptions options = tiny_engine_options();
+  {
+    Engine tuning = runtime::EngineTuning::from_checkpoint(scratch_.path(), options, {});
+    const runtime::TuneOutcome outcome = runtime::tune(tuning, {.context = 40, .replays = 3});
+    ASSERT_EQ(outcome.tuned.buckets.size(), tuning.plan().buckets.size());
+    EXPECT_EQ(outcome.tuned.source.rfind("tuned ", 0), 0u) << outcome.tuned.source;
+    EXPECT_FALSE(outcome.trials.empty());
+    for (const scheduler::Trial& trial : outcome.trials) EXPECT_GT(trial.ms, 0.0) << trial.op << " " << trial.variant;
+    scheduler::save_tuned_plan(cache, runtime::EngineTuning::key(tuning), outcome.tuned);
+  }
+  options.tuning_cache = cache;
+  Engine engine = load_engine(options);
+  EXPECT_EQ(engine.plan_notice(), "");
+  EXPECT_EQ(engine.plan().source.rfind("tuned ", 0), 0u) << engine.plan().source;
+  expect_batch_matches_reference(engine, random_sequences({30, 47, 35}), {5, 40, 17}, "tuned plan");
+  std::vector<std::vector<int32_t>> prompts;
+  for (int length : {3, 33}) prompts.push_back(random_ids(rng_, length, config_.vocab_size));
+  const auto generated = generate_greedy(engine, prompts, 16);
+  for (size_t s = 0; s < prompts.size(); ++s)
+    follows_reference_greedy(prompts[s], generated[s], "tuned plan, sequence " + std::to_string(s));
 }
 
 // Continuous batching with steps launched ahead (EngineOptions::overlap_steps) and without: six
