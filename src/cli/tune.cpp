@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include "cli/commands.hpp"
 #include "cli/engine_options.hpp"
@@ -52,15 +53,25 @@ int run_tune(const TuneArgs& args) {
   check_tuning_cache_writable(cache);
   DF_CHECK(cuda_device_available(), "tune: no CUDA device found on this machine");
   const auto start = std::chrono::steady_clock::now();
-  Engine engine = args.random_weights
-                      ? runtime::EngineTuning::with_random_weights(random_arch_config(args.arch), options, /*seed=*/1)
-                      : runtime::EngineTuning::from_checkpoint(args.model_dir, options, stderr_progress_bar());
+  std::optional<Engine> engine;
+  if (args.random_weights) {
+    ModelConfig config = random_arch_config(args.arch);
+    // Random weights: positions past the trained length cost the same, as bench decode has it.
+    if (options.max_context > config.max_position_embeddings) {
+      std::fprintf(stderr, "note: %s: max_position_embeddings %d raised to --max-context %d\n", args.arch.c_str(),
+                   config.max_position_embeddings, options.max_context);
+      config.max_position_embeddings = options.max_context;
+    }
+    engine.emplace(runtime::EngineTuning::with_random_weights(config, options, /*seed=*/1));
+  } else {
+    engine.emplace(runtime::EngineTuning::from_checkpoint(args.model_dir, options, stderr_progress_bar()));
+  }
   runtime::TuneOptions tune_options;
   tune_options.context = args.context;
   tune_options.replays = args.replays;
   tune_options.progress = progress_bar();
-  const runtime::TuneOutcome outcome = runtime::tune(engine, tune_options);
-  scheduler::save_tuned_plan(cache, runtime::EngineTuning::key(engine), outcome.tuned);
+  const runtime::TuneOutcome outcome = runtime::tune(*engine, tune_options);
+  scheduler::save_tuned_plan(cache, runtime::EngineTuning::key(*engine), outcome.tuned);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   std::printf("%s", runtime::trials_table(outcome.trials).c_str());
