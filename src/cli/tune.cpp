@@ -27,6 +27,7 @@ struct TuneArgs {
   std::string arch;
   EngineArgs engine;
   int context = 1024;
+  int long_context = 16384;
   int replays = 20;
   std::string json_path;
 };
@@ -68,6 +69,7 @@ int run_tune(const TuneArgs& args) {
   }
   runtime::TuneOptions tune_options;
   tune_options.context = args.context;
+  tune_options.long_context = args.long_context;
   tune_options.replays = args.replays;
   tune_options.progress = progress_bar();
   const runtime::TuneOutcome outcome = runtime::tune(*engine, tune_options);
@@ -99,6 +101,11 @@ void register_tune(CLI::App& app, Action& action) {
   command->add_option("--arch", args->arch, "the architecture preset for --random-weights");
   add_engine_options(*command, args->engine);
   command->add_option("--context", args->context, "keys in each timed sequence's cache (default 1024)")
+      ->check(CLI::PositiveNumber);
+  command
+      ->add_option("--long-context", args->long_context,
+                   "each candidate is also timed at this many keys, or as many as the bucket's sequences fit "
+                   "(default 16384); its time is the sum of both")
       ->check(CLI::PositiveNumber);
   command->add_option("--replays", args->replays, "graph replays per timing (default 20)")->check(CLI::PositiveNumber);
   command->add_option("--json", args->json_path, "write the built-in and tuned plans as JSON");

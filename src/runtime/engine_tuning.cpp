@@ -91,6 +91,14 @@ double EngineTuning::time_bucket(Engine& engine, const BucketPlan& bucket, int c
   return ms;
 }
 
+int EngineTuning::longest_timed_context(const Engine& engine, int batch, int limit) {
+  const Engine::Impl& s = *engine.impl_;
+  constexpr int kSpare = 16;  // the timed steps' own tokens, and a page boundary's worth
+  const int pages_each = s.kv->table().free_pages() / std::max(batch, 1);
+  const int fits = pages_each * kernels::kKvPageSize - kSpare;
+  return std::max(0, std::min({limit, fits, s.options.max_context - kSpare}));
+}
+
 scheduler::GpuInfo EngineTuning::gpu(const Engine& engine) { return engine.impl_->gpu_info(); }
 scheduler::TuningKey EngineTuning::key(const Engine& engine) { return engine.impl_->tuning_key(); }
 

@@ -27,6 +27,10 @@ class EngineTuning {
   // as it was; no sequence may be running.
   static double time_bucket(Engine& engine, const BucketPlan& bucket, int context, int replays);
 
+  // The longest cache (at most `limit` keys, whole pages) that `batch` timed sequences can each
+  // hold in the engine's KV pool within max_context.
+  static int longest_timed_context(const Engine& engine, int batch, int limit);
+
   static scheduler::GpuInfo gpu(const Engine& engine);
   static scheduler::TuningKey key(const Engine& engine);
 

@@ -13,7 +13,11 @@
 namespace deepfuse::runtime {
 
 struct TuneOptions {
-  int context = 1024;     // keys in each timed sequence's cache
+  // Each candidate is timed at two cache lengths and judged by the sum: a short one, and a long
+  // one (as long as the bucket's sequences fit the KV pool, at most long_context), since the
+  // attention's forced splits that win at one length can lose at another.
+  int context = 1024;       // keys in each timed sequence's cache
+  int long_context = 16384;
   int replays = 20;       // graph replays per timing
   double min_gain = 0.003;  // a candidate must be this much faster to replace the incumbent
   std::function<void(int done, int total)> progress;
