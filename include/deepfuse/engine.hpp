@@ -36,6 +36,11 @@ struct EngineOptions {
   double kv_memory_fraction = 0.90;
   bool cuda_graphs = true;        // false: eager launches (debugging); results are identical
   int prefill_chunk = 1024;       // prompt tokens per prefill pass
+  // Prompt tokens prefilled per step() at most, over all sequences (0: every admitted prompt is
+  // prefilled whole in the step that admits it). A prompt longer than what is left is continued in
+  // the next steps while the running sequences keep decoding, so a long prompt never stalls them
+  // for its whole prefill (the server's chunked prefill).
+  int prefill_tokens_per_step = 0;
   MlpVariant mlp_variant = MlpVariant::fused;
   // With the fused MLP: steps of more tokens (prefill chunks, larger decode batches) run the
   // unfused MLP (cuBLASLt) from a second, row-major copy of the MLP weights, for 3·H·I·2 more

@@ -94,6 +94,7 @@ LoadedServe load(const ServeArgs& args) {
     return loaded;
   }
   options.max_context = max_context;
+  options.prefill_tokens_per_step = args.max_step_tokens;
   auto engine = std::make_unique<Engine>(args.random_weights
                                              ? Engine::with_random_weights(config, options, /*seed=*/0)
                                              : Engine::from_checkpoint(args.model_dir, options));
@@ -177,7 +178,8 @@ void register_serve(CLI::App& app, Action& action) {
   command->add_option("--max-body-mb", args->max_body_mb, "largest request body in MiB (default 8; larger: 413)")
       ->check(CLI::PositiveNumber);
   command->add_option("--max-step-tokens", args->max_step_tokens,
-                      "tokens computed per step, decode and prefill chunks together (default 512; reference backend)")
+                      "tokens computed per step (default 512): decode rows and prefill chunks together on the reference "
+                      "backend, prompt tokens prefilled per step on the cuda backend")
       ->check(CLI::PositiveNumber);
   command->add_option("--kv-pages", args->kv_pages,
                       "KV pages of 16 tokens (reference backend; default max-batch x max-context)")

@@ -31,6 +31,7 @@ std::string str(size_t value) { return std::to_string(value); }
 void validate_engine_setup(const ModelConfig& c, EngineOptions& o) {
   DF_CHECK(o.max_batch >= 1, "max_batch is " + std::to_string(o.max_batch) + "; it must be at least 1");
   DF_CHECK(o.prefill_chunk >= 1, "prefill_chunk is " + std::to_string(o.prefill_chunk) + "; it must be at least 1");
+  DF_CHECK(o.prefill_tokens_per_step >= 0, "prefill_tokens_per_step must not be negative");
   DF_CHECK(o.fused_mlp_max_tokens >= 0,
            "fused_mlp_max_tokens is " + std::to_string(o.fused_mlp_max_tokens) + "; it must be 0 (no limit) or more");
   DF_CHECK(o.kv_memory_fraction > 0 && o.kv_memory_fraction <= 1,

@@ -2,14 +2,15 @@
 // its own decode steps (CUDA graphs per batch bucket, paged KV cache, chunked prefill), with
 // sequences joining and leaving between steps.
 //
+// The per-step budget is the engine's EngineOptions::prefill_tokens_per_step (serve sets it from
+// --max-step-tokens): a long prompt is prefilled over several steps while the others decode.
 // What the engine itself does not do yet, this wrapper does where it can:
 //   - KV exhaustion: the engine ends a sequence that finds no page with kv_cache_full; the wrapper
 //     requeues it (prompt + the tokens it generated, the rest of its budget) so it recomputes once
 //     pages free up, instead of ending it. The engine picks the sequence that ran out, not the
-//     youngest.
-// What it does not do (docs/server.md, "Not done yet"): the per-step prefill token budget (a
-// prompt is prefilled whole, in --prefill-chunk chunks, in the step that admits it), prefix
-// caching, logprobs and presence/frequency penalties (refused with a 400).
+//     youngest, and the requeued sequence's sampling draws restart (greedy output is unchanged).
+// Not on this backend yet: prefix caching (cached_tokens is always 0), logprobs and
+// presence/frequency penalties (refused with a 400).
 #pragma once
 
 #include <chrono>
