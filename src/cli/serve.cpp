@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -110,6 +111,7 @@ int run_serve(ServeArgs args) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-stream is a failed write, not the end of the server
 
   args.http.max_body_bytes = static_cast<size_t>(args.max_body_mb) << 20;
   server::Metrics metrics;

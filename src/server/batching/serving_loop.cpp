@@ -53,10 +53,10 @@ void ServingLoop::submit(SequenceKey key, GenerationSpec spec, EventSink sink) {
   wake_.notify_all();
 }
 
-void ServingLoop::cancel(SequenceKey key) {
+void ServingLoop::cancel(SequenceKey key, SequenceEnd reason) {
   {
     std::lock_guard lock(mutex_);
-    cancelled_.push_back(key);
+    cancelled_.emplace_back(key, reason);
   }
   wake_.notify_all();
 }
@@ -69,8 +69,7 @@ int ServingLoop::active() const {
 void ServingLoop::cancel_all() {
   {
     std::lock_guard lock(mutex_);
-    for (const Submission& s : submitted_) cancelled_.push_back(s.key);
-    for (const auto& [key, live] : live_) cancelled_.push_back(key);
+    cancel_everything_ = true;  // live_ belongs to the loop's thread: it cancels them there
   }
   wake_.notify_all();
 }
@@ -92,11 +91,13 @@ void ServingLoop::end(SequenceKey key, SequenceEnd reason, const std::string& er
 // Cancellations first (a sequence submitted and cancelled in the same round never starts).
 void ServingLoop::apply_inbox() {
   std::vector<Submission> submitted;
-  std::vector<SequenceKey> cancelled;
+  std::vector<std::pair<SequenceKey, SequenceEnd>> cancelled;
+  bool everything = false;
   {
     std::lock_guard lock(mutex_);
     submitted.swap(submitted_);
     cancelled.swap(cancelled_);
+    std::swap(everything, cancel_everything_);
   }
   for (Submission& s : submitted) {
     const int prompt = static_cast<int>(s.spec.prompt.size());
@@ -108,10 +109,12 @@ void ServingLoop::apply_inbox() {
       end(s.key, SequenceEnd::failed, e.what());
     }
   }
-  for (const SequenceKey key : cancelled) {
-    if (live_.count(key) == 0) continue;
+  if (everything)
+    for (const auto& [key, live] : live_) cancelled.emplace_back(key, SequenceEnd::cancelled);
+  for (const auto& [key, reason] : cancelled) {
+    if (live_.count(key) == 0) continue;  // ended already
     backend_->cancel(key);
-    end(key, SequenceEnd::cancelled);
+    end(key, reason);
   }
 }
 
@@ -140,7 +143,9 @@ void ServingLoop::run() {
   for (;;) {
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || !submitted_.empty() || !cancelled_.empty() || backend_->has_work(); });
+      wake_.wait(lock, [&] {
+        return stopping_ || !submitted_.empty() || !cancelled_.empty() || cancel_everything_ || backend_->has_work();
+      });
       if (stopping_) return;
     }
     apply_inbox();
@@ -155,7 +160,10 @@ void ServingLoop::run() {
       std::vector<SequenceKey> keys;
       for (const auto& [key, live] : live_) keys.push_back(key);
       for (const SequenceKey key : keys) {
-        backend_->cancel(key);
+        try {
+          backend_->cancel(key);
+        } catch (const std::exception&) {  // the backend is broken; the sequence ends regardless
+        }
         end(key, SequenceEnd::failed, e.what());
       }
     }

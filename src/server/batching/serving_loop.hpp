@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "server/batching/serving_backend.hpp"
@@ -31,8 +32,9 @@ class ServingLoop {
   SequenceKey new_key();
   // Queues the sequence; its events go to `sink` until one ends it (end != none).
   void submit(SequenceKey key, GenerationSpec spec, EventSink sink);
-  // Drops the sequence; the sink gets one event ending it as cancelled, unless it ended already.
-  void cancel(SequenceKey key);
+  // Drops the sequence; the sink gets one event ending it with `reason` (cancelled, or stop_token
+  // when the request found a stop string in the text), unless it ended already.
+  void cancel(SequenceKey key, SequenceEnd reason = SequenceEnd::cancelled);
   // Sequences submitted and not yet ended.
   int active() const;
   // Cancels every sequence (shutdown after the grace period).
@@ -61,7 +63,8 @@ class ServingLoop {
     std::chrono::steady_clock::time_point arrived;
   };
   std::vector<Submission> submitted_;
-  std::vector<SequenceKey> cancelled_;
+  std::vector<std::pair<SequenceKey, SequenceEnd>> cancelled_;
+  bool cancel_everything_ = false;
   bool stopping_ = false;
   SequenceKey next_key_ = 1;
   int active_ = 0;

@@ -96,7 +96,7 @@ void Generation::handle(Choice& choice, int index, const SequenceEvent& event, s
       if (chunks && !piece.empty())
         chunks->push_back(chunk_json(header_, index, piece, false, logprobs_json(choice, true), std::nullopt,
                                      request_.include_usage));
-      if (event.end == SequenceEnd::none) loop_.cancel(choice.key);
+      if (event.end == SequenceEnd::none) loop_.cancel(choice.key, SequenceEnd::stop_token);
       finish_choice(choice, index, "stop", chunks);
       return;
     }
