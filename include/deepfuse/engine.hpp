@@ -41,6 +41,10 @@ struct EngineOptions {
   // the next steps while the running sequences keep decoding, so a long prompt never stalls them
   // for its whole prefill (the server's chunked prefill).
   int prefill_tokens_per_step = 0;
+  // Share the KV pages of full 16-token prompt blocks across sequences: a prompt that starts with
+  // blocks an earlier prompt computed takes their pages (reference counted; unreferenced ones stay
+  // cached until a fresh page is needed, least recently used first) and prefills only the rest.
+  bool prefix_caching = false;
   MlpVariant mlp_variant = MlpVariant::fused;
   // With the fused MLP: steps of more tokens (prefill chunks, larger decode batches) run the
   // unfused MLP (cuBLASLt) from a second, row-major copy of the MLP weights, for 3·H·I·2 more
@@ -87,6 +91,8 @@ struct StepToken {
   int32_t id = 0;                        // the sampled token (not produced when finish is kv_cache_full
                                          // before sampling: then id is -1)
   FinishReason finish = FinishReason::none;  // none: the sequence keeps running
+  int cached_tokens = -1;                // with a sequence's first token: prompt tokens whose KV pages came
+                                         // from the prefix cache (EngineOptions::prefix_caching); else -1
 };
 
 // Memory and launch accounting for benchmarks and `inspect`.
@@ -94,7 +100,8 @@ struct EngineStats {
   size_t weight_bytes = 0;               // bytes a decode step reads from weights
   size_t kv_cache_bytes = 0;             // pool size
   int kv_pages_total = 0;
-  int kv_pages_free = 0;
+  int kv_pages_free = 0;                 // free, or kept by the prefix cache and evictable
+  int kv_pages_cached = 0;               // of those, the prefix cache's
   size_t gpu_memory_used = 0;            // by this process, from cudaMemGetInfo
   int launches_per_decode_step = 0;      // launches the step's op list makes (a cuBLASLt GEMM counts one)
   int launches_per_layer = 0;

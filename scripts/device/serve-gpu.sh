@@ -17,11 +17,16 @@ start_server() {
   "$bin/deepfuse" serve --random-weights --arch "$arch" --port "$port" "$@" >"$out/serve.log" 2>&1 &
   pid=$!
   for _ in $(seq 600); do
-    curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && return 0
+    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null &&
+      return 0
     kill -0 "$pid" 2>/dev/null || { cat "$out/serve.log"; return 1; }
     sleep 0.5
   done
   echo "server not ready"; return 1
+}
+
+metrics() {
+  python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$port/metrics').read().decode())" >"$1"
 }
 
 stop_server() {
@@ -35,7 +40,7 @@ for step in "$@"; do
     smoke)
       start_server --max-batch 16 --max-context 8192
       python3 scripts/device/serve_smoke.py "$port" "$arch" 2>&1 | tee "$out/smoke.log"
-      curl -s "http://127.0.0.1:$port/metrics" >"$out/smoke-metrics.txt"
+      metrics "$out/smoke-metrics.txt"
       stop_server ;;
     bench)
       start_server --max-batch 16 --max-context 8192
@@ -44,9 +49,10 @@ for step in "$@"; do
       $b --label 16-streams --max-concurrency 16 --num-prompts 64
       $b --label poisson --rates 2,8 --num-prompts 64 --max-concurrency 16
       $b --label agentic --scenario agentic --prefix-len 6144 --max-concurrency 16 --num-prompts 34
-      curl -s "http://127.0.0.1:$port/metrics" >"$out/bench-metrics.txt"
+      metrics "$out/bench-metrics.txt"
       stop_server
-      "$bin/deepfuse" bench decode --archs "$arch" --batches 1,16 --contexts 576 --json "$out/decode.json" 2>&1 |
+      "$bin/deepfuse" bench decode --archs "$arch" --batches 1,16 --contexts 576 --ttft-prompts 512,6656 \
+        --json "$out/decode.json" 2>&1 |
         tee "$out/decode.txt" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

@@ -96,6 +96,7 @@ LoadedServe load(const ServeArgs& args) {
   }
   options.max_context = max_context;
   options.prefill_tokens_per_step = args.max_step_tokens;
+  options.prefix_caching = !args.no_prefix_cache;
   auto engine = std::make_unique<Engine>(args.random_weights
                                              ? Engine::with_random_weights(config, options, /*seed=*/0)
                                              : Engine::from_checkpoint(args.model_dir, options));

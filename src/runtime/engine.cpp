@@ -178,7 +178,7 @@ void Engine::Impl::finish_setup() {
                            str(geometry.page_bytes()) + " bytes)");
   DF_CHECK(pages <= static_cast<size_t>(INT32_MAX), "KV cache of " + str(pages) + " pages exceeds int32 page ids");
   kv = std::make_unique<runtime::KvCache>(geometry, static_cast<int>(pages), max_batch, max_pages_per_sequence,
-                                          stream());
+                                          stream(), options.prefix_caching);
   forward = std::make_unique<runtime::ForwardPass>(config, *weights, *kv, *buffers, *gemm);
   if (options.tune_gemms) gemm_tunings = forward->tune_decode_gemms(buckets, stream());
   DF_CHECK_CUDA(cudaStreamSynchronize(stream()));
@@ -225,6 +225,7 @@ EngineStats Engine::stats(int decode_batch) const {
   stats.kv_cache_bytes = s.kv->pool_bytes();
   stats.kv_pages_total = s.kv->table().total_pages();
   stats.kv_pages_free = s.kv->table().free_pages();
+  stats.kv_pages_cached = s.kv->table().pool().cached_pages();
   size_t free_bytes = 0, total_bytes = 0;
   DF_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
   stats.gpu_memory_used = total_bytes - free_bytes;

@@ -141,6 +141,7 @@ void Engine::Impl::prefill_queued(std::vector<StepToken>& out) {
     });
     sequence.prefilled += tokens;
     budget -= tokens;
+    kv->register_prompt_blocks(row, sequence.prompt, sequence.prefilled);  // for later prompts to share
     if (sequence.prefilled == prompt) fresh_rows.push_back(row);
   };
   std::vector<int> continuing;
@@ -156,10 +157,21 @@ void Engine::Impl::prefill_queued(std::vector<StepToken>& out) {
       break;
     }
     const int row = kv->add_row();
-    kv->reserve(row, prompt);
-    running.push_back(std::move(queued.front()));
+    Sequence& admitted = running.emplace_back(std::move(queued.front()));
     queued.pop_front();
-    upload_slot(row, running[row].sampling);
+    // The longest cached run of full blocks, never the whole prompt: its last position must run to
+    // give the first token. Then pages for the rest.
+    admitted.cached = kv->adopt_prefix(row, admitted.prompt, (prompt - 1) / kernels::kKvPageSize);
+    admitted.prefilled = admitted.cached;
+    if (!kv->reserve(row, prompt)) {  // cached pages counted as free were the adopted ones: wait
+      queued.push_front(std::move(running.back()));
+      queued.front().cached = queued.front().prefilled = 0;
+      running.pop_back();
+      kv->remove_row(row);
+      DF_CHECK(!running.empty(), "internal: an idle KV cache cannot hold a validated prompt");
+      break;
+    }
+    upload_slot(row, admitted.sampling);
     prefill_some(row);
   }
   if (fresh_rows.empty()) return;
@@ -175,7 +187,7 @@ void Engine::Impl::prefill_queued(std::vector<StepToken>& out) {
     sequence.next_token = prefill_sampled.as<int32_t>()[row];
     sequence.id_on_device = true;  // the sampler wrote it into the row's decode id
     const FinishReason reason = finish_reason(sequence);
-    out.push_back({sequence.id, sequence.next_token, reason});
+    out.push_back({sequence.id, sequence.next_token, reason, sequence.cached});
     if (reason != FinishReason::none) finished.push_back(row);
   }
   remove_finished(std::move(finished));

@@ -7,3 +7,4 @@ deepfuse_test(test_decode_buckets ${CMAKE_CURRENT_LIST_DIR}/test_decode_buckets.
 # below the size where the engine picks it by itself.
 gtest_discover_tests(test_engine_gpu TEST_PREFIX "oproj_gemv." TEST_FILTER "*EngineVsReference*"
                      PROPERTIES LABELS gpu ENVIRONMENT "DEEPFUSE_OPROJ_GEMV=1" DISCOVERY_TIMEOUT 60)
+deepfuse_test(test_kv_block_pool ${CMAKE_CURRENT_LIST_DIR}/test_kv_block_pool.cpp)

@@ -192,11 +192,12 @@ class MainServer(unittest.TestCase):
         lp = r.choices[0].logprobs
         self.assertEqual(len(lp.tokens), 4)
         self.assertEqual(len(lp.token_logprobs), 4)
-        self.assertTrue(all(len(t) == 3 for t in lp.top_logprobs))
+        self.assertTrue(all(1 <= len(t) <= 3 for t in lp.top_logprobs))
         self.assertTrue(all(x <= 0 for x in lp.token_logprobs))
-        # Greedy picks the most likely token: its logprob is the best of the top ones.
+        # Greedy picks the most likely token: no alternative beats it. (Tokens of the tiny byte-level
+        # vocabulary may share a text, so the top dict can hold fewer entries.)
         for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
-            self.assertAlmostEqual(chosen, max(top.values()), places=4)
+            self.assertGreaterEqual(chosen + 1e-5, max(top.values()))
         c = self.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
                                                 max_tokens=3, temperature=0, logprobs=True, top_logprobs=2,
                                                 extra_body={"ignore_eos": True})
@@ -215,8 +216,10 @@ class MainServer(unittest.TestCase):
             self.assertTrue(event.startswith("data: "), event)
             self.assertNotIn("\n", event)
         payloads = [json.loads(e[len("data: "):]) for e in events[:-1]]
-        self.assertEqual(len(payloads), 5)  # one chunk per token; the last carries the finish reason
+        self.assertEqual(len(payloads), 6)  # one chunk per token, then one with the finish reason
+        self.assertTrue(all(p["choices"][0]["finish_reason"] is None for p in payloads[:5]))
         self.assertEqual(payloads[-1]["choices"][0]["finish_reason"], "length")
+        self.assertEqual(payloads[-1]["choices"][0]["text"], "")
         self.assertTrue(all(p["object"] == "text_completion" for p in payloads))
 
     def test_64_concurrent_streams_match_their_solo_outputs(self):
@@ -367,6 +370,7 @@ class PreemptionAndShutdown(unittest.TestCase):
         self.assertEqual(rest[-2].choices[0].finish_reason, "length")
         self.assertEqual(rest[-1].usage.completion_tokens, 300)
         self.assertEqual(server.process.wait(60), 0)
+        server.reader.join(10)
         self.assertIn("stopped", "".join(server.lines))
 
 

@@ -22,10 +22,14 @@
 #include <memory>
 #include <vector>
 
-#include "server/batching/kv_block_pool.hpp"
+#include "runtime/kv_block_pool.hpp"
 #include "server/batching/serving_backend.hpp"
 
 namespace deepfuse::server {
+
+using runtime::BlockHash;
+using runtime::KvBlockPool;
+using runtime::PageId;
 
 struct SchedulerOptions {
   int max_batch = 16;          // sequences holding a decode row at once

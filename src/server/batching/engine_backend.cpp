@@ -1,10 +1,11 @@
 #include "server/batching/engine_backend.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "deepfuse/error.hpp"
 #include "server/api_error.hpp"
-#include "server/batching/kv_block_pool.hpp"
+#include "runtime/kv_block_pool.hpp"
 
 namespace deepfuse::server {
 
@@ -24,10 +25,10 @@ void EngineBackend::check(const GenerationSpec& spec) const {
     throw ApiError::bad_field(spec.presence_penalty != 0.0f ? "presence_penalty" : "frequency_penalty",
                               "presence and frequency penalties are not available on the cuda backend");
   const int tokens = static_cast<int>(spec.prompt.size()) + spec.max_new_tokens;
-  if (KvBlockPool::pages_for(tokens) > kv_pages_total_)
+  if (runtime::KvBlockPool::pages_for(tokens) > kv_pages_total_)
     throw ApiError::bad_field("max_tokens", "the prompt and max_tokens need " + std::to_string(tokens) +
                                                 " tokens of KV cache; the whole cache holds " +
-                                                std::to_string(kv_pages_total_ * KvBlockPool::block_tokens()));
+                                                std::to_string(kv_pages_total_ * runtime::KvBlockPool::block_tokens()));
 }
 
 void EngineBackend::submit(Tracked tracked) {
@@ -77,7 +78,11 @@ std::vector<SequenceEvent> EngineBackend::step() {
       SequenceEvent event;
       event.key = tracked.key;
       event.id = token.id;
-      if (!tracked.reported_first) event.cached_tokens = 0;  // no prefix cache on this backend yet
+      if (!tracked.reported_first) {
+        event.cached_tokens = std::max(token.cached_tokens, 0);
+        gauges_.prefix_cache_queried_tokens += tracked.spec.prompt.size();
+        gauges_.prefix_cache_hit_tokens += event.cached_tokens;
+      }
       tracked.reported_first = true;
       tracked.generated.push_back(token.id);
       event.end = token.finish == FinishReason::kv_cache_full ? SequenceEnd::none : end_of(token.finish);
@@ -106,6 +111,7 @@ void EngineBackend::refresh_gauges() {
   gauges_.waiting = 0;  // the engine's queue is not visible; queued sequences count as running
   gauges_.kv_pages_total = stats.kv_pages_total;
   gauges_.kv_pages_used = stats.kv_pages_total - stats.kv_pages_free;
+  gauges_.kv_pages_cached = stats.kv_pages_cached;
 }
 
 }  // namespace deepfuse::server

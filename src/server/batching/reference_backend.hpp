@@ -15,7 +15,7 @@
 
 #include "deepfuse/reference_decoder.hpp"
 #include "server/batching/batch_scheduler.hpp"
-#include "server/batching/kv_block_pool.hpp"
+#include "runtime/kv_block_pool.hpp"
 #include "server/batching/serving_backend.hpp"
 
 namespace deepfuse::server {

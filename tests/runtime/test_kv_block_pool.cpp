@@ -4,9 +4,9 @@
 
 #include <numeric>
 
-#include "server/batching/kv_block_pool.hpp"
+#include "runtime/kv_block_pool.hpp"
 
-namespace deepfuse::server {
+namespace deepfuse::runtime {
 namespace {
 
 std::vector<int32_t> iota_tokens(int count, int start = 0) {
@@ -101,4 +101,4 @@ TEST(KvBlockPool, WithoutPrefixCachingNothingIsShared) {
 }
 
 }  // namespace
-}  // namespace deepfuse::server
+}  // namespace deepfuse::runtime

@@ -12,8 +12,8 @@
 // tokens)), so a block matches only under the same prefix. The tokens are kept with the page and
 // compared on every hit, so a hash collision can never hand out the wrong keys and values.
 //
-// Host bookkeeping only: what a page holds is up to the backend (src/server/batching/
-// reference_backend.cpp keeps a copy of each registered block's keys and values).
+// Host bookkeeping only. KvPageTable hands out the CUDA engine's pages through it; the server's CPU
+// backend (src/server/batching) keeps a copy of each registered block's keys and values.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace deepfuse::server {
+namespace deepfuse::runtime {
 
 using PageId = int32_t;
 using BlockHash = uint64_t;
@@ -82,4 +82,4 @@ class KvBlockPool {
   std::unordered_map<BlockHash, PageId> by_hash_;
 };
 
-}  // namespace deepfuse::server
+}  // namespace deepfuse::runtime

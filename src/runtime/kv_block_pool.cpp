@@ -1,4 +1,4 @@
-#include "server/batching/kv_block_pool.hpp"
+#include "runtime/kv_block_pool.hpp"
 
 #include <algorithm>
 #include <string>
@@ -6,11 +6,11 @@
 #include "deepfuse/error.hpp"
 #include "deepfuse/kernels/paged_kv.hpp"
 
-namespace deepfuse::server {
+namespace deepfuse::runtime {
 
 KvBlockPool::KvBlockPool(int total_pages, bool prefix_caching)
     : total_pages_(total_pages), prefix_caching_(prefix_caching), pages_(total_pages) {
-  DF_CHECK(total_pages >= 1, "KV block pool needs at least one page (got " + std::to_string(total_pages) + ")");
+  DF_CHECK(total_pages >= 1, "KV cache needs at least one page (got " + std::to_string(total_pages) + ")");
   // Descending, so a fresh pool hands out page 0 first (as the engine's page table does).
   for (PageId page = total_pages - 1; page >= 0; --page) free_list_.push_back(page);
 }
@@ -112,4 +112,4 @@ bool KvBlockPool::register_block(PageId page, BlockHash hash, std::span<const in
   return true;
 }
 
-}  // namespace deepfuse::server
+}  // namespace deepfuse::runtime
