@@ -40,20 +40,25 @@ for step in "$@"; do
     smoke)
       start_server --max-batch 16 --max-context 8192
       python3 scripts/device/serve_smoke.py "$port" "$arch" 2>&1 | tee "$out/smoke.log"
-      metrics "$out/smoke-metrics.txt"
+      stop_server
+      # The same without prefix caching or a prefill budget: whether batching changes greedy
+      # outputs there too (random weights: near-ties everywhere, bf16 paths differ per batch size).
+      start_server --max-batch 16 --max-context 8192 --no-prefix-cache --max-step-tokens 1000000
+      python3 scripts/device/serve_smoke.py "$port" "$arch" 2>&1 | grep -E "note|FAIL" | sed 's/^/[no prefix cache, no budget] /' |
+        tee -a "$out/smoke.log"
       stop_server ;;
     bench)
       start_server --max-batch 16 --max-context 8192
       b="python3 scripts/bench/bench_serve.py --model $arch --base-url http://127.0.0.1:$port --json $out/serve.json"
-      $b --label one-stream --max-concurrency 1 --num-prompts 8
-      $b --label 16-streams --max-concurrency 16 --num-prompts 64
-      $b --label poisson --rates 2,8 --num-prompts 64 --max-concurrency 16
-      $b --label agentic --scenario agentic --prefix-len 6144 --max-concurrency 16 --num-prompts 34
-      metrics "$out/bench-metrics.txt"
+      $b --label one-stream --max-concurrency 1 --num-prompts 8 2>&1 | tee -a "$out/bench.txt"
+      $b --label 16-streams --max-concurrency 16 --num-prompts 64 2>&1 | tee -a "$out/bench.txt"
+      $b --label poisson --rates 2,8 --num-prompts 64 --max-concurrency 16 2>&1 | tee -a "$out/bench.txt"
+      $b --label agentic --scenario agentic --prefix-len 6144 --max-concurrency 16 --num-prompts 34 2>&1 |
+        tee -a "$out/bench.txt"
+      metrics "$out/metrics.txt"
       stop_server
       "$bin/deepfuse" bench decode --archs "$arch" --batches 1,16 --contexts 576 --ttft-prompts 512,6656 \
-        --json "$out/decode.json" 2>&1 |
-        tee "$out/decode.txt" ;;
+        --json "$out/decode.json" 2>&1 | tee "$out/decode.txt" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

@@ -6,6 +6,7 @@ are token ids (random-weight models have no tokenizer). Exits non-zero on the fi
 import concurrent.futures
 import http.client
 import json
+import socket
 import sys
 import time
 
@@ -78,7 +79,8 @@ conn.request("POST", "/v1/completions", body=json.dumps({**body, "max_tokens": 2
              headers={"Content-Type": "application/json"})
 r = conn.getresponse()
 r.fp.readline()
-conn.sock.close()
+conn.sock.shutdown(socket.SHUT_RDWR)  # close() alone leaves the fd open under r.fp
+conn.close()
 deadline = time.time() + 10
 while time.time() < deadline and metrics()["deepfuse_sequences_running"] > 0:
     time.sleep(0.05)
