@@ -30,22 +30,26 @@ metrics() {
 }
 
 stop_server() {
+  [[ -n $pid ]] || return 0
   kill -TERM "$pid"
   wait "$pid" && echo "server exited 0 on SIGTERM" || echo "server exited $?"
+  pid=""
   tail -n 3 "$out/serve.log"
 }
+# A failed check must not leave its server running: the next step would measure against it.
+trap stop_server EXIT
 
 for step in "$@"; do
   case $step in
     smoke)
       start_server --max-batch 16 --max-context 8192
-      python3 scripts/device/serve_smoke.py "$port" "$arch" 2>&1 | tee "$out/smoke.log"
+      python3 scripts/device/serve_smoke.py "$port" "$arch" 2>&1 | tee "$out/smoke.log" || true
       stop_server
       # The same without prefix caching or a prefill budget: whether batching changes greedy
       # outputs there too (random weights: near-ties everywhere, bf16 paths differ per batch size).
       start_server --max-batch 16 --max-context 8192 --no-prefix-cache --max-step-tokens 1000000
       python3 scripts/device/serve_smoke.py "$port" "$arch" 2>&1 | grep -E "note|FAIL" | sed 's/^/[no prefix cache, no budget] /' |
-        tee -a "$out/smoke.log"
+        tee -a "$out/smoke.log" || true
       stop_server ;;
     bench)
       start_server --max-batch 16 --max-context 8192

@@ -205,3 +205,23 @@ TEST(KvPageTable, WithoutPrefixCachingNothingIsAdopted) {
 
 }  // namespace
 }  // namespace deepfuse::runtime
+
+namespace deepfuse::runtime {
+namespace {
+
+// A long prompt registered chunk by chunk (the engine's prefill budget) is adopted whole by the next.
+TEST(KvPageTable, BlocksRegisteredChunkByChunkAreAdoptedWhole) {
+  KvPageTable table(1024, 2, 512, /*prefix_caching=*/true);
+  std::vector<int32_t> prompt(6656);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(1000 + (i * 7919) % 29000);
+  const int row = table.add_row();
+  ASSERT_TRUE(table.reserve(row, 6656));
+  for (int done = 512; done <= 6656; done += 512) table.register_prompt_blocks(row, prompt, done);
+  std::vector<int32_t> other(prompt.begin(), prompt.begin() + 6144);
+  for (int i = 0; i < 512; ++i) other.push_back(5);
+  const int second = table.add_row();
+  EXPECT_EQ(table.adopt_prefix(second, other, (6656 - 1) / kPage), 6144);
+}
+
+}  // namespace
+}  // namespace deepfuse::runtime

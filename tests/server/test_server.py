@@ -123,6 +123,12 @@ class MainServer(unittest.TestCase):
     def tearDownClass(cls):
         cls.server.stop()
 
+    def test_a_second_server_on_the_same_port_fails(self):
+        out = subprocess.run([ARGS.deepfuse, "serve", "--model", TINY, "--backend", "reference", "--port",
+                              str(self.server.port)], capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 2, out.stdout + out.stderr)
+        self.assertIn("address in use", out.stderr)
+
     def test_health_and_models(self):
         status, body = self.server.request("GET", "/health")
         self.assertEqual(status, 200)

@@ -99,7 +99,8 @@ std::vector<SequenceEvent> EngineBackend::step() {
     }
   }
   // Engine::stats asks the driver for memory figures: a few times a second is plenty for /metrics.
-  if (Clock::now() - gauges_refreshed_ > std::chrono::milliseconds(100)) refresh_gauges();
+  // The last step before idling refreshes too, so an idle server shows its pages back.
+  if (by_engine_id_.empty() || Clock::now() - gauges_refreshed_ > std::chrono::milliseconds(100)) refresh_gauges();
   gauges_.running = static_cast<int>(by_engine_id_.size());
   return events;
 }

@@ -1,6 +1,7 @@
 #include "server/http/http_server.hpp"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <string>
@@ -31,6 +32,13 @@ HttpServer::HttpServer(HttpOptions options, Metrics& metrics)
   const int threads = options_.threads;
   server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   server_->set_payload_max_length(options_.max_body_bytes);
+  // httplib's default sets SO_REUSEPORT, with which a second server on the same port binds too and
+  // the kernel splits connections between the two. SO_REUSEADDR alone: a restart can rebind at
+  // once, a second server fails with "address in use".
+  server_->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   server_->set_keep_alive_max_count(1000);
   routes();
 }
