@@ -1,7 +1,7 @@
 // The CUDA engine: a Llama / Qwen2 / Mistral decoder on one GPU, every step built from the fused
 // kernels in src/kernels, a paged KV cache, and the decode step replayed as a CUDA graph per batch
-// bucket. The runtime layer (src/runtime) implements it; the CLI and the benchmarks drive it (no
-// server exists yet).
+// bucket. The runtime layer (src/runtime) implements it; the CLI, the benchmarks and the server
+// (src/server, `deepfuse serve`) drive it.
 //
 // Life of a sequence: add_sequence() checks and queues the prompt (nothing runs yet); step()
 // prefills every queued sequence (chunked) and then runs one decode step for all running ones,
