@@ -32,3 +32,17 @@ deepfuse_find_c_library(utf8proc utf8proc.h libutf8proc.a utf8proc)
 if(utf8proc_LIBRARY MATCHES "\\.a$")
   set_property(TARGET deepfuse::utf8proc PROPERTY INTERFACE_COMPILE_DEFINITIONS UTF8PROC_STATIC)
 endif()
+
+# cpp-httplib for `deepfuse serve`: Debian ships it compiled (libcpp-httplib.so, with OpenSSL, zlib
+# and brotli support built in), so its header must be used with the same feature macros.
+find_path(httplib_INCLUDE_DIR httplib.h PATH_SUFFIXES include)
+find_library(httplib_LIBRARY NAMES cpp-httplib PATH_SUFFIXES lib/x86_64-linux-gnu lib64 lib)
+if(NOT httplib_INCLUDE_DIR OR NOT httplib_LIBRARY)
+  message(FATAL_ERROR "cpp-httplib not found (httplib.h, libcpp-httplib.so); run scripts/install-deps.sh")
+endif()
+add_library(deepfuse::httplib UNKNOWN IMPORTED)
+set_target_properties(deepfuse::httplib PROPERTIES
+  IMPORTED_LOCATION "${httplib_LIBRARY}"
+  INTERFACE_INCLUDE_DIRECTORIES "${httplib_INCLUDE_DIR}"
+  INTERFACE_COMPILE_DEFINITIONS "CPPHTTPLIB_OPENSSL_SUPPORT;CPPHTTPLIB_ZLIB_SUPPORT;CPPHTTPLIB_BROTLI_SUPPORT")
+message(STATUS "deepfuse: httplib: ${httplib_LIBRARY}")

@@ -7,7 +7,7 @@ packages=(
   cmake ninja-build g++ pkg-config
   nlohmann-json3-dev libcli11-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  clang libclang-rt-14-dev python3
+  clang libclang-rt-14-dev python3 python3-venv curl
 )
 
 missing=()

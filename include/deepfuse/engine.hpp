@@ -1,7 +1,7 @@
 // The CUDA engine: a Llama / Qwen2 / Mistral decoder on one GPU, every step built from the fused
 // kernels in src/kernels, a paged KV cache, and the decode step replayed as a CUDA graph per batch
-// bucket. The runtime layer (src/runtime) implements it; the CLI and the benchmarks drive it (no
-// server exists yet).
+// bucket. The runtime layer (src/runtime) implements it; the CLI, the benchmarks and the server
+// (src/server, `deepfuse serve`) drive it.
 //
 // Life of a sequence: add_sequence() checks and queues the prompt (nothing runs yet); step()
 // prefills every queued sequence (chunked) and then runs one decode step for all running ones,
@@ -44,6 +44,15 @@ struct EngineOptions {
   // override the model or GPU cannot run is an error). Engine::plan() shows the result.
   std::filesystem::path tuning_cache;
   std::vector<PlanOverride> plan_overrides;
+  // Prompt tokens prefilled per step() at most, over all sequences (0: every admitted prompt is
+  // prefilled whole in the step that admits it). A prompt longer than what is left is continued in
+  // the next steps while the running sequences keep decoding, so a long prompt never stalls them
+  // for its whole prefill (the server's chunked prefill).
+  int prefill_tokens_per_step = 0;
+  // Share the KV pages of full 16-token prompt blocks across sequences: a prompt that starts with
+  // blocks an earlier prompt computed takes their pages (reference counted; unreferenced ones stay
+  // cached until a fresh page is needed, least recently used first) and prefills only the rest.
+  bool prefix_caching = false;
   // Decode steps run one ahead of the host: step() launches the next decode step before it reads
   // back this one's tokens, so the GPU does not wait for the host between steps (docs/runtime.md,
   // "Steps launched ahead").
@@ -85,6 +94,8 @@ struct StepToken {
   int32_t id = 0;                        // the sampled token (not produced when finish is kv_cache_full
                                          // before sampling: then id is -1)
   FinishReason finish = FinishReason::none;  // none: the sequence keeps running
+  int cached_tokens = -1;                // with a sequence's first token: prompt tokens whose KV pages came
+                                         // from the prefix cache (EngineOptions::prefix_caching); else -1
 };
 
 // Memory and launch accounting for benchmarks and `inspect`.
@@ -93,7 +104,8 @@ struct EngineStats {
   size_t gpu_weight_bytes = 0;           // bytes the weights hold on the device, every layout the plan needs
   size_t kv_cache_bytes = 0;             // pool size
   int kv_pages_total = 0;
-  int kv_pages_free = 0;
+  int kv_pages_free = 0;                 // free, or kept by the prefix cache and evictable
+  int kv_pages_cached = 0;               // of those, the prefix cache's
   size_t gpu_memory_used = 0;            // by this process, from cudaMemGetInfo
   int launches_per_decode_step = 0;      // launches the step's op list makes (a cuBLASLt GEMM counts one)
   int launches_per_layer = 0;

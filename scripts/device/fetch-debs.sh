@@ -7,6 +7,7 @@ cd "$(dirname "$0")/../.."
 mkdir -p .debs
 cd .debs
 packages=(nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libpcre2-dev libpcre2-8-0 libpcre2-16-0
-          libpcre2-32-0 libpcre2-posix3 libutf8proc-dev libutf8proc2 libcpp-httplib-dev)
+          libpcre2-32-0 libpcre2-posix3 libutf8proc-dev libutf8proc2 libcpp-httplib-dev
+          libcpp-httplib0.11 libbrotli1 libbrotli-dev)
 apt-get download "${packages[@]}" 2>&1 | tail -n 2
 ls -1 *.deb | wc -l | xargs echo "debs in .debs/:"

@@ -19,6 +19,7 @@ void register_inspect(CLI::App& app, Action& action);
 void register_make_model(CLI::App& app, Action& action);
 void register_tokenize(CLI::App& app, Action& action);
 void register_tune(CLI::App& app, Action& action);
+void register_serve(CLI::App& app, Action& action);
 // `deepfuse bench tokenizer`, added under the bench subcommand by register_bench.
 void register_bench_tokenizer(CLI::App& bench, Action& action);
 // `deepfuse bench qkv`, likewise.

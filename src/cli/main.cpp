@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   deepfuse::cli::register_make_model(app, action);
   deepfuse::cli::register_tokenize(app, action);
   deepfuse::cli::register_tune(app, action);
+  deepfuse::cli::register_serve(app, action);
 
   try {
     app.parse(argc, argv);

@@ -33,6 +33,7 @@ std::string str(size_t value) { return std::to_string(value); }
 void validate_engine_setup(const ModelConfig& c, EngineOptions& o) {
   DF_CHECK(o.max_batch >= 1, "max_batch is " + std::to_string(o.max_batch) + "; it must be at least 1");
   DF_CHECK(o.prefill_chunk >= 1, "prefill_chunk is " + std::to_string(o.prefill_chunk) + "; it must be at least 1");
+  DF_CHECK(o.prefill_tokens_per_step >= 0, "prefill_tokens_per_step must not be negative");
   DF_CHECK(o.kv_memory_fraction > 0 && o.kv_memory_fraction <= 1,
            "kv_memory_fraction is " + std::to_string(o.kv_memory_fraction) + "; it must be in (0, 1]");
   if (o.max_context == 0) o.max_context = c.max_position_embeddings;
@@ -248,7 +249,7 @@ void Engine::Impl::finish_setup() {
                            str(geometry.page_bytes()) + " bytes)");
   DF_CHECK(pages <= static_cast<size_t>(INT32_MAX), "KV cache of " + str(pages) + " pages exceeds int32 page ids");
   kv = std::make_unique<runtime::KvCache>(geometry, static_cast<int>(pages), max_batch, max_pages_per_sequence,
-                                          stream());
+                                          stream(), options.prefix_caching);
   forward = std::make_unique<runtime::ForwardPass>(config, *weights, *kv, *buffers, *gemm, plan);
   if (options.tune_gemms) gemm_tunings = forward->tune_decode_gemms(stream());
   DF_CHECK_CUDA(cudaStreamSynchronize(stream()));
@@ -304,6 +305,7 @@ EngineStats Engine::stats(int decode_batch) const {
   stats.kv_cache_bytes = s.kv->pool_bytes();
   stats.kv_pages_total = s.kv->table().total_pages();
   stats.kv_pages_free = s.kv->table().free_pages();
+  stats.kv_pages_cached = s.kv->table().pool().cached_pages();
   size_t free_bytes = 0, total_bytes = 0;
   DF_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
   stats.gpu_memory_used = total_bytes - free_bytes;

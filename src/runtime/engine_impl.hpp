@@ -44,6 +44,8 @@ struct Sequence {
   int max_new_tokens = 0;
   std::vector<int32_t> stop_ids;
   int context = 0;          // positions whose keys and values are in the cache (read back)
+  int prefilled = 0;        // prompt positions prefilled; < prompt.size(): still prefilling, sits out decode
+  int cached = 0;           // prompt positions whose pages came from the prefix cache
   int generated = 0;        // tokens sampled so far (read back)
   int32_t next_token = -1;  // the latest sampled token read back
   int in_flight = 0;        // decode steps launched for it and not read back yet (0..2)

@@ -14,13 +14,14 @@ size_t KvGeometry::page_bytes() const {
   return size_t{2} * layers * pool_elements(1) * sizeof(__nv_bfloat16);
 }
 
-KvCache::KvCache(const KvGeometry& geometry, int pages, int max_rows, int max_pages_per_row, cudaStream_t stream)
+KvCache::KvCache(const KvGeometry& geometry, int pages, int max_rows, int max_pages_per_row, cudaStream_t stream,
+                 bool prefix_caching)
     : geometry_(geometry),
       pages_(pages),
       stream_(stream),
       pool_(static_cast<size_t>(pages) * geometry.page_bytes()),
       block_table_(static_cast<size_t>(max_rows) * max_pages_per_row * sizeof(int32_t)),
-      table_(pages, max_rows, max_pages_per_row),
+      table_(pages, max_rows, max_pages_per_row, prefix_caching),
       staging_(block_table_.bytes()) {
   pool_.zero(stream_);
   // Entries past a row's pages are never read (lengths bound every kernel), but -1 everywhere
@@ -44,18 +45,27 @@ kernels::PagedKv KvCache::layer(int layer) const {
 bool KvCache::reserve(int row, int tokens) {
   const int before = table_.pages_in_row(row);
   if (!table_.reserve(row, tokens)) return false;
-  const int after = table_.pages_in_row(row);
-  if (after == before) return true;
+  upload_entries(row, before, table_.pages_in_row(row) - before);
+  return true;
+}
+
+int KvCache::adopt_prefix(int row, std::span<const int32_t> tokens, int max_blocks) {
+  const int positions = table_.adopt_prefix(row, tokens, max_blocks);
+  upload_entries(row, 0, table_.pages_in_row(row));
+  return positions;
+}
+
+void KvCache::upload_entries(int row, int first_page, int pages) {
+  if (pages <= 0) return;
   // The staging bytes of these entries may still be the source of an earlier, not yet executed
   // copy (a row freed and refilled within one step): wait for the last upload before rewriting.
   staging_read_.wait();
-  const size_t first = static_cast<size_t>(row) * table_.max_pages_per_row() + before;
-  const size_t count = static_cast<size_t>(after - before);
+  const size_t first = static_cast<size_t>(row) * table_.max_pages_per_row() + first_page;
+  const size_t count = static_cast<size_t>(pages);
   std::memcpy(staging_.as<int32_t>() + first, table_.entries().data() + first, count * sizeof(int32_t));
   DF_CHECK_CUDA(cudaMemcpyAsync(block_table_.as<int32_t>() + first, staging_.as<int32_t>() + first,
                                 count * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   staging_read_.record(stream_);
-  return true;
 }
 
 int KvCache::remove_row(int row) {

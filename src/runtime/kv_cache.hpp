@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <span>
 
 #include "deepfuse/tensor.hpp"
 #include "deepfuse/kernels/paged_kv.hpp"
@@ -31,7 +32,8 @@ struct KvGeometry {
 
 class KvCache {
  public:
-  KvCache(const KvGeometry& geometry, int pages, int max_rows, int max_pages_per_row, cudaStream_t stream);
+  KvCache(const KvGeometry& geometry, int pages, int max_rows, int max_pages_per_row, cudaStream_t stream,
+          bool prefix_caching = false);
 
   // Layer `layer`'s pools and the shared block table, as the kernels take them.
   kernels::PagedKv layer(int layer) const;
@@ -44,8 +46,16 @@ class KvCache {
   bool reserve(int row, int tokens);
   // KvPageTable::remove_row, with the moved row copied device-to-device; returns where it came from.
   int remove_row(int row);
+  // KvPageTable::adopt_prefix, with the adopted entries copied to the device block table.
+  int adopt_prefix(int row, std::span<const int32_t> tokens, int max_blocks);
+  void register_prompt_blocks(int row, std::span<const int32_t> tokens, int computed) {
+    table_.register_prompt_blocks(row, tokens, computed);
+  }
 
  private:
+  // Copies entries [first, first + count) of `row` up to the device block table.
+  void upload_entries(int row, int first, int count);
+
   KvGeometry geometry_;
   int pages_;
   cudaStream_t stream_;

@@ -11,6 +11,7 @@
 // The sampler writes each step's ids straight into its lane's mapped pinned memory (StepLane):
 // no copy after the graph delays the next step's upload and launch.
 #include <algorithm>
+#include <climits>
 #include <string>
 #include <unordered_map>
 
@@ -120,26 +121,58 @@ void Engine::Impl::prefill(int row, std::span<const int32_t> ids, int start,
 // Admits queued sequences while decode rows and pages for their prompts are free (FIFO: the
 // first that does not fit waits, and so do those behind it), prefills each, and samples its first
 // token from the last prompt position into its decode slot. One download reports them all.
+// Under a prefill budget (EngineOptions::prefill_tokens_per_step) a prompt may take several steps:
+// sequences still prefilling continue first (oldest first), then new ones are admitted while
+// budget is left; a prefilling sequence holds its row and its prompt's pages and sits out decode.
 void Engine::Impl::prefill_queued(std::vector<StepToken>& out) {
+  int budget = options.prefill_tokens_per_step > 0 ? options.prefill_tokens_per_step : INT_MAX;
   std::vector<int> fresh_rows;
-  while (!queued.empty() && static_cast<int>(running.size()) < options.max_batch) {
+  // Runs up to `budget` more prompt tokens of the sequence on `row`; the last one samples its first token.
+  auto prefill_some = [&](int row) {
+    Sequence& sequence = running[row];
+    const int prompt = static_cast<int>(sequence.prompt.size());
+    const int tokens = std::min(prompt - sequence.prefilled, budget);
+    const int start = sequence.prefilled;
+    prefill(row, std::span(sequence.prompt).subspan(start, tokens), start, [&](int first, int chunk) {
+      if (first + chunk < prompt) return;
+      forward->final_norm(chunk - 1, 1, stream());
+      forward->lm_head(0, 1, stream());
+      forward->sample(row, 1, stream());
+    });
+    sequence.prefilled += tokens;
+    budget -= tokens;
+    kv->register_prompt_blocks(row, sequence.prompt, sequence.prefilled);  // for later prompts to share
+    if (sequence.prefilled == prompt) fresh_rows.push_back(row);
+  };
+  std::vector<int> continuing;
+  for (int row = 0; row < static_cast<int>(running.size()); ++row)
+    if (running[row].prefilled < static_cast<int>(running[row].prompt.size())) continuing.push_back(row);
+  std::sort(continuing.begin(), continuing.end(), [&](int a, int b) { return running[a].id < running[b].id; });
+  for (const int row : continuing)
+    if (budget > 0) prefill_some(row);
+  while (!queued.empty() && static_cast<int>(running.size()) < options.max_batch && budget > 0) {
     const int prompt = static_cast<int>(queued.front().prompt.size());
     if (KvPageTable::pages_for(prompt) > kv->table().free_pages()) {
       DF_CHECK(!running.empty(), "internal: an idle KV cache cannot hold a validated prompt");
       break;
     }
     const int row = kv->add_row();
-    kv->reserve(row, prompt);
-    running.push_back(std::move(queued.front()));
+    Sequence& admitted = running.emplace_back(std::move(queued.front()));
     queued.pop_front();
-    upload_slot(row, running[row].sampling);
-    prefill(row, running[row].prompt, 0, [&](int first, int tokens) {
-      if (first + tokens < prompt) return;
-      forward->final_norm(tokens - 1, 1, stream());
-      forward->lm_head(0, 1, stream());
-      forward->sample(row, 1, stream());
-    });
-    fresh_rows.push_back(row);
+    // The longest cached run of full blocks, never the whole prompt: its last position must run to
+    // give the first token. Then pages for the rest.
+    admitted.cached = kv->adopt_prefix(row, admitted.prompt, (prompt - 1) / kernels::kKvPageSize);
+    admitted.prefilled = admitted.cached;
+    if (!kv->reserve(row, prompt)) {  // cached pages counted as free were the adopted ones: wait
+      queued.push_front(std::move(running.back()));
+      queued.front().cached = queued.front().prefilled = 0;
+      running.pop_back();
+      kv->remove_row(row);
+      DF_CHECK(!running.empty(), "internal: an idle KV cache cannot hold a validated prompt");
+      break;
+    }
+    upload_slot(row, admitted.sampling);
+    prefill_some(row);
   }
   if (fresh_rows.empty()) return;
   // Its own buffer: a decode step in flight downloads into its lane's.
@@ -154,7 +187,7 @@ void Engine::Impl::prefill_queued(std::vector<StepToken>& out) {
     sequence.next_token = prefill_sampled.as<int32_t>()[row];
     sequence.id_on_device = true;  // the sampler wrote it into the row's decode id
     const FinishReason reason = finish_reason(sequence);
-    out.push_back({sequence.id, sequence.next_token, reason});
+    out.push_back({sequence.id, sequence.next_token, reason, sequence.cached});
     if (reason != FinishReason::none) finished.push_back(row);
   }
   remove_finished(std::move(finished));
@@ -221,6 +254,7 @@ void Engine::Impl::launch_decode(std::vector<StepToken>& out) {
   std::vector<char> feeds(running.size(), 0);
   for (int row = static_cast<int>(running.size()) - 1; row >= 0; --row) {
     const Sequence& sequence = running[row];
+    if (sequence.prefilled < static_cast<int>(sequence.prompt.size())) continue;  // still prefilling
     if (finishes_by_length(sequence, options.max_context)) continue;
     if (kv->reserve(row, sequence.context + sequence.in_flight + 1)) {
       feeds[row] = 1;

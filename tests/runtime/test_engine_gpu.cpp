@@ -479,6 +479,50 @@ TEST_P(EngineVsReference, ContinuousBatchingFollowsReference) {
   }
 }
 
+// The server's engine options: prompts prefilled at most 16 tokens per step (a long one spread over
+// steps while others decode) and prefix caching (later prompts that share full blocks take their
+// pages and report them as cached). Every sequence still follows the reference's greedy decode.
+TEST_P(EngineVsReference, PrefillBudgetAndPrefixCacheFollowReference) {
+  DF_REQUIRE_GPU();
+  make_model(11);
+  EngineOptions options = tiny_engine_options();
+  options.prefill_tokens_per_step = 16;
+  options.prefix_caching = true;
+  Engine engine = load_engine(options);
+  const std::vector<int32_t> shared = random_ids(rng_, 40, config_.vocab_size);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int suffix : {3, 9, 1}) {
+    std::vector<int32_t> prompt = shared;
+    for (const int32_t id : random_ids(rng_, suffix, config_.vocab_size)) prompt.push_back(id);
+    prompts.push_back(prompt);
+  }
+  prompts.push_back(random_ids(rng_, 70, config_.vocab_size));  // unrelated, prefilled over 5 steps
+  std::map<SequenceId, std::vector<StepToken>> produced;
+  auto run = [&](int max_steps) {
+    for (int step = 0; engine.running_sequences() > 0 && step < max_steps; ++step)
+      for (const StepToken& token : engine.step()) produced[token.sequence].push_back(token);
+  };
+  std::vector<SequenceId> ids;
+  ids.push_back(engine.add_sequence(greedy_request(prompts[0], 12)));
+  run(64);  // alone: computes and registers the shared blocks
+  for (size_t s = 1; s < prompts.size(); ++s) ids.push_back(engine.add_sequence(greedy_request(prompts[s], 12)));
+  run(128);
+  EXPECT_EQ(engine.running_sequences(), 0);
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    const std::string what = "sequence " + std::to_string(s);
+    const std::vector<StepToken>& tokens = produced[ids[s]];
+    ASSERT_EQ(tokens.size(), 12u) << what;
+    const int expected_cached = s == 0 || s == 3 ? 0 : 32;  // two full shared blocks of 16
+    EXPECT_EQ(tokens[0].cached_tokens, expected_cached) << what;
+    std::vector<int32_t> generated;
+    for (const StepToken& token : tokens) generated.push_back(token.id);
+    follows_reference_greedy(prompts[s], generated, what);
+  }
+  const EngineStats stats = engine.stats();
+  EXPECT_EQ(stats.kv_pages_free, stats.kv_pages_total) << "pages leaked";
+  EXPECT_GT(stats.kv_pages_cached, 0);
+}
+
 TEST_P(EngineVsReference, FinishReasons) {
   DF_REQUIRE_GPU();
   make_model(6);

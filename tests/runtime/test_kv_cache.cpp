@@ -164,3 +164,64 @@ TEST(KvPageTable, RejectsBadUse) {
 
 }  // namespace
 }  // namespace deepfuse::runtime
+
+namespace deepfuse::runtime {
+namespace {
+
+// Prefix caching in the page table: a row adopts the pages of full blocks another row registered,
+// never beyond max_blocks; the pages stay cached (and count as free) once no row holds them.
+TEST(KvPageTable, RowsShareRegisteredPromptBlocks) {
+  KvPageTable table(8, 3, 8, /*prefix_caching=*/true);
+  std::vector<int32_t> prompt(40);
+  for (int i = 0; i < 40; ++i) prompt[i] = 100 + i;
+  const int first = table.add_row();
+  EXPECT_EQ(table.adopt_prefix(first, prompt, 2), 0);
+  ASSERT_TRUE(table.reserve(first, 40));
+  table.register_prompt_blocks(first, prompt, 40);
+  const int second = table.add_row();
+  EXPECT_EQ(table.adopt_prefix(second, prompt, (40 - 1) / kernels::kKvPageSize), 32);
+  EXPECT_EQ(table.row_pages(second)[0], table.row_pages(first)[0]);
+  EXPECT_EQ(table.row_pages(second)[1], table.row_pages(first)[1]);
+  ASSERT_TRUE(table.reserve(second, 40));
+  EXPECT_NE(table.row_pages(second)[2], table.row_pages(first)[2]);  // the partial block is private
+  EXPECT_EQ(table.free_pages(), 8 - 4);
+  table.remove_row(second);
+  table.remove_row(first);
+  EXPECT_EQ(table.free_pages(), 8);
+  EXPECT_EQ(table.pool().cached_pages(), 2);
+  const int third = table.add_row();
+  EXPECT_EQ(table.adopt_prefix(third, prompt, 1), 16);  // capped by max_blocks
+}
+
+TEST(KvPageTable, WithoutPrefixCachingNothingIsAdopted) {
+  KvPageTable table(8, 2, 8);
+  std::vector<int32_t> prompt(32, 7);
+  const int row = table.add_row();
+  ASSERT_TRUE(table.reserve(row, 32));
+  table.register_prompt_blocks(row, prompt, 32);
+  const int other = table.add_row();
+  EXPECT_EQ(table.adopt_prefix(other, prompt, 2), 0);
+}
+
+}  // namespace
+}  // namespace deepfuse::runtime
+
+namespace deepfuse::runtime {
+namespace {
+
+// A long prompt registered chunk by chunk (the engine's prefill budget) is adopted whole by the next.
+TEST(KvPageTable, BlocksRegisteredChunkByChunkAreAdoptedWhole) {
+  KvPageTable table(1024, 2, 512, /*prefix_caching=*/true);
+  std::vector<int32_t> prompt(6656);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(1000 + (i * 7919) % 29000);
+  const int row = table.add_row();
+  ASSERT_TRUE(table.reserve(row, 6656));
+  for (int done = 512; done <= 6656; done += 512) table.register_prompt_blocks(row, prompt, done);
+  std::vector<int32_t> other(prompt.begin(), prompt.begin() + 6144);
+  for (int i = 0; i < 512; ++i) other.push_back(5);
+  const int second = table.add_row();
+  EXPECT_EQ(table.adopt_prefix(second, other, (6656 - 1) / kPage), 6144);
+}
+
+}  // namespace
+}  // namespace deepfuse::runtime

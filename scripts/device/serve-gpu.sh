@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# On a GPU machine: `deepfuse serve` on the CUDA backend with random Llama-3-8B weights.
+#   smoke  scripts/device/serve_smoke.py through HTTP (API, concurrency, cancellation, errors)
+#   bench  scripts/bench/bench_serve.py: one stream, 16 streams, Poisson arrivals and the agentic
+#          shared-prefix mix; then `bench decode` at batch 1 and 16 for comparison, on the same GPU
+# usage: scripts/device/serve-gpu.sh OUT BUILD_DIR [smoke] [bench]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export NCCL_NVLS_ENABLE=0
+out=${1:?OUT}; bin=${2:?BUILD_DIR}; shift 2
+mkdir -p "$out"
+port=8123
+arch=llama3-8b
+pid=""
+
+start_server() {
+  "$bin/deepfuse" serve --random-weights --arch "$arch" --port "$port" "$@" >"$out/serve.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 600); do
+    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null &&
+      return 0
+    kill -0 "$pid" 2>/dev/null || { cat "$out/serve.log"; return 1; }
+    sleep 0.5
+  done
+  echo "server not ready"; return 1
+}
+
+metrics() {
+  python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$port/metrics').read().decode())" >"$1"
+}
+
+stop_server() {
+  [[ -n $pid ]] || return 0
+  kill -TERM "$pid"
+  wait "$pid" && echo "server exited 0 on SIGTERM" || echo "server exited $?"
+  pid=""
+  tail -n 3 "$out/serve.log"
+}
+# A failed check must not leave its server running: the next step would measure against it.
+trap stop_server EXIT
+
+for step in "$@"; do
+  case $step in
+    smoke)
+      start_server --max-batch 16 --max-context 8192
+      python3 scripts/device/serve_smoke.py "$port" "$arch" 2>&1 | tee "$out/smoke.log" || true
+      stop_server
+      # The same without prefix caching or a prefill budget: whether batching changes greedy
+      # outputs there too (random weights: near-ties everywhere, bf16 paths differ per batch size).
+      start_server --max-batch 16 --max-context 8192 --no-prefix-cache --max-step-tokens 1000000
+      python3 scripts/device/serve_smoke.py "$port" "$arch" 2>&1 | grep -E "note|FAIL" | sed 's/^/[no prefix cache, no budget] /' |
+        tee -a "$out/smoke.log" || true
+      stop_server ;;
+    bench)
+      start_server --max-batch 16 --max-context 8192
+      b="python3 scripts/bench/bench_serve.py --model $arch --base-url http://127.0.0.1:$port --json $out/serve.json"
+      $b --label one-stream --max-concurrency 1 --num-prompts 8 2>&1 | tee -a "$out/bench.txt"
+      $b --label 16-streams --max-concurrency 16 --num-prompts 64 2>&1 | tee -a "$out/bench.txt"
+      $b --label poisson --rates 2,8 --num-prompts 64 --max-concurrency 16 2>&1 | tee -a "$out/bench.txt"
+      $b --label agentic --scenario agentic --prefix-len 6144 --max-concurrency 16 --num-prompts 34 2>&1 |
+        tee -a "$out/bench.txt"
+      metrics "$out/metrics.txt"
+      stop_server
+      "$bin/deepfuse" bench decode --archs "$arch" --batches 1,16 --contexts 576 --ttft-prompts 512,6656 \
+        --json "$out/decode.json" 2>&1 | tee "$out/decode.txt" ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done

@@ -1,0 +1,40 @@
+// OpenAI's /v1/completions and /v1/chat/completions request bodies, parsed and checked field by
+// field into what the serving loop runs. Every problem is an ApiError naming the field: malformed
+// JSON or invalid UTF-8, wrong types, missing prompt or messages, an unknown model (404), values
+// out of range, token ids outside the vocabulary, prompts or budgets beyond the context.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "deepfuse/chat_template.hpp"
+#include "deepfuse/tokenizer.hpp"
+#include "server/batching/serving_backend.hpp"
+
+namespace deepfuse::server {
+
+enum class Endpoint { completions, chat_completions };
+
+// What parsing needs to know about the model being served.
+struct ServedModel {
+  std::string name;                         // the `model` clients send
+  const Tokenizer* tokenizer = nullptr;     // null: prompts are token ids, output text is ids
+  const ChatTemplate* chat_template = nullptr;
+  int vocab_size = 0;
+  int max_context = 0;
+  std::vector<int32_t> stop_ids;            // EOS and the tokenizer's end markers
+};
+
+struct OpenAiRequest {
+  Endpoint endpoint = Endpoint::completions;
+  GenerationSpec spec;                      // choice i samples with seed spec.sampling.seed + i
+  int n = 1;
+  std::vector<std::string> stop_strings;
+  bool stream = false;
+  bool include_usage = false;               // stream_options.include_usage
+  bool logprobs = false;
+};
+
+OpenAiRequest parse_openai_request(Endpoint endpoint, const std::string& body, const ServedModel& model);
+
+}  // namespace deepfuse::server

@@ -1,0 +1,60 @@
+// The CPU backend of the server: the reference decoder (fp32, src/reference) serving many
+// sequences at once. BatchScheduler decides each step; the step's sequences run their tokens in
+// parallel across the cores, each on its own contiguous reference::KvCache; the KV pages of the
+// scheduler are the accounting unit, exactly as on the GPU, so preemption and the prefix cache
+// behave here as they would there. A page the prefix cache takes keeps a copy of its block's
+// keys and values, from which a later sequence's cache is filled instead of computing them.
+//
+// Each sequence's numbers are those it would get alone (nothing is shared across a batch in the
+// reference decoder), so batching never changes a greedy output.
+#pragma once
+
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "deepfuse/reference_decoder.hpp"
+#include "server/batching/batch_scheduler.hpp"
+#include "runtime/kv_block_pool.hpp"
+#include "server/batching/serving_backend.hpp"
+
+namespace deepfuse::server {
+
+struct ReferenceBackendOptions {
+  SchedulerOptions scheduler;
+  int kv_pages = 0;            // 0: enough for max_batch sequences of max_context tokens
+  bool prefix_caching = true;
+};
+
+class ReferenceBackend final : public ServingBackend {
+ public:
+  ReferenceBackend(std::unique_ptr<reference::Decoder> decoder, ReferenceBackendOptions options);
+
+  std::string name() const override { return "reference"; }
+  int max_context() const override { return options_.scheduler.max_context; }
+  int vocab_size() const override;
+  void check(const GenerationSpec& spec) const override;
+  void add(SequenceKey key, GenerationSpec spec) override;
+  void cancel(SequenceKey key) override;
+  bool has_work() const override { return scheduler_.has_work(); }
+  std::vector<SequenceEvent> step() override;
+  BackendGauges gauges() const override;
+
+ private:
+  // Makes the sequence's cache hold exactly positions [0, first): trims what a preemption
+  // discarded, and copies blocks the prefix cache matched.
+  void restore_cache(const ScheduledSequence& sequence, int first);
+  // Keeps a copy of block `block` of the sequence's cache in its page's slot.
+  void store_block(const ScheduledSequence& sequence, int block);
+
+  std::unique_ptr<reference::Decoder> decoder_;
+  ReferenceBackendOptions options_;
+  KvBlockPool pool_;
+  BatchScheduler scheduler_;
+  std::unordered_map<SequenceKey, reference::KvCache> caches_;
+  // Per page: the keys and values of the block the prefix cache holds there, every layer,
+  // [layer][keys | values][block positions x kv_heads x head_dim].
+  std::vector<std::vector<float>> stored_blocks_;
+};
+
+}  // namespace deepfuse::server

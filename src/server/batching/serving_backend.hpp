@@ -1,0 +1,81 @@
+// What the serving loop asks of a backend: take sequences, drop them, run one step at a time.
+//
+// Two backends implement it: ReferenceBackend (the CPU reference decoder, scheduled here in
+// src/server/batching with chunked prefill, preemption and the prefix cache) and EngineBackend
+// (the CUDA engine, which schedules its own steps). The serving loop calls every method from its one
+// thread, except check(), which request threads call before they submit.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "deepfuse/sampling_params.hpp"
+
+namespace deepfuse::server {
+
+// Chosen by the server, unique for the process.
+using SequenceKey = uint64_t;
+
+// One sequence to generate: the prompt ids, how to sample, when to stop.
+struct GenerationSpec {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int max_new_tokens = 16;
+  std::vector<int32_t> stop_ids;      // generation ends after producing one of these
+  float presence_penalty = 0.0f;      // OpenAI's penalties, over the tokens generated so far
+  float frequency_penalty = 0.0f;
+  int top_logprobs = -1;              // -1: no logprobs; otherwise the chosen token's and this many alternatives'
+};
+
+enum class SequenceEnd { none, stop_token, max_tokens, context_length, cancelled, failed };
+
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0.0f;
+};
+
+// What one step produced for one sequence.
+struct SequenceEvent {
+  SequenceKey key = 0;
+  int32_t id = -1;                    // the new token; -1 when the sequence ended without one
+  SequenceEnd end = SequenceEnd::none;
+  float logprob = 0.0f;               // when the spec asked for logprobs
+  std::vector<TokenLogprob> top;
+  int cached_tokens = -1;             // with a sequence's first token: prompt tokens the prefix cache served
+  std::string error;                  // with SequenceEnd::failed
+};
+
+// Gauges and counters the backend keeps, for /metrics.
+struct BackendGauges {
+  int running = 0;                    // sequences holding a decode row (prefilling or decoding)
+  int waiting = 0;                    // queued or preempted, waiting for a row and pages
+  int kv_pages_total = 0;
+  int kv_pages_used = 0;              // referenced by some sequence
+  int kv_pages_cached = 0;            // kept by the prefix cache, evictable
+  uint64_t preemptions = 0;
+  uint64_t prefix_cache_queried_tokens = 0;  // prompt tokens looked up in the prefix cache
+  uint64_t prefix_cache_hit_tokens = 0;      // of those, served from it
+};
+
+class ServingBackend {
+ public:
+  virtual ~ServingBackend() = default;
+
+  virtual std::string name() const = 0;  // "reference" or "cuda"
+  virtual int max_context() const = 0;   // prompt and generated tokens together
+  virtual int vocab_size() const = 0;
+  // Throws ApiError (400) when the sequence could never run on this backend: more KV pages than
+  // the cache has, an option the backend lacks. Safe to call from any thread.
+  virtual void check(const GenerationSpec& spec) const = 0;
+
+  virtual void add(SequenceKey key, GenerationSpec spec) = 0;
+  // Drops the sequence and frees its pages now. Nothing more is reported for it.
+  virtual void cancel(SequenceKey key) = 0;
+  virtual bool has_work() const = 0;
+  // One step: at most max_batch sequences advance by one token (or a prefill chunk).
+  virtual std::vector<SequenceEvent> step() = 0;
+  virtual BackendGauges gauges() const = 0;
+};
+
+}  // namespace deepfuse::server

@@ -1,0 +1,45 @@
+// Streamed text with stop strings: a stop string split over tokens is honoured and never sent;
+// text that only looks like a stop string's start is released once it is not.
+#include <gtest/gtest.h>
+
+#include "server/api/text_output.hpp"
+
+namespace deepfuse::server {
+namespace {
+
+// Without a tokenizer a token's text is its id, space-separated: "1 2 3 ..."
+TEST(TextOutput, StopsAcrossTokenBoundariesWithoutLeakingTheStopString) {
+  TextOutput out(nullptr, {"3 4"});
+  std::string sent;
+  sent += out.push(1);
+  sent += out.push(2);
+  sent += out.push(3);  // "1 2 3": "3" may begin the stop string
+  EXPECT_EQ(sent, "1 2 ");
+  sent += out.push(4);
+  EXPECT_TRUE(out.stopped());
+  EXPECT_EQ(sent, "1 2 ");
+  EXPECT_EQ(out.push(5), "");
+  EXPECT_EQ(out.text(), "1 2 ");
+}
+
+TEST(TextOutput, ReleasesHeldTextThatTurnsOutNotToStop) {
+  TextOutput out(nullptr, {"3 4"});
+  std::string sent = out.push(3);
+  EXPECT_EQ(sent, "");
+  sent += out.push(5);
+  EXPECT_EQ(sent, "3 5");
+  EXPECT_FALSE(out.stopped());
+  sent += out.push(3);
+  sent += out.finish();  // the end: nothing is held back any more
+  EXPECT_EQ(sent, "3 5 3");
+}
+
+TEST(TextOutput, WithoutStopStringsEverythingGoesOutAtOnce) {
+  TextOutput out(nullptr, {});
+  EXPECT_EQ(out.push(12), "12");
+  EXPECT_EQ(out.push(13), " 13");
+  EXPECT_EQ(out.finish(), "");
+}
+
+}  // namespace
+}  // namespace deepfuse::server

@@ -1,0 +1,15 @@
+# src/server: unit tests of its parts, then the whole server end to end (CPU, the reference
+# backend on a tiny model) driven by the `openai` Python client from a venv of its own, and curl.
+foreach(name batch_scheduler text_output openai_request)
+  deepfuse_test(test_${name} ${CMAKE_CURRENT_LIST_DIR}/test_${name}.cpp)
+  target_link_libraries(test_${name} PRIVATE deepfuse_server)
+endforeach()
+
+set(server_venv ${PROJECT_BINARY_DIR}/.venv-server)
+add_test(NAME server_venv COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/setup_venv.sh ${server_venv})
+set_tests_properties(server_venv PROPERTIES FIXTURES_SETUP server_venv LABELS cpu TIMEOUT 300)
+add_test(NAME server_end_to_end
+         COMMAND ${server_venv}/bin/python ${CMAKE_CURRENT_LIST_DIR}/test_server.py
+                 --deepfuse $<TARGET_FILE:deepfuse_cli> --work-dir ${PROJECT_BINARY_DIR}/server-test)
+set_tests_properties(server_end_to_end PROPERTIES FIXTURES_REQUIRED server_venv LABELS cpu TIMEOUT 900
+                     ENVIRONMENT PYTHONUNBUFFERED=1)
