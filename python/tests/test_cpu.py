@@ -16,7 +16,7 @@ EXPECTED_SCHEMAS = {
     "swiglu_fused": ("deepfuse::swiglu_fused(Tensor x, Tensor gate_up_packed, Tensor down_packed, Tensor? residual, "
                      "Tensor accumulator, Tensor counters, SymInt intermediate, bool rms_normalize, float eps) -> Tensor"),
     "rms_norm": "deepfuse::rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
-    "fused_add_rms_norm": "deepfuse::fused_add_rms_norm(Tensor x, Tensor(a0!) residual, Tensor weight, float eps) -> Tensor",
+    "fused_add_rms_norm": "deepfuse::fused_add_rms_norm(Tensor x, Tensor(a1!) residual, Tensor weight, float eps) -> Tensor",
     "pack_qkv": "deepfuse::pack_qkv(Tensor weight) -> Tensor",
     "qkv_rope_append": ("deepfuse::qkv_rope_append(Tensor x, Tensor norm_weight, Tensor packed, Tensor? bias, "
                         "Tensor inv_freq, Tensor positions, Tensor sequences, Tensor(a7!) k_pages, Tensor(a8!) v_pages, "
@@ -145,7 +145,7 @@ def test_make_sampling_slots_layout():
     slots = deepfuse.make_sampling_slots(2, temperature=[0.0, 0.7], top_k=[0, 50], top_p=0.9, seed=[1, 2**63 + 5],
                                          device="cpu")
     assert slots.shape == (2, 4) and slots.dtype == torch.int64
-    raw = bytes(slots.numpy().tobytes())
+    raw = bytes(slots.contiguous().view(torch.uint8).flatten().tolist())
     t, k, p, m, s, step = ops._SLOT.unpack(raw[32:64])
     assert abs(t - 0.7) < 1e-6 and k == 50 and abs(p - 0.9) < 1e-6 and m == 0.0 and s == 2**63 + 5 and step == 0
 
