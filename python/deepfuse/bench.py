@@ -151,7 +151,8 @@ def _decode_tokens_per_s(model, batch: int, prompt: int, steps: int, warmup: int
             "warmup_and_compile_s": round(compile_s, 1), "steps": steps}
 
 
-def bench_hf(batches: List[int], steps: int, layers: int) -> List[Dict]:
+def bench_hf(batches: List[int], steps: int, layers: int,
+             on_row: Optional[Callable[[List[Dict]], None]] = None) -> List[Dict]:
     import transformers
 
     config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
@@ -166,20 +167,26 @@ def bench_hf(batches: List[int], steps: int, layers: int) -> List[Dict]:
     finally:
         torch.set_default_dtype(default_dtype)
     rows = []
-    for label in ("stock", "patched"):
-        if label == "patched":
-            deepfuse.patch(model)
-        for batch in batches:
+    for batch in batches:
+        pair = {}
+        for label in ("stock", "patched"):
+            if label == "patched":
+                deepfuse.patch(model)
             torch._dynamo.reset()
             row = {"model": f"Llama-3-8B shape, {layers} layers, random bf16 weights", "variant": label,
                    **_decode_tokens_per_s(model, batch, prompt=64, steps=steps, warmup=4)}
             rows.append(row)
+            pair[label] = row
             print(f"hf {label:8s} batch {batch}: {row['ms_per_step']:.3f} ms/step, {row['tokens_per_s']:.1f} tok/s "
                   f"(warm-up incl. compile {row['warmup_and_compile_s']} s)", flush=True)
-    for batch in batches:
-        stock = next(r for r in rows if r["variant"] == "stock" and r["batch"] == batch)
-        patched = next(r for r in rows if r["variant"] == "patched" and r["batch"] == batch)
-        print(f"hf batch {batch}: patched / stock tokens/s = {patched['tokens_per_s'] / stock['tokens_per_s']:.3f}")
+            if on_row:
+                on_row(rows)
+        deepfuse.unpatch(model)
+        ratio = pair["patched"]["tokens_per_s"] / pair["stock"]["tokens_per_s"]
+        pair["patched"]["speedup_vs_stock"] = round(ratio, 3)
+        print(f"hf batch {batch}: patched / stock tokens/s = {ratio:.3f}", flush=True)
+        if on_row:
+            on_row(rows)
     return rows
 
 
@@ -195,7 +202,7 @@ def _commit(given: Optional[str]) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deepfuse.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suite", default="mlp,hf", help="comma-separated: mlp, hf")
+    parser.add_argument("--suite", default="hf,mlp", help="comma-separated: hf, mlp (run in that order)")
     parser.add_argument("--shapes", default="4096x14336,2048x8192", help="MLP shapes HxI")
     parser.add_argument("--m", default="1,2,4,8,16,32,64", help="MLP token counts")
     parser.add_argument("--reps", type=int, default=20, help="MLP calls per CUDA graph")
@@ -228,12 +235,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
 
+    def hf_rows(rows):
+        result["hf"] = rows
+        save()
+
+    if "hf" in suites:
+        bench_hf([int(b) for b in args.batches.split(",")], args.steps, args.layers, hf_rows)
     if "mlp" in suites:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
         result["mlp"] = bench_mlp(shapes, [int(m) for m in args.m.split(",")], args.reps, result["copy_bandwidth_gbs"])
-        save()
-    if "hf" in suites:
-        result["hf"] = bench_hf([int(b) for b in args.batches.split(",")], args.steps, args.layers)
         save()
     save()
     return 0

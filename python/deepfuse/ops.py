@@ -18,7 +18,7 @@ Tensors: activations and weights are bf16, contiguous, on one CUDA device. Paged
 
 import dataclasses
 import struct
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -50,14 +50,16 @@ def _ptr(t: Optional[Tensor]) -> Optional[int]:
     return None if t is None else t.data_ptr()
 
 
-def _require(condition: bool, message: str) -> None:
+def _require(condition: bool, message: Union[str, Callable[[], str]]) -> None:
+    # Messages that format shapes are passed as lambdas: built only on failure, so torch.compile
+    # never traces the formatting of symbolic sizes.
     if not condition:
-        raise ValueError(f"deepfuse: {message}")
+        raise ValueError(f"deepfuse: {message() if callable(message) else message}")
 
 
 def _require_bf16(name: str, t: Tensor) -> None:
-    _require(t.dtype == torch.bfloat16, f"{name} must be bfloat16, got {t.dtype}")
-    _require(t.is_contiguous(), f"{name} must be contiguous")
+    _require(t.dtype == torch.bfloat16, lambda: f"{name} must be bfloat16, got {t.dtype}")
+    _require(t.is_contiguous(), lambda: f"{name} must be contiguous")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,15 +291,15 @@ def pack_mlp_weights(gate: Tensor, up: Tensor, down: Tensor, norm_weight: Option
     outside graph capture. The packed copy is as large as the three weights.
     """
     intermediate, hidden = gate.shape
-    _require(up.shape == (intermediate, hidden), f"up must be [{intermediate}, {hidden}], got {tuple(up.shape)}")
-    _require(down.shape == (hidden, intermediate), f"down must be [{hidden}, {intermediate}], got {tuple(down.shape)}")
+    _require(up.shape == (intermediate, hidden), lambda: f"up must be [{intermediate}, {hidden}], got {tuple(up.shape)}")
+    _require(down.shape == (hidden, intermediate), lambda: f"down must be [{hidden}, {intermediate}], got {tuple(down.shape)}")
     _require(hidden % 64 == 0 and intermediate % 64 == 0,
-             f"hidden ({hidden}) and intermediate ({intermediate}) must be multiples of 64")
+             lambda: f"hidden ({hidden}) and intermediate ({intermediate}) must be multiples of 64")
     for name, t in (("gate", gate), ("up", up), ("down", down)):
         _require_bf16(name, t)
     if norm_weight is not None:
         _require_bf16("norm_weight", norm_weight)
-        _require(norm_weight.shape == (hidden,), f"norm_weight must be [{hidden}]")
+        _require(norm_weight.shape == (hidden,), lambda: f"norm_weight must be [{hidden}]")
     gate_up_packed, down_packed = torch.ops.deepfuse.pack_swiglu(gate, up, down, norm_weight)
     accumulator, counters = _mlp_workspace(gate.device, hidden, max_fused_tokens)
     return PackedMlpWeights(gate_up_packed, down_packed, gate, up, down, hidden, intermediate, norm_weight, float(eps),
@@ -328,15 +330,15 @@ def swiglu_mlp(x: Tensor, weights: PackedMlpWeights, residual: Optional[Tensor] 
 
     Returns a new ``[..., H]`` bf16 tensor.
     """
-    _require(variant in ("auto", "fused", "unfused"), f"variant must be auto, fused or unfused, not {variant!r}")
+    _require(variant in ("auto", "fused", "unfused"), lambda: f"variant must be auto, fused or unfused, not {variant!r}")
     hidden = weights.hidden
-    _require(x.shape[-1] == hidden, f"x's last dimension must be {hidden}, got {x.shape[-1]}")
+    _require(x.shape[-1] == hidden, lambda: f"x's last dimension must be {hidden}, got {x.shape[-1]}")
     shape = x.shape
     x2 = x.reshape(-1, hidden)
     tokens = x2.shape[0]
     res2 = None
     if residual is not None:
-        _require(residual.shape == shape, f"residual must have x's shape {tuple(shape)}")
+        _require(residual.shape == shape, lambda: f"residual must have x's shape {tuple(shape)}")
         res2 = residual.reshape(-1, hidden)
     folded = weights.norm_weight is not None
     if folded and norm_weight is not None:
@@ -346,7 +348,7 @@ def swiglu_mlp(x: Tensor, weights: PackedMlpWeights, residual: Optional[Tensor] 
     use_fused = variant == "fused" or (variant == "auto" and tokens <= FUSED_MLP_MAX_TOKENS)
     if use_fused:
         _require(tokens <= weights.workspace_tokens,
-                 f"{tokens} tokens exceed the fused workspace ({weights.workspace_tokens}); pack with a larger max_fused_tokens")
+                 lambda: f"{tokens} tokens exceed the fused workspace ({weights.workspace_tokens}); pack with a larger max_fused_tokens")
         if norm_weight is not None:
             x2 = torch.ops.deepfuse.rms_norm(x2.contiguous(), norm_weight, norm_eps)
         y = torch.ops.deepfuse.swiglu_fused(x2.contiguous(), weights.gate_up_packed, weights.down_packed,
@@ -371,7 +373,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
     """``rms_norm(x) * weight`` over the last dimension (a multiple of 8), fp32 statistics. Returns a new tensor."""
     _require_bf16("weight", weight)
     hidden = weight.shape[0]
-    _require(x.shape[-1] == hidden and hidden % 8 == 0, f"x's last dimension must be the weight's ({hidden}), a multiple of 8")
+    _require(x.shape[-1] == hidden and hidden % 8 == 0, lambda: f"x's last dimension must be the weight's ({hidden}), a multiple of 8")
     return torch.ops.deepfuse.rms_norm(x.reshape(-1, hidden).contiguous(), weight, float(eps)).reshape(x.shape)
 
 
@@ -418,11 +420,11 @@ def pack_qkv_weights(q_weight: Tensor, k_weight: Tensor, v_weight: Tensor, head_
     merged = torch.cat([q_weight, k_weight, v_weight], dim=0).contiguous()
     _require_bf16("qkv weights", merged)
     rows, hidden = merged.shape
-    _require(hidden % 64 == 0 and rows % 16 == 0, f"hidden ({hidden}) must be a multiple of 64, rows ({rows}) of 16")
+    _require(hidden % 64 == 0 and rows % 16 == 0, lambda: f"hidden ({hidden}) must be a multiple of 64, rows ({rows}) of 16")
     _require(q_weight.shape[0] % head_dim == 0 and k_weight.shape[0] % head_dim == 0, "rows must be whole heads")
     if bias is not None:
         _require_bf16("bias", bias)
-        _require(bias.shape == (rows,), f"bias must be [{rows}]")
+        _require(bias.shape == (rows,), lambda: f"bias must be [{rows}]")
     packed = torch.ops.deepfuse.pack_qkv(merged)
     return PackedQkvWeights(packed, merged, bias, q_weight.shape[0] // head_dim, k_weight.shape[0] // head_dim, head_dim,
                             hidden)
@@ -455,17 +457,17 @@ def qkv_rope_append(x: Tensor, weights: PackedQkvWeights, norm_weight: Tensor, i
 
     Returns the rotated queries ``[T, q_heads, head_dim]`` bf16.
     """
-    _require(variant in ("auto", "fused", "unfused"), f"variant must be auto, fused or unfused, not {variant!r}")
+    _require(variant in ("auto", "fused", "unfused"), lambda: f"variant must be auto, fused or unfused, not {variant!r}")
     _require_bf16("x", x)
     _require(k_pages.dim() == 4 and k_pages.shape[1] == weights.kv_heads and k_pages.shape[2] == KV_PAGE_SIZE
              and k_pages.shape[3] == weights.head_dim and v_pages.shape == k_pages.shape,
-             f"k_pages and v_pages must be [pages, {weights.kv_heads}, {KV_PAGE_SIZE}, {weights.head_dim}] bf16")
+             lambda: f"k_pages and v_pages must be [pages, {weights.kv_heads}, {KV_PAGE_SIZE}, {weights.head_dim}] bf16")
     _require(positions.dtype == torch.int32 and sequences.dtype == torch.int32 and block_table.dtype == torch.int32,
              "positions, sequences and block_table must be int32")
     _require(inv_freq.dtype == torch.float32, "inv_freq must be float32")
     tokens = x.shape[0]
     if variant == "fused" or (variant == "auto" and tokens <= QKV_FUSED_MAX_TOKENS):
-        _require(tokens <= QKV_FUSED_MAX_TOKENS, f"the fused variant takes at most {QKV_FUSED_MAX_TOKENS} tokens")
+        _require(tokens <= QKV_FUSED_MAX_TOKENS, lambda: f"the fused variant takes at most {QKV_FUSED_MAX_TOKENS} tokens")
         return torch.ops.deepfuse.qkv_rope_append(x, norm_weight, weights.packed, weights.bias, inv_freq, positions,
                                                   sequences, k_pages, v_pages, block_table, weights.q_heads, float(eps))
     qkv = F.linear(torch.ops.deepfuse.rms_norm(x, norm_weight, float(eps)), weights.merged)
@@ -554,7 +556,7 @@ def decode_attention(q: Tensor, k_pages: Tensor, v_pages: Tensor, block_table: T
     """
     _require_bf16("q", q)
     _require(q.shape == (plan.batch, plan.q_heads, plan.head_dim),
-             f"q must be [{plan.batch}, {plan.q_heads}, {plan.head_dim}] for this plan, got {tuple(q.shape)}")
+             lambda: f"q must be [{plan.batch}, {plan.q_heads}, {plan.head_dim}] for this plan, got {tuple(q.shape)}")
     _require(k_pages.dim() == 4 and k_pages.shape[1:] == (plan.kv_heads, KV_PAGE_SIZE, plan.head_dim)
              and v_pages.shape == k_pages.shape, "k_pages/v_pages do not match the plan")
     _require(seq_lens.dtype == torch.int32 and block_table.dtype == torch.int32, "seq_lens and block_table must be int32")
@@ -569,7 +571,7 @@ def decode_attention(q: Tensor, k_pages: Tensor, v_pages: Tensor, block_table: T
 
 def _per_row(value, batch: int, name: str) -> list:
     if isinstance(value, (list, tuple)):
-        _require(len(value) == batch, f"{name} has {len(value)} entries for a batch of {batch}")
+        _require(len(value) == batch, lambda: f"{name} has {len(value)} entries for a batch of {batch}")
         return list(value)
     return [value] * batch
 

@@ -172,3 +172,23 @@ def test_bench_module_imports():
     import deepfuse.bench as bench
 
     assert callable(bench.main)
+
+
+def test_wrapper_traces_to_the_op_with_make_fx():
+    """make_fx (the tracer under torch.compile's AOT stage) turns swiglu_mlp into deepfuse::swiglu_fused
+    at decode sizes and into plain aten ops above the fused-variant threshold."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    H, I = 128, 256
+    weights = ops.PackedMlpWeights(torch.empty(2 * I * H, dtype=torch.bfloat16), torch.empty(H * I, dtype=torch.bfloat16),
+                                   torch.empty(I, H, dtype=torch.bfloat16), torch.empty(I, H, dtype=torch.bfloat16),
+                                   torch.empty(H, I, dtype=torch.bfloat16), H, I, torch.ones(H, dtype=torch.bfloat16),
+                                   1e-6, torch.zeros(64 * H), torch.zeros(4, dtype=torch.int32))
+
+    def mlp(x, r):
+        return deepfuse.swiglu_mlp(x, weights, residual=r)
+
+    for tokens, fused in ((4, True), (20, False)):
+        x = torch.zeros(tokens, H, dtype=torch.bfloat16)
+        graph = make_fx(mlp, tracing_mode="fake", _allow_non_fake_inputs=True)(x, x.clone())
+        assert ("deepfuse.swiglu_fused" in graph.code) == fused, graph.code

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 import deepfuse
-from conftest import rel_error, requires_gpu
+from conftest import gpu_skip_reason, rel_error
 
+if gpu_skip_reason() is not None:
+    pytest.skip(gpu_skip_reason(), allow_module_level=True)
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
-pytestmark = requires_gpu
 
 
 def tiny_model(kind: str):
