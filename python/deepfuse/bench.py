@@ -202,7 +202,7 @@ def _commit(given: Optional[str]) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deepfuse.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suite", default="hf,mlp", help="comma-separated: hf, mlp (run in that order)")
+    parser.add_argument("--suite", default="mlp,hf", help="comma-separated: mlp, hf (run in that order)")
     parser.add_argument("--shapes", default="4096x14336,2048x8192", help="MLP shapes HxI")
     parser.add_argument("--m", default="1,2,4,8,16,32,64", help="MLP token counts")
     parser.add_argument("--reps", type=int, default=20, help="MLP calls per CUDA graph")
@@ -239,12 +239,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         result["hf"] = rows
         save()
 
-    if "hf" in suites:
-        bench_hf([int(b) for b in args.batches.split(",")], args.steps, args.layers, hf_rows)
     if "mlp" in suites:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
         result["mlp"] = bench_mlp(shapes, [int(m) for m in args.m.split(",")], args.reps, result["copy_bandwidth_gbs"])
         save()
+    if "hf" in suites:
+        bench_hf([int(b) for b in args.batches.split(",")], args.steps, args.layers, hf_rows)
     save()
     return 0
 
