@@ -16,9 +16,10 @@ export PATH=/usr/local/cuda/bin:$PATH
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"  # python3-venv: scripts/install-deps.sh
 py="$venv/bin/python"
 start=$(date +%s)
-# PyTorch from PyPI (its Linux wheels bring the CUDA libraries: about 4-5 GB installed).
-"$py" -m pip install -q --disable-pip-version-check torch pytest
-echo "test-python: torch and pytest present after $(( $(date +%s) - start )) s"
+# PyTorch from PyPI (its Linux wheels bring the CUDA libraries: about 5.4 GB installed); transformers
+# for the CPU test that compiles patched Hugging Face models on the meta device.
+"$py" -m pip install -q --disable-pip-version-check torch pytest transformers
+echo "test-python: torch, pytest and transformers present after $(( $(date +%s) - start )) s"
 "$py" -m pip install -q --disable-pip-version-check . -C "cmake.define.DEEPFUSE_CUDA_ARCHS=$archs"
 echo "test-python: deepfuse built and installed after $(( $(date +%s) - start )) s"
 # From python/tests, so `import deepfuse` is the installed package, not the source folder.

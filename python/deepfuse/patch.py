@@ -59,7 +59,7 @@ def _check_mlp(layer: nn.Module, index: int) -> None:
         if proj.bias is not None:
             raise ValueError(f"layer {index}: mlp.{name} has a bias (mlp_bias), which the fused kernel does not add")
         w = proj.weight
-        if w.dtype != torch.bfloat16 or w.device.type != "cuda":
+        if w.dtype != torch.bfloat16 or w.device.type not in ("cuda", "meta"):  # meta: tracing only
             raise ValueError(f"layer {index}: MLP weights must be bfloat16 on a CUDA device (got {w.dtype} on {w.device}); "
                              "load the model with torch_dtype=torch.bfloat16 and move it to the GPU first")
     act = getattr(mlp, "act_fn", None)

@@ -192,3 +192,71 @@ def test_wrapper_traces_to_the_op_with_make_fx():
         x = torch.zeros(tokens, H, dtype=torch.bfloat16)
         graph = make_fx(mlp, tracing_mode="fake", _allow_non_fake_inputs=True)(x, x.clone())
         assert ("deepfuse.swiglu_fused" in graph.code) == fused, graph.code
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
+def test_patched_hf_model_compiles_fullgraph_on_meta(kind):
+    """deepfuse.patch on a Hugging Face model built on the meta device, then torch.compile(fullgraph=True):
+    Dynamo traces the whole patched model without a graph break; the decode-sized graph calls
+    deepfuse::swiglu_fused in every layer, the prefill-sized one the unfused path; unpatch restores."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    common = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=1000, max_position_embeddings=512)
+    config, cls = {
+        "llama": (lambda: transformers.LlamaConfig(**common), transformers.LlamaForCausalLM),
+        "qwen2": (lambda: transformers.Qwen2Config(**common), transformers.Qwen2ForCausalLM),
+        "mistral": (lambda: transformers.MistralConfig(sliding_window=64, **common), transformers.MistralForCausalLM),
+    }[kind]
+    with torch.device("meta"):
+        model = cls(config()).to(torch.bfloat16).eval()
+    originals = [(layer.mlp, layer.post_attention_layernorm) for layer in model.model.layers]
+    deepfuse.patch(model)
+    assert all(isinstance(layer.mlp, deepfuse.FusedSwiGLUMLP) for layer in model.model.layers)
+    with pytest.raises(ValueError, match="already patched"):
+        deepfuse.patch(model)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    with torch.no_grad():
+        for tokens in (1, 20):
+            logits = compiled(torch.zeros(2, tokens, dtype=torch.long, device="meta"), use_cache=False).logits
+            assert logits.shape == (2, tokens, 1000) and logits.dtype == torch.bfloat16
+    assert [g.code.count("deepfuse.swiglu_fused") for g in graphs] == [2, 0]
+    deepfuse.unpatch(model)
+    assert [(layer.mlp, layer.post_attention_layernorm) for layer in model.model.layers] == originals
+    assert not deepfuse.is_patched(model)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_decode_step_of_every_op_compiles_fullgraph_on_meta(backend):
+    """A decode step made of every op (the in-place ones included: residual, KV pools, sampling slots)
+    traced by torch.compile(fullgraph=True) on meta tensors; aot_eager also functionalizes the mutations."""
+    T, H, I, qh, kvh, d = 4, 256, 512, 8, 2, 64
+
+    def t(*shape, dtype=torch.bfloat16):
+        return torch.empty(*shape, dtype=dtype, device="meta")
+
+    mlp = ops.PackedMlpWeights(t(2 * I * H), t(H * I), t(I, H), t(I, H), t(H, I), H, I, t(H), 1e-6,
+                               t(64 * H, dtype=torch.float32), t(4, dtype=torch.int32))
+    qkv = ops.PackedQkvWeights(t((qh + 2 * kvh) * d * H), t((qh + 2 * kvh) * d, H), None, qh, kvh, d, H)
+    plan = ops.DecodeAttentionPlan((T, qh, kvh, d, 256, 2, 8, 1, 4, 0, 4096), t(4096, dtype=torch.uint8))
+    k, v, table = t(64, kvh, 16, d), t(64, kvh, 16, d), t(T, 16, dtype=torch.int32)
+    pos, seq, lens = t(T, dtype=torch.int32), t(T, dtype=torch.int32), t(T, dtype=torch.int32)
+    inv, norm, lm_head, slots = t(d // 2, dtype=torch.float32), t(H), t(1000, H), t(T, 4, dtype=torch.int64)
+
+    def step(x, residual):
+        n = deepfuse.fused_add_rms_norm(x, residual, norm)
+        q = deepfuse.qkv_rope_append(n, qkv, norm, inv, pos, seq, k, v, table)
+        a = deepfuse.decode_attention(q, k, v, table, lens, plan)
+        y = deepfuse.swiglu_mlp(residual, mlp, residual=residual)
+        logits = (y + a.reshape(T, -1)[:, :H]).float() @ lm_head.float().T
+        return deepfuse.sample(logits, slots)
+
+    torch._dynamo.reset()
+    ids = torch.compile(step, backend=backend, fullgraph=True)(t(T, H), t(T, H))
+    assert ids.shape == (T,) and ids.dtype == torch.int32
