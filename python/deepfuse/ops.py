@@ -42,6 +42,13 @@ _PLAN_FIELDS = 11
 _SLOT = struct.Struct("<fiffQQ")  # kernels::SamplingSlot: temperature, top_k, top_p, min_p, seed, step
 
 
+def _static(*tensors: Tensor) -> None:
+    """Tells torch.compile's CUDA graphs (mode="reduce-overhead") that these long-lived tensors keep
+    their address, so graph replays read them in place instead of copying them into graph inputs."""
+    for t in tensors:
+        torch._dynamo.mark_static_address(t)
+
+
 def _stream(t: Tensor) -> int:
     return torch.cuda.current_stream(t.device).cuda_stream
 
@@ -302,6 +309,7 @@ def pack_mlp_weights(gate: Tensor, up: Tensor, down: Tensor, norm_weight: Option
         _require(norm_weight.shape == (hidden,), lambda: f"norm_weight must be [{hidden}]")
     gate_up_packed, down_packed = torch.ops.deepfuse.pack_swiglu(gate, up, down, norm_weight)
     accumulator, counters = _mlp_workspace(gate.device, hidden, max_fused_tokens)
+    _static(gate_up_packed, down_packed, accumulator, counters)
     return PackedMlpWeights(gate_up_packed, down_packed, gate, up, down, hidden, intermediate, norm_weight, float(eps),
                             accumulator, counters)
 
@@ -426,6 +434,7 @@ def pack_qkv_weights(q_weight: Tensor, k_weight: Tensor, v_weight: Tensor, head_
         _require_bf16("bias", bias)
         _require(bias.shape == (rows,), lambda: f"bias must be [{rows}]")
     packed = torch.ops.deepfuse.pack_qkv(merged)
+    _static(packed, merged)
     return PackedQkvWeights(packed, merged, bias, q_weight.shape[0] // head_dim, k_weight.shape[0] // head_dim, head_dim,
                             hidden)
 
@@ -535,6 +544,7 @@ def plan_decode_attention(batch: int, q_heads: int, kv_heads: int, head_dim: int
                    "plan_decode_attention")
     fields = tuple(int(v) for v in values)
     workspace = torch.zeros(max(fields[10], 16), dtype=torch.uint8, device=device)
+    _static(workspace)
     return DecodeAttentionPlan(fields, workspace)
 
 
