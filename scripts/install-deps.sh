@@ -29,3 +29,13 @@ if ! command -v nvcc >/dev/null && [ ! -x /usr/local/cuda/bin/nvcc ]; then
   echo "install-deps: nvcc not found; install the CUDA toolkit (13.x) first" >&2
   exit 1
 fi
+
+# --- Python package (issue 42): scripts/test-python.sh makes a venv with `python3 -m venv`, which on
+# Debian's own python3 needs python3-venv (ensurepip). PyTorch itself comes from PyPI in that script.
+if ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
+  echo "install-deps: installing python3-venv"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends python3-venv
+fi
