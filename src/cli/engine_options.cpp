@@ -34,7 +34,9 @@ std::string cuda_unsupported_reason(const ModelConfig& config) {
 
 void add_engine_options(CLI::App& command, EngineArgs& args) {
   const std::string group = "CUDA backend";
-  command.add_option("--max-batch", args.max_batch, "largest decode batch the engine is built for (default 1)")
+  command
+      .add_option("--max-batch", args.max_batch,
+                  "largest decode batch the engine is built for (default " + std::to_string(args.max_batch) + ")")
       ->check(CLI::PositiveNumber)
       ->group(group);
   command.add_option("--max-context", args.max_context, "tokens per sequence (default: max_position_embeddings)")

@@ -36,6 +36,10 @@ void print_plan(const ModelConfig& config, const EngineArgs& args) {
 
 int run_inspect(const InspectArgs& args) {
   const std::string& model_dir = args.model_dir;
+  if (args.plan) {  // the plan's flags and its GPU are checked before anything is printed
+    engine_options(args.engine);
+    DF_CHECK(cuda_device_available(), "inspect --plan: no CUDA device found on this machine (plans are per GPU)");
+  }
   const ModelConfig c = load_model_config(model_dir);
   const Checkpoint checkpoint(model_dir);
   validate_checkpoint(checkpoint, c);

@@ -95,7 +95,7 @@ void register_tune(CLI::App& app, Action& action) {
   auto* command = app.add_subcommand(
       "tune", "Measure each decode op's variants per batch bucket on this GPU and save the fastest plan");
   auto args = std::make_shared<TuneArgs>();
-  args->engine.max_batch = 64;
+  args->engine.max_batch = 64;  // buckets 1..64
   command->add_option("--model", args->model_dir, "checkpoint directory");
   command->add_flag("--random-weights", args->random_weights, "random weights of --arch's shape, made on the GPU");
   command->add_option("--arch", args->arch, "the architecture preset for --random-weights");

@@ -11,13 +11,13 @@ namespace deepfuse::scheduler {
 
 namespace {
 
-// The fused MLP up to 8 tokens (EngineOptions::fused_mlp_max_tokens): from 9 its 16-token passes
+// The fused MLP up to 8 tokens (the engine's rule before the scheduler): from 9 its 16-token passes
 // lose to cuBLASLt's GEMMs in the step (docs/runtime.md, "The MLP's second copy").
 constexpr int kFusedMlpMaxTokens = 8;
-// The fused front up to 16 tokens (runtime/forward.cpp, uses_fused_front): 1.18-1.25x at 16
+// The fused front up to 16 tokens (likewise): 1.18-1.25x at 16
 // tokens, 0.64-0.81x at 32 (docs/kernels/qkv_rope_fused.md, "Current design and result").
 constexpr int kFusedFrontMaxTokens = 16;
-// The o_proj GEMV up to 8 tokens (runtime/gpu_weights.cpp, gemv_o_proj_max_tokens): at 16 cuBLASLt
+// The o_proj GEMV up to 8 tokens (likewise): at 16 cuBLASLt
 // was faster (docs/runtime.md, "The MLP's second copy", and docs/kernels/qkv_rope_fused.md, "The
 // stream, shared: o_proj + residual").
 constexpr int kGemvOProjMaxTokens = 8;

@@ -190,6 +190,8 @@ TEST_F(Cli, BackendAndModelSourceProblems) {
                    {"--tuning-cache", scratch_.path().string()});
   expect_bad_input(run_cli(scratch_, "tune --random-weights --arch llama3-8b --tuning-cache /proc/deepfuse/t.json"),
                    {"--tuning-cache", "/proc/deepfuse/t.json"});
+  if (!cuda_device_available())
+    expect_bad_input(run_cli(scratch_, "inspect --plan" + model), {"inspect --plan", "no CUDA device"});
   expect_bad_input(run_cli(scratch_, "generate --prompt-ids 1"), {"--model DIR", "--random-weights --arch NAME"});
   expect_bad_input(run_cli(scratch_, "generate" + model + " --random-weights --arch llama3-8b --prompt-ids 1"),
                    {"--model and --random-weights"});

@@ -36,11 +36,10 @@ TEST(BuiltinPlan, EveryOpOfEveryBucketIsSupported) {
     }
 }
 
-// The runtime's rules before the scheduler, restated from the code that held them:
-// EngineOptions::fused_mlp_max_tokens = 8; forward.cpp uses_fused_front (16, when
-// gpu_weights.cpp uses_fused_qkv: head_dim 64 or 128 and hidden % 64 == 0);
-// gemv_o_proj_max_tokens (8, with the fused front); attention automatic with the short-context
-// plan; prefill on the unfused MLP.
+// The runtime's rules before the scheduler (commit 6f5ce0c), restated from the code that held
+// them: the fused MLP up to 8 tokens; the fused front up to 16 (head_dim 64 or 128, hidden % 64
+// == 0); the o_proj GEMV up to 8 with the fused front; attention automatic with the
+// short-context plan; prefill on the unfused MLP.
 TEST(BuiltinPlan, Sm90IsTodaysRules) {
   for (const GpuInfo& gpu : {testing::h100(), testing::gpu("NVIDIA H200", 9, 0, 132, 141)})
     for (const auto& [name, shape] : testing::model_shapes()) {
