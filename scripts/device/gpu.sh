@@ -180,7 +180,7 @@ step_tests() {
     # After a build here, the CPU tests too (they need the source tree's fixtures).
     if [[ -z $prebuilt && -f $bin/CTestTestfile.cmake ]]; then
       local rc=0 start=$SECONDS
-      timeout 420 ctest --test-dir "$bin" -L cpu --output-on-failure -j 4 --output-junit "$out/tests/ctest-cpu.xml" \
+      timeout 420 ctest --test-dir "$bin" -L cpu -LE pypi --output-on-failure -j 4 --output-junit "$out/tests/ctest-cpu.xml" \
         >"$out/tests/ctest-cpu.log" 2>&1 || rc=$?
       say "ctest -L cpu: rc=$rc ($((SECONDS - start)) s): $(grep -E 'tests passed|tests failed' "$out/tests/ctest-cpu.log" || true)"
       if ((rc)); then

@@ -7,9 +7,10 @@ endforeach()
 
 set(server_venv ${PROJECT_BINARY_DIR}/.venv-server)
 add_test(NAME server_venv COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/setup_venv.sh ${server_venv})
-set_tests_properties(server_venv PROPERTIES FIXTURES_SETUP server_venv LABELS cpu TIMEOUT 300)
+# Label `pypi`: they install the client from PyPI, which the GPU machines cannot reach.
+set_tests_properties(server_venv PROPERTIES FIXTURES_SETUP server_venv LABELS "cpu;pypi" TIMEOUT 300)
 add_test(NAME server_end_to_end
          COMMAND ${server_venv}/bin/python ${CMAKE_CURRENT_LIST_DIR}/test_server.py
                  --deepfuse $<TARGET_FILE:deepfuse_cli> --work-dir ${PROJECT_BINARY_DIR}/server-test)
-set_tests_properties(server_end_to_end PROPERTIES FIXTURES_REQUIRED server_venv LABELS cpu TIMEOUT 900
+set_tests_properties(server_end_to_end PROPERTIES FIXTURES_REQUIRED server_venv LABELS "cpu;pypi" TIMEOUT 900
                      ENVIRONMENT PYTHONUNBUFFERED=1)
