@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <chrono>
 #include <map>
 #include <string>
 #include <utility>
