@@ -16,7 +16,7 @@
 #include "deepfuse/kernels/paged_kv.hpp"
 #include "kernels/common/trace.hpp"
 #include "runtime/engine_bench.hpp"
-#include "scheduler/tuning_cache.hpp"
+#include "scheduler/plan_json.hpp"
 
 namespace deepfuse::bench {
 
@@ -275,7 +275,7 @@ void run_arch(const std::string& arch, const DecodeBenchOptions& options, double
   }
   if (!engine->plan_notice().empty()) std::fprintf(stderr, "  %s: %s\n", arch.c_str(), engine->plan_notice().c_str());
   if (options.print_plan) std::printf("  %s decode plan:\n%s", arch.c_str(), describe(engine->plan()).c_str());
-  report.rows.push_back({{"kind", "plan"}, {"arch", arch}, {"plan", nlohmann::json::parse(scheduler::plan_to_json(engine->plan()))}});
+  report.rows.push_back({{"kind", "plan"}, {"arch", arch}, {"plan", scheduler::plan_json(engine->plan())}});
   const EngineStats stats = engine->stats();
   std::fprintf(stderr, "  %s: %.2f GB of weights, %.1f GB KV pool (%d pages), %d launches per step, planned for %d tokens\n",
                arch.c_str(), stats.weight_bytes / 1e9, stats.kv_cache_bytes / 1e9, stats.kv_pages_total,

@@ -15,6 +15,7 @@
 #include "deepfuse/error.hpp"
 #include "runtime/engine_tuning.hpp"
 #include "runtime/tuner.hpp"
+#include "scheduler/plan_json.hpp"
 #include "scheduler/tuning_cache.hpp"
 
 namespace deepfuse::cli {
@@ -83,8 +84,10 @@ int run_tune(const TuneArgs& args) {
   if (!args.json_path.empty()) {
     std::ofstream out(args.json_path);
     DF_CHECK(out.good(), "--json: cannot write " + args.json_path);
-    out << "{\"builtin\": " << scheduler::plan_to_json(outcome.builtin)
-        << ", \"tuned\": " << scheduler::plan_to_json(outcome.tuned) << ", \"seconds\": " << seconds << "}\n";
+    const nlohmann::json json = {{"builtin", scheduler::plan_json(outcome.builtin)},
+                                 {"tuned", scheduler::plan_json(outcome.tuned)},
+                                 {"seconds", seconds}};
+    out << json.dump(2) << "\n";
   }
   return 0;
 }

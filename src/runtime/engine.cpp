@@ -93,7 +93,9 @@ Engine::Impl::Impl(ModelConfig model_config, const EngineOptions& engine_options
            "device " + std::to_string(options.device) + " does not exist (" + std::to_string(devices) +
                " CUDA devices)");
   activate_device();
-  DF_CHECK_CUDA(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, options.device));
+  cudaDeviceProp props{};
+  DF_CHECK_CUDA(cudaGetDeviceProperties(&props, options.device));
+  gpu = {props.name, props.major, props.minor, props.multiProcessorCount, props.totalGlobalMem};
   stream_owner.create();
 }
 
@@ -104,14 +106,7 @@ Engine::Impl::~Impl() {
 
 void Engine::Impl::activate_device() const { DF_CHECK_CUDA(cudaSetDevice(options.device)); }
 
-scheduler::GpuInfo Engine::Impl::gpu_info() const {
-  cudaDeviceProp props{};
-  DF_CHECK_CUDA(cudaGetDeviceProperties(&props, options.device));
-  return {props.name, props.major, props.minor, props.multiProcessorCount, props.totalGlobalMem};
-}
-
 scheduler::TuningKey Engine::Impl::tuning_key() const {
-  const scheduler::GpuInfo gpu = gpu_info();
   scheduler::TuningKey key;
   key.gpu = gpu.name;
   key.sms = gpu.sms;
@@ -124,7 +119,6 @@ scheduler::TuningKey Engine::Impl::tuning_key() const {
 }
 
 void Engine::Impl::make_plan(bool all_layouts) {
-  const scheduler::GpuInfo gpu = gpu_info();
   const scheduler::PlanShape shape = scheduler::PlanShape::of(config);
   const std::vector<int> buckets = runtime::decode_buckets(options.max_batch);
   plan = scheduler::builtin_plan(shape, gpu, buckets);
@@ -171,7 +165,6 @@ void Engine::Impl::fit_plan_to_memory() {
   const size_t one_sequence = static_cast<size_t>(KvPageTable::pages_for(options.max_context)) * kv_geometry().page_bytes();
   const size_t kv_first = options.keep_mlp_copy ? 0 : one_sequence * options.max_batch;
   if (runtime::fits_with_kv(config, layouts_, free_bytes, kv_first + kMemoryReserve)) return;
-  const scheduler::GpuInfo gpu = gpu_info();
   const scheduler::PlanShape shape = scheduler::PlanShape::of(config);
   if (!scheduler::why_unsupported(MlpChoice::fused, shape, max_tokens(), gpu).empty()) return;  // the copy is needed
   for (BucketPlan& bucket : plan.buckets) bucket.mlp = MlpChoice::fused;
@@ -180,19 +173,22 @@ void Engine::Impl::fit_plan_to_memory() {
   layouts_.mlp_unfused = false;
 }
 
-void Engine::Impl::plan_attention(int index) {
-  const AttentionChoice& choice = plan.buckets[index].attention;
+kernels::DecodeAttentionPlan Engine::Impl::decode_attention_plan(int batch, const AttentionChoice& choice) const {
   const auto merge = choice.merge == MergeChoice::workspace ? kernels::SplitMerge::workspace
                      : choice.merge == MergeChoice::cluster ? kernels::SplitMerge::cluster
                                                             : kernels::SplitMerge::automatic;
-  decode_plans[index] = kernels::plan_decode_attention(plan.buckets[index].batch, config.num_attention_heads,
-                                                       config.num_key_value_heads, config.head_dim, options.max_context,
-                                                       num_sms, choice.splits, choice.warps, merge);
+  return kernels::plan_decode_attention(batch, config.num_attention_heads, config.num_key_value_heads, config.head_dim,
+                                        options.max_context, gpu.sms, choice.splits, choice.warps, merge);
+}
+
+void Engine::Impl::plan_attention(int index) {
+  const AttentionChoice& choice = plan.buckets[index].attention;
+  decode_plans[index] = decode_attention_plan(plan.buckets[index].batch, choice);
   // Short sequences: a cluster-merged plan of their own where the bucket leaves the shape to the planner.
   const bool planner_shape = choice.splits == 0 && choice.warps == 0 && choice.merge == MergeChoice::automatic;
   short_context_plans[index] =
       planner_shape && choice.short_context
-          ? kernels::plan_short_context_decode_attention(decode_plans[index], num_sms,
+          ? kernels::plan_short_context_decode_attention(decode_plans[index], gpu.sms,
                                                          kernels::decode_attention_resident_clusters(config.head_dim))
           : std::nullopt;
 }

@@ -95,7 +95,6 @@ struct Engine::Impl {
   // (scheduler/); then fit_plan_to_memory. `all_layouts`: the tuner's engine, whose weights hold
   // every layout some candidate needs.
   void make_plan(bool all_layouts = false);
-  scheduler::GpuInfo gpu_info() const;
   scheduler::TuningKey tuning_key() const;
   runtime::WeightLayouts layouts() const { return layouts_; }
   runtime::KvGeometry kv_geometry() const {
@@ -107,6 +106,8 @@ struct Engine::Impl {
   void fit_plan_to_memory();
   // The decode attention plans of bucket `index` from its plan's attention choice.
   void plan_attention(int index);
+  // The decode attention plan of `batch` sequences under `choice` (0 / automatic: the planner's).
+  kernels::DecodeAttentionPlan decode_attention_plan(int batch, const AttentionChoice& choice) const;
   cudaStream_t stream() const { return stream_owner.get(); }
   void activate_device() const;
 
@@ -148,7 +149,7 @@ struct Engine::Impl {
   DecodePlan plan;
   std::string plan_notice;  // why a tuning cache was ignored, or empty
   runtime::WeightLayouts layouts_;
-  int num_sms = 0;
+  scheduler::GpuInfo gpu;  // options.device's, read once at construction
   size_t attention_workspace_floor = 0;  // the tuner's engine: room for its attention candidates
   runtime::StreamOwner stream_owner;  // declared first: destroyed last, after everything using it
 

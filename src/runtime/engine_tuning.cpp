@@ -14,19 +14,11 @@ namespace deepfuse::runtime {
 
 // The largest attention workspace any candidate of any bucket asks for.
 size_t EngineTuning::attention_candidates_workspace(const Engine::Impl& s) {
-  const scheduler::GpuInfo gpu = s.gpu_info();
   const scheduler::PlanShape shape = scheduler::PlanShape::of(s.config);
   size_t bytes = 0;
   for (const BucketPlan& bucket : s.plan.buckets)
-    for (const AttentionChoice& choice : scheduler::attention_candidates(shape, bucket.batch, gpu, s.options.max_context)) {
-      const auto merge = choice.merge == MergeChoice::workspace ? kernels::SplitMerge::workspace
-                         : choice.merge == MergeChoice::cluster ? kernels::SplitMerge::cluster
-                                                                : kernels::SplitMerge::automatic;
-      const kernels::DecodeAttentionPlan plan = kernels::plan_decode_attention(
-          bucket.batch, s.config.num_attention_heads, s.config.num_key_value_heads, s.config.head_dim,
-          s.options.max_context, s.num_sms, choice.splits, choice.warps, merge);
-      bytes = std::max(bytes, plan.workspace_bytes);
-    }
+    for (const AttentionChoice& choice : scheduler::attention_candidates(shape, bucket.batch, s.gpu, s.options.max_context))
+      bytes = std::max(bytes, s.decode_attention_plan(bucket.batch, choice).workspace_bytes);
   return bytes;
 }
 
@@ -99,7 +91,7 @@ int EngineTuning::longest_timed_context(const Engine& engine, int batch, int lim
   return std::max(0, std::min({limit, fits, s.options.max_context - kSpare}));
 }
 
-scheduler::GpuInfo EngineTuning::gpu(const Engine& engine) { return engine.impl_->gpu_info(); }
+scheduler::GpuInfo EngineTuning::gpu(const Engine& engine) { return engine.impl_->gpu; }
 scheduler::TuningKey EngineTuning::key(const Engine& engine) { return engine.impl_->tuning_key(); }
 
 }  // namespace deepfuse::runtime
