@@ -142,15 +142,15 @@ void Engine::Impl::make_plan(bool all_layouts) {
   }
   plan = scheduler::apply_overrides(std::move(plan), options.plan_overrides, shape, gpu);
   scheduler::check_plan(plan, shape, gpu);
-  layouts_ = runtime::WeightLayouts::of(plan, max_tokens());
+  layouts = runtime::WeightLayouts::of(plan, max_tokens());
   if (all_layouts) {
     // Every layout a candidate of any bucket may need (the registry's supports rules).
     for (const BucketPlan& bucket : plan.buckets) {
       const int m = bucket.batch;
-      layouts_.mlp_fused |= scheduler::why_unsupported(MlpChoice::fused, shape, m, gpu).empty();
-      layouts_.mlp_unfused |= scheduler::why_unsupported(MlpChoice::unfused, shape, m, gpu).empty();
-      layouts_.front_packed |= scheduler::why_unsupported(FrontChoice::fused, shape, m, gpu).empty();
-      layouts_.o_proj_packed |=
+      layouts.mlp_fused |= scheduler::why_unsupported(MlpChoice::fused, shape, m, gpu).empty();
+      layouts.mlp_unfused |= scheduler::why_unsupported(MlpChoice::unfused, shape, m, gpu).empty();
+      layouts.front_packed |= scheduler::why_unsupported(FrontChoice::fused, shape, m, gpu).empty();
+      layouts.o_proj_packed |=
           scheduler::why_unsupported(OProjChoice::gemv, FrontChoice::fused, shape, m, gpu).empty();
     }
   } else {
@@ -159,18 +159,18 @@ void Engine::Impl::make_plan(bool all_layouts) {
 }
 
 void Engine::Impl::fit_plan_to_memory() {
-  if (!(layouts_.mlp_fused && layouts_.mlp_unfused)) return;
+  if (!(layouts.mlp_fused && layouts.mlp_unfused)) return;
   size_t free_bytes = 0, total_bytes = 0;
   DF_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
   const size_t one_sequence = static_cast<size_t>(KvPageTable::pages_for(options.max_context)) * kv_geometry().page_bytes();
   const size_t kv_first = options.keep_mlp_copy ? 0 : one_sequence * options.max_batch;
-  if (runtime::fits_with_kv(config, layouts_, free_bytes, kv_first + kMemoryReserve)) return;
+  if (runtime::fits_with_kv(config, layouts, free_bytes, kv_first + kMemoryReserve)) return;
   const scheduler::PlanShape shape = scheduler::PlanShape::of(config);
   if (!scheduler::why_unsupported(MlpChoice::fused, shape, max_tokens(), gpu).empty()) return;  // the copy is needed
   for (BucketPlan& bucket : plan.buckets) bucket.mlp = MlpChoice::fused;
   plan.prefill_mlp = MlpChoice::fused;
   plan.source += "; unfused MLP copy dropped (the KV cache of max_batch x max_context comes first)";
-  layouts_.mlp_unfused = false;
+  layouts.mlp_unfused = false;
 }
 
 kernels::DecodeAttentionPlan Engine::Impl::decode_attention_plan(int batch, const AttentionChoice& choice) const {
@@ -263,9 +263,9 @@ Engine Engine::from_checkpoint(const std::filesystem::path& model_dir, const Eng
   validate_checkpoint(checkpoint, config);
   auto impl = std::make_unique<Impl>(std::move(config), options);
   impl->make_plan();
-  runtime::check_weights_fit(impl->config, impl->layouts(), model_dir.string());
+  runtime::check_weights_fit(impl->config, impl->layouts, model_dir.string());
   impl->weights = std::make_unique<runtime::GpuWeights>(
-      runtime::load_checkpoint_weights(checkpoint, impl->config, impl->layouts(), impl->stream(), progress));
+      runtime::load_checkpoint_weights(checkpoint, impl->config, impl->layouts, impl->stream(), progress));
   impl->finish_setup();
   return Engine(std::move(impl));
 }
@@ -273,9 +273,9 @@ Engine Engine::from_checkpoint(const std::filesystem::path& model_dir, const Eng
 Engine Engine::with_random_weights(const ModelConfig& config, const EngineOptions& options, uint64_t seed) {
   auto impl = std::make_unique<Impl>(config, options);
   impl->make_plan();
-  runtime::check_weights_fit(impl->config, impl->layouts(), "random weights for a " + describe_model(config));
+  runtime::check_weights_fit(impl->config, impl->layouts, "random weights for a " + describe_model(config));
   impl->weights = std::make_unique<runtime::GpuWeights>(
-      runtime::make_random_weights(impl->config, impl->layouts(), seed, impl->stream()));
+      runtime::make_random_weights(impl->config, impl->layouts, seed, impl->stream()));
   impl->finish_setup();
   return Engine(std::move(impl));
 }
@@ -283,7 +283,7 @@ Engine Engine::with_random_weights(const ModelConfig& config, const EngineOption
 PlanPreview preview_plan(const ModelConfig& config, const EngineOptions& options) {
   Engine::Impl impl(config, options);
   impl.make_plan();
-  return {impl.plan, impl.plan_notice, runtime::gpu_weight_bytes(impl.config, impl.layouts())};
+  return {impl.plan, impl.plan_notice, runtime::gpu_weight_bytes(impl.config, impl.layouts)};
 }
 
 const ModelConfig& Engine::config() const { return impl_->config; }
@@ -297,7 +297,7 @@ EngineStats Engine::stats(int decode_batch) const {
   s.activate_device();
   EngineStats stats;
   stats.weight_bytes = runtime::decode_weight_bytes(s.config);
-  stats.gpu_weight_bytes = runtime::gpu_weight_bytes(s.config, s.layouts_);
+  stats.gpu_weight_bytes = runtime::gpu_weight_bytes(s.config, s.layouts);
   stats.kv_cache_bytes = s.kv->pool_bytes();
   stats.kv_pages_total = s.kv->table().total_pages();
   stats.kv_pages_free = s.kv->table().free_pages();

@@ -96,7 +96,6 @@ struct Engine::Impl {
   // every layout some candidate needs.
   void make_plan(bool all_layouts = false);
   scheduler::TuningKey tuning_key() const;
-  runtime::WeightLayouts layouts() const { return layouts_; }
   runtime::KvGeometry kv_geometry() const {
     return {config.num_hidden_layers, config.num_key_value_heads, config.head_dim};
   }
@@ -148,7 +147,7 @@ struct Engine::Impl {
   EngineOptions options;  // max_context resolved
   DecodePlan plan;
   std::string plan_notice;  // why a tuning cache was ignored, or empty
-  runtime::WeightLayouts layouts_;
+  runtime::WeightLayouts layouts;  // what the weights hold: make_plan decides
   scheduler::GpuInfo gpu;  // options.device's, read once at construction
   size_t attention_workspace_floor = 0;  // the tuner's engine: room for its attention candidates
   runtime::StreamOwner stream_owner;  // declared first: destroyed last, after everything using it

@@ -31,8 +31,8 @@ Engine EngineTuning::with_random_weights(const ModelConfig& config, EngineOption
   options.tuning_cache.clear();
   auto impl = std::make_unique<Engine::Impl>(config, options);
   prepare(*impl);
-  check_weights_fit(impl->config, impl->layouts(), "the tuner's random weights");
-  impl->weights = std::make_unique<GpuWeights>(make_random_weights(impl->config, impl->layouts(), seed, impl->stream()));
+  check_weights_fit(impl->config, impl->layouts, "the tuner's random weights");
+  impl->weights = std::make_unique<GpuWeights>(make_random_weights(impl->config, impl->layouts, seed, impl->stream()));
   impl->finish_setup();
   return Engine(std::move(impl));
 }
@@ -45,9 +45,9 @@ Engine EngineTuning::from_checkpoint(const std::filesystem::path& model_dir, Eng
   validate_checkpoint(checkpoint, config);
   auto impl = std::make_unique<Engine::Impl>(std::move(config), options);
   prepare(*impl);
-  check_weights_fit(impl->config, impl->layouts(), model_dir.string());
+  check_weights_fit(impl->config, impl->layouts, model_dir.string());
   impl->weights = std::make_unique<GpuWeights>(
-      load_checkpoint_weights(checkpoint, impl->config, impl->layouts(), impl->stream(), progress));
+      load_checkpoint_weights(checkpoint, impl->config, impl->layouts, impl->stream(), progress));
   impl->finish_setup();
   return Engine(std::move(impl));
 }
