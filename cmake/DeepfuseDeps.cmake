@@ -46,3 +46,28 @@ set_target_properties(deepfuse::httplib PROPERTIES
   INTERFACE_INCLUDE_DIRECTORIES "${httplib_INCLUDE_DIR}"
   INTERFACE_COMPILE_DEFINITIONS "CPPHTTPLIB_OPENSSL_SUPPORT;CPPHTTPLIB_ZLIB_SUPPORT;CPPHTTPLIB_BROTLI_SUPPORT")
 message(STATUS "deepfuse: httplib: ${httplib_LIBRARY}")
+
+# NCCL for tensor parallelism (src/dist). The CUDA toolkit ships it on some installs (lib/, not
+# only lib64/); elsewhere it comes from a prefix: DEEPFUSE_NCCL_ROOT (e.g. PyTorch's wheel dir
+# .../site-packages/nvidia/nccl, which has only libnccl.so.2) or CMAKE_PREFIX_PATH.
+set(DEEPFUSE_NCCL_ROOT "" CACHE PATH "A prefix holding include/nccl.h and lib/libnccl.so[.2]")
+if(DEEPFUSE_NCCL_ROOT)  # asked for by name: searched first and alone
+  find_path(NCCL_INCLUDE_DIR nccl.h PATHS ${DEEPFUSE_NCCL_ROOT} PATH_SUFFIXES include NO_DEFAULT_PATH)
+  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR PATHS ${DEEPFUSE_NCCL_ROOT} PATH_SUFFIXES lib lib64 NO_DEFAULT_PATH)
+endif()
+# Then CMAKE_PREFIX_PATH and the system (find_* defaults), then the toolkit's own dirs; NAMES_PER_DIR
+# lets a prefix's libnccl.so.2 win over a later directory's libnccl.so.
+find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
+find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR
+             HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}
+             PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
+if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
+  message(FATAL_ERROR "NCCL not found (nccl.h: '${NCCL_INCLUDE_DIR}', libnccl: '${NCCL_LIBRARY}'); searched the "
+                      "CUDA toolkit, DEEPFUSE_NCCL_ROOT and CMAKE_PREFIX_PATH. Pass -DDEEPFUSE_NCCL_ROOT=<dir with "
+                      "include/nccl.h and lib/libnccl.so.2> (e.g. site-packages/nvidia/nccl)")
+endif()
+add_library(deepfuse::nccl UNKNOWN IMPORTED)
+set_target_properties(deepfuse::nccl PROPERTIES
+  IMPORTED_LOCATION "${NCCL_LIBRARY}"
+  INTERFACE_INCLUDE_DIRECTORIES "${NCCL_INCLUDE_DIR}")
+message(STATUS "deepfuse: nccl: ${NCCL_LIBRARY} (${NCCL_INCLUDE_DIR})")

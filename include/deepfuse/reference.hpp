@@ -79,4 +79,9 @@ double sampling_uniform(uint64_t seed, uint64_t step);
 int32_t sample(std::span<const float> logits, const SamplingParams& params, std::span<const int32_t> previous,
                uint64_t step);
 
+// Tensor-parallel all-reduce (kernels/one_shot_all_reduce.hpp): out[i] = bf16(sum over r in rank
+// order of float(inputs[r][i])), in fp32 starting from rank 0's value, rounded once (nearest even),
+// exactly as every rank's kernel computes it. Values are bf16 bits; all inputs the same length.
+std::vector<uint16_t> all_reduce_sum_bf16(const std::vector<std::vector<uint16_t>>& inputs);
+
 }  // namespace deepfuse::reference

@@ -2,6 +2,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/all_reduce_bench.hpp"
 #include "bench/attention_bench.hpp"
 #include "bench/decode_bench.hpp"
 #include "bench/mlp_bench.hpp"
@@ -107,6 +108,21 @@ void register_bench_sampling(CLI::App& bench, Action& action) {
   sampling->callback([options, &action] { action = [options] { return bench::run_sampling_bench(*options); }; });
 }
 
+// `deepfuse bench allreduce`: NCCL vs the one-shot peer-to-peer all-reduce across --tp GPUs.
+void register_bench_allreduce(CLI::App& bench, Action& action) {
+  auto* allreduce = bench.add_subcommand("allreduce", "Tensor-parallel all-reduce: NCCL vs the one-shot NVLink kernel");
+  auto options = std::make_shared<bench::AllReduceBenchOptions>();
+  allreduce->add_option("--tp", options->tp, "GPUs 0..N-1 (2 to 8)")->required()->check(CLI::Range(2, 8));
+  allreduce->add_option("--hiddens", options->hiddens, "hidden sizes (default 4096,8192)")->delimiter(',');
+  allreduce->add_option("--tokens", options->tokens, "tokens per message (default 1,2,4,...,64)")->delimiter(',');
+  allreduce->add_option("--calls", options->calls_per_graph, "all-reduces per captured graph (even; default 100)")
+      ->check(CLI::PositiveNumber);
+  allreduce->add_option("--reps", options->replays, "timed graph replays per case (median; default 20)")
+      ->check(CLI::PositiveNumber);
+  allreduce->add_option("--json", options->json_path, "write the rows as JSON to this file");
+  allreduce->callback([options, &action] { action = [options] { return bench::run_all_reduce_bench(*options); }; });
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app, Action& action) {
@@ -116,6 +132,7 @@ void register_bench(CLI::App& app, Action& action) {
   register_bench_qkv(*bench, action);
   register_bench_decode(*bench, action);
   register_bench_sampling(*bench, action);
+  register_bench_allreduce(*bench, action);
 
   auto* mlp = bench->add_subcommand("mlp", "SwiGLU MLP: naive vs unfused vs fused");
   struct MlpArgs {

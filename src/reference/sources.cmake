@@ -1,4 +1,5 @@
 list(APPEND DEEPFUSE_SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/all_reduce.cpp
   ${CMAKE_CURRENT_LIST_DIR}/mlp.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ops.cpp
   ${CMAKE_CURRENT_LIST_DIR}/decoder.cpp)

@@ -1,0 +1,113 @@
+#include "dist/peer_exchange.hpp"
+
+#include <algorithm>
+
+#include "deepfuse/error.hpp"
+
+namespace deepfuse::dist {
+namespace {
+
+// Restores the calling thread's current device on scope exit.
+struct CurrentDeviceGuard {
+  int device = 0;
+  CurrentDeviceGuard() { DF_CHECK_CUDA(cudaGetDevice(&device)); }
+  ~CurrentDeviceGuard() { cudaSetDevice(device); }  // nothing to report from a destructor
+};
+
+std::string gpu(int device) { return "GPU " + std::to_string(device); }
+
+}  // namespace
+
+bool enable_peer_access(const std::vector<int>& devices, std::string* why_not) {
+  auto refuse = [&](const std::string& reason) {
+    if (why_not) *why_not = reason;
+    return false;
+  };
+  for (size_t i = 0; i < devices.size(); ++i)
+    if (std::count(devices.begin(), devices.end(), devices[i]) > 1)
+      return refuse(gpu(devices[i]) + " is listed twice");
+  CurrentDeviceGuard restore;
+  for (int from : devices) {
+    for (int to : devices) {
+      if (from == to) continue;
+      int can = 0;
+      if (cudaError_t e = cudaDeviceCanAccessPeer(&can, from, to); e != cudaSuccess)
+        return refuse("cudaDeviceCanAccessPeer(" + gpu(from) + ", " + gpu(to) + "): " + cudaGetErrorString(e));
+      if (!can) return refuse(gpu(from) + " cannot map " + gpu(to) + "'s memory (no peer-to-peer path)");
+      if (cudaError_t e = cudaSetDevice(from); e != cudaSuccess)
+        return refuse("cudaSetDevice(" + std::to_string(from) + "): " + cudaGetErrorString(e));
+      const cudaError_t e = cudaDeviceEnablePeerAccess(to, 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) {
+        cudaGetLastError();  // not an error here; clear it so the next launcher's check does not see it
+      } else if (e != cudaSuccess) {
+        return refuse("enabling peer access from " + gpu(from) + " to " + gpu(to) + ": " + cudaGetErrorString(e));
+      }
+    }
+  }
+  return true;
+}
+
+OneShotBuffers::OneShotBuffers(const std::vector<int>& devices, size_t max_elements, int slots)
+    : devices_(devices), max_elements_(max_elements), slots_(slots) {
+  DF_CHECK(!devices.empty() && static_cast<int>(devices.size()) <= kernels::kMaxTensorParallelRanks,
+           "one-shot all-reduce: " + std::to_string(devices.size()) + " ranks (1 to " +
+               std::to_string(kernels::kMaxTensorParallelRanks) + " supported)");
+  DF_CHECK(max_elements > 0 && slots >= 1, "one-shot all-reduce: empty buffers asked for");
+  std::string why_not;
+  DF_CHECK(enable_peer_access(devices, &why_not), "one-shot all-reduce needs peer access: " + why_not);
+  slot_bytes_ = (max_elements * sizeof(__nv_bfloat16) + 255) / 256 * 256;
+  CurrentDeviceGuard restore;
+  try {
+    for (int device : devices) {
+      DF_CHECK_CUDA(cudaSetDevice(device));
+      void* allocation = nullptr;
+      DF_CHECK_CUDA(cudaMalloc(&allocation, slot_bytes_ * slots_ + kernels::one_shot_signal_bytes()));
+      allocations_.push_back(allocation);
+      // Synchronous: the epochs and flags are zero before any kernel of any rank can run.
+      DF_CHECK_CUDA(cudaMemset(signals(ranks_allocated() - 1), 0, kernels::one_shot_signal_bytes()));
+    }
+  } catch (...) {
+    release();  // the destructor does not run for a half-built object
+    throw;
+  }
+}
+
+OneShotBuffers::~OneShotBuffers() { release(); }
+
+void OneShotBuffers::release() noexcept {
+  int current = 0;
+  if (cudaGetDevice(&current) != cudaSuccess) return;
+  for (size_t r = 0; r < allocations_.size(); ++r) {
+    cudaSetDevice(devices_[r]);
+    cudaFree(allocations_[r]);  // nothing to report from a destructor
+  }
+  allocations_.clear();
+  cudaSetDevice(current);
+}
+
+__nv_bfloat16* OneShotBuffers::input(int rank, int slot) const {
+  DF_CHECK(rank >= 0 && rank < ranks() && slot >= 0 && slot < slots_,
+           "one-shot all-reduce: no buffer for rank " + std::to_string(rank) + ", slot " + std::to_string(slot));
+  return reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(allocations_[rank]) + slot_bytes_ * slot);
+}
+
+uint32_t* OneShotBuffers::signals(int rank) const {
+  return reinterpret_cast<uint32_t*>(static_cast<char*>(allocations_[rank]) + slot_bytes_ * slots_);
+}
+
+kernels::OneShotAllReduceParams OneShotBuffers::params(int rank, int slot, size_t elements, __nv_bfloat16* out) const {
+  DF_CHECK(elements <= max_elements_, "one-shot all-reduce: " + std::to_string(elements) + " elements exceed the " +
+                                          std::to_string(max_elements_) + " the buffers hold");
+  kernels::OneShotAllReduceParams p;
+  for (int r = 0; r < ranks(); ++r) {
+    p.inputs[r] = input(r, slot);
+    p.signals[r] = signals(r);
+  }
+  p.out = out;
+  p.ranks = ranks();
+  p.rank = rank;
+  p.elements = elements;
+  return p;
+}
+
+}  // namespace deepfuse::dist

@@ -1,0 +1,144 @@
+#include "deepfuse/kernels/one_shot_all_reduce.hpp"
+
+#include "kernels/common/pointer_checks.hpp"
+
+namespace deepfuse::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxBlocks = 64;
+constexpr int kVectorsPerThread = 2;  // below the block cap, each thread sums about this many 16-byte vectors
+constexpr int kElementsPerVector = 8;  // bf16 in a uint4
+
+// Signal area layout, in uint32 words: flags[block][rank] (written by peers), then epochs[block]
+// (this rank's own count of calls that launched the block).
+__host__ __device__ constexpr size_t flag_index(int block, int rank) {
+  return static_cast<size_t>(block) * kMaxTensorParallelRanks + rank;
+}
+constexpr size_t kEpochBase = flag_index(kMaxBlocks, 0);
+constexpr size_t kSignalWords = kEpochBase + kMaxBlocks;
+
+__device__ __forceinline__ void store_release_sys(uint32_t* address, uint32_t value) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(address), "r"(value) : "memory");
+}
+
+__device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* address) {
+  uint32_t value;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");
+  return value;
+}
+
+__device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+
+// Start barrier of block b: bump this block's epoch, post it in slot [b][rank] of every rank's
+// signal area, and wait until every rank posted the same epoch (or the next: a fast peer may
+// already be one call ahead) in this rank's slots [b][*].
+__device__ __forceinline__ void start_barrier(const OneShotAllReduceParams& p) {
+  __shared__ uint32_t epoch;
+  const int b = blockIdx.x;
+  if (threadIdx.x == 0) {
+    uint32_t* own = p.signals[p.rank] + kEpochBase + b;
+    epoch = *own + 1;  // only this block of this rank's stream ever writes it
+    *own = epoch;
+  }
+  __syncthreads();
+  const int peer = threadIdx.x;
+  if (peer < p.ranks) {
+    // The inputs were written by earlier kernels on this rank's stream: the fence makes them
+    // visible at system scope before a peer can see the flag that lets it read them.
+    fence_acq_rel_sys();
+    store_release_sys(p.signals[peer] + flag_index(b, p.rank), epoch);
+    const uint32_t* flag = p.signals[p.rank] + flag_index(b, peer);
+    while (static_cast<int32_t>(load_acquire_sys(flag) - epoch) < 0) {
+    }
+  }
+  __syncthreads();  // the acquires above order every thread's peer reads below
+}
+
+__device__ __forceinline__ void add_vector(float (&sum)[kElementsPerVector], const uint4& bits, bool first) {
+  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&bits);
+#pragma unroll
+  for (int i = 0; i < kElementsPerVector / 2; ++i) {
+    const float2 v = __bfloat1622float2(pairs[i]);
+    // The first rank's value starts the sum (not 0 + x, which would turn -0 into +0), as the reference does.
+    sum[2 * i] = first ? v.x : sum[2 * i] + v.x;
+    sum[2 * i + 1] = first ? v.y : sum[2 * i + 1] + v.y;
+  }
+}
+
+template <int kRanks>
+__global__ void __launch_bounds__(kThreads) one_shot_all_reduce_kernel(const OneShotAllReduceParams p) {
+  start_barrier(p);
+  const size_t vectors = p.elements / kElementsPerVector;
+  const size_t stride = static_cast<size_t>(gridDim.x) * kThreads;
+  for (size_t v = blockIdx.x * static_cast<size_t>(kThreads) + threadIdx.x; v < vectors; v += stride) {
+    uint4 loaded[kRanks];  // every load in flight before the first add: NVLink latency is paid once
+#pragma unroll
+    for (int r = 0; r < kRanks; ++r) loaded[r] = reinterpret_cast<const uint4*>(p.inputs[r])[v];
+    float sum[kElementsPerVector] = {};
+#pragma unroll
+    for (int r = 0; r < kRanks; ++r) add_vector(sum, loaded[r], r == 0);
+    uint4 packed;
+    auto* out_pairs = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+    for (int i = 0; i < kElementsPerVector / 2; ++i) out_pairs[i] = __floats2bfloat162_rn(sum[2 * i], sum[2 * i + 1]);
+    reinterpret_cast<uint4*>(p.out)[v] = packed;
+  }
+  // The last elements % 8 values, one per thread of block 0.
+  const size_t tail = p.elements - vectors * kElementsPerVector;
+  if (blockIdx.x == 0 && threadIdx.x < tail) {
+    const size_t i = vectors * kElementsPerVector + threadIdx.x;
+    float sum = __bfloat162float(p.inputs[0][i]);
+#pragma unroll
+    for (int r = 1; r < kRanks; ++r) sum += __bfloat162float(p.inputs[r][i]);
+    p.out[i] = __float2bfloat16_rn(sum);
+  }
+}
+
+bool valid(const OneShotAllReduceParams& p) {
+  if (p.ranks < 1 || p.ranks > kMaxTensorParallelRanks || p.rank < 0 || p.rank >= p.ranks) return false;
+  if (!p.out || !aligned16(p.out)) return false;
+  const size_t bytes = p.elements * sizeof(__nv_bfloat16);
+  for (int r = 0; r < p.ranks; ++r) {
+    if (!p.inputs[r] || !aligned16(p.inputs[r]) || !p.signals[r] || !aligned(p.signals[r], sizeof(uint32_t)))
+      return false;
+    if (overlaps(p.out, bytes, p.inputs[r], bytes)) return false;
+  }
+  return true;
+}
+
+template <int kRanks>
+void launch(const OneShotAllReduceParams& p, cudaStream_t stream) {
+  one_shot_all_reduce_kernel<kRanks><<<one_shot_blocks(p.elements), kThreads, 0, stream>>>(p);
+}
+
+}  // namespace
+
+size_t one_shot_signal_bytes() { return kSignalWords * sizeof(uint32_t); }
+
+int one_shot_max_blocks() { return kMaxBlocks; }
+
+int one_shot_blocks(size_t elements) {
+  const size_t vectors = (elements + kElementsPerVector - 1) / kElementsPerVector;
+  const size_t per_block = static_cast<size_t>(kThreads) * kVectorsPerThread;
+  const size_t blocks = (vectors + per_block - 1) / per_block;
+  return static_cast<int>(blocks < 1 ? 1 : blocks > kMaxBlocks ? kMaxBlocks : blocks);
+}
+
+cudaError_t launch_one_shot_all_reduce(const OneShotAllReduceParams& p, cudaStream_t stream) {
+  if (!valid(p)) return cudaErrorInvalidValue;
+  if (p.elements == 0) return cudaSuccess;
+  switch (p.ranks) {
+    case 1: launch<1>(p, stream); break;
+    case 2: launch<2>(p, stream); break;
+    case 3: launch<3>(p, stream); break;
+    case 4: launch<4>(p, stream); break;
+    case 5: launch<5>(p, stream); break;
+    case 6: launch<6>(p, stream); break;
+    case 7: launch<7>(p, stream); break;
+    default: launch<8>(p, stream); break;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace deepfuse::kernels

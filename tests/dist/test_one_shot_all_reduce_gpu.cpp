@@ -1,0 +1,194 @@
+// The one-shot all-reduce (kernels/one_shot_all_reduce.hpp) on 2, 4 and 8 GPUs with peer access,
+// each rank driven from its own thread as the engine drives it: sizes of 8, 1000 (a tail of 8),
+// 4096 and 64 x 8192 elements, fresh order-sensitive inputs for every call, outputs poisoned with
+// NaN (0xFFFF) before every call, results bit-identical to the CPU reference on every rank.
+// Eagerly, 50 calls in a row per size without the host waiting in between; then one CUDA graph
+// per rank of calls of every size, replayed 20 times with new inputs (the epochs in device
+// memory must keep the barrier right across replays). DEEPFUSE_TEST_QUICK=1: 5 calls, 3 replays.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <vector>
+
+#include "deepfuse/error.hpp"
+#include "deepfuse/kernels/one_shot_all_reduce.hpp"
+#include "deepfuse/reference.hpp"
+#include "dist/peer_exchange.hpp"
+#include "dist_test_util.hpp"
+
+namespace deepfuse {
+namespace {
+
+using testing::first_difference;
+using testing::order_sensitive_bf16;
+using testing::run_on_ranks;
+
+const std::vector<size_t> kSizes = {8, 1000, 4096, 64 * 8192};
+constexpr size_t kMaxElements = 64 * 8192;
+
+// Per rank, on its device: a stream, `calls` staged inputs and `calls` outputs, so a sequence of
+// calls runs back to back on the device and is checked afterwards.
+struct RankState {
+  cudaStream_t stream = nullptr;
+  __nv_bfloat16* staged = nullptr;  // [calls][kMaxElements]
+  __nv_bfloat16* outs = nullptr;    // [calls][kMaxElements]
+  // Called on the rank's thread (its device current); the destructor only covers a failed test.
+  void release() {
+    if (stream) cudaStreamDestroy(stream);
+    cudaFree(staged);
+    cudaFree(outs);
+    stream = nullptr, staged = outs = nullptr;
+  }
+  ~RankState() { release(); }
+};
+
+// inputs[call][rank] on the host; the rank order sums, one per call.
+struct Trial {
+  std::vector<std::vector<std::vector<uint16_t>>> inputs;
+  std::vector<std::vector<uint16_t>> expected;
+};
+
+Trial make_trial(std::mt19937_64& rng, int ranks, const std::vector<size_t>& sizes) {
+  Trial t;
+  for (size_t elements : sizes) {
+    std::vector<std::vector<uint16_t>> per_rank;
+    for (int r = 0; r < ranks; ++r) per_rank.push_back(order_sensitive_bf16(rng, elements));
+    t.expected.push_back(reference::all_reduce_sum_bf16(per_rank));
+    t.inputs.push_back(std::move(per_rank));
+  }
+  return t;
+}
+
+// Enqueues call `c` of this rank: its staged input into the slot's buffer, NaN into out, the
+// kernel. Slots alternate with the call index, as the kernel's contract asks.
+void enqueue_call(const dist::OneShotBuffers& buffers, const RankState& s, int rank, int c, size_t elements) {
+  const int slot = c % 2;
+  const size_t bytes = elements * sizeof(__nv_bfloat16);
+  __nv_bfloat16* out = s.outs + static_cast<size_t>(c) * kMaxElements;
+  DF_CHECK_CUDA(cudaMemcpyAsync(buffers.input(rank, slot), s.staged + static_cast<size_t>(c) * kMaxElements, bytes,
+                                cudaMemcpyDeviceToDevice, s.stream));
+  DF_CHECK_CUDA(cudaMemsetAsync(out, 0xFF, bytes, s.stream));  // 0xFFFF: a NaN the kernel must overwrite
+  DF_CHECK_CUDA(kernels::launch_one_shot_all_reduce(buffers.params(rank, slot, elements, out), s.stream));
+}
+
+void stage(const RankState& s, const Trial& t, int rank) {
+  for (size_t c = 0; c < t.inputs.size(); ++c)
+    DF_CHECK_CUDA(cudaMemcpy(s.staged + c * kMaxElements, t.inputs[c][rank].data(),
+                             t.inputs[c][rank].size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+}
+
+// results[rank][call] read back after the stream finished.
+void read_back(const RankState& s, const Trial& t, std::vector<std::vector<uint16_t>>& results) {
+  DF_CHECK_CUDA(cudaStreamSynchronize(s.stream));
+  results.assign(t.expected.size(), {});
+  for (size_t c = 0; c < t.expected.size(); ++c) {
+    results[c].resize(t.expected[c].size());
+    DF_CHECK_CUDA(cudaMemcpy(results[c].data(), s.outs + c * kMaxElements, results[c].size() * sizeof(uint16_t),
+                             cudaMemcpyDeviceToHost));
+  }
+}
+
+void expect_exact(const Trial& t, const std::vector<std::vector<std::vector<uint16_t>>>& results, const std::string& what) {
+  for (size_t r = 0; r < results.size(); ++r)
+    for (size_t c = 0; c < t.expected.size(); ++c) {
+      const long at = first_difference(results[r][c], t.expected[c]);
+      EXPECT_EQ(at, -1) << what << ": rank " << r << ", call " << c << " (" << t.expected[c].size()
+                        << " elements): element " << at << " is 0x" << std::hex
+                        << (at >= 0 ? results[r][c][at] : 0) << ", the reference 0x" << (at >= 0 ? t.expected[c][at] : 0);
+    }
+}
+
+void allocate(std::vector<RankState>& states, int rank, int calls) {
+  RankState& s = states[rank];
+  DF_CHECK_CUDA(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+  DF_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&s.staged), static_cast<size_t>(calls) * kMaxElements * sizeof(__nv_bfloat16)));
+  DF_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&s.outs), static_cast<size_t>(calls) * kMaxElements * sizeof(__nv_bfloat16)));
+}
+
+void check_eager(const std::vector<int>& devices) {
+  const int ranks = static_cast<int>(devices.size());
+  const int calls = testing::quick_mode() ? 5 : 50;
+  auto rng = testing::make_rng(100 + ranks);
+  dist::OneShotBuffers buffers(devices, kMaxElements);
+  std::vector<RankState> states(ranks);
+  run_on_ranks(devices, [&](int rank) { allocate(states, rank, calls); });
+  for (size_t elements : kSizes) {
+    const Trial t = make_trial(rng, ranks, std::vector<size_t>(calls, elements));
+    std::vector<std::vector<std::vector<uint16_t>>> results(ranks);
+    run_on_ranks(devices, [&](int rank) {
+      stage(states[rank], t, rank);
+      for (int c = 0; c < calls; ++c) enqueue_call(buffers, states[rank], rank, c, elements);
+      read_back(states[rank], t, results[rank]);
+    });
+    expect_exact(t, results, std::to_string(ranks) + " ranks, eager, " + std::to_string(elements) + " elements");
+  }
+  run_on_ranks(devices, [&](int rank) { states[rank].release(); });
+}
+
+void check_graph(const std::vector<int>& devices) {
+  const int ranks = static_cast<int>(devices.size());
+  const int replays = testing::quick_mode() ? 3 : 20;
+  // Every size, twice (an even count keeps slots alternating across replays), large and small mixed
+  // so blocks with different epoch counts meet.
+  const std::vector<size_t> sizes = {8, 64 * 8192, 1000, 4096, 64 * 8192, 8};
+  const int calls = static_cast<int>(sizes.size());
+  auto rng = testing::make_rng(200 + ranks);
+  dist::OneShotBuffers buffers(devices, kMaxElements);
+  std::vector<RankState> states(ranks);
+  std::vector<cudaGraphExec_t> execs(ranks, nullptr);
+  run_on_ranks(devices, [&](int rank) {
+    allocate(states, rank, calls);
+    RankState& s = states[rank];
+    cudaGraph_t graph = nullptr;
+    // Thread-local: every rank's thread captures at the same time.
+    DF_CHECK_CUDA(cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeThreadLocal));
+    for (int c = 0; c < calls; ++c) enqueue_call(buffers, s, rank, c, sizes[c]);
+    DF_CHECK_CUDA(cudaStreamEndCapture(s.stream, &graph));
+    DF_CHECK_CUDA(cudaGraphInstantiate(&execs[rank], graph, 0));
+    DF_CHECK_CUDA(cudaGraphDestroy(graph));
+  });
+  for (int replay = 0; replay < replays; ++replay) {
+    const Trial t = make_trial(rng, ranks, sizes);
+    std::vector<std::vector<std::vector<uint16_t>>> results(ranks);
+    run_on_ranks(devices, [&](int rank) {
+      stage(states[rank], t, rank);
+      DF_CHECK_CUDA(cudaGraphLaunch(execs[rank], states[rank].stream));
+      read_back(states[rank], t, results[rank]);
+    });
+    expect_exact(t, results, std::to_string(ranks) + " ranks, graph replay " + std::to_string(replay));
+    if (::testing::Test::HasFailure()) break;  // one replay's report is enough
+  }
+  run_on_ranks(devices, [&](int rank) {
+    DF_CHECK_CUDA(cudaGraphExecDestroy(execs[rank]));
+    states[rank].release();
+  });
+}
+
+TEST(OneShotAllReduceGpu, TwoRanksEager) {
+  DF_REQUIRE_PEER_GPUS(devices, 2);
+  check_eager(devices);
+}
+
+TEST(OneShotAllReduceGpu, TwoRanksGraphReplays) {
+  DF_REQUIRE_PEER_GPUS(devices, 2);
+  check_graph(devices);
+}
+
+TEST(OneShotAllReduceGpu, FourRanksEager) {
+  DF_REQUIRE_PEER_GPUS(devices, 4);
+  check_eager(devices);
+}
+
+TEST(OneShotAllReduceGpu, FourRanksGraphReplays) {
+  DF_REQUIRE_PEER_GPUS(devices, 4);
+  check_graph(devices);
+}
+
+TEST(OneShotAllReduceGpu, EightRanksGraphReplays) {
+  DF_REQUIRE_PEER_GPUS(devices, 8);
+  check_graph(devices);
+}
+
+}  // namespace
+}  // namespace deepfuse
