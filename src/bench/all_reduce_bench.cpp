@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "bench/timing.hpp"
+#include "deepfuse/device.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/kernels/fill.hpp"
 #include "deepfuse/kernels/one_shot_all_reduce.hpp"
@@ -79,6 +80,7 @@ int run_all_reduce_bench(const AllReduceBenchOptions& options) {
   for (int v : o.tokens) DF_CHECK(v >= 1 && v <= 4096, "bench allreduce: tokens " + std::to_string(v) + " outside [1, 4096]");
   DF_CHECK(o.calls_per_graph >= 2 && o.calls_per_graph % 2 == 0,
            "bench allreduce: calls per graph must be even (the one-shot kernel alternates two input buffers)");
+  DF_CHECK(cuda_device_available(), "bench allreduce: no CUDA device on this machine (it needs --tp GPUs)");
   int count = 0;
   DF_CHECK_CUDA(cudaGetDeviceCount(&count));
   DF_CHECK(count >= o.tp, "bench allreduce: --tp " + std::to_string(o.tp) + " needs that many GPUs, this host has " +

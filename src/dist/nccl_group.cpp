@@ -38,6 +38,15 @@ struct CurrentDeviceGuard {
 
 NcclGroup::NcclGroup(const std::vector<int>& devices) : devices_(devices) {
   DF_CHECK(!devices.empty(), "NcclGroup: no devices");
+  // Checked before the group starts: a rank that failed inside it would leave the others waiting.
+  int count = 0;
+  DF_CHECK_CUDA(cudaGetDeviceCount(&count));
+  for (size_t r = 0; r < devices.size(); ++r) {
+    DF_CHECK(devices[r] >= 0 && devices[r] < count, "NcclGroup: GPU " + std::to_string(devices[r]) +
+                                                        " does not exist (this machine has " + std::to_string(count) + ")");
+    for (size_t q = 0; q < r; ++q)
+      DF_CHECK(devices[q] != devices[r], "NcclGroup: GPU " + std::to_string(devices[r]) + " is listed twice");
+  }
   // NVLink multicast (NVLS) is forbidden on our machines: setting up multicast objects can take a
   // shared host's GPUs out of service. NCCL reads its environment once, at its first
   // initialization in the process, so this must precede it; the library writes the variable
@@ -50,19 +59,24 @@ NcclGroup::NcclGroup(const std::vector<int>& devices) : devices_(devices) {
   comms_.assign(devices.size(), nullptr);
   const std::string what = "NCCL communicators for devices " + device_list(devices);
   check(ncclGroupStart(), "ncclGroupStart", nullptr);
+  // Nothing may throw between ncclGroupStart and ncclGroupEnd (the group would stay open).
   ncclResult_t init_status = ncclSuccess;
-  for (size_t r = 0; r < devices.size() && init_status == ncclSuccess; ++r) {
-    DF_CHECK_CUDA(cudaSetDevice(devices[r]));
+  cudaError_t device_status = cudaSuccess;
+  for (size_t r = 0; r < devices.size(); ++r) {
+    if ((device_status = cudaSetDevice(devices[r])) != cudaSuccess) break;
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 1;  // collectives return once enqueued; abort() still unblocks a hung peer
     init_status = ncclCommInitRankConfig(&comms_[r], static_cast<int>(devices.size()), id, static_cast<int>(r), &config);
+    if (init_status != ncclSuccess) break;
   }
   const ncclResult_t end_status = ncclGroupEnd();
   const ncclResult_t status = init_status != ncclSuccess ? init_status : end_status;
-  if (status != ncclSuccess) {
+  if (status != ncclSuccess || device_status != cudaSuccess) {
     for (ncclComm_t& comm : comms_)
       if (comm) ncclCommAbort(comm);  // a half-made group: tear down without waiting on peers
     comms_.clear();
+    if (device_status != cudaSuccess)
+      throw Error(what + ": cudaSetDevice failed: " + cudaGetErrorString(device_status));
     fail(what, status, nullptr);
   }
 }

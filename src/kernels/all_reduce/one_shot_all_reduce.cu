@@ -7,7 +7,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 64;
-constexpr int kVectorsPerThread = 2;  // below the block cap, each thread sums about this many 16-byte vectors
+constexpr int kVectorsPerThread = 2;  // below the block cap, each thread sums this many 16-byte vectors, loaded together
 constexpr int kElementsPerVector = 8;  // bf16 in a uint4
 
 // Signal area layout, in uint32 words: flags[block][rank] (written by peers), then epochs[block]
@@ -66,23 +66,38 @@ __device__ __forceinline__ void add_vector(float (&sum)[kElementsPerVector], con
   }
 }
 
+// Sums the kRanks vectors of one index in rank order and stores the bf16 result.
+template <int kRanks>
+__device__ __forceinline__ void sum_and_store(const uint4 (&loaded)[kRanks], __nv_bfloat16* out, size_t v) {
+  float sum[kElementsPerVector] = {};
+#pragma unroll
+  for (int r = 0; r < kRanks; ++r) add_vector(sum, loaded[r], r == 0);
+  uint4 packed;
+  auto* out_pairs = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+  for (int i = 0; i < kElementsPerVector / 2; ++i) out_pairs[i] = __floats2bfloat162_rn(sum[2 * i], sum[2 * i + 1]);
+  reinterpret_cast<uint4*>(out)[v] = packed;
+}
+
 template <int kRanks>
 __global__ void __launch_bounds__(kThreads) one_shot_all_reduce_kernel(const OneShotAllReduceParams p) {
   start_barrier(p);
   const size_t vectors = p.elements / kElementsPerVector;
   const size_t stride = static_cast<size_t>(gridDim.x) * kThreads;
-  for (size_t v = blockIdx.x * static_cast<size_t>(kThreads) + threadIdx.x; v < vectors; v += stride) {
-    uint4 loaded[kRanks];  // every load in flight before the first add: NVLink latency is paid once
+  // Two indices per iteration, every load of both in flight before the first add: a thread pays
+  // the NVLink round trip once per kVectorsPerThread vectors.
+  static_assert(kVectorsPerThread == 2);
+  for (size_t v = blockIdx.x * static_cast<size_t>(kThreads) + threadIdx.x; v < vectors; v += 2 * stride) {
+    const bool second = v + stride < vectors;
+    uint4 a[kRanks], b[kRanks];
 #pragma unroll
-    for (int r = 0; r < kRanks; ++r) loaded[r] = reinterpret_cast<const uint4*>(p.inputs[r])[v];
-    float sum[kElementsPerVector] = {};
+    for (int r = 0; r < kRanks; ++r) a[r] = reinterpret_cast<const uint4*>(p.inputs[r])[v];
+    if (second) {
 #pragma unroll
-    for (int r = 0; r < kRanks; ++r) add_vector(sum, loaded[r], r == 0);
-    uint4 packed;
-    auto* out_pairs = reinterpret_cast<__nv_bfloat162*>(&packed);
-#pragma unroll
-    for (int i = 0; i < kElementsPerVector / 2; ++i) out_pairs[i] = __floats2bfloat162_rn(sum[2 * i], sum[2 * i + 1]);
-    reinterpret_cast<uint4*>(p.out)[v] = packed;
+      for (int r = 0; r < kRanks; ++r) b[r] = reinterpret_cast<const uint4*>(p.inputs[r])[v + stride];
+    }
+    sum_and_store<kRanks>(a, p.out, v);
+    if (second) sum_and_store<kRanks>(b, p.out, v + stride);
   }
   // The last elements % 8 values, one per thread of block 0.
   const size_t tail = p.elements - vectors * kElementsPerVector;
