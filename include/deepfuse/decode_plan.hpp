@@ -21,6 +21,10 @@ enum class FrontChoice { fused, unfused };
 // o_proj + residual: the cluster GEMV (needs the fused front, which adds a deferred MLP sum the
 // GEMV also clears) or cuBLASLt with the residual in its epilogue.
 enum class OProjChoice { gemv, cublaslt };
+// Tensor parallel: how each block's two sums over the ranks run: NCCL's all-reduce, or the
+// one-shot all-reduce over NVLink peer memory (deepfuse/kernels/one_shot_all_reduce.hpp), which
+// needs peer access between the GPUs. One GPU: unused.
+enum class AllReduceChoice { nccl, one_shot };
 // Where the decode attention's splits merge (kernels::SplitMerge).
 enum class MergeChoice { automatic, workspace, cluster };
 
@@ -41,6 +45,7 @@ struct BucketPlan {
   FrontChoice front = FrontChoice::fused;
   OProjChoice o_proj = OProjChoice::gemv;
   AttentionChoice attention;
+  AllReduceChoice all_reduce = AllReduceChoice::nccl;  // tensor parallel only
 
   bool operator==(const BucketPlan&) const = default;
 };
@@ -48,6 +53,9 @@ struct BucketPlan {
 struct DecodePlan {
   std::vector<BucketPlan> buckets;  // ascending batch; the engine's decode buckets
   MlpChoice prefill_mlp = MlpChoice::unfused;  // prefill chunks (hundreds of tokens)
+  // GPUs the model is split over (the plan is one rank's: its shapes are the rank's slice); prefill
+  // chunks sum over them with NCCL.
+  int tensor_parallel = 1;
   // Where the plan came from, for `inspect --plan`, `bench decode --plan` and results JSON:
   // "built-in (sm_90)", "tuned 2026-11-27T21:40:00Z (NVIDIA H100 80GB HBM3)", "... + overrides mlp@16=unfused".
   std::string source;
@@ -66,14 +74,16 @@ const char* choice_name(MlpChoice choice);
 const char* choice_name(FrontChoice choice);
 const char* choice_name(OProjChoice choice);
 const char* choice_name(MergeChoice choice);
+const char* choice_name(AllReduceChoice choice);
 
 // One override, as `--plan-override` takes it: OP[@BUCKET]=VALUE, e.g. `mlp=unfused` (every
 // bucket and prefill), `mlp@16=unfused`, `front@32=fused`, `o_proj=cublaslt`,
 // `attention.splits@1=8`, `attention.warps=4`, `attention.merge=workspace`,
-// `attention.short_context=off`, `prefill.mlp=fused`. Several are separated by commas.
+// `attention.short_context=off`, `prefill.mlp=fused`, `all_reduce=one_shot` (tensor parallel:
+// `nccl` or `one_shot`). Several are separated by commas.
 struct PlanOverride {
   std::string op;             // mlp, front, o_proj, attention.splits, attention.warps,
-                              // attention.merge, attention.short_context, prefill.mlp
+                              // attention.merge, attention.short_context, prefill.mlp, all_reduce
   std::optional<int> bucket;  // none: every bucket
   std::string value;
   std::string text;           // as written, for messages and `source`

@@ -24,6 +24,8 @@ struct DeviceInfo {
 
 // True when at least one CUDA device is usable (false, not an exception, on machines without one).
 bool cuda_device_available();
+// Usable CUDA devices (0 on machines without one).
+int cuda_device_count();
 
 // Fails with deepfuse::Error when no device is present.
 DeviceInfo query_device(int ordinal = 0);

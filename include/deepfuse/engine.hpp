@@ -29,6 +29,7 @@ namespace deepfuse {
 namespace runtime {
 class EngineBench;
 class EngineTuning;
+class RankGroup;
 }
 
 struct EngineOptions {
@@ -71,6 +72,10 @@ struct EngineOptions {
   // (which the engine otherwise keeps first, dropping the copy: Engine::plan() then says so).
   bool keep_mlp_copy = false;
   int device = 0;
+  // Tensor parallelism: the model split over this many GPUs (device .. device + N - 1), one host
+  // thread each in this process, two all-reduces per block (docs/dist.md). Stats and the plan are
+  // rank 0's (per GPU).
+  int tensor_parallel = 1;
 };
 
 // Called while weights load: bytes done, bytes total.
@@ -182,9 +187,10 @@ class Engine {
   friend class runtime::EngineBench;  // benchmark-only entry points (src/runtime/engine_bench.hpp)
   friend class runtime::EngineTuning;  // the profiler's entry points (src/runtime/engine_tuning.hpp)
   friend PlanPreview preview_plan(const ModelConfig& config, const EngineOptions& options);
+  friend class runtime::RankGroup;
   struct Impl;
-  explicit Engine(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit Engine(std::unique_ptr<runtime::RankGroup> ranks);
+  std::unique_ptr<runtime::RankGroup> ranks_;  // one Impl per GPU (rank 0 leads)
 };
 
 // The presets --random-weights --arch accepts: llama3-8b, llama3.2-1b, qwen2.5-7b, mistral-7b,

@@ -16,6 +16,8 @@
 #include "deepfuse/kernels/paged_kv.hpp"
 #include "kernels/common/trace.hpp"
 #include "runtime/engine_bench.hpp"
+#include "runtime/rank_group.hpp"
+#include "dist/tensor_split.hpp"
 #include "scheduler/plan_json.hpp"
 
 namespace deepfuse::bench {
@@ -48,16 +50,28 @@ int pages_for(int tokens) { return (tokens + kernels::kKvPageSize - 1) / kernels
 
 // Bytes of K and V one decode step reads: every sequence's keys and values in every layer, only
 // the last sliding_window positions where the model has a window (Mistral).
-size_t kv_bytes_read_per_step(const ModelConfig& c, int batch, int context) {
+// Per GPU: a tensor-parallel rank reads the key/value heads it holds (dist::shard_of).
+size_t kv_bytes_read_per_step(const ModelConfig& c, int batch, int context, int tensor_parallel) {
   const int attended = c.sliding_window > 0 ? std::min(context, c.sliding_window) : context;
-  return static_cast<size_t>(batch) * attended * c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim *
-         sizeof(uint16_t);
+  const int kv_heads = dist::shard_of(c, 0, tensor_parallel).kv_heads;
+  return static_cast<size_t>(batch) * attended * c.num_hidden_layers * 2 * (tensor_parallel > 1 ? kv_heads : c.num_key_value_heads) *
+         c.head_dim * sizeof(uint16_t);
+}
+
+// The all-reduce timed at engine start for the bucket serving `batch` (tensor parallel), or null.
+const runtime::AllReduceTiming* all_reduce_timing(const Engine& engine, int batch) {
+  const auto& timings = runtime::EngineBench::all_reduce_timings(engine);
+  const DecodePlan& plan = engine.plan();
+  const BucketPlan& bucket = plan.bucket_for(batch);
+  for (const runtime::AllReduceTiming& t : timings)
+    if (t.batch == bucket.batch) return &t;
+  return nullptr;
 }
 
 // The run's shared state: the table rows and JSON as they accumulate.
 struct Report {
   Table decode{{"arch", "batch", "context", "ms/step", "tok/s/seq", "tok/s", "roofline ms", "%roofline", "launches",
-                "graph kernels", "GPU GB", "replay ms"}};
+                "graph kernels", "GPU GB", "replay ms", "all-reduce"}};
   Table ttft{{"arch", "prompt", "TTFT ms"}};
   Table gemms{{"arch", "op", "M", "N", "K", "candidates", "chosen", "split-K", "heuristic us", "chosen us", "gain"}};
   nlohmann::json rows = nlohmann::json::array();
@@ -167,14 +181,30 @@ void run_decode_case(Engine& engine, const std::string& arch, int batch, int con
 
   const EngineStats stats = engine.stats(batch);
   const double ms = median(step_ms);
-  const size_t kv_bytes = kv_bytes_read_per_step(config, batch, context);
+  const int tp = engine.options().tensor_parallel;
+  const size_t kv_bytes = kv_bytes_read_per_step(config, batch, context, tp);
   const double roofline_ms = static_cast<double>(stats.weight_bytes + kv_bytes) / copy_bytes_per_s * 1e3;
   const double percent = 100.0 * roofline_ms / ms;
+  // Tensor parallel: the chosen all-reduce's µs per call (timed at engine start, alone in a graph)
+  // and the share of the step its 2 x layers calls would take.
+  std::string all_reduce_text = "-";
+  nlohmann::json all_reduce_json = nullptr;
+  if (const runtime::AllReduceTiming* t = all_reduce_timing(engine, batch); t && tp > 1) {
+    const AllReduceChoice choice = engine.plan().bucket_for(batch).all_reduce;
+    const double us = choice == AllReduceChoice::one_shot ? t->one_shot_us : t->nccl_us;
+    const double share = us > 0 ? 100.0 * 2 * config.num_hidden_layers * us / (ms * 1e3) : 0.0;
+    all_reduce_text = us > 0 ? std::string(choice_name(choice)) + " " + format_fixed(us, 1) + "us " +
+                                   format_fixed(share, 1) + "%"
+                             : choice_name(choice);
+    all_reduce_json = {{"choice", choice_name(choice)}, {"us_per_call", us}, {"nccl_us", t->nccl_us},
+                       {"one_shot_us", t->one_shot_us}, {"share_of_step_pct", share}};
+  }
   report.decode.add({arch, std::to_string(batch), std::to_string(context), format_fixed(ms, 3),
                      format_fixed(1e3 / ms, 1), format_fixed(batch * 1e3 / ms, 1), format_fixed(roofline_ms, 3),
                      format_fixed(percent, 1), std::to_string(stats.launches_per_decode_step),
                      stats.kernels_per_decode_step > 0 ? std::to_string(stats.kernels_per_decode_step) : "-",
-                     format_fixed(stats.gpu_memory_used / 1e9, 1), replay_ms > 0 ? format_fixed(replay_ms, 3) : "-"});
+                     format_fixed(stats.gpu_memory_used / 1e9, 1), replay_ms > 0 ? format_fixed(replay_ms, 3) : "-",
+                     all_reduce_text});
   row.update({{"ms_per_step", ms},
               {"ms_per_step_mean", mean(step_ms)},
               {"ms_per_step_min", *std::min_element(step_ms.begin(), step_ms.end())},
@@ -189,7 +219,9 @@ void run_decode_case(Engine& engine, const std::string& arch, int batch, int con
               {"launches_per_layer", stats.launches_per_layer},
               {"graph_kernels_per_step", stats.kernels_per_decode_step},
               {"gpu_memory_bytes", stats.gpu_memory_used},
-              {"power_capped_fraction", power_capped_json(power_capped)}});
+              {"power_capped_fraction", power_capped_json(power_capped)},
+              {"tensor_parallel", tp},
+              {"all_reduce", all_reduce_json}});
   if (power_capped_noteworthy(power_capped)) report.capped.push_back(label);
   report.rows.push_back(row);
 }
@@ -247,6 +279,7 @@ void run_arch(const std::string& arch, const DecodeBenchOptions& options, double
   engine_options.tuning_cache = options.tuning_cache;
   engine_options.keep_mlp_copy = options.keep_mlp_copy;
   engine_options.tune_gemms = options.tune_gemms;
+  engine_options.tensor_parallel = options.tensor_parallel;
 
   ModelConfig config = random_arch_config(arch);
   if (config.max_position_embeddings < engine_options.max_context) {
@@ -327,7 +360,8 @@ int run_decode_bench(const DecodeBenchOptions& options) {
   Report report;
   for (const auto& arch : options.archs) run_arch(arch, options, copy_bw, report);
 
-  std::printf("\ndecode step (median of %d; roofline = (weights + KV read) / copy bandwidth)\n", options.steps);
+  std::printf("\ndecode step (median of %d; roofline = (weights + KV read) / copy bandwidth%s)\n", options.steps,
+              options.tensor_parallel > 1 ? ", per GPU: one rank's slices" : "");
   std::fputs(report.decode.render().c_str(), stdout);
   for (const std::string& label : report.capped)
     std::printf("note: %s ran power-capped for more than %.0f%% of its timed steps (JSON power_capped_fraction)\n",
@@ -346,6 +380,7 @@ int run_decode_bench(const DecodeBenchOptions& options) {
     json.update({{"suite", "decode"}, {"cuda_graphs", options.cuda_graphs}, {"overlap_steps", options.overlap_steps},
                  {"plan_override", options.plan_override_text}, {"tuning_cache", options.tuning_cache.string()},
                  {"keep_mlp_copy", options.keep_mlp_copy}, {"tune_gemms", options.tune_gemms},
+                 {"tensor_parallel", options.tensor_parallel},
                  {"steps", options.steps},
                  {"warmup", options.warmup}, {"rows", report.rows}});
     write_json(options.json_path, json);

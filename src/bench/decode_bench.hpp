@@ -35,6 +35,7 @@ struct DecodeBenchOptions {
   bool tune_gemms = false;             // EngineOptions::tune_gemms; the timings go in a table of their own
   size_t kv_cache_bytes = 0;           // 0: the engine's default share of free GPU memory
   int max_context = 0;                 // the engine's planned context; 0: the longest case needs
+  int tensor_parallel = 1;             // EngineOptions::tensor_parallel (GPUs 0..N-1)
   uint64_t seed = 1;                   // weights and TTFT prompts
   std::string json_path;               // empty: no JSON
   std::string trace_path;              // per-block timelines of one step per case (a DEEPFUSE_TRACE build)

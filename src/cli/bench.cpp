@@ -87,6 +87,7 @@ void register_bench_decode(CLI::App& bench, Action& action) {
       options.tuning_cache = plan.tuning_cache;
       options.keep_mlp_copy = !args->server_memory_plan;
       options.kv_cache_bytes = args->kv_cache_mb << 20;
+      options.tensor_parallel = plan.tensor_parallel;
       return bench::run_decode_bench(options);
     };
   });

@@ -70,6 +70,11 @@ void add_plan_options(CLI::App& command, EngineArgs& args) {
       ->group(group);
   command.add_flag("--no-tuning-cache", args.no_tuning_cache, "use the built-in plan, ignoring any tuning cache")
       ->group(group);
+  command
+      .add_option("--tp", args.tensor_parallel,
+                  "tensor parallelism: split the model over N GPUs (0..N-1), two all-reduces per block (default 1)")
+      ->check(CLI::Range(1, 8))
+      ->group(group);
 }
 
 void check_tuning_cache_writable(const std::filesystem::path& path) {
@@ -104,6 +109,13 @@ EngineOptions engine_options(const EngineArgs& args) {
   options.cuda_graphs = !args.no_cuda_graphs;
   options.overlap_steps = !args.no_overlap_steps;
   options.tune_gemms = args.tune_gemms;
+  options.tensor_parallel = args.tensor_parallel;
+  if (args.tensor_parallel > 1) {
+    const int gpus = cuda_device_count();
+    DF_CHECK(args.tensor_parallel <= gpus, "--tp " + std::to_string(args.tensor_parallel) + " needs " +
+                                               std::to_string(args.tensor_parallel) + " GPUs; this machine has " +
+                                               std::to_string(gpus));
+  }
   for (const std::string& text : args.plan_overrides) {
     try {
       for (PlanOverride& o : parse_plan_overrides(text)) options.plan_overrides.push_back(std::move(o));

@@ -38,18 +38,19 @@ struct EngineArgs {
   std::string tuning_cache;                 // --tuning-cache; empty: default_tuning_cache()
   bool no_tuning_cache = false;
   bool tune_gemms = false;
+  int tensor_parallel = 1;                  // --tp
 };
 
 // Adds --max-batch, --max-context, --kv-cache-mb, --no-cuda-graphs, --no-overlap-steps,
-// --plan-override, --tuning-cache, --no-tuning-cache and --tune-gemms.
+// --plan-override, --tuning-cache, --no-tuning-cache, --tune-gemms and --tp.
 void add_engine_options(CLI::App& command, EngineArgs& args);
 
-// Adds --plan-override and --tuning-cache / --no-tuning-cache alone (bench decode has its own
-// engine flags).
+// Adds --plan-override, --tuning-cache / --no-tuning-cache and --tp alone (bench decode has its
+// own engine flags).
 void add_plan_options(CLI::App& command, EngineArgs& args);
 
-// Throws deepfuse::Error naming the flag on a bad value (e.g. a malformed --plan-override), before
-// any GPU work.
+// Throws deepfuse::Error naming the flag on a bad value (e.g. a malformed --plan-override, --tp
+// beyond the GPUs this machine has), before any GPU work.
 EngineOptions engine_options(const EngineArgs& args);
 
 // Where `deepfuse tune` saves plans and engines look them up: $XDG_CACHE_HOME/deepfuse/tuning.json,

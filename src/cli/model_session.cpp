@@ -8,6 +8,7 @@
 #include "cli/chat_prompt.hpp"
 #include "deepfuse/device.hpp"
 #include "deepfuse/error.hpp"
+#include "dist/tensor_split.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "deepfuse/safetensors.hpp"
 
@@ -125,6 +126,13 @@ LoadedModel prepare_model(const ModelArgs& args, std::vector<int32_t>& prompt, T
   const std::string unsupported =
       args.backend == "auto" && model.backend == Backend::cuda ? cuda_unsupported_reason(config) : "";
   if (!unsupported.empty()) model.backend = Backend::reference;
+  if (engine_flags.tensor_parallel > 1) {
+    DF_CHECK(model.backend == Backend::cuda, "--tp " + std::to_string(engine_flags.tensor_parallel) +
+                                                 " needs the cuda backend (the reference backend runs on one CPU)");
+    const std::string why = dist::why_not_splittable(config, engine_flags.tensor_parallel);
+    DF_CHECK(why.empty(), "cannot split " + config_source(args) + " over --tp " +
+                              std::to_string(engine_flags.tensor_parallel) + " GPUs: " + why);
+  }
   model.tokenizer = load_tokenizer(args, flag, use);
   const std::vector<int64_t> ids = prompt_to_ids(args, model.tokenizer);
   DF_CHECK(!ids.empty(), flag + ": the prompt has no tokens");

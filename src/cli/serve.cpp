@@ -82,6 +82,8 @@ LoadedServe load(const ServeArgs& args) {
     if (!loaded.tokenizer->chat_template().empty()) loaded.chat_template.emplace(loaded.tokenizer->chat_template());
   }
   EngineOptions options = engine_options(args.engine);
+  DF_CHECK(backend == Backend::cuda || options.tensor_parallel == 1,
+           "--tp " + std::to_string(options.tensor_parallel) + " needs the cuda backend (the reference backend runs on one CPU)");
   const int max_context = options.max_context > 0 ? std::min(options.max_context, config.max_position_embeddings)
                                                   : config.max_position_embeddings;
   if (backend == Backend::reference) {

@@ -13,6 +13,7 @@
 #include "cli/engine_options.hpp"
 #include "deepfuse/device.hpp"
 #include "deepfuse/error.hpp"
+#include "dist/tensor_split.hpp"
 #include "runtime/engine_tuning.hpp"
 #include "runtime/tuner.hpp"
 #include "scheduler/plan_json.hpp"
@@ -56,7 +57,21 @@ int run_tune(const TuneArgs& args) {
   DF_CHECK(cuda_device_available(), "tune: no CUDA device found on this machine");
   const auto start = std::chrono::steady_clock::now();
   std::optional<Engine> engine;
-  if (args.random_weights) {
+  const int tp = options.tensor_parallel;
+  if (tp > 1) {
+    // A tensor-parallel rank runs an ordinary model of its slice's shape (dist::rank_config): the
+    // plan is tuned for that shape on one GPU, with random weights (timings do not depend on the
+    // values), and tensor-parallel engines of this model find it under that shape.
+    ModelConfig config = args.random_weights ? random_arch_config(args.arch) : load_model_config(args.model_dir);
+    if (const std::string why = dist::why_not_splittable(config, tp); !why.empty())
+      throw Error("tune --tp " + std::to_string(tp) + ": cannot split the model: " + why);
+    config = dist::rank_config(config, dist::shard_of(config, 0, tp));
+    config.max_position_embeddings = std::max(config.max_position_embeddings, options.max_context);
+    options.tensor_parallel = 1;
+    std::fprintf(stderr, "note: tuning one rank's slice of --tp %d: %d heads, %d key/value heads, intermediate %d\n", tp,
+                 config.num_attention_heads, config.num_key_value_heads, config.intermediate_size);
+    engine.emplace(runtime::EngineTuning::with_random_weights(config, options, /*seed=*/1));
+  } else if (args.random_weights) {
     ModelConfig config = random_arch_config(args.arch);
     // Random weights: positions past the trained length cost the same, as bench decode has it.
     if (options.max_context > config.max_position_embeddings) {

@@ -10,15 +10,17 @@
 
 namespace deepfuse {
 
-bool cuda_device_available() {
+int cuda_device_count() {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {
     cudaGetLastError();  // clear the sticky "no device" error for later callers
-    return false;
+    return 0;
   }
-  return count > 0;
+  return count;
 }
+
+bool cuda_device_available() { return cuda_device_count() > 0; }
 
 DeviceInfo query_device(int ordinal) {
   DF_CHECK(cuda_device_available(), "no CUDA device is available");

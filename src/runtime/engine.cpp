@@ -9,7 +9,9 @@
 #include "deepfuse/error.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "deepfuse/safetensors.hpp"
+#include "dist/tensor_split.hpp"
 #include "runtime/engine_impl.hpp"
+#include "runtime/rank_group.hpp"
 #include "scheduler/builtin_plans.hpp"
 #include "scheduler/tuning_cache.hpp"
 #include "scheduler/variants.hpp"
@@ -140,6 +142,7 @@ void Engine::Impl::make_plan(bool all_layouts) {
       }
     }
   }
+  plan.tensor_parallel = link.shard.ranks;
   plan = scheduler::apply_overrides(std::move(plan), options.plan_overrides, shape, gpu);
   scheduler::check_plan(plan, shape, gpu);
   layouts = runtime::WeightLayouts::of(plan, max_tokens());
@@ -164,7 +167,7 @@ void Engine::Impl::fit_plan_to_memory() {
   DF_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
   const size_t one_sequence = static_cast<size_t>(KvPageTable::pages_for(options.max_context)) * kv_geometry().page_bytes();
   const size_t kv_first = options.keep_mlp_copy ? 0 : one_sequence * options.max_batch;
-  if (runtime::fits_with_kv(config, layouts, free_bytes, kv_first + kMemoryReserve)) return;
+  if (runtime::fits_with_kv(config, layouts, free_bytes, kv_first + kMemoryReserve, link.shard)) return;
   const scheduler::PlanShape shape = scheduler::PlanShape::of(config);
   if (!scheduler::why_unsupported(MlpChoice::fused, shape, max_tokens(), gpu).empty()) return;  // the copy is needed
   for (BucketPlan& bucket : plan.buckets) bucket.mlp = MlpChoice::fused;
@@ -193,7 +196,7 @@ void Engine::Impl::plan_attention(int index) {
           : std::nullopt;
 }
 
-void Engine::Impl::finish_setup() {
+void Engine::Impl::prepare_setup() {
   const int max_batch = options.max_batch;
   size_t attention_workspace = 0;
   decode_plans.resize(plan.buckets.size());
@@ -207,8 +210,8 @@ void Engine::Impl::finish_setup() {
   // The tuner tries other attention shapes on these buffers: room for the largest it may try.
   attention_workspace = std::max(attention_workspace, attention_workspace_floor);
   gemm = std::make_unique<kernels::CublasLtGemm>();
-  buffers = std::make_unique<runtime::StepBuffers>(config, max_tokens(), max_batch,
-                                                   std::max(max_batch, kScoreLogitRows), attention_workspace, stream());
+  buffers = std::make_unique<runtime::StepBuffers>(config, max_tokens(), max_batch, std::max(max_batch, kScoreLogitRows),
+                                                   attention_workspace, stream(), link.shard);
   using runtime::PinnedBuffer;
   for (runtime::StepLane& lane : lanes) {
     lane.inputs = PinnedBuffer(3 * static_cast<size_t>(max_batch) * sizeof(int32_t));
@@ -221,11 +224,23 @@ void Engine::Impl::finish_setup() {
   prefill_host = PinnedBuffer(3 * static_cast<size_t>(max_tokens()) * sizeof(int32_t));
   slot_host = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(kernels::SamplingSlot));
   running.reserve(max_batch);
+  if (link.shard.split()) {
+    // The partial sums the all-reduces read: the peer-visible buffers where the one-shot
+    // all-reduce exists, else two of this rank's own.
+    if (link.one_shot) {
+      for (int slot = 0; slot < 2; ++slot) link.partial[slot] = link.one_shot->input(link.shard.rank, slot);
+    } else {
+      partials = DeviceBuffer(2 * static_cast<size_t>(max_tokens()) * config.hidden_size * sizeof(__nv_bfloat16));
+      for (int slot = 0; slot < 2; ++slot)
+        link.partial[slot] = partials.as<__nv_bfloat16>() + slot * static_cast<size_t>(max_tokens()) * config.hidden_size;
+    }
+  }
+}
 
+int Engine::Impl::affordable_kv_pages() {
   // The KV cache takes what is left: never more pages than max_batch sequences at max_context use.
   const runtime::KvGeometry geometry = kv_geometry();
-  const int max_pages_per_sequence = KvPageTable::pages_for(options.max_context);
-  const size_t useful_pages = static_cast<size_t>(max_batch) * max_pages_per_sequence;
+  const size_t useful_pages = static_cast<size_t>(options.max_batch) * KvPageTable::pages_for(options.max_context);
   DF_CHECK_CUDA(cudaStreamSynchronize(stream()));
   size_t free_bytes = 0, total_bytes = 0;
   DF_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -244,60 +259,65 @@ void Engine::Impl::finish_setup() {
                            std::to_string(kernels::kKvPageSize) + " tokens over all layers is " +
                            str(geometry.page_bytes()) + " bytes)");
   DF_CHECK(pages <= static_cast<size_t>(INT32_MAX), "KV cache of " + str(pages) + " pages exceeds int32 page ids");
-  kv = std::make_unique<runtime::KvCache>(geometry, static_cast<int>(pages), max_batch, max_pages_per_sequence,
-                                          stream(), options.prefix_caching);
-  forward = std::make_unique<runtime::ForwardPass>(config, *weights, *kv, *buffers, *gemm, plan);
+  return static_cast<int>(pages);
+}
+
+void Engine::Impl::complete_setup(int kv_pages) {
+  kv = std::make_unique<runtime::KvCache>(kv_geometry(), kv_pages, options.max_batch,
+                                          KvPageTable::pages_for(options.max_context), stream(), options.prefix_caching);
+  forward = std::make_unique<runtime::ForwardPass>(config, *weights, *kv, *buffers, *gemm, plan, &link);
   if (options.tune_gemms) gemm_tunings = forward->tune_decode_gemms(stream());
   DF_CHECK_CUDA(cudaStreamSynchronize(stream()));
 }
 
-Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::Engine(std::unique_ptr<runtime::RankGroup> ranks) : ranks_(std::move(ranks)) {}
 Engine::~Engine() = default;
 Engine::Engine(Engine&&) noexcept = default;
 Engine& Engine::operator=(Engine&&) noexcept = default;
 
 Engine Engine::from_checkpoint(const std::filesystem::path& model_dir, const EngineOptions& options,
                                const LoadProgress& progress) {
-  ModelConfig config = load_model_config(model_dir);
+  const ModelConfig config = load_model_config(model_dir);
   const Checkpoint checkpoint(model_dir);
   validate_checkpoint(checkpoint, config);
-  auto impl = std::make_unique<Impl>(std::move(config), options);
-  impl->make_plan();
-  runtime::check_weights_fit(impl->config, impl->layouts, model_dir.string());
-  impl->weights = std::make_unique<runtime::GpuWeights>(
-      runtime::load_checkpoint_weights(checkpoint, impl->config, impl->layouts, impl->stream(), progress));
-  impl->finish_setup();
-  return Engine(std::move(impl));
+  return Engine(runtime::RankGroup::build(config, options, [&](Impl& impl, const dist::RankShard& shard, bool lead) {
+    runtime::check_weights_fit(impl.config, impl.layouts, model_dir.string(), shard);
+    impl.weights = std::make_unique<runtime::GpuWeights>(runtime::load_checkpoint_weights(
+        checkpoint, config, impl.layouts, impl.stream(), lead ? progress : LoadProgress{}, shard));
+  }));
 }
 
 Engine Engine::with_random_weights(const ModelConfig& config, const EngineOptions& options, uint64_t seed) {
-  auto impl = std::make_unique<Impl>(config, options);
-  impl->make_plan();
-  runtime::check_weights_fit(impl->config, impl->layouts, "random weights for a " + describe_model(config));
-  impl->weights = std::make_unique<runtime::GpuWeights>(
-      runtime::make_random_weights(impl->config, impl->layouts, seed, impl->stream()));
-  impl->finish_setup();
-  return Engine(std::move(impl));
+  return Engine(runtime::RankGroup::build(config, options, [&](Impl& impl, const dist::RankShard& shard, bool) {
+    runtime::check_weights_fit(impl.config, impl.layouts, "random weights for a " + describe_model(config), shard);
+    impl.weights = std::make_unique<runtime::GpuWeights>(
+        runtime::make_random_weights(config, impl.layouts, seed, impl.stream(), shard));
+  }));
 }
 
 PlanPreview preview_plan(const ModelConfig& config, const EngineOptions& options) {
-  Engine::Impl impl(config, options);
+  const int tp = options.tensor_parallel;
+  if (const std::string why = dist::why_not_splittable(config, tp); !why.empty())
+    throw Error("cannot split the model over " + std::to_string(tp) + " GPUs: " + why);
+  const dist::RankShard shard = dist::shard_of(config, 0, tp);
+  Engine::Impl impl(dist::rank_config(config, shard), options);
+  impl.link.shard = shard;
   impl.make_plan();
-  return {impl.plan, impl.plan_notice, runtime::gpu_weight_bytes(impl.config, impl.layouts)};
+  return {impl.plan, impl.plan_notice, runtime::gpu_weight_bytes(impl.config, impl.layouts, shard)};
 }
 
-const ModelConfig& Engine::config() const { return impl_->config; }
-const EngineOptions& Engine::options() const { return impl_->options; }
-const std::vector<GemmTuning>& Engine::gemm_tunings() const { return impl_->gemm_tunings; }
-const DecodePlan& Engine::plan() const { return impl_->plan; }
-const std::string& Engine::plan_notice() const { return impl_->plan_notice; }
+const ModelConfig& Engine::config() const { return ranks_->model(); }
+const EngineOptions& Engine::options() const { return ranks_->lead().options; }
+const std::vector<GemmTuning>& Engine::gemm_tunings() const { return ranks_->lead().gemm_tunings; }
+const DecodePlan& Engine::plan() const { return ranks_->lead().plan; }
+const std::string& Engine::plan_notice() const { return ranks_->lead().plan_notice; }
 
 EngineStats Engine::stats(int decode_batch) const {
-  const Impl& s = *impl_;
+  const Impl& s = ranks_->lead();
   s.activate_device();
   EngineStats stats;
-  stats.weight_bytes = runtime::decode_weight_bytes(s.config);
-  stats.gpu_weight_bytes = runtime::gpu_weight_bytes(s.config, s.layouts);
+  stats.weight_bytes = runtime::decode_weight_bytes(s.config, s.link.shard);
+  stats.gpu_weight_bytes = runtime::gpu_weight_bytes(s.config, s.layouts, s.link.shard);
   stats.kv_cache_bytes = s.kv->pool_bytes();
   stats.kv_pages_total = s.kv->table().total_pages();
   stats.kv_pages_free = s.kv->table().free_pages();
@@ -349,32 +369,38 @@ void Engine::Impl::validate_request(const SequenceRequest& r) const {
 }
 
 SequenceId Engine::add_sequence(const SequenceRequest& request) {
-  Impl& s = *impl_;
-  s.validate_request(request);
-  Sequence sequence;
-  sequence.id = s.next_id++;
-  sequence.prompt = request.prompt;
-  sequence.sampling = request.sampling;
-  sequence.max_new_tokens = request.max_new_tokens;
-  sequence.stop_ids = request.stop_ids;
-  s.queued.push_back(std::move(sequence));
-  return s.queued.back().id;
+  ranks_->lead().validate_request(request);  // every rank would say the same: once, before any rank changes
+  ranks_->run([&](Impl& s) {
+    Sequence sequence;
+    sequence.id = s.next_id++;
+    sequence.prompt = request.prompt;
+    sequence.sampling = request.sampling;
+    sequence.max_new_tokens = request.max_new_tokens;
+    sequence.stop_ids = request.stop_ids;
+    s.queued.push_back(std::move(sequence));
+  });
+  return ranks_->lead().queued.back().id;
 }
 
 void Engine::remove_sequence(SequenceId sequence) {
-  Impl& s = *impl_;
-  s.activate_device();
-  for (size_t row = 0; row < s.running.size(); ++row)
-    if (s.running[row].id == sequence) return s.remove_running(static_cast<int>(row));
-  for (auto it = s.queued.begin(); it != s.queued.end(); ++it)
-    if (it->id == sequence) {
-      s.queued.erase(it);
-      return;
-    }
-  // Finished sequences were removed when their last token was reported: nothing to do.
-  DF_CHECK(sequence >= 1 && sequence < s.next_id, "unknown sequence id " + std::to_string(sequence));
+  const Impl& lead = ranks_->lead();
+  // Finished sequences were removed when their last token was reported: nothing to do then.
+  DF_CHECK(sequence >= 1 && sequence < lead.next_id, "unknown sequence id " + std::to_string(sequence));
+  ranks_->run([&](Impl& s) {
+    s.activate_device();
+    for (size_t row = 0; row < s.running.size(); ++row)
+      if (s.running[row].id == sequence) return s.remove_running(static_cast<int>(row));
+    for (auto it = s.queued.begin(); it != s.queued.end(); ++it)
+      if (it->id == sequence) {
+        s.queued.erase(it);
+        return;
+      }
+  });
 }
 
-int Engine::running_sequences() const { return static_cast<int>(impl_->queued.size() + impl_->running.size()); }
+int Engine::running_sequences() const {
+  const Impl& s = ranks_->lead();
+  return static_cast<int>(s.queued.size() + s.running.size());
+}
 
 }  // namespace deepfuse

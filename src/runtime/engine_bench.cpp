@@ -7,11 +7,18 @@
 #include "core/cuda_event.hpp"
 #include "deepfuse/error.hpp"
 #include "runtime/engine_impl.hpp"
+#include "runtime/rank_group.hpp"
 
 namespace deepfuse::runtime {
 
 SequenceId EngineBench::add_prefilled(Engine& engine, int context, int max_new_tokens) {
-  Engine::Impl& s = *engine.impl_;
+  SequenceId id = 0;
+  // The same sequence on every rank (tensor parallel): checks first on rank 0, then each adds it.
+  engine.ranks_->run([&](Engine::Impl& s) { id = add_prefilled(s, context, max_new_tokens); });
+  return id;
+}
+
+SequenceId EngineBench::add_prefilled(Engine::Impl& s, int context, int max_new_tokens) {
   s.activate_device();
   DF_CHECK(context >= 0, "benchmark context is " + std::to_string(context) + "; it must be >= 0");
   DF_CHECK(max_new_tokens >= 1, "max_new_tokens is " + std::to_string(max_new_tokens) + "; it must be at least 1");
@@ -38,7 +45,20 @@ SequenceId EngineBench::add_prefilled(Engine& engine, int context, int max_new_t
 }
 
 double EngineBench::decode_replay_ms(Engine& engine, int replays) {
-  Engine::Impl& s = *engine.impl_;
+  // Tensor parallel: every rank replays its step at once (their collectives meet); rank 0's time.
+  double lead_ms = 0;
+  engine.ranks_->run([&](Engine::Impl& s) {
+    const double ms = decode_replay_ms(s, replays);
+    if (s.link.shard.rank == 0) lead_ms = ms;
+  });
+  return lead_ms;
+}
+
+const std::vector<AllReduceTiming>& EngineBench::all_reduce_timings(const Engine& engine) {
+  return engine.ranks_->all_reduce_timings();
+}
+
+double EngineBench::decode_replay_ms(Engine::Impl& s, int replays) {
   s.activate_device();
   DF_CHECK(replays >= 1, "replays is " + std::to_string(replays) + "; it must be at least 1");
   if (s.running.empty()) return 0.0;

@@ -3,9 +3,13 @@
 // without prefilling them, and to time the captured step alone.
 #pragma once
 
+#include <vector>
+
 #include "deepfuse/engine.hpp"
 
 namespace deepfuse::runtime {
+
+struct AllReduceTiming;
 
 class EngineBench {
  public:
@@ -20,6 +24,13 @@ class EngineBench {
   // latest step's positions, so those cache entries and the draw counters are left as the
   // replays wrote them; the ids the next step() feeds are kept.
   static double decode_replay_ms(Engine& engine, int replays);
+  // Tensor parallel: the all-reduce times measured at engine start, per decode bucket (empty or
+  // zero for one GPU).
+  static const std::vector<AllReduceTiming>& all_reduce_timings(const Engine& engine);
+
+ private:
+  static SequenceId add_prefilled(Engine::Impl& s, int context, int max_new_tokens);
+  static double decode_replay_ms(Engine::Impl& s, int replays);
 };
 
 }  // namespace deepfuse::runtime

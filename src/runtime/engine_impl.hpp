@@ -30,6 +30,7 @@
 #include "runtime/graph_cache.hpp"
 #include "runtime/kv_cache.hpp"
 #include "runtime/pinned_buffer.hpp"
+#include "runtime/rank_link.hpp"
 #include "scheduler/tuning_cache.hpp"
 #include "scheduler/variants.hpp"
 
@@ -88,7 +89,17 @@ struct Engine::Impl {
   ~Impl();
 
   // Everything after the weights: workspaces, decode plans, KV cache (sized from what is left), graphs.
-  void finish_setup();
+  // In two halves for tensor parallel ranks, which all take the smallest page count any affords.
+  void finish_setup() {
+    prepare_setup();
+    complete_setup(affordable_kv_pages());
+  }
+  void prepare_setup();         // decode attention plans, step buffers, pinned lanes
+  int affordable_kv_pages();    // KV pages the memory left holds (at most max_batch x max_context)
+  void complete_setup(int kv_pages);  // the KV cache, the forward pass, GEMM tuning
+  // Tensor parallel: µs per all-reduce of `tokens` rows under `choice`, `calls` of them captured
+  // in a graph and replayed `replays` times (median). Every rank must call it together.
+  double time_all_reduce(int tokens, AllReduceChoice choice, int calls, int replays);
 
   int max_tokens() const { return std::max(options.prefill_chunk, options.max_batch); }
   // The decode plan: the GPU class's built-in, or the tuning cache's entry, then the overrides
@@ -149,6 +160,7 @@ struct Engine::Impl {
   std::string plan_notice;  // why a tuning cache was ignored, or empty
   runtime::WeightLayouts layouts;  // what the weights hold: make_plan decides
   scheduler::GpuInfo gpu;  // options.device's, read once at construction
+  runtime::RankLink link;  // tensor parallel: this rank's slice and links (one GPU: shard.ranks 1)
   size_t attention_workspace_floor = 0;  // the tuner's engine: room for its attention candidates
   runtime::StreamOwner stream_owner;  // declared first: destroyed last, after everything using it
 
@@ -159,6 +171,7 @@ struct Engine::Impl {
   // Per bucket, for steps whose sequences are all short: splits merged in clusters (graph plan 1).
   std::vector<std::optional<kernels::DecodeAttentionPlan>> short_context_plans;
   std::unique_ptr<runtime::StepBuffers> buffers;
+  DeviceBuffer partials;  // tensor parallel without peer access: link.partial's two buffers
   std::unique_ptr<runtime::KvCache> kv;
   std::unique_ptr<runtime::ForwardPass> forward;
 

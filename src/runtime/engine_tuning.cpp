@@ -9,6 +9,7 @@
 #include "deepfuse/safetensors.hpp"
 #include "runtime/engine_bench.hpp"
 #include "runtime/engine_impl.hpp"
+#include "runtime/rank_group.hpp"
 
 namespace deepfuse::runtime {
 
@@ -34,7 +35,7 @@ Engine EngineTuning::with_random_weights(const ModelConfig& config, EngineOption
   check_weights_fit(impl->config, impl->layouts, "the tuner's random weights");
   impl->weights = std::make_unique<GpuWeights>(make_random_weights(impl->config, impl->layouts, seed, impl->stream()));
   impl->finish_setup();
-  return Engine(std::move(impl));
+  return Engine(RankGroup::single(std::move(impl)));
 }
 
 Engine EngineTuning::from_checkpoint(const std::filesystem::path& model_dir, EngineOptions options,
@@ -49,11 +50,11 @@ Engine EngineTuning::from_checkpoint(const std::filesystem::path& model_dir, Eng
   impl->weights = std::make_unique<GpuWeights>(
       load_checkpoint_weights(checkpoint, impl->config, impl->layouts, impl->stream(), progress));
   impl->finish_setup();
-  return Engine(std::move(impl));
+  return Engine(RankGroup::single(std::move(impl)));
 }
 
 double EngineTuning::time_bucket(Engine& engine, const BucketPlan& bucket, int context, int replays) {
-  Engine::Impl& s = *engine.impl_;
+  Engine::Impl& s = engine.ranks_->lead();
   s.activate_device();
   DF_CHECK(engine.running_sequences() == 0, "the tuner times buckets on an idle engine");
   const int index = s.lanes[0].graphs->bucket_index(bucket.batch);
@@ -84,14 +85,14 @@ double EngineTuning::time_bucket(Engine& engine, const BucketPlan& bucket, int c
 }
 
 int EngineTuning::longest_timed_context(const Engine& engine, int batch, int limit) {
-  const Engine::Impl& s = *engine.impl_;
+  const Engine::Impl& s = engine.ranks_->lead();
   constexpr int kSpare = 16;  // the timed steps' own tokens, and a page boundary's worth
   const int pages_each = s.kv->table().free_pages() / std::max(batch, 1);
   const int fits = pages_each * kernels::kKvPageSize - kSpare;
   return std::max(0, std::min({limit, fits, s.options.max_context - kSpare}));
 }
 
-scheduler::GpuInfo EngineTuning::gpu(const Engine& engine) { return engine.impl_->gpu; }
-scheduler::TuningKey EngineTuning::key(const Engine& engine) { return engine.impl_->tuning_key(); }
+scheduler::GpuInfo EngineTuning::gpu(const Engine& engine) { return engine.ranks_->lead().gpu; }
+scheduler::TuningKey EngineTuning::key(const Engine& engine) { return engine.ranks_->lead().tuning_key(); }
 
 }  // namespace deepfuse::runtime

@@ -12,6 +12,8 @@
 #include "deepfuse/kernels/rms_norm.hpp"
 #include "deepfuse/kernels/qkv_rope_fused.hpp"
 #include "deepfuse/kernels/rope_kv_append.hpp"
+#include "deepfuse/kernels/one_shot_all_reduce.hpp"
+#include "dist/nccl_group.hpp"
 
 namespace deepfuse::runtime {
 
@@ -25,7 +27,7 @@ constexpr size_t kMinWorkspaceBytes = 256;
 }  // namespace
 
 StepBuffers::StepBuffers(const ModelConfig& c, int max_tokens_in, int max_batch_in, int logits_rows_in,
-                         size_t attention_workspace_bytes, cudaStream_t stream)
+                         size_t attention_workspace_bytes, cudaStream_t stream, const dist::RankShard& shard)
     : max_tokens(max_tokens_in),
       max_batch(max_batch_in),
       logits_rows(logits_rows_in),
@@ -35,6 +37,8 @@ StepBuffers::StepBuffers(const ModelConfig& c, int max_tokens_in, int max_batch_
       q_rot(bf16_bytes(static_cast<size_t>(max_tokens) * c.q_size())),
       attention_out(bf16_bytes(static_cast<size_t>(max_tokens) * c.q_size())),
       logits(static_cast<size_t>(logits_rows) * c.vocab_size * sizeof(float)),
+      logits_slice(shard.split() ? static_cast<size_t>(logits_rows) * shard.vocab_rows * sizeof(float) : 0),
+      logits_gathered(shard.split() ? logits_slice.bytes() * shard.ranks : 0),
       decode_inputs(3 * static_cast<size_t>(max_batch) * sizeof(int32_t)),
       decode_rows(static_cast<size_t>(max_batch) * sizeof(int32_t)),
       prefill_inputs(3 * static_cast<size_t>(max_tokens) * sizeof(int32_t)),
@@ -51,13 +55,15 @@ StepBuffers::StepBuffers(const ModelConfig& c, int max_tokens_in, int max_batch_
 }
 
 ForwardPass::ForwardPass(const ModelConfig& config, const GpuWeights& weights, const KvCache& kv,
-                         const StepBuffers& buffers, kernels::CublasLtGemm& gemm, const DecodePlan& plan)
+                         const StepBuffers& buffers, kernels::CublasLtGemm& gemm, const DecodePlan& plan,
+                         const RankLink* link)
     : config_(config),
       weights_(weights),
       kv_(kv),
       buffers_(buffers),
       gemm_(gemm),
       plan_(plan),
+      link_(link && link->shard.split() ? link : nullptr),
       attention_scale_(1.0f / std::sqrt(static_cast<float>(config.head_dim))) {}
 
 void ForwardPass::embed(const int32_t* ids, int tokens, cudaStream_t stream) {
@@ -92,7 +98,9 @@ float* ForwardPass::layer(int index, int tokens, const int32_t* positions, const
   // It defers whenever they can: faster at every such batch (docs/kernels/swiglu_fused.md, "The
   // sum left for the next block at batch 1"). Only the fused MLP can leave its sum.
   const bool reads_pending = c.o_proj == OProjChoice::gemv;
-  const bool defers_sum = reads_pending && c.mlp == MlpChoice::fused && index + 1 < config_.num_hidden_layers;
+  // Tensor parallel: every sum goes through the all-reduce, never left pending.
+  const bool defers_sum =
+      !split() && reads_pending && c.mlp == MlpChoice::fused && index + 1 < config_.num_hidden_layers;
   DF_CHECK(!pending || reads_pending, "a deferred MLP sum reached a block that cannot add it");
   auto* residual = buffers_.residual.as<__nv_bfloat16>();
   const kernels::PagedKv kv = kv_.layer(index);
@@ -103,12 +111,19 @@ float* ForwardPass::layer(int index, int tokens, const int32_t* positions, const
   else
     unfused_qkv(w, tokens, positions, rows, kv, stream);
   attend(kv, tokens, attention, stream);
-  // 5. output projection, added into the residual stream in place.
+  // 5. output projection, added into the residual stream in place (tensor parallel: each rank's
+  // partial sum, rank 0's with the residual, summed over the ranks into the stream).
   output_projection(w, tokens, c.o_proj == OProjChoice::gemv, pending, stream);
+  if (split()) all_reduce(0, tokens, c.all_reduce, stream);
   // 6-7. post-attention RMSNorm and the SwiGLU MLP, added into the residual stream in place (both
   // variants fold the norm in), or left for the next block's kernels.
   MlpLayer& mlp = w.mlp(c.mlp);
   if (defers_sum) return mlp.run_deferred(residual, tokens, stream);
+  if (split()) {
+    mlp.run(residual, rank_zero() ? residual : nullptr, link_->partial[1], tokens, stream);
+    all_reduce(1, tokens, c.all_reduce, stream);
+    return nullptr;
+  }
   mlp.run(residual, residual, residual, tokens, stream);
   return nullptr;
 }
@@ -142,24 +157,39 @@ void ForwardPass::output_projection(const GpuLayerWeights& w, int tokens, bool g
                                     cudaStream_t stream) {
   auto* residual = buffers_.residual.as<__nv_bfloat16>();
   const auto* attention_out = buffers_.attention_out.as<__nv_bfloat16>();
-  const __nv_bfloat16* o_bias = w.o_bias.empty() ? nullptr : w.o_bias.as<__nv_bfloat16>();
+  // Tensor parallel: rank 0's partial carries the residual and the bias, the others' only their
+  // heads' share, so the all-reduce's sum is the one-GPU result.
+  const __nv_bfloat16* o_bias = w.o_bias.empty() || !rank_zero() ? nullptr : w.o_bias.as<__nv_bfloat16>();
+  const __nv_bfloat16* addend = rank_zero() ? residual : nullptr;
+  __nv_bfloat16* y = split() ? link_->partial[0] : residual;
   const int hidden = config_.hidden_size, q_size = config_.q_size();
   if (!gemv) {
-    gemm_.run_with_bias(attention_out, w.o_proj.as<__nv_bfloat16>(), o_bias, residual, residual, tokens, hidden,
-                        q_size, stream);
+    gemm_.run_with_bias(attention_out, w.o_proj.as<__nv_bfloat16>(), o_bias, addend, y, tokens, hidden, q_size,
+                        stream);
     return;
   }
   kernels::GemvResidualParams p;
   p.x = attention_out;
   p.weights = w.o_proj_packed.as<uint4>();
   p.bias = o_bias;
-  p.residual = residual;
-  p.y = residual;
+  p.residual = addend;
+  p.y = y;
   p.tokens = tokens;
   p.rows = hidden;
   p.inner = q_size;
   p.pending = pending;  // added to the residual, then zero for that MLP's next call
   DF_CHECK_CUDA(kernels::launch_gemv_residual(p, stream));
+}
+
+void ForwardPass::all_reduce(int slot, int tokens, AllReduceChoice choice, cudaStream_t stream) {
+  const size_t elements = static_cast<size_t>(tokens) * config_.hidden_size;
+  auto* residual = buffers_.residual.as<__nv_bfloat16>();
+  if (choice == AllReduceChoice::one_shot && link_->one_shot && elements <= link_->one_shot->max_elements()) {
+    DF_CHECK_CUDA(kernels::launch_one_shot_all_reduce(
+        link_->one_shot->params(link_->shard.rank, slot, elements, residual), stream));
+    return;
+  }
+  dist::all_reduce_sum(link_->comm, link_->partial[slot], residual, elements, stream);
 }
 
 void ForwardPass::unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_t* positions, const int32_t* rows,
@@ -252,11 +282,44 @@ void ForwardPass::lm_head(int first_row, int rows, cudaStream_t stream) {
   DF_CHECK(rows >= 1 && rows <= buffers_.logits_rows,
            "lm_head of " + std::to_string(rows) + " rows outside 1.." + std::to_string(buffers_.logits_rows));
   const auto* normed = buffers_.normed.as<__nv_bfloat16>() + static_cast<size_t>(first_row) * config_.hidden_size;
-  gemm_.run_fp32_out(normed, weights_.lm_head_weights(), buffers_.logits.as<float>(), rows, config_.vocab_size,
+  if (!split()) {
+    gemm_.run_fp32_out(normed, weights_.lm_head_weights(), buffers_.logits.as<float>(), rows, config_.vocab_size,
+                       config_.hidden_size, stream);
+    return;
+  }
+  // Each rank's vocabulary slice, gathered rank after rank ([ranks][rows][slice]); rank 0 then
+  // lays the slices side by side into whole rows for the sampler and score().
+  const dist::RankShard& shard = link_->shard;
+  const size_t slice = shard.vocab_rows;
+  gemm_.run_fp32_out(normed, weights_.lm_head_weights(), buffers_.logits_slice.as<float>(), rows, shard.vocab_rows,
                      config_.hidden_size, stream);
+  dist::all_gather(link_->comm, buffers_.logits_slice.as<float>(), buffers_.logits_gathered.as<float>(),
+                   static_cast<size_t>(rows) * slice, stream);
+  if (!rank_zero()) return;
+  for (int r = 0; r < shard.ranks; ++r) {
+    const size_t first = static_cast<size_t>(r) * slice;
+    if (first >= static_cast<size_t>(config_.vocab_size)) break;
+    const size_t width = std::min(slice, static_cast<size_t>(config_.vocab_size) - first);
+    DF_CHECK_CUDA(cudaMemcpy2DAsync(buffers_.logits.as<float>() + first, config_.vocab_size * sizeof(float),
+                                    buffers_.logits_gathered.as<float>() + r * rows * slice, slice * sizeof(float),
+                                    width * sizeof(float), rows, cudaMemcpyDeviceToDevice, stream));
+  }
 }
 
 void ForwardPass::sample(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids) {
+  if (split()) {
+    // Rank 0 samples; every rank then feeds its ids (one sampler: no two draws can differ).
+    int32_t* ids = buffers_.decode_ids() + first_entry;
+    if (rank_zero()) sample_here(first_entry, batch, stream, host_ids);
+    dist::broadcast(link_->comm, ids, ids, batch, 0, stream);
+    if (!rank_zero() && host_ids)
+      DF_CHECK_CUDA(cudaMemcpyAsync(host_ids, ids, batch * sizeof(int32_t), cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  sample_here(first_entry, batch, stream, host_ids);
+}
+
+void ForwardPass::sample_here(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids) {
   kernels::SamplingParams p;
   p.logits = buffers_.logits.as<float>();
   p.slots = buffers_.slots() + first_entry;
@@ -300,7 +363,8 @@ std::vector<GemmTuning> ForwardPass::tune_decode_gemms(cudaStream_t stream) {
       for (const GpuLayerWeights& w : weights_.layers) mlps.push_back(&w.mlp(MlpChoice::unfused));
       for (GemmTuning& t : MlpLayer::tune_unfused_gemms(mlps, m, true, stream)) out.push_back(std::move(t));
     }
-    tune("lm_head", {m, config_.vocab_size, hidden, normed, nullptr, nullptr, buffers_.logits.data(), true},
+    void* logits = split() ? buffers_.logits_slice.data() : buffers_.logits.data();
+    tune("lm_head", {m, lm_head_rows(), hidden, normed, nullptr, nullptr, logits, true},
          std::span(&lm_head, 1));
   }
   return out;
@@ -310,12 +374,16 @@ int ForwardPass::launches_per_layer(int attention_launches, const BucketPlan& bu
   // [QKV GEMM, rope_kv_append] or the fused front, attention, o_proj (the cluster GEMV, or
   // cuBLASLt, counted as one although a split-K algorithm adds a reduction kernel), the MLP
   const int front = bucket.front == FrontChoice::fused ? 1 : 2;
-  return front + attention_launches + 1 + weights_.layers.front().mlp(bucket.mlp).launches_per_call(true);
+  const int all_reduces = split() ? 2 : 0;  // after attention and after the MLP (one kernel each)
+  return front + attention_launches + 1 + weights_.layers.front().mlp(bucket.mlp).launches_per_call(true) +
+         all_reduces;
 }
 
 int ForwardPass::launches_per_decode_step(const BucketPlan& bucket, const kernels::DecodeAttentionPlan& plan) const {
-  // embedding, the layers, final norm, lm_head, sampling
-  return 1 + config_.num_hidden_layers * launches_per_layer(kernels::decode_attention_launches(plan), bucket) + 3;
+  // embedding, the layers, final norm, lm_head, sampling; tensor parallel: the logits' gather and
+  // the ids' broadcast (rank 0, which samples)
+  return 1 + config_.num_hidden_layers * launches_per_layer(kernels::decode_attention_launches(plan), bucket) + 3 +
+         (split() ? 2 : 0);
 }
 
 }  // namespace deepfuse::runtime

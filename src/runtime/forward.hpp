@@ -39,14 +39,17 @@
 #include "deepfuse/kernels/sampling.hpp"
 #include "runtime/gpu_weights.hpp"
 #include "runtime/kv_cache.hpp"
+#include "runtime/rank_link.hpp"
 
 namespace deepfuse::runtime {
 
 // Every device buffer a pass reads or writes, allocated once at engine start, so a captured
 // decode step replays against the same addresses with new contents.
 struct StepBuffers {
+  // `shard`: a tensor-parallel rank's, whose lm_head yields its vocabulary slice, gathered from
+  // every rank into `logits` (one GPU: the default, logits straight from lm_head).
   StepBuffers(const ModelConfig& config, int max_tokens, int max_batch, int logits_rows,
-              size_t attention_workspace_bytes, cudaStream_t stream);
+              size_t attention_workspace_bytes, cudaStream_t stream, const dist::RankShard& shard = {});
 
   int max_tokens;   // rows of the activation buffers: max(prefill_chunk, max_batch)
   int max_batch;    // decode entries (= block-table rows)
@@ -57,6 +60,8 @@ struct StepBuffers {
   DeviceBuffer q_rot;             // bf16 [max_tokens, q_size]
   DeviceBuffer attention_out;     // bf16 [max_tokens, q_size]
   DeviceBuffer logits;            // fp32 [logits_rows, vocab]
+  DeviceBuffer logits_slice;      // tensor parallel: fp32 [logits_rows, vocab_rows], this rank's lm_head
+  DeviceBuffer logits_gathered;   // tensor parallel: fp32 [ranks, logits_rows, vocab_rows], every rank's
   DeviceBuffer decode_inputs;     // int32 [3, max_batch]: ids | positions | seq_lens (upload_decode_inputs order)
   DeviceBuffer decode_rows;       // int32 [max_batch] = 0, 1, ...: decode entry i is block-table row i
   DeviceBuffer prefill_inputs;    // int32 [3, max_tokens]: ids | positions | block-table rows
@@ -77,8 +82,9 @@ class ForwardPass {
  public:
   // `plan` (the engine's, outliving this) says which variant each op runs, per decode bucket and
   // for prefill chunks; the weights hold the layouts it names.
+  // `link`: a tensor-parallel rank's (null: one GPU), outliving this. `config` is the rank's model.
   ForwardPass(const ModelConfig& config, const GpuWeights& weights, const KvCache& kv, const StepBuffers& buffers,
-              kernels::CublasLtGemm& gemm, const DecodePlan& plan);
+              kernels::CublasLtGemm& gemm, const DecodePlan& plan, const RankLink* link = nullptr);
 
   // A decode step for plan.batch entries read from buffers.decode_inputs; ends with their
   // logits in rows 0..batch-1 and the sampled ids in decode_ids and in `host_sampled` (the
@@ -94,10 +100,12 @@ class ForwardPass {
 
   // Final RMSNorm of residual rows [first_row, first_row + rows) -> normed rows 0..rows-1.
   void final_norm(int first_row, int rows, cudaStream_t stream);
-  // lm_head of normed rows [first_row, first_row + rows) -> fp32 logits rows 0..rows-1.
+  // lm_head of normed rows [first_row, first_row + rows) -> fp32 logits rows 0..rows-1 (tensor
+  // parallel: each rank's vocabulary slice, gathered; the whole rows on rank 0 only).
   void lm_head(int first_row, int rows, cudaStream_t stream);
   // Samples logits rows 0..batch-1 with the slots of entries first_entry.. and writes the ids
   // into decode_ids[first_entry..] (and into host_ids[0..batch-1] when given: mapped pinned memory).
+  // Tensor parallel: rank 0 samples and broadcasts the ids, so every rank feeds the same tokens.
   void sample(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids = nullptr);
 
   // Times cuBLASLt's candidate algorithms for every GEMM the decode steps of these batch buckets
@@ -105,6 +113,10 @@ class ForwardPass {
   // QKV projection, o_proj and the unfused MLP) and keeps the fastest. Scribbles on the step's
   // buffers: only while no sequence runs (engine setup). Synchronises the stream.
   std::vector<GemmTuning> tune_decode_gemms(cudaStream_t stream);
+
+  // Tensor parallel: the all-reduce that sums every rank's partial[slot] (link) of `tokens` rows
+  // into the residual stream; `choice` one_shot falls back to NCCL beyond the peer buffers.
+  void all_reduce(int slot, int tokens, AllReduceChoice choice, cudaStream_t stream);
 
   // Kernel launches (cuBLASLt GEMMs count one each) of one layer and of a whole decode step;
   // decode_batch 0 means a prefill chunk.
@@ -117,8 +129,11 @@ class ForwardPass {
     MlpChoice mlp;
     FrontChoice front;
     OProjChoice o_proj;
+    AllReduceChoice all_reduce = AllReduceChoice::nccl;
   };
-  static Choices choices_of(const BucketPlan& bucket) { return {bucket.mlp, bucket.front, bucket.o_proj}; }
+  static Choices choices_of(const BucketPlan& bucket) {
+    return {bucket.mlp, bucket.front, bucket.o_proj, bucket.all_reduce};
+  }
   // A pass's choices, and its decode (decode_plan set) or prefill attention.
   struct Attention {
     Choices choices;
@@ -139,6 +154,11 @@ class ForwardPass {
   void output_projection(const GpuLayerWeights& w, int tokens, bool gemv, float* pending, cudaStream_t stream);
   void attend(const kernels::PagedKv& kv, int tokens, const Attention& attention, cudaStream_t stream);
   void rms_norm(const __nv_bfloat16* weight, int first_row, int rows, cudaStream_t stream);
+  void sample_here(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids);
+  // Tensor parallel: whether this rank samples and adds the residual.
+  bool split() const { return link_ != nullptr; }
+  bool rank_zero() const { return !link_ || link_->shard.rank == 0; }
+  int lm_head_rows() const { return split() ? link_->shard.vocab_rows : config_.vocab_size; }
 
   const ModelConfig& config_;
   const GpuWeights& weights_;
@@ -146,6 +166,7 @@ class ForwardPass {
   const StepBuffers& buffers_;
   kernels::CublasLtGemm& gemm_;
   const DecodePlan& plan_;
+  const RankLink* link_;
   float attention_scale_;
 };
 

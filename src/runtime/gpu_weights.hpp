@@ -32,6 +32,7 @@
 #include "deepfuse/model_config.hpp"
 #include "deepfuse/safetensors.hpp"
 #include "deepfuse/tensor.hpp"
+#include "dist/tensor_split.hpp"
 
 namespace deepfuse::runtime {
 
@@ -76,25 +77,32 @@ struct GpuWeights {
 
 // Bytes of every weight on the device (bf16) in these layouts, and the subset one decode step
 // reads (all but the embedding table, of which a step gathers only a few rows, unless it doubles
-// as the lm_head; each op reads one of its layouts).
-size_t gpu_weight_bytes(const ModelConfig& config, const WeightLayouts& layouts);
-size_t decode_weight_bytes(const ModelConfig& config);
+// as the lm_head; each op reads one of its layouts). `config` is the rank's model
+// (dist::rank_config); a split one holds its lm_head slice of shard.vocab_rows rows apart from the
+// replicated embedding table.
+size_t gpu_weight_bytes(const ModelConfig& config, const WeightLayouts& layouts, const dist::RankShard& shard = {});
+size_t decode_weight_bytes(const ModelConfig& config, const dist::RankShard& shard = {});
 
 // Whether the weights in `layouts`, their load staging and `kv_reserve_bytes` fit `free_bytes`.
-bool fits_with_kv(const ModelConfig& config, const WeightLayouts& layouts, size_t free_bytes, size_t kv_reserve_bytes);
+bool fits_with_kv(const ModelConfig& config, const WeightLayouts& layouts, size_t free_bytes, size_t kv_reserve_bytes,
+                  const dist::RankShard& shard = {});
 
 // Throws deepfuse::Error naming the bytes needed and free when the weights (plus the staging that
 // loading them needs) cannot fit the current device's free memory. `what` names the model.
-void check_weights_fit(const ModelConfig& config, const WeightLayouts& layouts, const std::string& what);
+void check_weights_fit(const ModelConfig& config, const WeightLayouts& layouts, const std::string& what,
+                       const dist::RankShard& shard = {});
 
-// Validates the checkpoint against the config, then loads it. progress (may be empty) gets
-// checkpoint bytes done / total.
-GpuWeights load_checkpoint_weights(const Checkpoint& checkpoint, const ModelConfig& config, const WeightLayouts& layouts,
-                                   cudaStream_t stream, const LoadProgress& progress);
+// Validates the checkpoint against `model` (the whole model), then loads the slices of `shard`
+// (everything for one GPU) straight from the files: a rank reads only its own rows and columns.
+// progress (may be empty) gets checkpoint bytes done / total.
+GpuWeights load_checkpoint_weights(const Checkpoint& checkpoint, const ModelConfig& model, const WeightLayouts& layouts,
+                                   cudaStream_t stream, const LoadProgress& progress, const dist::RankShard& shard = {});
 
 // Uniform random weights at ~1/sqrt(fan_in) scale (norm weights 1, biases small, embedding ±1),
 // the statistics of trained weights closely enough that activations stay finite over 80 layers.
-GpuWeights make_random_weights(const ModelConfig& config, const WeightLayouts& layouts, uint64_t seed,
-                              cudaStream_t stream);
+// A shard holds the slices of the same model (each tensor is drawn whole, then sliced), so tensor
+// parallel and one-GPU engines of one seed compute the same function.
+GpuWeights make_random_weights(const ModelConfig& model, const WeightLayouts& layouts, uint64_t seed,
+                               cudaStream_t stream, const dist::RankShard& shard = {});
 
 }  // namespace deepfuse::runtime

@@ -58,7 +58,7 @@ int DecodeGraphCache::bucket_index(int sequences) const {
 
 void DecodeGraphCache::capture(Bucket& bucket, cudaStream_t stream,
                                const std::function<void(cudaStream_t)>& enqueue) {
-  DF_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  DF_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   try {
     enqueue(stream);
   } catch (...) {

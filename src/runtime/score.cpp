@@ -6,22 +6,27 @@
 
 #include "deepfuse/error.hpp"
 #include "runtime/engine_impl.hpp"
+#include "runtime/rank_group.hpp"
 
 namespace deepfuse {
 
 using runtime::KvPageTable;
 
 std::vector<float> Engine::score(std::span<const int32_t> ids, int prefill_tokens) {
-  impl_->activate_device();
-  std::vector<std::vector<float>> logits =
-      impl_->score_batch({std::vector<int32_t>(ids.begin(), ids.end())}, {prefill_tokens});
+  std::vector<std::vector<float>> logits = score_batch({std::vector<int32_t>(ids.begin(), ids.end())}, {prefill_tokens});
   return std::move(logits.front());
 }
 
 std::vector<std::vector<float>> Engine::score_batch(const std::vector<std::vector<int32_t>>& sequences,
                                                     const std::vector<int>& prefill_tokens) {
-  impl_->activate_device();
-  return impl_->score_batch(sequences, prefill_tokens);
+  // Tensor parallel: every rank runs the passes; rank 0 holds the gathered logits.
+  std::vector<std::vector<float>> logits;
+  ranks_->run([&](Impl& s) {
+    s.activate_device();
+    std::vector<std::vector<float>> mine = s.score_batch(sequences, prefill_tokens);
+    if (s.link.shard.rank == 0) logits = std::move(mine);
+  });
+  return logits;
 }
 
 void Engine::Impl::logits_of_chunk(int tokens, float* out) {

@@ -7,6 +7,7 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/forward.cpp
   ${CMAKE_CURRENT_LIST_DIR}/graph_cache.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/rank_group.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine_bench.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine_tuning.cpp
   ${CMAKE_CURRENT_LIST_DIR}/tuner.cpp

@@ -17,6 +17,7 @@
 
 #include "deepfuse/error.hpp"
 #include "runtime/engine_impl.hpp"
+#include "runtime/rank_group.hpp"
 
 namespace deepfuse {
 
@@ -39,17 +40,26 @@ bool finishes_by_length(const Sequence& s, int max_context) {
 }  // namespace
 
 std::vector<StepToken> Engine::step() {
-  Impl& s = *impl_;
-  s.activate_device();
-  std::vector<StepToken> out;
-  s.prefill_queued(out);
-  s.decode_running(out);
-  return out;
+  // Tensor parallel: every rank runs the same step; rank 0's report stands for all (the ids are
+  // the ones it sampled and broadcast).
+  std::vector<std::vector<StepToken>> out(ranks_->size());
+  ranks_->run([&](Impl& s) {
+    s.activate_device();
+    std::vector<StepToken>& mine = out[s.link.shard.rank];
+    s.prefill_queued(mine);
+    s.decode_running(mine);
+  });
+  for (size_t r = 1; r < out.size(); ++r)
+    DF_CHECK(out[r].size() == out[0].size(), "internal: tensor parallel rank " + std::to_string(r) +
+                                                 " reported a different step from rank 0's");
+  return std::move(out[0]);
 }
 
 void Engine::wait_for_launched_steps() {
-  impl_->activate_device();
-  DF_CHECK_CUDA(cudaStreamSynchronize(impl_->stream()));
+  ranks_->run([&](Impl& s) {
+    s.activate_device();
+    DF_CHECK_CUDA(cudaStreamSynchronize(s.stream()));
+  });
 }
 
 void Engine::Impl::upload_slot(int row, const SamplingParams& sampling) {

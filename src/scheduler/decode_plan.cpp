@@ -39,6 +39,7 @@ bool DecodePlan::uses(OProjChoice o_proj) const {
 const char* choice_name(MlpChoice choice) { return choice == MlpChoice::fused ? "fused" : "unfused"; }
 const char* choice_name(FrontChoice choice) { return choice == FrontChoice::fused ? "fused" : "unfused"; }
 const char* choice_name(OProjChoice choice) { return choice == OProjChoice::gemv ? "gemv" : "cublaslt"; }
+const char* choice_name(AllReduceChoice choice) { return choice == AllReduceChoice::nccl ? "nccl" : "one_shot"; }
 const char* choice_name(MergeChoice choice) {
   switch (choice) {
     case MergeChoice::automatic: return "automatic";
@@ -75,6 +76,7 @@ std::string bad_value(const std::string& op, std::string_view value) {
   if (op == "attention.merge")
     return one_of(value, {"automatic", "workspace", "cluster"}) ? "" : "automatic, workspace or cluster";
   if (op == "attention.short_context") return one_of(value, {"on", "off"}) ? "" : "on or off";
+  if (op == "all_reduce") return one_of(value, {"nccl", "one_shot"}) ? "" : "nccl or one_shot";
   if (op == "attention.warps") return one_of(value, {"auto", "0", "4", "8"}) ? "" : "auto, 4 or 8";
   // attention.splits
   if (value == "auto") return "";
@@ -103,10 +105,10 @@ PlanOverride parse_one(std::string_view text) {
   }
   result.op = std::string(target);
   if (!one_of(result.op, {"mlp", "front", "o_proj", "attention.splits", "attention.warps", "attention.merge",
-                          "attention.short_context", "prefill.mlp"}))
+                          "attention.short_context", "prefill.mlp", "all_reduce"}))
     fail("unknown op '" + result.op +
          "' (mlp, front, o_proj, attention.splits, attention.warps, attention.merge, attention.short_context, "
-         "prefill.mlp)");
+         "prefill.mlp, all_reduce)");
   if (result.op == "prefill.mlp" && result.bucket) fail("prefill.mlp has no decode bucket");
   if (const std::string allowed = bad_value(result.op, value); !allowed.empty())
     fail("bad value '" + result.value + "' for " + result.op + " (" + allowed + ")");

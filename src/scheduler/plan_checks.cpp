@@ -79,6 +79,8 @@ void set_choice(BucketPlan& bucket, const PlanOverride& o) {
     if (o.value != "on" && o.value != "off")
       throw Error("plan override '" + o.text + "': bad value '" + o.value + "' for " + o.op);
     bucket.attention.short_context = o.value == "on";
+  } else if (o.op == "all_reduce") {
+    bucket.all_reduce = choice_of(o, {AllReduceChoice::nccl, AllReduceChoice::one_shot});
   } else {
     throw Error("plan override '" + o.text + "': unknown op '" + o.op + "'");
   }

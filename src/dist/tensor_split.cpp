@@ -1,0 +1,68 @@
+#include "dist/tensor_split.hpp"
+
+#include <algorithm>
+
+#include "deepfuse/error.hpp"
+
+namespace deepfuse::dist {
+
+namespace {
+
+// The MLP kernels' tile: a rank's intermediate slice must stay a multiple of it.
+constexpr int kMlpTile = 64;
+
+std::string str(int value) { return std::to_string(value); }
+
+}  // namespace
+
+std::string why_not_splittable(const ModelConfig& c, int ranks) {
+  const std::string tp = " (--tp " + str(ranks) + ")";
+  if (ranks < 1) return "--tp is " + str(ranks) + "; it must be at least 1";
+  if (ranks == 1) return "";
+  if (c.num_attention_heads % ranks != 0)
+    return "num_attention_heads " + str(c.num_attention_heads) + " is not divisible by " + str(ranks) + tp;
+  const int kv = c.num_key_value_heads;
+  if (kv >= ranks ? kv % ranks != 0 : ranks % kv != 0)
+    return "num_key_value_heads " + str(kv) + " and " + str(ranks) +
+           " ranks: one must divide the other (key/value heads are split, or replicated when fewer)" + tp;
+  if (c.intermediate_size % (ranks * kMlpTile) != 0)
+    return "intermediate_size " + str(c.intermediate_size) + " does not split into " + str(ranks) +
+           " slices that are multiples of " + str(kMlpTile) + " (the MLP kernels' tile)" + tp;
+  return "";
+}
+
+RankShard shard_of(const ModelConfig& c, int rank, int ranks) {
+  if (const std::string why = why_not_splittable(c, ranks); !why.empty()) throw Error("cannot split the model: " + why);
+  DF_CHECK(rank >= 0 && rank < ranks, "rank " + str(rank) + " outside 0.." + str(ranks - 1));
+  RankShard s;
+  s.rank = rank;
+  s.ranks = ranks;
+  s.q_heads = c.num_attention_heads / ranks;
+  s.q_head_begin = rank * s.q_heads;
+  const int kv = c.num_key_value_heads;
+  if (kv >= ranks) {
+    s.kv_heads = kv / ranks;
+    s.kv_head_begin = rank * s.kv_heads;
+  } else {
+    // ranks / kv ranks share each key/value head: the one this rank's query heads belong to.
+    s.kv_heads = 1;
+    s.kv_head_begin = s.q_head_begin / (c.num_attention_heads / kv);
+  }
+  s.intermediate = c.intermediate_size / ranks;
+  s.intermediate_begin = rank * s.intermediate;
+  s.vocab_rows = (c.vocab_size + ranks - 1) / ranks;
+  s.vocab_begin = rank * s.vocab_rows;
+  s.vocab_real = std::max(0, std::min(s.vocab_rows, c.vocab_size - s.vocab_begin));
+  return s;
+}
+
+ModelConfig rank_config(const ModelConfig& config, const RankShard& shard) {
+  ModelConfig c = config;
+  if (!shard.split()) return c;
+  c.num_attention_heads = shard.q_heads;
+  c.num_key_value_heads = shard.kv_heads;
+  c.intermediate_size = shard.intermediate;
+  return c;
+}
+
+}  // namespace deepfuse::dist

@@ -1,0 +1,254 @@
+#include "runtime/rank_group.hpp"
+
+#include <algorithm>
+#include <climits>
+
+#include "deepfuse/error.hpp"
+#include "core/cuda_event.hpp"
+#include "runtime/engine_impl.hpp"
+
+namespace deepfuse::runtime {
+
+namespace {
+
+std::string str(int value) { return std::to_string(value); }
+
+// The message of a rank's exception, for "rank r: ..." (deepfuse::Error and std::exception alike).
+std::string message_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+// Calls timed per all-reduce measurement, inside one graph (the way decode steps run them).
+constexpr int kTimedCalls = 64;
+constexpr int kTimedReplays = 5;
+
+}  // namespace
+
+// ---- threads
+
+RankThreads::RankThreads(int ranks) : errors_(ranks) {
+  for (int r = 0; r < ranks; ++r) threads_.emplace_back([this, r] { loop(r); });
+}
+
+RankThreads::~RankThreads() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  for (std::thread& thread : threads_) thread.join();
+}
+
+std::vector<std::exception_ptr> RankThreads::run(const std::function<void(int)>& task) {
+  std::unique_lock lock(mutex_);
+  task_ = &task;
+  pending_ = static_cast<int>(threads_.size());
+  std::fill(errors_.begin(), errors_.end(), nullptr);
+  ++generation_;
+  wake_.notify_all();
+  done_.wait(lock, [&] { return pending_ == 0; });
+  task_ = nullptr;
+  return errors_;
+}
+
+void RankThreads::loop(int rank) {
+  uint64_t seen = 0;
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+    if (stopping_) return;
+    seen = generation_;
+    const std::function<void(int)>* task = task_;
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      (*task)(rank);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    errors_[rank] = error;
+    if (--pending_ == 0) done_.notify_one();
+  }
+}
+
+// ---- the group
+
+RankGroup::~RankGroup() {
+  // Ranks first (their streams drain), then the communicators and peer buffers they used.
+  if (threads_) {
+    threads_->run([&](int r) {
+      if (!ranks_[r]) return;
+      ranks_[r]->activate_device();
+      ranks_[r].reset();
+    });
+  }
+  ranks_.clear();
+}
+
+void RankGroup::run(const std::function<void(Engine::Impl&)>& task) {
+  if (!threads_) return task(lead());
+  const std::vector<std::exception_ptr> errors = threads_->run([&](int r) {
+    ranks_[r]->activate_device();
+    task(*ranks_[r]);
+  });
+  for (int r = 0; r < size(); ++r)
+    if (errors[r]) throw Error("rank " + str(r) + " (GPU " + str(ranks_[r]->options.device) + "): " + message_of(errors[r]));
+}
+
+std::unique_ptr<RankGroup> RankGroup::single(std::unique_ptr<Engine::Impl> impl) {
+  std::unique_ptr<RankGroup> group(new RankGroup);
+  group->model_ = impl->config;
+  group->ranks_.push_back(std::move(impl));
+  return group;
+}
+
+std::unique_ptr<RankGroup> RankGroup::build(const ModelConfig& model, const EngineOptions& options,
+                                            const LoadWeights& load) {
+  const int tp = options.tensor_parallel;
+  DF_CHECK(tp >= 1 && tp <= kernels::kMaxTensorParallelRanks,
+           "--tp " + str(tp) + " is outside 1.." + str(kernels::kMaxTensorParallelRanks));
+  std::unique_ptr<RankGroup> group(new RankGroup);
+  group->model_ = model;
+  if (tp == 1) {
+    auto impl = std::make_unique<Engine::Impl>(model, options);
+    impl->make_plan();
+    load(*impl, {}, true);
+    impl->finish_setup();
+    group->ranks_.push_back(std::move(impl));
+    return group;
+  }
+  int visible = 0;
+  DF_CHECK_CUDA(cudaGetDeviceCount(&visible));
+  DF_CHECK(options.device >= 0 && options.device + tp <= visible,
+           "--tp " + str(tp) + " needs GPUs " + str(options.device) + ".." + str(options.device + tp - 1) + ", but " +
+               str(visible) + (visible == 1 ? " GPU is" : " GPUs are") + " visible");
+  if (const std::string why = dist::why_not_splittable(model, tp); !why.empty())
+    throw Error("cannot split the model over " + str(tp) + " GPUs: " + why);
+  std::vector<int> devices(tp);
+  for (int r = 0; r < tp; ++r) devices[r] = options.device + r;
+
+  // Peer access decides whether the one-shot all-reduce exists; NCCL serves either way.
+  std::string notice;
+  std::string why_no_peers;
+  const int max_tokens = std::max(options.prefill_chunk, options.max_batch);
+  if (dist::enable_peer_access(devices, &why_no_peers))
+    group->one_shot_ = std::make_unique<dist::OneShotBuffers>(devices, static_cast<size_t>(max_tokens) * model.hidden_size);
+  else
+    notice = "no GPU peer access (" + why_no_peers + "): every all-reduce runs through NCCL";
+  group->nccl_ = std::make_unique<dist::NcclGroup>(devices);
+  group->ranks_.resize(tp);
+  group->threads_ = std::make_unique<RankThreads>(tp);
+
+  // Each rank builds on its own thread; a failure anywhere aborts the communicators (no rank
+  // waits in a collective for one that is gone) and names the rank.
+  auto on_ranks = [&](const std::function<void(int)>& task) {
+    const std::vector<std::exception_ptr> errors = group->threads_->run([&](int r) {
+      DF_CHECK_CUDA(cudaSetDevice(devices[r]));
+      task(r);
+    });
+    for (int r = 0; r < tp; ++r)
+      if (errors[r]) {
+        group->nccl_->abort();
+        throw Error("rank " + str(r) + " (GPU " + str(devices[r]) + "): " + message_of(errors[r]));
+      }
+  };
+  std::vector<int> affordable(tp, 0);
+  on_ranks([&](int r) {
+    EngineOptions rank_options = options;
+    rank_options.device = devices[r];
+    const dist::RankShard shard = dist::shard_of(model, r, tp);
+    auto impl = std::make_unique<Engine::Impl>(dist::rank_config(model, shard), rank_options);
+    impl->link.shard = shard;
+    impl->link.comm = group->nccl_->comm(r);
+    impl->link.one_shot = group->one_shot_.get();
+    impl->make_plan();
+    if (!notice.empty()) impl->plan_notice = notice;
+    load(*impl, shard, r == 0);
+    impl->prepare_setup();
+    affordable[r] = impl->affordable_kv_pages();
+    group->ranks_[r] = std::move(impl);
+  });
+  // One page count for all: the ranks run the same sequences on the same page tables.
+  const int pages = *std::min_element(affordable.begin(), affordable.end());
+  on_ranks([&](int r) { group->ranks_[r]->complete_setup(pages); });
+  group->choose_all_reduce();
+  return group;
+}
+
+// Per decode bucket, NCCL against the one-shot all-reduce at the bucket's message size, unless a
+// plan override fixed it; every rank takes the same choice (a mismatch would hang).
+void RankGroup::choose_all_reduce() {
+  Engine::Impl& first = lead();
+  const auto& overrides = first.options.plan_overrides;
+  const bool overridden = std::any_of(overrides.begin(), overrides.end(),
+                                      [](const PlanOverride& o) { return o.op == "all_reduce"; });
+  const int buckets = static_cast<int>(first.plan.buckets.size());
+  timings_.assign(buckets, {});
+  if (overridden || !one_shot_) {
+    for (int b = 0; b < buckets; ++b) timings_[b].batch = first.plan.buckets[b].batch;
+    if (!one_shot_) run([&](Engine::Impl& s) {
+      for (BucketPlan& bucket : s.plan.buckets) bucket.all_reduce = AllReduceChoice::nccl;
+    });
+    return;
+  }
+  std::vector<std::vector<double>> us(size(), std::vector<double>(2 * buckets, 0.0));
+  run([&](Engine::Impl& s) {
+    for (int b = 0; b < buckets; ++b)
+      for (int c = 0; c < 2; ++c)
+        us[s.link.shard.rank][2 * b + c] =
+            s.time_all_reduce(s.plan.buckets[b].batch, c == 0 ? AllReduceChoice::nccl : AllReduceChoice::one_shot,
+                              kTimedCalls, kTimedReplays);
+  });
+  std::string chosen;
+  for (int b = 0; b < buckets; ++b) {
+    AllReduceTiming& t = timings_[b];
+    t.batch = first.plan.buckets[b].batch;
+    for (int r = 0; r < size(); ++r) {
+      t.nccl_us = std::max(t.nccl_us, us[r][2 * b]);
+      t.one_shot_us = std::max(t.one_shot_us, us[r][2 * b + 1]);
+    }
+  }
+  run([&](Engine::Impl& s) {
+    for (int b = 0; b < buckets; ++b)
+      s.plan.buckets[b].all_reduce =
+          timings_[b].one_shot_us < timings_[b].nccl_us ? AllReduceChoice::one_shot : AllReduceChoice::nccl;
+    s.plan.source += "; all-reduce per bucket timed at start (NCCL vs one-shot)";
+  });
+}
+
+}  // namespace deepfuse::runtime
+
+namespace deepfuse {
+
+double Engine::Impl::time_all_reduce(int tokens, AllReduceChoice choice, int calls, int replays) {
+  // Alternating slots as the decode step does; the residual stream is scratch until a sequence runs.
+  cudaGraph_t graph = nullptr;
+  DF_CHECK_CUDA(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
+  for (int call = 0; call < calls; ++call) forward->all_reduce(call % 2, tokens, choice, stream());
+  DF_CHECK_CUDA(cudaStreamEndCapture(stream(), &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  DF_CHECK_CUDA(instantiated);
+  std::vector<double> ms;
+  CudaEvent start, stop;
+  for (int r = 0; r <= replays; ++r) {  // the first replay warms up
+    start.record(stream());
+    DF_CHECK_CUDA(cudaGraphLaunch(exec, stream()));
+    stop.record(stream());
+    stop.synchronize();
+    if (r > 0) ms.push_back(stop.ms_since(start));
+  }
+  cudaGraphExecDestroy(exec);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2] * 1000.0 / calls;
+}
+
+}  // namespace deepfuse
