@@ -1,0 +1,110 @@
+// How models split over tensor-parallel ranks (dist/tensor_split.hpp), and the per-GPU weight
+// bytes of a rank's slice.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "deepfuse/decode_plan.hpp"
+#include "deepfuse/engine.hpp"
+#include "deepfuse/error.hpp"
+#include "dist/tensor_split.hpp"
+#include "runtime/gpu_weights.hpp"
+
+namespace deepfuse {
+namespace {
+
+TEST(TensorSplit, Llama3_70bOverFourRanks) {
+  const ModelConfig c = random_arch_config("llama3-70b");
+  for (int r = 0; r < 4; ++r) {
+    const dist::RankShard s = dist::shard_of(c, r, 4);
+    EXPECT_EQ(s.q_heads, 16);
+    EXPECT_EQ(s.q_head_begin, 16 * r);
+    EXPECT_EQ(s.kv_heads, 2);
+    EXPECT_EQ(s.kv_head_begin, 2 * r);
+    EXPECT_EQ(s.intermediate, 7168);
+    EXPECT_EQ(s.intermediate_begin, 7168 * r);
+    EXPECT_EQ(s.vocab_rows, 32064);
+    EXPECT_EQ(s.vocab_real, 32064);
+    const ModelConfig local = dist::rank_config(c, s);
+    EXPECT_EQ(local.num_attention_heads, 16);
+    EXPECT_EQ(local.num_key_value_heads, 2);
+    EXPECT_EQ(local.intermediate_size, 7168);
+    EXPECT_EQ(local.hidden_size, c.hidden_size);
+    EXPECT_EQ(local.vocab_size, c.vocab_size);
+    EXPECT_EQ(local.head_dim, c.head_dim);
+  }
+}
+
+TEST(TensorSplit, FewerKeyValueHeadsThanRanksAreReplicated) {
+  ModelConfig c = random_arch_config("qwen2.5-7b");  // 28 query heads, 4 key/value heads
+  c.num_key_value_heads = 2;
+  for (int r = 0; r < 4; ++r) {
+    const dist::RankShard s = dist::shard_of(c, r, 4);
+    EXPECT_EQ(s.q_heads, 7);
+    EXPECT_EQ(s.kv_heads, 1);
+    // Query heads 0-13 read key/value head 0, 14-27 head 1.
+    EXPECT_EQ(s.kv_head_begin, r < 2 ? 0 : 1) << "rank " << r;
+  }
+}
+
+TEST(TensorSplit, VocabularyNotDivisibleIsPaddedOnTheLastRank) {
+  ModelConfig c = random_arch_config("llama3-8b");
+  c.vocab_size = 1001;
+  const dist::RankShard last = dist::shard_of(c, 3, 4);
+  EXPECT_EQ(last.vocab_rows, 251);
+  EXPECT_EQ(last.vocab_begin, 753);
+  EXPECT_EQ(last.vocab_real, 248);
+  int covered = 0;
+  for (int r = 0; r < 4; ++r) covered += dist::shard_of(c, r, 4).vocab_real;
+  EXPECT_EQ(covered, 1001);
+}
+
+TEST(TensorSplit, OneRankIsTheWholeModel) {
+  const ModelConfig c = random_arch_config("llama3-8b");
+  const dist::RankShard s = dist::shard_of(c, 0, 1);
+  EXPECT_FALSE(s.split());
+  EXPECT_EQ(dist::rank_config(c, s).num_attention_heads, c.num_attention_heads);
+}
+
+TEST(TensorSplit, ShapesThatCannotSplitAreNamed) {
+  const ModelConfig qwen = random_arch_config("qwen2.5-7b");  // 28 heads
+  const std::string heads = dist::why_not_splittable(qwen, 8);
+  EXPECT_NE(heads.find("num_attention_heads 28 is not divisible by 8"), std::string::npos) << heads;
+  ModelConfig odd_kv = random_arch_config("llama3-8b");
+  odd_kv.num_key_value_heads = 8;
+  odd_kv.num_attention_heads = 24;
+  EXPECT_NE(dist::why_not_splittable(odd_kv, 3).find("num_key_value_heads 8"), std::string::npos);
+  ModelConfig narrow = random_arch_config("llama3-8b");
+  narrow.intermediate_size = 64 * 6;  // 6 tiles do not split into 4 slices of whole tiles
+  EXPECT_NE(dist::why_not_splittable(narrow, 4).find("intermediate_size 384"), std::string::npos);
+  EXPECT_THROW(dist::shard_of(qwen, 0, 8), Error);
+  EXPECT_TRUE(dist::why_not_splittable(qwen, 4).empty());
+  EXPECT_TRUE(dist::why_not_splittable(qwen, 2).empty());
+}
+
+// Per GPU: the layers' slices, the replicated embedding and the lm_head slice.
+TEST(TensorSplit, WeightBytesOfARank) {
+  const ModelConfig c = random_arch_config("llama3-70b");
+  const runtime::WeightLayouts one{.mlp_fused = false, .mlp_unfused = true, .front_packed = false, .o_proj_packed = false};
+  const dist::RankShard s = dist::shard_of(c, 0, 4);
+  const ModelConfig local = dist::rank_config(c, s);
+  const size_t whole = runtime::gpu_weight_bytes(c, one);
+  const size_t embedding = size_t{128256} * 8192 * 2;
+  // Everything but the embedding splits four ways (the lm_head exactly: 128256 = 4 x 32064); the
+  // norms (replicated) are a rounding error.
+  const size_t rank = runtime::gpu_weight_bytes(local, one, s);
+  const double split_part = static_cast<double>(rank - embedding) * 4;
+  EXPECT_NEAR(split_part / static_cast<double>(whole - embedding), 1.0, 1e-3);
+  EXPECT_EQ(runtime::decode_weight_bytes(local, s), rank - embedding);
+}
+
+TEST(PlanOverrides, AllReduce) {
+  const std::vector<PlanOverride> o = parse_plan_overrides("all_reduce@1=one_shot,all_reduce=nccl");
+  ASSERT_EQ(o.size(), 2u);
+  EXPECT_EQ(o[0].op, "all_reduce");
+  EXPECT_EQ(*o[0].bucket, 1);
+  EXPECT_THROW(parse_plan_overrides("all_reduce=custom"), Error);
+}
+
+}  // namespace
+}  // namespace deepfuse
