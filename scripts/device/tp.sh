@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Tensor parallelism on a multi-GPU machine (nvidia-h100-x2 / -x4): the dist and TP engine tests,
+# compute-sanitizer memcheck on a TP engine, `bench allreduce`, and `bench decode --tp` (Llama-3-8B
+# TP 1 vs TP 2; Llama-3-70B TP 4 with NCCL vs the one-shot all-reduce and fused vs unfused MLP).
+# usage: scripts/device/tp.sh OUT BIN   (BIN: deepfuse and the test_*_gpu binaries, built elsewhere)
+set -uo pipefail
+out=${1:?usage: tp.sh OUT BIN} bin=${2:?usage: tp.sh OUT BIN}
+mkdir -p "$out"
+# NVLink multicast is forbidden on the lent machines (it can take a shared host's GPUs down).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PATH=/usr/local/cuda/bin:$PATH
+# NCCL: the CUDA toolkit's if it has one, else PyTorch's wheel.
+nccl=$(ldconfig -p | grep -o '/.*libnccl.so.2' | head -n1)
+[[ -n $nccl ]] || nccl=$(find /usr/local/cuda*/lib* /opt /usr -name 'libnccl.so.2' 2>/dev/null | head -n1)
+[[ -n $nccl ]] || { echo "tp.sh: no libnccl.so.2 on this machine" | tee "$out/summary.txt"; exit 1; }
+export LD_LIBRARY_PATH=$(dirname "$nccl")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+gpus=$(nvidia-smi -L | wc -l)
+{ echo "NCCL: $nccl"; nvidia-smi -L; nvidia-smi topo -m; } >"$out/machine.txt" 2>&1
+summary="$out/summary.txt"
+run() {  # run NAME LIMIT COMMAND...: log to OUT/NAME.log, one summary line
+  local name=$1 limit=$2 start=$SECONDS rc=0; shift 2
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1 || rc=$?
+  echo "$name: rc=$rc ($((SECONDS - start)) s) $(grep -E '^\[  (PASSED|FAILED) ' "$out/$name.log" | tr '\n' ' ')" | tee -a "$summary"
+}
+run test_one_shot_all_reduce 120 "$bin/test_one_shot_all_reduce_gpu"
+run test_nccl_group 120 "$bin/test_nccl_group_gpu"
+run test_tensor_parallel 300 "$bin/test_tensor_parallel_gpu"
+run test_engine 300 "$bin/test_engine_gpu"
+run bench_allreduce 120 "$bin/deepfuse" bench allreduce --tp "$gpus" --json "$out/bench-allreduce.json"
+decode=("$bin/deepfuse" bench decode --batches 1,8,32 --contexts 512,8192 --no-ttft --steps 24)
+run bench_8b_tp1 150 "${decode[@]}" --archs llama3-8b --json "$out/bench-8b-tp1.json"
+run bench_8b_tp2 150 "${decode[@]}" --archs llama3-8b --tp 2 --json "$out/bench-8b-tp2.json"
+if ((gpus >= 4)); then
+  run bench_70b_tp4 200 "${decode[@]}" --archs llama3-70b --tp 4 --plan --json "$out/bench-70b-tp4.json"
+  run bench_70b_tp4_nccl 200 "${decode[@]}" --archs llama3-70b --tp 4 --plan-override all_reduce=nccl --json "$out/bench-70b-tp4-nccl.json"
+  run bench_70b_tp4_oneshot 200 "${decode[@]}" --archs llama3-70b --tp 4 --plan-override all_reduce=one_shot --json "$out/bench-70b-tp4-oneshot.json"
+  run bench_70b_tp4_unfused 200 "${decode[@]}" --archs llama3-70b --tp 4 --plan-override mlp=unfused --json "$out/bench-70b-tp4-unfused.json"
+fi
+# memcheck on a TP 2 engine through NCCL (the one-shot kernel spins on its peers: sanitizer-serialised launches could wait forever)
+run memcheck_tp 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_tensor_parallel_gpu" \
+  --gtest_filter='Ranks/TensorParallelTiny.LogitsMatchOneGpu/tp2_llama*'
+cat "$summary"
