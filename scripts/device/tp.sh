@@ -2,9 +2,13 @@
 # Tensor parallelism on a multi-GPU machine (nvidia-h100-x2 / -x4): the dist and TP engine tests,
 # compute-sanitizer memcheck on a TP engine, `bench allreduce`, and `bench decode --tp` (Llama-3-8B
 # TP 1 vs TP 2; Llama-3-70B TP 4 with NCCL vs the one-shot all-reduce and fused vs unfused MLP).
-# usage: scripts/device/tp.sh OUT BIN   (BIN: deepfuse and the test_*_gpu binaries, built elsewhere)
+# usage: scripts/device/tp.sh OUT BIN [STEP...]   BIN: deepfuse and the test_*_gpu binaries (built
+# elsewhere); steps: tests bench8b bench70b memcheck (default all, in that order).
 set -uo pipefail
-out=${1:?usage: tp.sh OUT BIN} bin=${2:?usage: tp.sh OUT BIN}
+out=${1:?usage: tp.sh OUT BIN [STEP...]} bin=${2:?usage: tp.sh OUT BIN [STEP...]}
+shift 2
+steps=${*:-tests bench8b bench70b memcheck}
+want() { [[ " $steps " == *" $1 "* ]]; }
 mkdir -p "$out"
 # NVLink multicast is forbidden on the lent machines (it can take a shared host's GPUs down).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -22,21 +26,25 @@ run() {  # run NAME LIMIT COMMAND...: log to OUT/NAME.log, one summary line
   timeout "$limit" "$@" >"$out/$name.log" 2>&1 || rc=$?
   echo "$name: rc=$rc ($((SECONDS - start)) s) $(grep -E '^\[  (PASSED|FAILED) ' "$out/$name.log" | tr '\n' ' ')" | tee -a "$summary"
 }
-run test_one_shot_all_reduce 120 "$bin/test_one_shot_all_reduce_gpu"
-run test_nccl_group 120 "$bin/test_nccl_group_gpu"
-run test_tensor_parallel 300 "$bin/test_tensor_parallel_gpu"
-run test_engine 300 "$bin/test_engine_gpu"
-run bench_allreduce 120 "$bin/deepfuse" bench allreduce --tp "$gpus" --json "$out/bench-allreduce.json"
+if want tests; then
+  run test_one_shot_all_reduce 90 "$bin/test_one_shot_all_reduce_gpu"
+  run test_nccl_group 90 "$bin/test_nccl_group_gpu"
+  run test_tensor_parallel 200 "$bin/test_tensor_parallel_gpu"
+  run test_engine 200 "$bin/test_engine_gpu"
+  run bench_allreduce 60 "$bin/deepfuse" bench allreduce --tp "$gpus" --json "$out/bench-allreduce.json"
+fi
 decode=("$bin/deepfuse" bench decode --batches 1,8,32 --contexts 512,8192 --no-ttft --steps 24)
-run bench_8b_tp1 150 "${decode[@]}" --archs llama3-8b --json "$out/bench-8b-tp1.json"
-run bench_8b_tp2 150 "${decode[@]}" --archs llama3-8b --tp 2 --json "$out/bench-8b-tp2.json"
-if ((gpus >= 4)); then
+if want bench8b; then
+  run bench_8b_tp1 120 "${decode[@]}" --archs llama3-8b --json "$out/bench-8b-tp1.json"
+  run bench_8b_tp2 120 "${decode[@]}" --archs llama3-8b --tp 2 --plan --json "$out/bench-8b-tp2.json"
+fi
+if want bench70b && ((gpus >= 4)); then
   run bench_70b_tp4 200 "${decode[@]}" --archs llama3-70b --tp 4 --plan --json "$out/bench-70b-tp4.json"
   run bench_70b_tp4_nccl 200 "${decode[@]}" --archs llama3-70b --tp 4 --plan-override all_reduce=nccl --json "$out/bench-70b-tp4-nccl.json"
   run bench_70b_tp4_oneshot 200 "${decode[@]}" --archs llama3-70b --tp 4 --plan-override all_reduce=one_shot --json "$out/bench-70b-tp4-oneshot.json"
   run bench_70b_tp4_unfused 200 "${decode[@]}" --archs llama3-70b --tp 4 --plan-override mlp=unfused --json "$out/bench-70b-tp4-unfused.json"
 fi
 # memcheck on a TP 2 engine through NCCL (the one-shot kernel spins on its peers: sanitizer-serialised launches could wait forever)
-run memcheck_tp 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_tensor_parallel_gpu" \
+want memcheck && run memcheck_tp 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_tensor_parallel_gpu" \
   --gtest_filter='Ranks/TensorParallelTiny.LogitsMatchOneGpu/tp2_llama*'
 cat "$summary"
