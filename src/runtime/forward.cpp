@@ -192,6 +192,16 @@ void ForwardPass::all_reduce(int slot, int tokens, AllReduceChoice choice, cudaS
   dist::all_reduce_sum(link_->comm, link_->partial[slot], residual, elements, stream);
 }
 
+void ForwardPass::connect_collectives(cudaStream_t stream) {
+  if (!split()) return;
+  for (int tokens : {1, buffers_.max_tokens}) all_reduce(0, tokens, AllReduceChoice::nccl, stream);
+  for (int rows : {1, buffers_.logits_rows})
+    dist::all_gather(link_->comm, buffers_.logits_slice.as<float>(), buffers_.logits_gathered.as<float>(),
+                     static_cast<size_t>(rows) * link_->shard.vocab_rows, stream);
+  dist::broadcast(link_->comm, buffers_.decode_ids(), buffers_.decode_ids(), 1, 0, stream);
+  DF_CHECK_CUDA(cudaStreamSynchronize(stream));
+}
+
 void ForwardPass::unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_t* positions, const int32_t* rows,
                               const kernels::PagedKv& kv, cudaStream_t stream) {
   const int hidden = config_.hidden_size;

@@ -118,6 +118,11 @@ class ForwardPass {
   // into the residual stream; `choice` one_shot falls back to NCCL beyond the peer buffers.
   void all_reduce(int slot, int tokens, AllReduceChoice choice, cudaStream_t stream);
 
+  // Tensor parallel: one eager call of each collective the steps run, at the smallest and largest
+  // size, so NCCL connects its peers before any is captured into a graph (it cannot while a
+  // stream captures). Every rank must call it together; scribbles on the step's buffers.
+  void connect_collectives(cudaStream_t stream);
+
   // Kernel launches (cuBLASLt GEMMs count one each) of one layer and of a whole decode step;
   // decode_batch 0 means a prefill chunk.
   int launches_per_layer(int attention_launches, const BucketPlan& bucket) const;

@@ -94,12 +94,24 @@ RankGroup::~RankGroup() {
 
 void RankGroup::run(const std::function<void(Engine::Impl&)>& task) {
   if (!threads_) return task(lead());
+  DF_CHECK(failure_.empty(), "the tensor-parallel engine stopped after an earlier failure (" + failure_ +
+                                 "); build a new engine");
   const std::vector<std::exception_ptr> errors = threads_->run([&](int r) {
-    ranks_[r]->activate_device();
-    task(*ranks_[r]);
+    try {
+      ranks_[r]->activate_device();
+      task(*ranks_[r]);
+    } catch (...) {
+      // The other ranks may be waiting in a collective for this one: abort the communicators so
+      // their NCCL kernels end instead of waiting forever.
+      nccl_->abort();
+      throw;
+    }
   });
   for (int r = 0; r < size(); ++r)
-    if (errors[r]) throw Error("rank " + str(r) + " (GPU " + str(ranks_[r]->options.device) + "): " + message_of(errors[r]));
+    if (errors[r]) {
+      failure_ = "rank " + str(r) + " (GPU " + str(ranks_[r]->options.device) + "): " + message_of(errors[r]);
+      throw Error(failure_);
+    }
 }
 
 std::unique_ptr<RankGroup> RankGroup::single(std::unique_ptr<Engine::Impl> impl) {
@@ -177,7 +189,11 @@ std::unique_ptr<RankGroup> RankGroup::build(const ModelConfig& model, const Engi
   });
   // One page count for all: the ranks run the same sequences on the same page tables.
   const int pages = *std::min_element(affordable.begin(), affordable.end());
-  on_ranks([&](int r) { group->ranks_[r]->complete_setup(pages); });
+  on_ranks([&](int r) {
+    Engine::Impl& s = *group->ranks_[r];
+    s.complete_setup(pages);
+    s.forward->connect_collectives(s.stream());
+  });
   group->choose_all_reduce();
   return group;
 }

@@ -87,6 +87,7 @@ class RankGroup {
   std::vector<std::unique_ptr<Engine::Impl>> ranks_;
   std::unique_ptr<RankThreads> threads_;              // null: one GPU
   std::vector<AllReduceTiming> timings_;
+  std::string failure_;  // the first rank failure of a call: the group is unusable after it
 };
 
 }  // namespace deepfuse::runtime

@@ -5,6 +5,9 @@
 namespace deepfuse::kernels {
 namespace {
 
+// ~10 s at the H100's 1.98 GHz boost clock: far past any all-reduce, short of a hung job.
+constexpr long long kSpinLimitCycles = 20'000'000'000LL;
+
 constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 64;
 constexpr int kVectorsPerThread = 2;  // below the block cap, each thread sums this many 16-byte vectors, loaded together
@@ -49,7 +52,11 @@ __device__ __forceinline__ void start_barrier(const OneShotAllReduceParams& p) {
     fence_acq_rel_sys();
     store_release_sys(p.signals[peer] + flag_index(b, p.rank), epoch);
     const uint32_t* flag = p.signals[p.rank] + flag_index(b, peer);
+    // Bounded: a peer that never arrives (its rank failed) ends this kernel with an error after
+    // about ten seconds instead of hanging the GPU (the engine then reports the failure).
+    const long long give_up = clock64() + kSpinLimitCycles;
     while (static_cast<int32_t>(load_acquire_sys(flag) - epoch) < 0) {
+      if (clock64() > give_up) __trap();
     }
   }
   __syncthreads();  // the acquires above order every thread's peer reads below
