@@ -13,6 +13,8 @@ mkdir -p "$out"
 # NVLink multicast is forbidden on the lent machines (it can take a shared host's GPUs down).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PATH=/usr/local/cuda/bin:$PATH
+# The CLI's shared libraries the machine lacks (cpp-httplib, brotli), from .debs/.
+cd "$(dirname "$0")/../.." && source scripts/device/unpack-debs.sh
 # NCCL: the CUDA toolkit's if it has one, else PyTorch's wheel.
 nccl=$(ldconfig -p | grep -o '/.*libnccl.so.2' | head -n1)
 [[ -n $nccl ]] || nccl=$(find /usr/local/cuda*/lib* /opt /usr -name 'libnccl.so.2' 2>/dev/null | head -n1)
@@ -30,7 +32,7 @@ if want tests; then
   run test_one_shot_all_reduce 90 "$bin/test_one_shot_all_reduce_gpu"
   run test_nccl_group 90 "$bin/test_nccl_group_gpu"
   run test_tensor_parallel 200 "$bin/test_tensor_parallel_gpu"
-  run test_engine 200 "$bin/test_engine_gpu"
+  [[ -x $bin/test_engine_gpu ]] && run test_engine 200 "$bin/test_engine_gpu"
   run bench_allreduce 60 "$bin/deepfuse" bench allreduce --tp "$gpus" --json "$out/bench-allreduce.json"
 fi
 decode=("$bin/deepfuse" bench decode --batches 1,8,32 --contexts 512,8192 --no-ttft --steps 24)
