@@ -137,6 +137,9 @@ std::string why_unsupported(OProjChoice choice, FrontChoice front, const PlanSha
   const int inner = shape.q_heads * shape.head_dim;
   if (shape.hidden < 64 || shape.hidden % 64 != 0 || inner < 64 || inner % 64 != 0)
     return "the o_proj GEMV needs hidden and q_heads x head_dim multiples of 64";
+  // Measured on 2 H100s: a tensor-parallel rank's o_proj (inner = its heads, below hidden) fails
+  // to launch or faults in the cluster GEMV; cuBLASLt serves it (docs/dist.md).
+  if (inner < shape.hidden) return "the o_proj GEMV needs q_heads x head_dim >= hidden (narrower: cuBLASLt)";
   return cluster_gemv_unsupported("the o_proj GEMV", gpu);
 }
 
