@@ -107,11 +107,12 @@ void RankGroup::run(const std::function<void(Engine::Impl&)>& task) {
       throw;
     }
   });
+  // Every failing rank is named: the first one's error is often only the others' abort.
   for (int r = 0; r < size(); ++r)
-    if (errors[r]) {
-      failure_ = "rank " + str(r) + " (GPU " + str(ranks_[r]->options.device) + "): " + message_of(errors[r]);
-      throw Error(failure_);
-    }
+    if (errors[r])
+      failure_ += (failure_.empty() ? "" : "; ") + ("rank " + str(r) + " (GPU " + str(ranks_[r]->options.device) +
+                                                    "): " + message_of(errors[r]));
+  if (!failure_.empty()) throw Error(failure_);
 }
 
 std::unique_ptr<RankGroup> RankGroup::single(std::unique_ptr<Engine::Impl> impl) {

@@ -122,6 +122,8 @@ std::string why_unsupported(FrontChoice choice, const PlanShape& shape, int toke
     return "the fused front needs a hidden size that is a multiple of 64";
   if (shape.kv_heads < 1 || shape.q_heads % shape.kv_heads != 0)
     return "the fused front needs q_heads a multiple of kv_heads";
+  // Measured on 4 H100s: Llama-3-70B's hidden 8192 (a TP rank's) fails to launch (docs/dist.md).
+  if (shape.hidden > 4096) return "the fused front needs hidden <= 4096";
   return cluster_gemv_unsupported("the fused front", gpu);
 }
 
