@@ -122,8 +122,6 @@ std::string why_unsupported(FrontChoice choice, const PlanShape& shape, int toke
     return "the fused front needs a hidden size that is a multiple of 64";
   if (shape.kv_heads < 1 || shape.q_heads % shape.kv_heads != 0)
     return "the fused front needs q_heads a multiple of kv_heads";
-  // Measured on 4 H100s: Llama-3-70B's hidden 8192 (a TP rank's) fails to launch (docs/dist.md).
-  if (shape.hidden > 4096) return "the fused front needs hidden <= 4096";
   return cluster_gemv_unsupported("the fused front", gpu);
 }
 
@@ -139,9 +137,6 @@ std::string why_unsupported(OProjChoice choice, FrontChoice front, const PlanSha
   const int inner = shape.q_heads * shape.head_dim;
   if (shape.hidden < 64 || shape.hidden % 64 != 0 || inner < 64 || inner % 64 != 0)
     return "the o_proj GEMV needs hidden and q_heads x head_dim multiples of 64";
-  // Measured on 2 H100s: a tensor-parallel rank's o_proj (inner = its heads, below hidden) fails
-  // to launch or faults in the cluster GEMV; cuBLASLt serves it (docs/dist.md).
-  if (inner < shape.hidden) return "the o_proj GEMV needs q_heads x head_dim >= hidden (narrower: cuBLASLt)";
   return cluster_gemv_unsupported("the o_proj GEMV", gpu);
 }
 

@@ -16,6 +16,8 @@
 // each 16-row tile, for each 16-column k-step, 32 lanes x 16 bytes.
 #pragma once
 
+#include "core/per_device.hpp"
+
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -289,12 +291,18 @@ cudaError_t launch(void (*kernel)(Params, int), const Params& params, int units,
   const int max_ksteps = max_ksteps_per_block<C>(inner);
   const SharedLayout<kUnitRows, C> layout(kStages, max_ksteps, 8 * NT);
   if (layout.total > static_cast<size_t>(kMaxSharedBytes)) return cudaErrorNotSupported;
-  static const cudaError_t attribute = [&] {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSharedBytes);
-    if (e != cudaSuccess) return e;
+  // Per device: a kernel's shared-memory opt-in holds only on the device it was made on
+  // (tensor-parallel engines launch this from one thread per GPU).
+  static PerDevice<bool> opted_in;
+  bool done = false;
+  const cudaError_t attribute = opted_in.get(done, [&](bool& value) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSharedBytes);
     // The largest carve-out: 4 blocks of ~54 KB need more than the 200 KB one 3 blocks get.
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-  }();
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    value = e == cudaSuccess;
+    return e;
+  });
   if (attribute != cudaSuccess) return attribute;
   size_t shared_bytes = layout.total;
   if (spread) {
