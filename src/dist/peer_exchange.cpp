@@ -61,7 +61,7 @@ OneShotBuffers::OneShotBuffers(const std::vector<int>& devices, size_t max_eleme
     for (int device : devices) {
       DF_CHECK_CUDA(cudaSetDevice(device));
       void* allocation = nullptr;
-      DF_CHECK_CUDA(cudaMalloc(&allocation, slot_bytes_ * slots_ + kernels::one_shot_signal_bytes()));
+      DF_CHECK_CUDA(cudaMalloc(&allocation, slot_bytes_ * slots_ * (1 + devices.size()) + kernels::one_shot_signal_bytes()));
       allocations_.push_back(allocation);
       // Synchronous: the epochs and flags are zero before any kernel of any rank can run.
       DF_CHECK_CUDA(cudaMemset(signals(ranks_allocated() - 1), 0, kernels::one_shot_signal_bytes()));
@@ -91,18 +91,25 @@ __nv_bfloat16* OneShotBuffers::input(int rank, int slot) const {
   return reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(allocations_[rank]) + slot_bytes_ * slot);
 }
 
+__nv_bfloat16* OneShotBuffers::receive(int rank, int slot) const {
+  const size_t offset = slot_bytes_ * slots_ + slot_bytes_ * ranks() * slot;
+  return reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(allocations_[rank]) + offset);
+}
+
 uint32_t* OneShotBuffers::signals(int rank) const {
-  return reinterpret_cast<uint32_t*>(static_cast<char*>(allocations_[rank]) + slot_bytes_ * slots_);
+  return reinterpret_cast<uint32_t*>(static_cast<char*>(allocations_[rank]) + slot_bytes_ * slots_ * (1 + ranks()));
 }
 
 kernels::OneShotAllReduceParams OneShotBuffers::params(int rank, int slot, size_t elements, __nv_bfloat16* out) const {
   DF_CHECK(elements <= max_elements_, "one-shot all-reduce: " + std::to_string(elements) + " elements exceed the " +
                                           std::to_string(max_elements_) + " the buffers hold");
   kernels::OneShotAllReduceParams p;
+  p.own_input = input(rank, slot);  // checks rank and slot
   for (int r = 0; r < ranks(); ++r) {
-    p.inputs[r] = input(r, slot);
+    p.receive[r] = receive(r, slot);
     p.signals[r] = signals(r);
   }
+  p.receive_stride = slot_bytes_ / sizeof(__nv_bfloat16);
   p.out = out;
   p.ranks = ranks();
   p.rank = rank;

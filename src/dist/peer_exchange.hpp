@@ -1,6 +1,6 @@
 // Peer mappings for the one-shot all-reduce (kernels/one_shot_all_reduce.hpp): every GPU of the
-// group maps every other one's memory, and each rank owns input buffers and a signal area that
-// all ranks' kernels address directly.
+// group maps every other one's memory, and each rank owns input buffers, receive areas its peers
+// push into and a signal area that all ranks' kernels address directly.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -18,9 +18,10 @@ namespace deepfuse::dist {
 // fails; the calling thread's current device is kept.
 bool enable_peer_access(const std::vector<int>& devices, std::string* why_not);
 
-// Per rank: `slots` input buffers of max_elements bf16 each and a zeroed signal area, on that
-// rank's GPU. Consecutive all-reduces alternate slots (the kernel's contract). Enables peer
-// access itself; throws deepfuse::Error where it cannot or an allocation fails.
+// Per rank, on that rank's GPU: `slots` input buffers of max_elements bf16 each, per slot a receive
+// area of ranks x max_elements bf16 (region s: what rank s pushed), and a zeroed signal area.
+// Consecutive all-reduces alternate slots (the kernel's contract). Enables peer access itself;
+// throws deepfuse::Error where it cannot or an allocation fails.
 class OneShotBuffers {
  public:
   OneShotBuffers(const std::vector<int>& devices, size_t max_elements, int slots = 2);
@@ -40,6 +41,7 @@ class OneShotBuffers {
   kernels::OneShotAllReduceParams params(int rank, int slot, size_t elements, __nv_bfloat16* out) const;
 
  private:
+  __nv_bfloat16* receive(int rank, int slot) const;  // `ranks` regions of slot_bytes_ each
   uint32_t* signals(int rank) const;
   int ranks_allocated() const { return static_cast<int>(allocations_.size()); }
   void release() noexcept;
@@ -47,8 +49,8 @@ class OneShotBuffers {
   std::vector<int> devices_;
   size_t max_elements_ = 0;
   int slots_ = 0;
-  size_t slot_bytes_ = 0;  // one input buffer, rounded up to 256 bytes
-  std::vector<void*> allocations_;  // per rank: slots_ inputs, then the signal area
+  size_t slot_bytes_ = 0;  // one input buffer or receive region, max_elements bf16 rounded up to 256 bytes
+  std::vector<void*> allocations_;  // per rank: slots_ inputs, slots_ receive areas, then the signal area
 };
 
 }  // namespace deepfuse::dist

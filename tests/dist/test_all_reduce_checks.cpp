@@ -47,12 +47,15 @@ TEST(AllReduceReference, SumsInRankOrderInFp32AndRoundsOnce) {
   EXPECT_THROW(reference::all_reduce_sum_bf16({}), Error);
 }
 
+// 4096 elements; receive areas of `ranks` regions of 8192 elements (16 KiB) each, 16 MiB apart.
 kernels::OneShotAllReduceParams valid_params(int ranks) {
   kernels::OneShotAllReduceParams p;
+  p.own_input = fake_device_pointer<const __nv_bfloat16>(0x1000000);
   for (int r = 0; r < ranks; ++r) {
-    p.inputs[r] = fake_device_pointer<const __nv_bfloat16>(0x1000000 * (r + 1));
+    p.receive[r] = fake_device_pointer<__nv_bfloat16>(0x4000000 + 0x1000000 * r);
     p.signals[r] = fake_device_pointer<uint32_t>(0x10000000 + 0x10000 * r);
   }
+  p.receive_stride = 8192;
   p.out = fake_device_pointer<__nv_bfloat16>(0x20000000);
   p.ranks = ranks, p.rank = ranks - 1, p.elements = 4096;
   return p;
@@ -67,13 +70,23 @@ TEST(OneShotAllReduceChecks, RejectsBadArguments) {
   p = valid_params(4), p.ranks = 9, expect_invalid(p, "9 ranks");
   p = valid_params(4), p.rank = 4, expect_invalid(p, "rank outside the group");
   p = valid_params(4), p.rank = -1, expect_invalid(p, "negative rank");
-  p = valid_params(4), p.inputs[3] = nullptr, expect_invalid(p, "null input");
+  p = valid_params(4), p.own_input = nullptr, expect_invalid(p, "null input");
+  p = valid_params(4), p.own_input = fake_device_pointer<const __nv_bfloat16>(0x1000008), expect_invalid(p, "unaligned input");
+  p = valid_params(4), p.receive[3] = nullptr, expect_invalid(p, "null receive area");
+  p = valid_params(4), p.receive[0] = nullptr, expect_invalid(p, "null receive area of another rank");
+  p = valid_params(4), p.receive[1] = fake_device_pointer<__nv_bfloat16>(0x5000004), expect_invalid(p, "unaligned receive area");
+  p = valid_params(4), p.receive_stride = 4095, expect_invalid(p, "receive regions shorter than the message");
+  p = valid_params(4), p.receive_stride = 4100, expect_invalid(p, "receive stride not a multiple of 8 (unaligned regions)");
+  p = valid_params(4), p.receive_stride = 0, expect_invalid(p, "no receive stride");
   p = valid_params(4), p.signals[2] = nullptr, expect_invalid(p, "null signal area");
   p = valid_params(4), p.out = nullptr, expect_invalid(p, "null out");
   p = valid_params(4), p.out = fake_device_pointer<__nv_bfloat16>(0x20000002), expect_invalid(p, "unaligned out");
-  p = valid_params(4), p.inputs[1] = fake_device_pointer<const __nv_bfloat16>(0x2000008),
-  expect_invalid(p, "unaligned input");
-  p = valid_params(4), p.out = fake_device_pointer<__nv_bfloat16>(0x3000000 + 4096), expect_invalid(p, "out inside an input");
+  p = valid_params(4), p.out = fake_device_pointer<__nv_bfloat16>(0x1000000 + 4096), expect_invalid(p, "out inside the input");
+  // Region 3 of rank 2's receive area (the last region a call touches) starts at 3 x 16 KiB.
+  p = valid_params(4), p.out = fake_device_pointer<__nv_bfloat16>(0x6000000 + 3 * 16384 + 8176),
+  expect_invalid(p, "out inside a receive area");
+  p = valid_params(4), p.own_input = fake_device_pointer<const __nv_bfloat16>(0x4000000 + 16384),
+  expect_invalid(p, "input inside a receive area");
   // Nothing to do: no launch, no device needed.
   p = valid_params(4), p.elements = 0;
   EXPECT_EQ(kernels::launch_one_shot_all_reduce(p, nullptr), cudaSuccess);

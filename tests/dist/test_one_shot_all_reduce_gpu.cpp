@@ -1,14 +1,18 @@
-// The one-shot all-reduce (kernels/one_shot_all_reduce.hpp) on 2, 4 and 8 GPUs with peer access,
-// each rank driven from its own thread as the engine drives it: sizes of 8, 1000 (a tail of 8),
-// 4096 and 64 x 8192 elements, fresh order-sensitive inputs for every call, outputs poisoned with
-// NaN (0xFFFF) before every call, results bit-identical to the CPU reference on every rank.
-// Eagerly, 50 calls in a row per size without the host waiting in between; then one CUDA graph
-// per rank of calls of every size, replayed 20 times with new inputs (the epochs in device
-// memory must keep the barrier right across replays). DEEPFUSE_TEST_QUICK=1: 5 calls, 3 replays.
+// The one-shot (push) all-reduce (kernels/one_shot_all_reduce.hpp) on 2, 4 and 8 GPUs with peer
+// access, each rank driven from its own thread as the engine drives it: sizes of 8, 1000, 1003
+// (a tail of 3 past the 16-byte vectors), 4096, 64 x 8192 - 5 (every block and a tail) and
+// 64 x 8192 elements, fresh order-sensitive inputs for every call, outputs poisoned with NaN
+// (0xFFFF) before every call, results bit-identical to the CPU reference on every rank.
+// Eagerly, 50 calls in a row per size without the host waiting in between (a slot's receive
+// areas are rewritten every other call, so a peer still reading would show); buffers whose
+// capacity is not a multiple of 8 (receive regions padded); then one CUDA graph per rank of calls
+// of mixed sizes, replayed 20 times with new inputs (the epochs in device memory must keep the
+// barrier right across replays). DEEPFUSE_TEST_QUICK=1: 5 calls, 3 replays.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <vector>
 
 #include "deepfuse/error.hpp"
@@ -24,7 +28,7 @@ using testing::first_difference;
 using testing::order_sensitive_bf16;
 using testing::run_on_ranks;
 
-const std::vector<size_t> kSizes = {8, 1000, 4096, 64 * 8192};
+const std::vector<size_t> kSizes = {8, 1000, 1003, 4096, 64 * 8192 - 5, 64 * 8192};
 constexpr size_t kMaxElements = 64 * 8192;
 
 // Per rank, on its device: a stream, `calls` staged inputs and `calls` outputs, so a sequence of
@@ -106,14 +110,15 @@ void allocate(std::vector<RankState>& states, int rank, int calls) {
   DF_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&s.outs), static_cast<size_t>(calls) * kMaxElements * sizeof(__nv_bfloat16)));
 }
 
-void check_eager(const std::vector<int>& devices) {
+void check_eager(const std::vector<int>& devices, const std::vector<size_t>& sizes = kSizes,
+                 size_t capacity = kMaxElements) {
   const int ranks = static_cast<int>(devices.size());
   const int calls = testing::quick_mode() ? 5 : 50;
-  auto rng = testing::make_rng(100 + ranks);
-  dist::OneShotBuffers buffers(devices, kMaxElements);
+  auto rng = testing::make_rng(100 + ranks + static_cast<int>(capacity % 7));
+  dist::OneShotBuffers buffers(devices, capacity);
   std::vector<RankState> states(ranks);
   run_on_ranks(devices, [&](int rank) { allocate(states, rank, calls); });
-  for (size_t elements : kSizes) {
+  for (size_t elements : sizes) {
     const Trial t = make_trial(rng, ranks, std::vector<size_t>(calls, elements));
     std::vector<std::vector<std::vector<uint16_t>>> results(ranks);
     run_on_ranks(devices, [&](int rank) {
@@ -129,9 +134,9 @@ void check_eager(const std::vector<int>& devices) {
 void check_graph(const std::vector<int>& devices) {
   const int ranks = static_cast<int>(devices.size());
   const int replays = testing::quick_mode() ? 3 : 20;
-  // Every size, twice (an even count keeps slots alternating across replays), large and small mixed
-  // so blocks with different epoch counts meet.
-  const std::vector<size_t> sizes = {8, 64 * 8192, 1000, 4096, 64 * 8192, 8};
+  // Large and small mixed so blocks with different epoch counts meet; an even count keeps slots
+  // alternating across replays.
+  const std::vector<size_t> sizes = {8, 64 * 8192, 1003, 4096, 64 * 8192 - 5, 8};
   const int calls = static_cast<int>(sizes.size());
   auto rng = testing::make_rng(200 + ranks);
   dist::OneShotBuffers buffers(devices, kMaxElements);
@@ -168,6 +173,44 @@ void check_graph(const std::vector<int>& devices) {
 TEST(OneShotAllReduceGpu, TwoRanksEager) {
   DF_REQUIRE_PEER_GPUS(devices, 2);
   check_eager(devices);
+}
+
+// Capacity 1003: receive regions of 1024 elements, the last vectors and the tail at their ends.
+TEST(OneShotAllReduceGpu, TwoRanksOddCapacity) {
+  DF_REQUIRE_PEER_GPUS(devices, 2);
+  check_eager(devices, {1003, 8, 1000, 1001}, 1003);
+}
+
+// What OneShotBuffers hands the kernel: this rank's input, every rank's receive area of the slot,
+// all 16-byte aligned, regions at least max_elements long, nothing shared between slots or with
+// an input.
+TEST(OneShotAllReduceGpu, BufferLayout) {
+  DF_REQUIRE_PEER_GPUS(devices, 2);
+  const size_t capacity = 1003;
+  dist::OneShotBuffers buffers(devices, capacity);
+  const int ranks = buffers.ranks();
+  auto begin = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+  for (int rank = 0; rank < ranks; ++rank)
+    for (int slot = 0; slot < buffers.slots(); ++slot) {
+      const auto p = buffers.params(rank, slot, capacity, nullptr);
+      EXPECT_EQ(p.own_input, buffers.input(rank, slot));
+      EXPECT_EQ(p.ranks, ranks);
+      EXPECT_EQ(p.rank, rank);
+      EXPECT_GE(p.receive_stride, capacity);
+      EXPECT_EQ(p.receive_stride % 8, 0u);
+      for (int r = 0; r < ranks; ++r) {
+        EXPECT_EQ(begin(p.receive[r]) % 16, 0u);
+        EXPECT_EQ(p.receive[r], buffers.params(r, slot, capacity, nullptr).receive[r]) << "every rank sees one area";
+        const size_t area = ranks * p.receive_stride * sizeof(__nv_bfloat16);
+        for (int other_slot = 0; other_slot < buffers.slots(); ++other_slot) {
+          const uintptr_t input = begin(buffers.input(r, other_slot));
+          EXPECT_TRUE(input + capacity * 2 <= begin(p.receive[r]) || begin(p.receive[r]) + area <= input);
+          if (other_slot == slot) continue;
+          const uintptr_t other = begin(buffers.params(r, other_slot, capacity, nullptr).receive[r]);
+          EXPECT_TRUE(other + area <= begin(p.receive[r]) || begin(p.receive[r]) + area <= other);
+        }
+      }
+    }
 }
 
 TEST(OneShotAllReduceGpu, TwoRanksGraphReplays) {

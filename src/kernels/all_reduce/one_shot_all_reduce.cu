@@ -33,22 +33,17 @@ __device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* address) {
 
 __device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
-// Start barrier of block b: bump this block's epoch, post it in slot [b][rank] of every rank's
-// signal area, and wait until every rank posted the same epoch (or the next: a fast peer may
-// already be one call ahead) in this rank's slots [b][*].
-__device__ __forceinline__ void start_barrier(const OneShotAllReduceParams& p) {
-  __shared__ uint32_t epoch;
+// Posts this block's epoch in slot [b][rank] of every peer's signal area and waits until every
+// peer posted the same epoch (or the next: a fast peer may already be one call ahead) in this
+// rank's slots [b][*]. Thread `peer` (< ranks, != rank) handles one peer; every thread of the block
+// has finished its pushes (the __syncthreads before the call) and every thread's sums come after
+// (the __syncthreads after it).
+__device__ __forceinline__ void signal_and_wait(const OneShotAllReduceParams& p, uint32_t epoch) {
   const int b = blockIdx.x;
-  if (threadIdx.x == 0) {
-    uint32_t* own = p.signals[p.rank] + kEpochBase + b;
-    epoch = *own + 1;  // only this block of this rank's stream ever writes it
-    *own = epoch;
-  }
-  __syncthreads();
   const int peer = threadIdx.x;
-  if (peer < p.ranks) {
-    // The inputs were written by earlier kernels on this rank's stream: the fence makes them
-    // visible at system scope before a peer can see the flag that lets it read them.
+  if (peer < p.ranks && peer != p.rank) {
+    // Cumulative release: the block's pushes into peer's receive area (ordered before this thread
+    // by the __syncthreads) are visible at system scope before peer can see the flag.
     fence_acq_rel_sys();
     store_release_sys(p.signals[peer] + flag_index(b, p.rank), epoch);
     const uint32_t* flag = p.signals[p.rank] + flag_index(b, peer);
@@ -59,7 +54,6 @@ __device__ __forceinline__ void start_barrier(const OneShotAllReduceParams& p) {
       if (clock64() > give_up) __trap();
     }
   }
-  __syncthreads();  // the acquires above order every thread's peer reads below
 }
 
 __device__ __forceinline__ void add_vector(float (&sum)[kElementsPerVector], const uint4& bits, bool first) {
@@ -86,45 +80,99 @@ __device__ __forceinline__ void sum_and_store(const uint4 (&loaded)[kRanks], __n
   reinterpret_cast<uint4*>(out)[v] = packed;
 }
 
+// Block b handles the same vectors on every rank (a function of blockIdx, gridDim and elements
+// only): it pushes them, and after the barrier on flags [b][*] it sums exactly the vectors the
+// peers' blocks b pushed. Two indices per iteration (v and v + stride), both in flight together.
 template <int kRanks>
 __global__ void __launch_bounds__(kThreads) one_shot_all_reduce_kernel(const OneShotAllReduceParams p) {
-  start_barrier(p);
+  __shared__ uint32_t shared_epoch;
+  const int b = blockIdx.x;
+  uint32_t* const own_epoch = p.signals[p.rank] + kEpochBase + b;
+  uint32_t epoch = 0;
+  if (threadIdx.x == 0) epoch = *own_epoch + 1;  // only this block of this rank's stream ever writes it
+
   const size_t vectors = p.elements / kElementsPerVector;
   const size_t stride = static_cast<size_t>(gridDim.x) * kThreads;
-  // Two indices per iteration, every load of both in flight before the first add: a thread pays
-  // the NVLink round trip once per kVectorsPerThread vectors.
+  const size_t first = static_cast<size_t>(b) * kThreads + threadIdx.x;
+  const uint4* const own = reinterpret_cast<const uint4*>(p.own_input);
   static_assert(kVectorsPerThread == 2);
-  for (size_t v = blockIdx.x * static_cast<size_t>(kThreads) + threadIdx.x; v < vectors; v += 2 * stride) {
+
+  // (1) Push: this rank's chunk into region [rank] of every peer's receive area, plain 16-byte
+  // stores (posted NVLink writes, nothing waits for them until the fence).
+  for (size_t v = first; v < vectors; v += 2 * stride) {
     const bool second = v + stride < vectors;
-    uint4 a[kRanks], b[kRanks];
+    const uint4 x = own[v];
+    uint4 y = {};
+    if (second) y = own[v + stride];
 #pragma unroll
-    for (int r = 0; r < kRanks; ++r) a[r] = reinterpret_cast<const uint4*>(p.inputs[r])[v];
-    if (second) {
-#pragma unroll
-      for (int r = 0; r < kRanks; ++r) b[r] = reinterpret_cast<const uint4*>(p.inputs[r])[v + stride];
+    for (int q = 0; q < kRanks; ++q) {
+      if (q == p.rank) continue;
+      uint4* const region = reinterpret_cast<uint4*>(p.receive[q] + p.rank * p.receive_stride);
+      region[v] = x;
+      if (second) region[v + stride] = y;
     }
-    sum_and_store<kRanks>(a, p.out, v);
-    if (second) sum_and_store<kRanks>(b, p.out, v + stride);
   }
-  // The last elements % 8 values, one per thread of block 0.
+  // The last elements % 8 values, one per thread of block 0 (which also sums them).
   const size_t tail = p.elements - vectors * kElementsPerVector;
-  if (blockIdx.x == 0 && threadIdx.x < tail) {
-    const size_t i = vectors * kElementsPerVector + threadIdx.x;
-    float sum = __bfloat162float(p.inputs[0][i]);
+  const size_t tail_index = vectors * kElementsPerVector + threadIdx.x;
+  if (b == 0 && threadIdx.x < tail) {
+    const __nv_bfloat16 x = p.own_input[tail_index];
 #pragma unroll
-    for (int r = 1; r < kRanks; ++r) sum += __bfloat162float(p.inputs[r][i]);
-    p.out[i] = __float2bfloat16_rn(sum);
+    for (int q = 0; q < kRanks; ++q)
+      if (q != p.rank) p.receive[q][p.rank * p.receive_stride + tail_index] = x;
+  }
+  if (threadIdx.x == 0) {
+    *own_epoch = epoch;
+    shared_epoch = epoch;
+  }
+  __syncthreads();  // every push of the block before any flag; the epoch for every thread
+
+  // (2) + (3): flags out, flags in.
+  signal_and_wait(p, shared_epoch);
+  __syncthreads();  // the acquires above order every thread's receive-area reads below
+
+  // (4) Sum in rank order: rank's own term from own_input, every other from this GPU's receive
+  // area (local memory; L2 loads, as peers' NVLink writes land in this GPU's L2).
+  const __nv_bfloat16* const local = p.receive[p.rank];
+  for (size_t v = first; v < vectors; v += 2 * stride) {
+    const bool second = v + stride < vectors;
+    uint4 x[kRanks], y[kRanks];
+#pragma unroll
+    for (int q = 0; q < kRanks; ++q) {
+      const uint4* const source =
+          q == p.rank ? own : reinterpret_cast<const uint4*>(local + static_cast<size_t>(q) * p.receive_stride);
+      x[q] = __ldcg(source + v);
+      if (second) y[q] = __ldcg(source + v + stride);
+    }
+    sum_and_store<kRanks>(x, p.out, v);
+    if (second) sum_and_store<kRanks>(y, p.out, v + stride);
+  }
+  if (b == 0 && threadIdx.x < tail) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kRanks; ++q) {
+      const __nv_bfloat16* const source = q == p.rank ? p.own_input : local + static_cast<size_t>(q) * p.receive_stride;
+      const float value =
+          __bfloat162float(__ushort_as_bfloat16(__ldcg(reinterpret_cast<const unsigned short*>(source + tail_index))));
+      sum = q == 0 ? value : sum + value;
+    }
+    p.out[tail_index] = __float2bfloat16_rn(sum);
   }
 }
 
 bool valid(const OneShotAllReduceParams& p) {
   if (p.ranks < 1 || p.ranks > kMaxTensorParallelRanks || p.rank < 0 || p.rank >= p.ranks) return false;
-  if (!p.out || !aligned16(p.out)) return false;
+  if (!p.out || !aligned16(p.out) || !p.own_input || !aligned16(p.own_input)) return false;
+  if (p.receive_stride < p.elements || p.receive_stride % kElementsPerVector != 0) return false;
   const size_t bytes = p.elements * sizeof(__nv_bfloat16);
+  if (overlaps(p.out, bytes, p.own_input, bytes)) return false;
+  // Only the regions a call touches: `ranks` regions, the last one `elements` long.
+  const size_t area_bytes = ((p.ranks - 1) * p.receive_stride + p.elements) * sizeof(__nv_bfloat16);
   for (int r = 0; r < p.ranks; ++r) {
-    if (!p.inputs[r] || !aligned16(p.inputs[r]) || !p.signals[r] || !aligned(p.signals[r], sizeof(uint32_t)))
+    if (!p.receive[r] || !aligned16(p.receive[r]) || !p.signals[r] || !aligned(p.signals[r], sizeof(uint32_t)))
       return false;
-    if (overlaps(p.out, bytes, p.inputs[r], bytes)) return false;
+    if (overlaps(p.out, bytes, p.receive[r], area_bytes) || overlaps(p.own_input, bytes, p.receive[r], area_bytes))
+      return false;
   }
   return true;
 }
