@@ -81,6 +81,8 @@ struct EngineOptions {
 // Called while weights load: bytes done, bytes total.
 using LoadProgress = std::function<void(size_t done, size_t total)>;
 
+// kv_cache_full: when a step's tokens need more KV pages than are free, the youngest decoding
+// sequence ends so (its pages go back; a server requeues it to recompute later).
 enum class FinishReason { none, stop_token, max_tokens, context_length, kv_cache_full };
 const char* finish_reason_name(FinishReason reason);
 

@@ -54,6 +54,9 @@ struct Sequence {
   // by the sampler of the last step it took part in, or of its prefill. A row that sat a step out
   // was overwritten by that step's padding; the host then feeds next_token itself.
   bool id_on_device = false;
+  // Chosen to give its pages back (the youngest while the cache is short): sits steps out until
+  // nothing is in flight for it, then ends with kv_cache_full (step.cpp, preempt_youngest).
+  bool preempting = false;
 };
 
 // One decode step's host side: its inputs, the ids it samples, and which sequence each row fed.
@@ -130,6 +133,9 @@ struct Engine::Impl {
   // Launches steps ahead as overlap_steps asks, then reads back the oldest one in flight.
   void decode_running(std::vector<StepToken>& out);
   void launch_decode(std::vector<StepToken>& out);
+  // While the step's tokens need more KV pages than are free, the youngest decoding sequence
+  // gives its pages back (ends with kv_cache_full; the server requeues it to recompute).
+  void preempt_youngest(std::vector<StepToken>& out);
   void read_back_oldest(std::vector<StepToken>& out);
   // With no sequence running: waits for the steps in flight and drops them (their sequences are gone).
   void forget_launched_steps();

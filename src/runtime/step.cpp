@@ -254,9 +254,39 @@ void Engine::Impl::run_decode_step(StepLane& lane, int sequences,
   lane.step_done.record(stream());
 }
 
+void Engine::Impl::preempt_youngest(std::vector<StepToken>& out) {
+  // Those chosen earlier whose steps have all been read back end now (highest row first: a
+  // removal moves the last row, already handled).
+  for (int row = static_cast<int>(running.size()) - 1; row >= 0; --row)
+    if (running[row].preempting && running[row].in_flight == 0) {
+      out.push_back({running[row].id, -1, FinishReason::kv_cache_full});
+      remove_running(row);
+    }
+  for (;;) {
+    int needed = 0, youngest = -1;
+    bool pending = false;  // a victim's step is still in flight: its pages come back next step
+    for (int row = 0; row < static_cast<int>(running.size()); ++row) {
+      const Sequence& s = running[row];
+      pending |= s.preempting;
+      if (s.preempting || s.prefilled < static_cast<int>(s.prompt.size()) ||
+          finishes_by_length(s, options.max_context))
+        continue;
+      needed += std::max(KvPageTable::pages_for(s.context + s.in_flight + 1) - kv->table().pages_in_row(row), 0);
+      if (youngest < 0 || s.id > running[youngest].id) youngest = row;
+    }
+    if (youngest < 0 || pending || needed <= kv->table().free_pages()) return;
+    Sequence& victim = running[youngest];
+    victim.preempting = true;
+    if (victim.in_flight > 0) return;  // sits steps out until its step is read back
+    out.push_back({victim.id, -1, FinishReason::kv_cache_full});
+    remove_running(youngest);
+  }
+}
+
 // Launches a decode step for every running sequence that can take one more token (the others sit
 // it out as padded rows); nothing when none can.
 void Engine::Impl::launch_decode(std::vector<StepToken>& out) {
+  preempt_youngest(out);
   // Room for the step's token, highest row first (a removal moves the last row, already
   // handled). A sequence with nothing in flight that finds no free page ends here, and its pages
   // go back at once, so the rows below may still grow; one with a step in flight sits this step
@@ -266,11 +296,16 @@ void Engine::Impl::launch_decode(std::vector<StepToken>& out) {
     const Sequence& sequence = running[row];
     if (sequence.prefilled < static_cast<int>(sequence.prompt.size())) continue;  // still prefilling
     if (finishes_by_length(sequence, options.max_context)) continue;
+    if (sequence.preempting) continue;  // waits for its step in flight, then preempt_youngest ends it
     if (kv->reserve(row, sequence.context + sequence.in_flight + 1)) {
       feeds[row] = 1;
       continue;
     }
-    if (sequence.in_flight > 0) continue;
+    // Short of a page: a younger sequence is being preempted (or the pages of one whose step is
+    // in flight come back soon), so wait; only the youngest ends itself.
+    const bool younger = std::any_of(running.begin(), running.end(),
+                                     [&](const Sequence& s) { return s.id > sequence.id && s.preempting; });
+    if (sequence.in_flight > 0 || younger) continue;
     out.push_back({sequence.id, -1, FinishReason::kv_cache_full});
     feeds[row] = feeds.back();  // the last row's decision moves with it
     feeds.pop_back();

@@ -273,7 +273,7 @@ TEST(Engine, StopTokenEndsOnlyThatSequence) {
 }
 
 // A cache of exactly four pages and two sequences that each need four: when both need a third
-// page, one ends with kv_cache_full (id -1), its pages go back, and the other runs to the end.
+// page, the younger ends with kv_cache_full (id -1), its pages go back, and the older runs to the end.
 TEST(Engine, KvCacheFullEndsOneSequenceAndTheOtherContinues) {
   DF_REQUIRE_GPU();
   auto rng = testing::make_rng(106);
@@ -301,6 +301,7 @@ TEST(Engine, KvCacheFullEndsOneSequenceAndTheOtherContinues) {
     expect_well_formed(tokens, config.vocab_size, "sequence " + std::to_string(id));
     if (tokens.back().finish == FinishReason::kv_cache_full) {
       ++full;
+      EXPECT_EQ(id, b) << "the youngest sequence gives its pages back";
       EXPECT_EQ(tokens.back().id, -1);
       EXPECT_EQ(tokens.size(), 18u) << "first token, 16 decode steps within two pages, then the full report";
     } else {

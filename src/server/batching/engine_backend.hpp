@@ -6,10 +6,10 @@
 // --max-step-tokens): a long prompt is prefilled over several steps while the others decode. The
 // prefix cache is the engine's too (EngineOptions::prefix_caching: full prompt blocks share pages).
 // What the engine itself does not do, this wrapper does where it can:
-//   - KV exhaustion: the engine ends a sequence that finds no page with kv_cache_full; the wrapper
-//     requeues it (prompt + the tokens it generated, the rest of its budget) so it recomputes once
-//     pages free up, instead of ending it. The engine picks the sequence that ran out, not the
-//     youngest, and the requeued sequence's sampling draws restart (greedy output is unchanged).
+//   - KV exhaustion: when a step's tokens need more pages than are free, the engine ends the
+//     youngest decoding sequence with kv_cache_full (its pages go back); the wrapper requeues it
+//     (prompt + the tokens it generated, the rest of its budget) so it recomputes once pages free
+//     up. The requeued sequence's sampling draws restart (greedy output is unchanged).
 // Not on this backend: logprobs and presence/frequency penalties (refused with a 400).
 #pragma once
 
