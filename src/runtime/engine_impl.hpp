@@ -57,6 +57,9 @@ struct Sequence {
   // Chosen to give its pages back (the youngest while the cache is short): sits steps out until
   // nothing is in flight for it, then ends with kv_cache_full (step.cpp, preempt_youngest).
   bool preempting = false;
+  // Prefix caching: the tokens sampled so far, read back (their full blocks are registered for
+  // later prompts when the sequence finishes).
+  std::vector<int32_t> generated_ids;
 };
 
 // One decode step's host side: its inputs, the ids it samples, and which sequence each row fed.

@@ -95,7 +95,17 @@ void Engine::Impl::remove_running(int row) {
 void Engine::Impl::remove_finished(std::vector<int> rows) {
   // Highest rows first: a removal moves the last row, which is then already handled.
   std::sort(rows.rbegin(), rows.rend());
-  for (int row : rows) remove_running(row);
+  for (int row : rows) {
+    // Prefix caching: the full blocks of prompt + generated tokens stay cached, so the next turn
+    // of a chat or agent loop (which resends this whole text) prefills only what is new.
+    const Sequence& sequence = running[row];
+    if (options.prefix_caching && !sequence.generated_ids.empty()) {
+      std::vector<int32_t> text = sequence.prompt;
+      text.insert(text.end(), sequence.generated_ids.begin(), sequence.generated_ids.end());
+      kv->register_prompt_blocks(row, text, sequence.context);
+    }
+    remove_running(row);
+  }
 }
 
 FinishReason Engine::Impl::finish_reason(const Sequence& sequence) const {
@@ -195,6 +205,7 @@ void Engine::Impl::prefill_queued(std::vector<StepToken>& out) {
     sequence.context = static_cast<int>(sequence.prompt.size());
     sequence.generated = 1;
     sequence.next_token = prefill_sampled.as<int32_t>()[row];
+    if (options.prefix_caching) sequence.generated_ids.push_back(sequence.next_token);
     sequence.id_on_device = true;  // the sampler wrote it into the row's decode id
     const FinishReason reason = finish_reason(sequence);
     out.push_back({sequence.id, sequence.next_token, reason, sequence.cached});
@@ -355,6 +366,7 @@ void Engine::Impl::read_back_oldest(std::vector<StepToken>& out) {
     sequence.context += 1;
     sequence.generated += 1;
     sequence.next_token = lane.sampled.as<int32_t>()[fed_row];
+    if (options.prefix_caching) sequence.generated_ids.push_back(sequence.next_token);
     const FinishReason reason = finish_reason(sequence);
     out.push_back({sequence.id, sequence.next_token, reason});
     if (reason != FinishReason::none) finished.push_back(it->second);

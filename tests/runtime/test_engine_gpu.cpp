@@ -523,6 +523,34 @@ TEST_P(EngineVsReference, PrefillBudgetAndPrefixCacheFollowReference) {
   EXPECT_GT(stats.kv_pages_cached, 0);
 }
 
+// The next turn of a chat resends the whole text: the blocks a finished sequence generated are
+// cached too, so only the new tokens are prefilled.
+TEST_P(EngineVsReference, PrefixCacheKeepsGeneratedBlocks) {
+  DF_REQUIRE_GPU();
+  make_model(12);
+  EngineOptions options = tiny_engine_options();
+  options.prefix_caching = true;
+  Engine engine = load_engine(options);
+  const std::vector<int32_t> first_prompt = random_ids(rng_, 20, config_.vocab_size);
+  const std::vector<int32_t> answer = generate_greedy(engine, {first_prompt}, 30)[0];
+  ASSERT_EQ(answer.size(), 30u);
+  // 20 prompt + 29 fed generated tokens = 49 positions computed: three full blocks (48).
+  std::vector<int32_t> next_turn = first_prompt;
+  next_turn.insert(next_turn.end(), answer.begin(), answer.end());
+  for (const int32_t id : random_ids(rng_, 5, config_.vocab_size)) next_turn.push_back(id);
+  const SequenceId id = engine.add_sequence(greedy_request(next_turn, 8));
+  std::vector<StepToken> tokens;
+  while (engine.running_sequences() > 0)
+    for (const StepToken& token : engine.step())
+      if (token.sequence == id) tokens.push_back(token);
+  ASSERT_EQ(tokens.size(), 8u);
+  EXPECT_EQ(tokens[0].cached_tokens, 48);
+  std::vector<int32_t> generated;
+  for (const StepToken& token : tokens) generated.push_back(token.id);
+  follows_reference_greedy(next_turn, generated, "the next turn");
+  EXPECT_EQ(engine.stats().kv_pages_free, engine.stats().kv_pages_total) << "pages leaked";
+}
+
 TEST_P(EngineVsReference, FinishReasons) {
   DF_REQUIRE_GPU();
   make_model(6);
