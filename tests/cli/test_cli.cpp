@@ -224,6 +224,26 @@ TEST_F(Cli, BackendAndModelSourceProblems) {
   expect_bad_input(run_cli(scratch_, "bench decode --archs llama3.2-1b"), {"bench decode", "no CUDA device"});
 }
 
+// --tp: more ranks than GPUs (this machine's count), out of range, or a model that cannot split.
+TEST_F(Cli, TensorParallelProblems) {
+  const std::string model = " --model " + model_.string();
+  const int gpus = cuda_device_count();
+  const int too_many = std::max(2, gpus + 1);
+  if (too_many <= 8)
+    expect_bad_input(run_cli(scratch_, "generate" + model + " --prompt-ids 1 --tp " + std::to_string(too_many)),
+                     {"--tp " + std::to_string(too_many), "this machine has " + std::to_string(gpus)});
+  EXPECT_EQ(run_cli(scratch_, "generate" + model + " --prompt-ids 1 --tp 9").exit_code, 2);
+  EXPECT_EQ(run_cli(scratch_, "generate" + model + " --prompt-ids 1 --tp 0").exit_code, 2);
+  if (gpus < 2) return;
+  // 32 query heads do not split 3 ways (on a machine with three or more GPUs), and the tiny model
+  // runs on the reference backend, which has no --tp.
+  if (gpus >= 3)
+    expect_bad_input(run_cli(scratch_, "generate --random-weights --arch llama3-8b --prompt-ids 1 --tp 3"),
+                     {"num_attention_heads 32", "3"});
+  expect_bad_input(run_cli(scratch_, "generate" + model + " --prompt-ids 1 --backend reference --tp 2"),
+                   {"--tp 2", "cuda backend"});
+}
+
 // bench sampling: a table on any machine (the GPU kernel, or the CPU reference without one),
 // and a one-line error naming an unknown mode or an impossible size before any work.
 TEST_F(Cli, BenchSamplingRunsAndNamesBadArguments) {
