@@ -35,6 +35,22 @@ TEST(TensorSplit, Llama3_70bOverFourRanks) {
   }
 }
 
+// Issue 41's layout (not run: no 8-GPU machine yet): one key/value head per rank.
+TEST(TensorSplit, Llama3_70bOverEightRanks) {
+  const ModelConfig c = random_arch_config("llama3-70b");
+  int vocab = 0;
+  for (int r = 0; r < 8; ++r) {
+    const dist::RankShard s = dist::shard_of(c, r, 8);
+    EXPECT_EQ(s.q_heads, 8);
+    EXPECT_EQ(s.kv_heads, 1);
+    EXPECT_EQ(s.kv_head_begin, r);
+    EXPECT_EQ(s.intermediate, 3584);
+    vocab += s.vocab_real;
+  }
+  EXPECT_EQ(vocab, c.vocab_size);
+  EXPECT_TRUE(dist::why_not_splittable(c, 8).empty());
+}
+
 TEST(TensorSplit, FewerKeyValueHeadsThanRanksAreReplicated) {
   ModelConfig c = random_arch_config("qwen2.5-7b");  // 28 query heads, 4 key/value heads
   c.num_key_value_heads = 2;

@@ -1,0 +1,66 @@
+// The tensor-parallel engine's threads (runtime/rank_group.hpp): every rank runs each task on its
+// own thread, all at once, and the call waits for all; a rank's exception comes back by rank.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <set>
+#include <stdexcept>
+#include <thread>
+
+#include "runtime/rank_group.hpp"
+
+namespace deepfuse::runtime {
+namespace {
+
+TEST(RankThreads, EveryRankRunsEachTaskOnItsOwnThread) {
+  RankThreads threads(4);
+  for (int round = 0; round < 100; ++round) {
+    std::atomic<int> ran{0};
+    std::mutex mutex;
+    std::set<std::thread::id> ids;
+    const auto errors = threads.run([&](int rank) {
+      EXPECT_GE(rank, 0);
+      EXPECT_LT(rank, 4);
+      ran += 1 << (8 * rank);  // each rank once
+      std::lock_guard lock(mutex);
+      ids.insert(std::this_thread::get_id());
+    });
+    EXPECT_EQ(ran.load(), 0x01010101);
+    EXPECT_EQ(ids.size(), 4u);
+    EXPECT_FALSE(ids.count(std::this_thread::get_id()));
+    for (const auto& e : errors) EXPECT_FALSE(e);
+  }
+}
+
+// The ranks wait for each other inside a task (as their collectives do): all run at once.
+TEST(RankThreads, TasksRunConcurrently) {
+  RankThreads threads(3);
+  std::atomic<int> arrived{0}, saw_all{0};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);  // bounded: fails, never hangs
+  threads.run([&](int) {
+    ++arrived;
+    while (arrived.load() < 3 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    if (arrived.load() == 3) ++saw_all;
+  });
+  EXPECT_EQ(saw_all.load(), 3);
+}
+
+TEST(RankThreads, ExceptionsComeBackByRank) {
+  RankThreads threads(3);
+  const auto errors = threads.run([&](int rank) {
+    if (rank == 1) throw std::runtime_error("rank one failed");
+  });
+  ASSERT_EQ(errors.size(), 3u);
+  EXPECT_FALSE(errors[0]);
+  EXPECT_FALSE(errors[2]);
+  ASSERT_TRUE(errors[1]);
+  EXPECT_THROW(std::rethrow_exception(errors[1]), std::runtime_error);
+  // The threads still serve the next task.
+  std::atomic<int> ran{0};
+  for (const auto& e : threads.run([&](int) { ++ran; })) EXPECT_FALSE(e);
+  EXPECT_EQ(ran.load(), 3);
+}
+
+}  // namespace
+}  // namespace deepfuse::runtime
