@@ -1,6 +1,10 @@
 #include "dist/peer_exchange.hpp"
 
 #include <algorithm>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
 
 #include "deepfuse/error.hpp"
 
@@ -34,9 +38,16 @@ bool enable_peer_access(const std::vector<int>& devices, std::string* why_not) {
       if (cudaError_t e = cudaDeviceCanAccessPeer(&can, from, to); e != cudaSuccess)
         return refuse("cudaDeviceCanAccessPeer(" + gpu(from) + ", " + gpu(to) + "): " + cudaGetErrorString(e));
       if (!can) return refuse(gpu(from) + " cannot map " + gpu(to) + "'s memory (no peer-to-peer path)");
+      // Peer access lasts for the process: a pair enabled before (an earlier engine, or the
+      // one-shot buffers after RankGroup) is not asked again, so no API error is raised for it.
+      static std::mutex mutex;
+      static std::set<std::pair<int, int>> enabled;
+      std::lock_guard lock(mutex);
+      if (enabled.count({from, to})) continue;
       if (cudaError_t e = cudaSetDevice(from); e != cudaSuccess)
         return refuse("cudaSetDevice(" + std::to_string(from) + "): " + cudaGetErrorString(e));
       const cudaError_t e = cudaDeviceEnablePeerAccess(to, 0);
+      if (e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled) enabled.insert({from, to});
       if (e == cudaErrorPeerAccessAlreadyEnabled) {
         cudaGetLastError();  // not an error here; clear it so the next launcher's check does not see it
       } else if (e != cudaSuccess) {
