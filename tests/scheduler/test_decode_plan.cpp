@@ -113,6 +113,15 @@ TEST(PlanOverrides, MlpWithoutABucketCoversPrefillToo) {
   EXPECT_EQ(plan.prefill_mlp, MlpChoice::fused);
 }
 
+TEST(PlanOverrides, AllReduceSetsEveryBucketOrOne) {
+  const PlanShape shape = testing::model_shapes()[0].shape;
+  const DecodePlan plan = apply_overrides(
+      llama8b_h100_plan(), parse_plan_overrides("all_reduce=one_shot,all_reduce@64=nccl"), shape, testing::h100());
+  for (const BucketPlan& b : plan.buckets)
+    EXPECT_EQ(b.all_reduce, b.batch == 64 ? AllReduceChoice::nccl : AllReduceChoice::one_shot) << b.batch;
+  EXPECT_STREQ(choice_name(AllReduceChoice::one_shot), "one_shot");
+}
+
 TEST(PlanOverrides, UnfusedFrontTakesOProjToCublaslt) {
   const PlanShape shape = testing::model_shapes()[0].shape;
   const DecodePlan plan =

@@ -259,5 +259,21 @@ TEST(PlanJson, RoundTripAndStrictReading) {
   expect_error([] { plan_from_json("{\"source\": "); }, {"corrupt at byte"});
 }
 
+// A tensor-parallel rank's plan carries its rank count and each bucket's all-reduce; one GPU's
+// JSON has neither key (plans saved before them read back unchanged).
+TEST(PlanJson, TensorParallelFields) {
+  DecodePlan plan = tuned_plan();
+  EXPECT_EQ(plan_to_json(plan).find("all_reduce"), std::string::npos);
+  plan.tensor_parallel = 4;
+  plan.buckets[0].all_reduce = AllReduceChoice::one_shot;
+  const std::string text = plan_to_json(plan);
+  EXPECT_NE(text.find("\"all_reduce\": \"one_shot\""), std::string::npos) << text;
+  EXPECT_EQ(plan_from_json(text), plan);
+  EXPECT_NE(describe(plan).find("all_reduce"), std::string::npos);
+  auto j = nlohmann::json::parse(text);
+  j["buckets"][0]["all_reduce"] = "ring";
+  expect_error([&] { plan_from_json(j.dump()); }, {"unknown all_reduce 'ring'"});
+}
+
 }  // namespace
 }  // namespace deepfuse
