@@ -296,10 +296,7 @@ Engine Engine::with_random_weights(const ModelConfig& config, const EngineOption
 }
 
 PlanPreview preview_plan(const ModelConfig& config, const EngineOptions& options) {
-  const int tp = options.tensor_parallel;
-  if (const std::string why = dist::why_not_splittable(config, tp); !why.empty())
-    throw Error("cannot split the model over " + std::to_string(tp) + " GPUs: " + why);
-  const dist::RankShard shard = dist::shard_of(config, 0, tp);
+  const dist::RankShard shard = dist::shard_of(config, 0, options.tensor_parallel);  // throws when it cannot split
   Engine::Impl impl(dist::rank_config(config, shard), options);
   impl.link.shard = shard;
   impl.make_plan();

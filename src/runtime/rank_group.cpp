@@ -94,12 +94,16 @@ RankGroup::~RankGroup() {
 
 void RankGroup::run(const std::function<void(Engine::Impl&)>& task) {
   if (!threads_) return task(lead());
+  run_ranks([&](int r) { task(*ranks_[r]); });
+}
+
+void RankGroup::run_ranks(const std::function<void(int)>& task) {
   DF_CHECK(failure_.empty(), "the tensor-parallel engine stopped after an earlier failure (" + failure_ +
                                  "); build a new engine");
   const std::vector<std::exception_ptr> errors = threads_->run([&](int r) {
     try {
-      ranks_[r]->activate_device();
-      task(*ranks_[r]);
+      DF_CHECK_CUDA(cudaSetDevice(devices_[r]));
+      task(r);
     } catch (...) {
       // The other ranks may be waiting in a collective for this one: abort the communicators so
       // their NCCL kernels end instead of waiting forever.
@@ -110,8 +114,8 @@ void RankGroup::run(const std::function<void(Engine::Impl&)>& task) {
   // Every failing rank is named: the first one's error is often only the others' abort.
   for (int r = 0; r < size(); ++r)
     if (errors[r])
-      failure_ += (failure_.empty() ? "" : "; ") + ("rank " + str(r) + " (GPU " + str(ranks_[r]->options.device) +
-                                                    "): " + message_of(errors[r]));
+      failure_ += (failure_.empty() ? "" : "; ") +
+                  ("rank " + str(r) + " (GPU " + str(devices_[r]) + "): " + message_of(errors[r]));
   if (!failure_.empty()) throw Error(failure_);
 }
 
@@ -142,9 +146,9 @@ std::unique_ptr<RankGroup> RankGroup::build(const ModelConfig& model, const Engi
   DF_CHECK(options.device >= 0 && options.device + tp <= visible,
            "--tp " + str(tp) + " needs GPUs " + str(options.device) + ".." + str(options.device + tp - 1) + ", but " +
                str(visible) + (visible == 1 ? " GPU is" : " GPUs are") + " visible");
-  if (const std::string why = dist::why_not_splittable(model, tp); !why.empty())
-    throw Error("cannot split the model over " + str(tp) + " GPUs: " + why);
-  std::vector<int> devices(tp);
+  dist::shard_of(model, 0, tp);  // throws, naming the shape that does not split, before any GPU work
+  std::vector<int>& devices = group->devices_;
+  devices.resize(tp);
   for (int r = 0; r < tp; ++r) devices[r] = options.device + r;
 
   // Peer access decides whether the one-shot all-reduce exists; NCCL serves either way.
@@ -159,21 +163,10 @@ std::unique_ptr<RankGroup> RankGroup::build(const ModelConfig& model, const Engi
   group->ranks_.resize(tp);
   group->threads_ = std::make_unique<RankThreads>(tp);
 
-  // Each rank builds on its own thread; a failure anywhere aborts the communicators (no rank
-  // waits in a collective for one that is gone) and names the rank.
-  auto on_ranks = [&](const std::function<void(int)>& task) {
-    const std::vector<std::exception_ptr> errors = group->threads_->run([&](int r) {
-      DF_CHECK_CUDA(cudaSetDevice(devices[r]));
-      task(r);
-    });
-    for (int r = 0; r < tp; ++r)
-      if (errors[r]) {
-        group->nccl_->abort();
-        throw Error("rank " + str(r) + " (GPU " + str(devices[r]) + "): " + message_of(errors[r]));
-      }
-  };
+  // Each rank builds on its own thread (run_ranks: a failure anywhere aborts the communicators
+  // and names the rank).
   std::vector<int> affordable(tp, 0);
-  on_ranks([&](int r) {
+  group->run_ranks([&](int r) {
     EngineOptions rank_options = options;
     rank_options.device = devices[r];
     const dist::RankShard shard = dist::shard_of(model, r, tp);
@@ -190,7 +183,7 @@ std::unique_ptr<RankGroup> RankGroup::build(const ModelConfig& model, const Engi
   });
   // One page count for all: the ranks run the same sequences on the same page tables.
   const int pages = *std::min_element(affordable.begin(), affordable.end());
-  on_ranks([&](int r) {
+  group->run_ranks([&](int r) {
     Engine::Impl& s = *group->ranks_[r];
     s.complete_setup(pages);
     s.forward->connect_collectives(s.stream());

@@ -79,9 +79,12 @@ class RankGroup {
 
  private:
   RankGroup() = default;
+  // task(r) on rank r's thread with its GPU current, every rank at once (tensor parallel only).
+  void run_ranks(const std::function<void(int)>& task);
   void choose_all_reduce();
 
   ModelConfig model_;
+  std::vector<int> devices_;  // rank r's CUDA ordinal (tensor parallel)
   std::unique_ptr<dist::NcclGroup> nccl_;             // declared before the ranks: outlives them
   std::unique_ptr<dist::OneShotBuffers> one_shot_;    // null: one GPU, or no peer access
   std::vector<std::unique_ptr<Engine::Impl>> ranks_;
