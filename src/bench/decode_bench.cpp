@@ -53,9 +53,8 @@ int pages_for(int tokens) { return (tokens + kernels::kKvPageSize - 1) / kernels
 // Per GPU: a tensor-parallel rank reads the key/value heads it holds (dist::shard_of).
 size_t kv_bytes_read_per_step(const ModelConfig& c, int batch, int context, int tensor_parallel) {
   const int attended = c.sliding_window > 0 ? std::min(context, c.sliding_window) : context;
-  const int kv_heads = dist::shard_of(c, 0, tensor_parallel).kv_heads;
-  return static_cast<size_t>(batch) * attended * c.num_hidden_layers * 2 * (tensor_parallel > 1 ? kv_heads : c.num_key_value_heads) *
-         c.head_dim * sizeof(uint16_t);
+  const int kv_heads = dist::shard_of(c, 0, tensor_parallel).kv_heads;  // all of them for one GPU
+  return static_cast<size_t>(batch) * attended * c.num_hidden_layers * 2 * kv_heads * c.head_dim * sizeof(uint16_t);
 }
 
 // The all-reduce timed at engine start for the bucket serving `batch` (tensor parallel), or null.
