@@ -220,6 +220,10 @@ class StagedUploader {
   }
   // Pending copies read the staging buffers: let them finish before the buffers are freed.
   ~StagedUploader() { cudaStreamSynchronize(stream_); }
+  // Every tensor uploaded: the progress reaches its total (a split rank's total is an estimate).
+  void finish() {
+    if (progress_) progress_(total_, total_);
+  }
   StagedUploader(const StagedUploader&) = delete;
   StagedUploader& operator=(const StagedUploader&) = delete;
 
@@ -242,7 +246,7 @@ class StagedUploader {
       next_ ^= 1;
     }
     done_ += source.size();
-    if (progress_) progress_(done_, total_);
+    report();
   }
 
   // Uploads into `buffer` at element `offset` (one of q/k/v into the merged qkv).
@@ -278,10 +282,15 @@ class StagedUploader {
       next_ ^= 1;
     }
     done_ += block.rows * block.columns * element_bytes;
-    if (progress_) progress_(done_, total_);
+    report();
   }
 
  private:
+  // Below the total until finish(), so an estimated total is neither reached early nor missed.
+  void report() const {
+    if (progress_) progress_(std::min(done_, total_ > 0 ? total_ - 1 : 0), total_);
+  }
+
   static constexpr size_t kChunkElements = size_t{8} << 20;  // 16 MiB of bf16 per staging buffer
 
   const Checkpoint& checkpoint_;
@@ -387,8 +396,9 @@ GpuWeights load_checkpoint_weights(const Checkpoint& checkpoint, const ModelConf
   const bool split = shard.split();
   const LayerSizes s(config);
   const ShardBlocks blocks{model, shard};
-  // Bytes this rank reads: everything for one GPU; a split rank's slices (estimated from the
-  // ratio of its weights to the whole model's, exact for progress purposes at the end).
+  // Bytes this rank reads: everything for one GPU; a split rank's slices, estimated from the
+  // ratio of its weights to the whole model's (the uploader's progress stops short of an
+  // estimated total until finish()).
   size_t total_bytes = 0;
   for (const ExpectedTensor& tensor : expected_tensors(model)) total_bytes += checkpoint.find(tensor.name)->info->byte_size();
   if (split) {
@@ -457,6 +467,7 @@ GpuWeights load_checkpoint_weights(const Checkpoint& checkpoint, const ModelConf
   }
   w.rope_inv_freq = rope_table(config);
   DF_CHECK_CUDA(cudaStreamSynchronize(stream));
+  uploader.finish();
   return w;
 }
 
