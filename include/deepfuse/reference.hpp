@@ -64,6 +64,13 @@ void attention_prefill(const float* q, const float* k_cache, const float* v_cach
 
 // Sampling (SamplingParams: deepfuse/sampling_params.hpp).
 
+// OpenAI's presence and frequency penalties, in place, before sampling: for every id that occurs
+// count > 0 times in `generated` (the sequence's generated tokens; never the prompt),
+// logits[id] -= presence + frequency * count, in fp32 (the GPU's kernels/token_penalties.hpp
+// rounds the same way). Ids outside the vocabulary are an error.
+void apply_presence_frequency_penalties(std::span<float> logits, float presence, float frequency,
+                                        std::span<const int32_t> generated);
+
 // The distribution sampling draws from, after repetition penalty, temperature, top-k, top-p and
 // min-p (in that order, as Hugging Face's processors apply them): probabilities summing to 1.
 std::vector<double> sampling_distribution(std::span<const float> logits, const SamplingParams& params,

@@ -6,6 +6,7 @@
 #include <limits>
 #include <numbers>
 #include <string>
+#include <unordered_map>
 
 #include "deepfuse/bf16.hpp"
 #include "deepfuse/error.hpp"
@@ -176,6 +177,21 @@ void keep_min_p(std::vector<double>& scores, float min_p) {
 }
 
 }  // namespace
+
+void apply_presence_frequency_penalties(std::span<float> logits, float presence, float frequency,
+                                        std::span<const int32_t> generated) {
+  if (presence == 0.0f && frequency == 0.0f) return;
+  std::unordered_map<int32_t, int> counts;
+  for (const int32_t id : generated) {
+    DF_CHECK(id >= 0 && static_cast<size_t>(id) < logits.size(),
+             "generated token id " + std::to_string(id) + " is outside the vocabulary");
+    ++counts[id];
+  }
+  for (const auto& [id, count] : counts) {
+    const float penalty = presence + frequency * static_cast<float>(count);
+    logits[id] -= penalty;
+  }
+}
 
 std::vector<double> sampling_distribution(std::span<const float> logits, const SamplingParams& params,
                                           std::span<const int32_t> previous) {

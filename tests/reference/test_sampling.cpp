@@ -1,11 +1,14 @@
 // The reference sampler: Hugging Face's logits processors (repetition penalty, temperature, top-k,
-// top-p, min-p) and the counter-based uniform draw the GPU sampler must reproduce.
+// top-p, min-p), OpenAI's presence and frequency penalties, and the counter-based uniform draw the
+// GPU sampler must reproduce.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <vector>
 
+#include "deepfuse/error.hpp"
 #include "deepfuse/reference.hpp"
 #include "test_util.hpp"
 
@@ -22,6 +25,28 @@ std::vector<float> logits_of(const std::vector<double>& probs) {
 void expect_probs_near(const std::vector<double>& actual, const std::vector<double>& expected) {
   ASSERT_EQ(actual.size(), expected.size());
   for (size_t i = 0; i < expected.size(); ++i) EXPECT_NEAR(actual[i], expected[i], 1e-6) << "id " << i;
+}
+
+TEST(ReferenceSampling, PresenceAndFrequencyPenaltiesCountGeneratedTokens) {
+  auto rng = testing::make_rng(41);
+  const std::vector<float> original = testing::random_uniform(rng, 10, 5.0f);
+  std::vector<float> logits = original;
+  // id 3 twice, id 7 once, id 0 three times.
+  const std::vector<int32_t> generated = {3, 0, 7, 3, 0, 0};
+  reference::apply_presence_frequency_penalties(logits, 0.5f, 0.25f, generated);
+  for (int id = 0; id < 10; ++id) {
+    const int count = static_cast<int>(std::count(generated.begin(), generated.end(), id));
+    const float expected = count == 0 ? original[id] : original[id] - (0.5f + 0.25f * static_cast<float>(count));
+    EXPECT_EQ(logits[id], expected) << "id " << id << ", generated " << count << " times";
+  }
+  // Negative penalties reward repeats; zero penalties change nothing.
+  logits = original;
+  reference::apply_presence_frequency_penalties(logits, -1.0f, 0.0f, generated);
+  EXPECT_EQ(logits[7], original[7] + 1.0f);
+  logits = original;
+  reference::apply_presence_frequency_penalties(logits, 0.0f, 0.0f, generated);
+  EXPECT_EQ(logits, original);
+  EXPECT_THROW(reference::apply_presence_frequency_penalties(logits, 1.0f, 0.0f, std::vector<int32_t>{10}), Error);
 }
 
 TEST(ReferenceSampling, GreedyPicksArgmaxAndLowestIdOnTies) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "deepfuse/logprobs.hpp"
 #include "deepfuse/sampling_params.hpp"
 
 namespace deepfuse::server {
@@ -30,10 +31,7 @@ struct GenerationSpec {
 
 enum class SequenceEnd { none, stop_token, max_tokens, context_length, cancelled, failed };
 
-struct TokenLogprob {
-  int32_t id = 0;
-  float logprob = 0.0f;
-};
+using TokenLogprob = deepfuse::TokenLogprob;  // an alternative token and its logprob
 
 // What one step produced for one sequence.
 struct SequenceEvent {

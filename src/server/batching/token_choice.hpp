@@ -1,6 +1,8 @@
 // Picking a sequence's next token from its logits: OpenAI's presence and frequency penalties over
 // the tokens generated so far, then the shared sampler (reference::sample, the same draws as the
-// GPU sampler), and the log-probabilities OpenAI's `logprobs` report. Used by the CPU backend.
+// GPU sampler), and the log-probabilities OpenAI's `logprobs` report. Used by the CPU backend; the
+// CUDA engine applies the same penalties on the GPU (kernels/token_penalties.hpp) and reports the
+// same logprobs (deepfuse/logprobs.hpp).
 #pragma once
 
 #include <span>

@@ -1,4 +1,4 @@
-// Host-side argument checks of the sampling launchers: bad sizes, null pointers and cluster sizes
+// Host-side argument checks of the sampling and penalty launchers: bad sizes, null pointers and cluster sizes
 // without a kernel return cudaErrorInvalidValue before anything reaches the GPU, so this runs on
 // any machine.
 #include <gtest/gtest.h>
@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "deepfuse/kernels/sampling.hpp"
+#include "deepfuse/kernels/token_penalties.hpp"
 #include "test_util.hpp"
 
 namespace deepfuse {
@@ -38,6 +39,31 @@ TEST(SmallKernelChecks, SamplingRejectsBadArguments) {
     EXPECT_EQ(kernels::launch_sampling_with_cluster_size(valid_sampling(), unsupported, nullptr), cudaErrorInvalidValue)
         << "cluster size " << unsupported;
   EXPECT_EQ(kernels::sampling_workspace_bytes(8, 152064), 0u);
+}
+
+TEST(SmallKernelChecks, TokenPenaltiesRejectBadArguments) {
+  auto valid = [] {
+    kernels::TokenPenaltyParams p;
+    p.logits = fake_device_pointer<float>(0x100000);
+    p.counts = fake_device_pointer<int32_t>(0x200000);
+    p.slots = fake_device_pointer<const kernels::PenaltySlot>(0x300000);
+    p.batch = 4, p.vocab = 152064;
+    return p;
+  };
+  auto expect_invalid = [](kernels::TokenPenaltyParams p, const char* what) {
+    EXPECT_EQ(kernels::launch_token_penalties(p, nullptr), cudaErrorInvalidValue) << what;
+  };
+  auto p = valid();
+  p.logits = nullptr, expect_invalid(p, "null logits");
+  p = valid(), p.counts = nullptr, expect_invalid(p, "null counts");
+  p = valid(), p.slots = nullptr, expect_invalid(p, "null slots");
+  p = valid(), p.batch = 0, expect_invalid(p, "batch 0");
+  p = valid(), p.batch = 65536, expect_invalid(p, "batch beyond the grid's rows");
+  p = valid(), p.vocab = 0, expect_invalid(p, "empty vocabulary");
+  p = valid(), p.vocab = (1 << 30) + 1, expect_invalid(p, "vocabulary beyond 2^30");
+  EXPECT_TRUE(kernels::penalized({0.0f, 0.5f}));
+  EXPECT_TRUE(kernels::penalized({-0.5f, 0.0f}));
+  EXPECT_FALSE(kernels::penalized({}));
 }
 
 }  // namespace
