@@ -20,6 +20,7 @@
 
 #include "deepfuse/decode_plan.hpp"
 #include "deepfuse/gemm_tuning.hpp"
+#include "deepfuse/logprobs.hpp"
 #include "deepfuse/mlp.hpp"
 #include "deepfuse/model_config.hpp"
 #include "deepfuse/sampling_params.hpp"
@@ -91,6 +92,19 @@ struct SequenceRequest {
   SamplingParams sampling;    // repetition_penalty must be 1 on this backend
   int max_new_tokens = 16;
   std::vector<int32_t> stop_ids;         // generation ends after producing one of these
+  // OpenAI's penalties over the tokens the sequence generates (never its prompt), applied on the
+  // GPU before sampling: logit -= presence + frequency * count for each id generated count > 0
+  // times (reference::apply_presence_frequency_penalties). Finite; 0 and 0: off.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  // -1: no logprobs. Otherwise each StepToken carries the token's logprob and this many
+  // alternatives (deepfuse/logprobs.hpp: of the penalized logits, before temperature and the
+  // other filters). Costs a copy of the row's logits to the host and a pass over them per token.
+  int top_logprobs = -1;
+  // A sequence resumed after kv_cache_full (a server recomputing it): the last `prior_generated`
+  // ids of `prompt` are tokens it generated before. They count for the penalties, and its first
+  // sampling draw is draw prior_generated (reference::sample's step), not 0.
+  int prior_generated = 0;
 };
 
 using SequenceId = int64_t;
@@ -103,6 +117,10 @@ struct StepToken {
   FinishReason finish = FinishReason::none;  // none: the sequence keeps running
   int cached_tokens = -1;                // with a sequence's first token: prompt tokens whose KV pages came
                                          // from the prefix cache (EngineOptions::prefix_caching); else -1
+  // When the request asked (top_logprobs >= 0) and id >= 0: the token's logprob and the most
+  // likely alternatives, most likely first.
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top_logprobs{};
 };
 
 // Memory and launch accounting for benchmarks and `inspect`.

@@ -216,13 +216,15 @@ void Engine::Impl::prepare_setup() {
   for (runtime::StepLane& lane : lanes) {
     lane.inputs = PinnedBuffer(3 * static_cast<size_t>(max_batch) * sizeof(int32_t));
     lane.sampled = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t), PinnedBuffer::Access::mapped);
-    // Room for a short-context graph per bucket even where none is planned yet: the profiler may
-    // switch a bucket's attention back to the planner's choice.
-    lane.graphs = std::make_unique<runtime::DecodeGraphCache>(max_batch, options.cuda_graphs, 2);
+    // Room for a short-context graph per bucket even where none is planned yet (the profiler may
+    // switch a bucket's attention back to the planner's choice), and for each a graph with the
+    // penalty kernel, so steps without penalties never launch it (step.cpp, kGraphVariants).
+    lane.graphs = std::make_unique<runtime::DecodeGraphCache>(max_batch, options.cuda_graphs, 4);
   }
   prefill_sampled = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t));
   prefill_host = PinnedBuffer(3 * static_cast<size_t>(max_tokens()) * sizeof(int32_t));
   slot_host = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(kernels::SamplingSlot));
+  penalty_host = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(kernels::PenaltySlot));
   running.reserve(max_batch);
   if (link.shard.split()) {
     // The partial sums the all-reduces read: the peer-visible buffers where the one-shot
@@ -363,6 +365,12 @@ void Engine::Impl::validate_request(const SequenceRequest& r) const {
   DF_CHECK(p.top_k >= 0, "top_k is " + std::to_string(p.top_k) + "; it must be >= 0 (0: off)");
   DF_CHECK(p.top_p > 0.0f && p.top_p <= 1.0f, "top_p is " + std::to_string(p.top_p) + "; it must be in (0, 1]");
   DF_CHECK(p.min_p >= 0.0f && p.min_p <= 1.0f, "min_p is " + std::to_string(p.min_p) + "; it must be in [0, 1]");
+  DF_CHECK(std::isfinite(r.presence_penalty) && std::isfinite(r.frequency_penalty),
+           "presence_penalty and frequency_penalty must be finite numbers");
+  DF_CHECK(r.top_logprobs >= -1, "top_logprobs is " + std::to_string(r.top_logprobs) + "; it must be >= -1 (-1: off)");
+  DF_CHECK(r.prior_generated >= 0 && r.prior_generated < prompt,
+           "prior_generated is " + std::to_string(r.prior_generated) + "; it must be in [0, " + std::to_string(prompt) +
+               ") (the prompt's earlier generated tokens, after at least one prompt token)");
 }
 
 SequenceId Engine::add_sequence(const SequenceRequest& request) {
@@ -374,6 +382,9 @@ SequenceId Engine::add_sequence(const SequenceRequest& request) {
     sequence.sampling = request.sampling;
     sequence.max_new_tokens = request.max_new_tokens;
     sequence.stop_ids = request.stop_ids;
+    sequence.penalties = {request.presence_penalty, request.frequency_penalty};
+    sequence.top_logprobs = request.top_logprobs;
+    sequence.prior_generated = request.prior_generated;
     s.queued.push_back(std::move(sequence));
   });
   return ranks_->lead().queued.back().id;

@@ -44,6 +44,9 @@ struct Sequence {
   SamplingParams sampling;
   int max_new_tokens = 0;
   std::vector<int32_t> stop_ids;
+  kernels::PenaltySlot penalties;  // presence / frequency (SequenceRequest)
+  int top_logprobs = -1;    // -1: no logprobs reported
+  int prior_generated = 0;  // the prompt's last ids that an earlier run generated (SequenceRequest)
   int context = 0;          // positions whose keys and values are in the cache (read back)
   int prefilled = 0;        // prompt positions prefilled; < prompt.size(): still prefilling, sits out decode
   int cached = 0;           // prompt positions whose pages came from the prefix cache
@@ -72,6 +75,9 @@ struct StepLane {
   CopyEvent step_done;           // recorded after the lane's last upload and step
   std::vector<SequenceId> rows;  // the sequence each row fed when launched; 0 where none
   std::unique_ptr<DecodeGraphCache> graphs;
+  // fp32 [max_batch, vocab]: the (penalized) logits of rows whose sequences report logprobs,
+  // copied behind the step; allocated when a sequence first asks.
+  PinnedBuffer logits;
 };
 
 // Owns the engine's stream; waits for it before destroying it.
@@ -148,9 +154,22 @@ struct Engine::Impl {
   void prefill(int row, std::span<const int32_t> ids, int start, const std::function<void(int, int)>& after_chunk);
   // Decode inputs for rows 0..max_batch-1 (-1 / -1 / 0 where `input` returns false) through
   // `lane` to the device, then the step (step.cpp).
+  // `penalties`: some row has presence/frequency penalties (the step's graph with the penalty
+  // kernel); `logprob_rows`: rows whose logits go to lane.logits behind the step.
   void run_decode_step(runtime::StepLane& lane, int sequences,
-                       const std::function<bool(int row, int32_t& id, int& position)>& input);
-  void upload_slot(int row, const SamplingParams& sampling);
+                       const std::function<bool(int row, int32_t& id, int& position)>& input, bool penalties = false,
+                       std::span<const int> logprob_rows = {});
+  // The row's sampling and penalty slots; with penalties, its counts start from `counted` (the
+  // tokens it generated before: SequenceRequest::prior_generated), and so do its draws.
+  void upload_slot(int row, const SamplingParams& sampling, const kernels::PenaltySlot& penalties = {},
+                   std::span<const int32_t> counted = {});
+  // `buffer` (a lane's logits or prefill_logits), allocated as fp32 [max_batch, vocab] on first use.
+  runtime::PinnedBuffer& logits_host(runtime::PinnedBuffer& buffer);
+  // With a sequence that asked for logprobs (on the rank that samples), `token`'s from `logits` row `row`.
+  void attach_logprobs(StepToken& token, const runtime::Sequence& sequence, const runtime::PinnedBuffer& logits,
+                       int row) const;
+  // Whether this rank holds whole logits rows (tensor parallel: rank 0, which samples).
+  bool samples_here() const { return link.shard.rank == 0; }
   // The lane whose graphs hold bucket `index` (stats and benchmark replays), or null: none yet.
   const runtime::StepLane* lane_with_graph(int bucket_index) const;
   void remove_running(int row);
@@ -188,10 +207,13 @@ struct Engine::Impl {
   int next_lane = 0;
   std::deque<int> launched;              // lanes of the decode steps in flight, oldest first
   runtime::PinnedBuffer prefill_sampled; // int32 [max_batch]: first tokens of prefilled sequences
+  runtime::PinnedBuffer prefill_logits;  // fp32 [max_batch, vocab]: their logits, for logprobs (on first use)
   runtime::PinnedBuffer prefill_host;  // int32 [3, max_tokens]: ids | positions | rows
   runtime::CopyEvent prefill_host_read;
   runtime::PinnedBuffer slot_host;     // kernels::SamplingSlot [max_batch]
-  runtime::CopyEvent slot_host_read;
+  runtime::PinnedBuffer penalty_host;  // kernels::PenaltySlot [max_batch]
+  runtime::PinnedBuffer counts_host;   // int32 [vocab]: a resumed sequence's first counts (on first use)
+  runtime::CopyEvent slot_host_read;   // after the last upload from any of the three
 
   std::deque<runtime::Sequence> queued;
   std::vector<runtime::Sequence> running;

@@ -31,6 +31,7 @@ StepBuffers::StepBuffers(const ModelConfig& c, int max_tokens_in, int max_batch_
     : max_tokens(max_tokens_in),
       max_batch(max_batch_in),
       logits_rows(logits_rows_in),
+      vocab(c.vocab_size),
       residual(bf16_bytes(static_cast<size_t>(max_tokens) * c.hidden_size)),
       normed(bf16_bytes(static_cast<size_t>(max_tokens) * c.hidden_size)),
       qkv(bf16_bytes(static_cast<size_t>(max_tokens) * (c.q_size() + 2 * c.kv_size()))),
@@ -43,11 +44,14 @@ StepBuffers::StepBuffers(const ModelConfig& c, int max_tokens_in, int max_batch_
       decode_rows(static_cast<size_t>(max_batch) * sizeof(int32_t)),
       prefill_inputs(3 * static_cast<size_t>(max_tokens) * sizeof(int32_t)),
       sampling_slots(static_cast<size_t>(max_batch) * sizeof(kernels::SamplingSlot)),
+      penalty_slots(static_cast<size_t>(max_batch) * sizeof(kernels::PenaltySlot)),
+      penalty_counts(shard.rank == 0 ? static_cast<size_t>(max_batch) * c.vocab_size * sizeof(int32_t) : 0),
       sampling_workspace(std::max({kernels::sampling_workspace_bytes(max_batch, c.vocab_size),
                                    kernels::sampling_workspace_bytes(1, c.vocab_size), kMinWorkspaceBytes})),
       attention_workspace(std::max(attention_workspace_bytes, kMinWorkspaceBytes)) {
   attention_workspace.zero(stream);  // the decode attention kernel expects zero counters on first use
   sampling_slots.zero(stream);       // all-zero slots: greedy, valid for padded entries
+  penalty_slots.zero(stream);        // and no penalties
   decode_inputs.zero(stream);
   std::vector<int32_t> rows(max_batch);
   std::iota(rows.begin(), rows.end(), 0);
@@ -256,7 +260,7 @@ void ForwardPass::attend(const kernels::PagedKv& kv, int tokens, const Attention
 }
 
 void ForwardPass::decode_step(const BucketPlan& bucket, const kernels::DecodeAttentionPlan& plan,
-                              int32_t* host_sampled, cudaStream_t stream) {
+                              int32_t* host_sampled, bool penalties, cudaStream_t stream) {
   const int batch = plan.batch;
   DF_CHECK(batch >= 1 && batch <= buffers_.max_batch && batch <= buffers_.logits_rows,
            "decode step batch " + std::to_string(batch) + " outside 1.." + std::to_string(buffers_.max_batch));
@@ -271,7 +275,7 @@ void ForwardPass::decode_step(const BucketPlan& bucket, const kernels::DecodeAtt
   DF_CHECK(!pending, "the last block's MLP sum must reach the residual stream");
   final_norm(0, batch, stream);
   lm_head(0, batch, stream);
-  sample(0, batch, stream, host_sampled);
+  sample(0, batch, stream, host_sampled, penalties ? Penalties::count_fed : Penalties::off);
 }
 
 void ForwardPass::prefill_chunk(int row, int start, int tokens, cudaStream_t stream) {
@@ -316,20 +320,32 @@ void ForwardPass::lm_head(int first_row, int rows, cudaStream_t stream) {
   }
 }
 
-void ForwardPass::sample(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids) {
+void ForwardPass::sample(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids, Penalties penalties) {
   if (split()) {
     // Rank 0 samples; every rank then feeds its ids (one sampler: no two draws can differ).
     int32_t* ids = buffers_.decode_ids() + first_entry;
-    if (rank_zero()) sample_here(first_entry, batch, stream, host_ids);
+    if (rank_zero()) sample_here(first_entry, batch, stream, host_ids, penalties);
     dist::broadcast(link_->comm, ids, ids, batch, 0, stream);
     if (!rank_zero() && host_ids)
       DF_CHECK_CUDA(cudaMemcpyAsync(host_ids, ids, batch * sizeof(int32_t), cudaMemcpyDeviceToDevice, stream));
     return;
   }
-  sample_here(first_entry, batch, stream, host_ids);
+  sample_here(first_entry, batch, stream, host_ids, penalties);
 }
 
-void ForwardPass::sample_here(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids) {
+void ForwardPass::sample_here(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids,
+                              Penalties penalties) {
+  if (penalties != Penalties::off) {
+    // Before the sampler overwrites decode_ids with this step's tokens: they still hold the fed ones.
+    kernels::TokenPenaltyParams t;
+    t.logits = buffers_.logits.as<float>();
+    t.counts = buffers_.counts_row(first_entry);
+    t.slots = buffers_.penalties() + first_entry;
+    t.fed_ids = penalties == Penalties::count_fed ? buffers_.decode_ids() + first_entry : nullptr;
+    t.batch = batch;
+    t.vocab = config_.vocab_size;
+    DF_CHECK_CUDA(kernels::launch_token_penalties(t, stream));
+  }
   kernels::SamplingParams p;
   p.logits = buffers_.logits.as<float>();
   p.slots = buffers_.slots() + first_entry;

@@ -37,6 +37,7 @@
 #include "deepfuse/kernels/decode_attention.hpp"
 #include "deepfuse/kernels/cublaslt_gemm.hpp"
 #include "deepfuse/kernels/sampling.hpp"
+#include "deepfuse/kernels/token_penalties.hpp"
 #include "runtime/gpu_weights.hpp"
 #include "runtime/kv_cache.hpp"
 #include "runtime/rank_link.hpp"
@@ -54,6 +55,7 @@ struct StepBuffers {
   int max_tokens;   // rows of the activation buffers: max(prefill_chunk, max_batch)
   int max_batch;    // decode entries (= block-table rows)
   int logits_rows;  // rows of fp32 logits one lm_head call may produce
+  int vocab;
 
   DeviceBuffer residual, normed;  // bf16 [max_tokens, H]
   DeviceBuffer qkv;               // bf16 [max_tokens, q_size + 2 kv_size]
@@ -66,6 +68,10 @@ struct StepBuffers {
   DeviceBuffer decode_rows;       // int32 [max_batch] = 0, 1, ...: decode entry i is block-table row i
   DeviceBuffer prefill_inputs;    // int32 [3, max_tokens]: ids | positions | block-table rows
   DeviceBuffer sampling_slots;    // kernels::SamplingSlot [max_batch], entry i belongs to row i
+  DeviceBuffer penalty_slots;     // kernels::PenaltySlot [max_batch], entry i belongs to row i
+  // int32 [max_batch, vocab]: how often row i's sequence generated each id, kept only for rows
+  // with penalties. On the rank that samples (rank 0 under tensor parallelism); elsewhere empty.
+  DeviceBuffer penalty_counts;
   DeviceBuffer sampling_workspace;
   DeviceBuffer attention_workspace;  // decode attention partials, zeroed once
 
@@ -76,6 +82,8 @@ struct StepBuffers {
   int32_t* prefill_positions() const { return prefill_inputs.as<int32_t>() + max_tokens; }
   int32_t* prefill_rows() const { return prefill_inputs.as<int32_t>() + 2 * max_tokens; }
   kernels::SamplingSlot* slots() const { return sampling_slots.as<kernels::SamplingSlot>(); }
+  kernels::PenaltySlot* penalties() const { return penalty_slots.as<kernels::PenaltySlot>(); }
+  int32_t* counts_row(int row) const { return penalty_counts.as<int32_t>() + static_cast<size_t>(row) * vocab; }
 };
 
 class ForwardPass {
@@ -89,9 +97,11 @@ class ForwardPass {
   // A decode step for plan.batch entries read from buffers.decode_inputs; ends with their
   // logits in rows 0..batch-1 and the sampled ids in decode_ids and in `host_sampled` (the
   // device's view of mapped pinned host memory, [batch]); sampling slots advanced.
-  // The ops run the variants `bucket` names (the step's bucket of the plan).
+  // The ops run the variants `bucket` names (the step's bucket of the plan). `penalties`: some
+  // entry has presence/frequency penalties, applied to the logits (in place) before sampling,
+  // each entry's fed id counted first.
   void decode_step(const BucketPlan& bucket, const kernels::DecodeAttentionPlan& plan, int32_t* host_sampled,
-                   cudaStream_t stream);
+                   bool penalties, cudaStream_t stream);
 
   // Tokens [start, start + tokens) of the sequence on block-table row `row`, inputs in
   // buffers.prefill_inputs: their keys and values go to the cache, their final hidden states
@@ -103,10 +113,16 @@ class ForwardPass {
   // lm_head of normed rows [first_row, first_row + rows) -> fp32 logits rows 0..rows-1 (tensor
   // parallel: each rank's vocabulary slice, gathered; the whole rows on rank 0 only).
   void lm_head(int first_row, int rows, cudaStream_t stream);
+  // How sample() applies the presence/frequency penalties of the entries' PenaltySlots first:
+  // not at all, or on the counts as they are (a prefill's first token), or after adding the ids
+  // the entries were fed (a decode step: decode_ids, the tokens they generated last).
+  enum class Penalties { off, on, count_fed };
   // Samples logits rows 0..batch-1 with the slots of entries first_entry.. and writes the ids
   // into decode_ids[first_entry..] (and into host_ids[0..batch-1] when given: mapped pinned memory).
-  // Tensor parallel: rank 0 samples and broadcasts the ids, so every rank feeds the same tokens.
-  void sample(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids = nullptr);
+  // Tensor parallel: rank 0 penalizes, samples and broadcasts the ids, so every rank feeds the
+  // same tokens.
+  void sample(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids = nullptr,
+              Penalties penalties = Penalties::off);
 
   // Times cuBLASLt's candidate algorithms for every GEMM the decode steps of these batch buckets
   // run through cuBLASLt (per bucket: lm_head, and where the fused kernels do not serve it the
@@ -159,7 +175,7 @@ class ForwardPass {
   void output_projection(const GpuLayerWeights& w, int tokens, bool gemv, float* pending, cudaStream_t stream);
   void attend(const kernels::PagedKv& kv, int tokens, const Attention& attention, cudaStream_t stream);
   void rms_norm(const __nv_bfloat16* weight, int first_row, int rows, cudaStream_t stream);
-  void sample_here(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids);
+  void sample_here(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids, Penalties penalties);
   // Tensor parallel: whether this rank samples and adds the residual.
   bool split() const { return link_ != nullptr; }
   bool rank_zero() const { return !link_ || link_->shard.rank == 0; }

@@ -1,5 +1,6 @@
-// One CUDA graph per decode batch bucket and attention plan (the bucket's, and for short
-// sequences the engine's short-context plan).
+// One CUDA graph per decode batch bucket and variant of the step (the bucket's attention plan, and
+// for short sequences the engine's short-context plan; steps with presence/frequency penalties add
+// their kernel).
 //
 // Buckets are 1, 2, 4, ... below max_batch, and max_batch itself; a step with n running sequences
 // runs the smallest bucket >= n with the surplus entries padded. A bucket's first step runs its
@@ -21,8 +22,8 @@ std::vector<int> decode_buckets(int max_batch);
 
 class DecodeGraphCache {
  public:
-  // plans: attention plans a bucket's steps may run under (0: the bucket's; 1: the engine's
-  // short-context plan), each captured as its own graph.
+  // plans: the variants a bucket's steps may run as, each captured as its own graph (the engine's:
+  // the bucket's attention plan or its short-context one, each without or with the penalty kernel).
   DecodeGraphCache(int max_batch, bool use_graphs, int plans = 1);
   ~DecodeGraphCache();
   DecodeGraphCache(const DecodeGraphCache&) = delete;

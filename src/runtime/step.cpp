@@ -30,6 +30,11 @@ namespace {
 // run_decode_step's input: the row's id is already in decode_ids on the device.
 constexpr int32_t kIdOnDevice = -2;
 
+// A bucket's decode graphs (DecodeGraphCache's plans): attention under the bucket's plan or the
+// short-context one, each without or with the penalty kernel (only steps feeding a penalized row
+// launch it).
+int graph_variant(bool short_context, bool penalties) { return (short_context ? 1 : 0) + (penalties ? 2 : 0); }
+
 // Whether the sequence has finished by length (its token budget or the context) once the steps
 // in flight for it are read back: launching another step for it would be wasted.
 bool finishes_by_length(const Sequence& s, int max_context) {
@@ -62,13 +67,47 @@ void Engine::wait_for_launched_steps() {
   });
 }
 
-void Engine::Impl::upload_slot(int row, const SamplingParams& sampling) {
-  slot_host_read.wait();  // slot_host may still be the source of an earlier upload
+void Engine::Impl::upload_slot(int row, const SamplingParams& sampling, const kernels::PenaltySlot& penalties,
+                               std::span<const int32_t> counted) {
+  slot_host_read.wait();  // the host buffers may still be the source of an earlier upload
   kernels::SamplingSlot& slot = slot_host.as<kernels::SamplingSlot>()[row];
-  // Step 0: draws count tokens generated so far, as reference::sample's step does.
   slot = kernels::sampling_slot(sampling);
+  slot.step = counted.size();  // draws count tokens generated so far, as reference::sample's step does
   DF_CHECK_CUDA(cudaMemcpyAsync(buffers->slots() + row, &slot, sizeof slot, cudaMemcpyHostToDevice, stream()));
+  kernels::PenaltySlot& penalty = penalty_host.as<kernels::PenaltySlot>()[row];
+  penalty = penalties;
+  DF_CHECK_CUDA(
+      cudaMemcpyAsync(buffers->penalties() + row, &penalty, sizeof penalty, cudaMemcpyHostToDevice, stream()));
+  // A row's counts are kept only while a penalized sequence holds it: start them here.
+  if (kernels::penalized(penalties) && !buffers->penalty_counts.empty()) {
+    const size_t bytes = static_cast<size_t>(config.vocab_size) * sizeof(int32_t);
+    if (counted.empty()) {
+      DF_CHECK_CUDA(cudaMemsetAsync(buffers->counts_row(row), 0, bytes, stream()));
+    } else {
+      if (counts_host.bytes() == 0) counts_host = runtime::PinnedBuffer(bytes);
+      int32_t* counts = counts_host.as<int32_t>();
+      std::fill_n(counts, config.vocab_size, 0);
+      for (const int32_t id : counted) ++counts[id];
+      DF_CHECK_CUDA(cudaMemcpyAsync(buffers->counts_row(row), counts, bytes, cudaMemcpyHostToDevice, stream()));
+    }
+  }
   slot_host_read.record(stream());
+}
+
+runtime::PinnedBuffer& Engine::Impl::logits_host(runtime::PinnedBuffer& buffer) {
+  if (buffer.bytes() == 0)
+    buffer = runtime::PinnedBuffer(static_cast<size_t>(options.max_batch) * config.vocab_size * sizeof(float));
+  return buffer;
+}
+
+void Engine::Impl::attach_logprobs(StepToken& token, const Sequence& sequence, const runtime::PinnedBuffer& logits,
+                                   int row) const {
+  if (sequence.top_logprobs < 0 || !samples_here()) return;
+  const size_t vocab = config.vocab_size;
+  TokenLogprobs logprobs =
+      token_logprobs({logits.as<float>() + row * vocab, vocab}, token.id, sequence.top_logprobs);
+  token.logprob = logprobs.logprob;
+  token.top_logprobs = std::move(logprobs.top);
 }
 
 const StepLane* Engine::Impl::lane_with_graph(int bucket_index) const {
@@ -77,15 +116,21 @@ const StepLane* Engine::Impl::lane_with_graph(int bucket_index) const {
   return nullptr;
 }
 
-// The last row moves into the hole, with its sampling slot and its next id on the device. The
-// copies are stream-ordered behind any step in flight, which still sees the old rows (its
-// tokens are matched to sequences by id when read back).
+// The last row moves into the hole, with its sampling and penalty slots, its token counts and its
+// next id on the device. The copies are stream-ordered behind any step in flight, which still
+// sees the old rows (its tokens are matched to sequences by id when read back).
 void Engine::Impl::remove_running(int row) {
   const int moved_from = kv->remove_row(row);
   if (moved_from >= 0) {
     running[row] = std::move(running[moved_from]);
     DF_CHECK_CUDA(cudaMemcpyAsync(buffers->slots() + row, buffers->slots() + moved_from,
                                   sizeof(kernels::SamplingSlot), cudaMemcpyDeviceToDevice, stream()));
+    DF_CHECK_CUDA(cudaMemcpyAsync(buffers->penalties() + row, buffers->penalties() + moved_from,
+                                  sizeof(kernels::PenaltySlot), cudaMemcpyDeviceToDevice, stream()));
+    if (kernels::penalized(running[row].penalties) && !buffers->penalty_counts.empty())
+      DF_CHECK_CUDA(cudaMemcpyAsync(buffers->counts_row(row), buffers->counts_row(moved_from),
+                                    static_cast<size_t>(config.vocab_size) * sizeof(int32_t), cudaMemcpyDeviceToDevice,
+                                    stream()));
     DF_CHECK_CUDA(cudaMemcpyAsync(buffers->decode_ids() + row, buffers->decode_ids() + moved_from, sizeof(int32_t),
                                   cudaMemcpyDeviceToDevice, stream()));
   }
@@ -146,6 +191,7 @@ void Engine::Impl::prefill(int row, std::span<const int32_t> ids, int start,
 // budget is left; a prefilling sequence holds its row and its prompt's pages and sits out decode.
 void Engine::Impl::prefill_queued(std::vector<StepToken>& out) {
   int budget = options.prefill_tokens_per_step > 0 ? options.prefill_tokens_per_step : INT_MAX;
+  const size_t vocab = config.vocab_size;
   std::vector<int> fresh_rows;
   // Runs up to `budget` more prompt tokens of the sequence on `row`; the last one samples its first token.
   auto prefill_some = [&](int row) {
@@ -157,7 +203,11 @@ void Engine::Impl::prefill_queued(std::vector<StepToken>& out) {
       if (first + chunk < prompt) return;
       forward->final_norm(chunk - 1, 1, stream());
       forward->lm_head(0, 1, stream());
-      forward->sample(row, 1, stream());
+      using Penalties = runtime::ForwardPass::Penalties;
+      forward->sample(row, 1, stream(), nullptr, kernels::penalized(sequence.penalties) ? Penalties::on : Penalties::off);
+      if (sequence.top_logprobs >= 0 && samples_here())  // the logits it was sampled from, penalized
+        DF_CHECK_CUDA(cudaMemcpyAsync(logits_host(prefill_logits).as<float>() + row * vocab, buffers->logits.data(),
+                                      vocab * sizeof(float), cudaMemcpyDeviceToHost, stream()));
     });
     sequence.prefilled += tokens;
     budget -= tokens;
@@ -191,7 +241,8 @@ void Engine::Impl::prefill_queued(std::vector<StepToken>& out) {
       DF_CHECK(!running.empty(), "internal: an idle KV cache cannot hold a validated prompt");
       break;
     }
-    upload_slot(row, admitted.sampling);
+    const std::span<const int32_t> prior(admitted.prompt.end() - admitted.prior_generated, admitted.prompt.end());
+    upload_slot(row, admitted.sampling, admitted.penalties, prior);
     prefill_some(row);
   }
   if (fresh_rows.empty()) return;
@@ -209,6 +260,7 @@ void Engine::Impl::prefill_queued(std::vector<StepToken>& out) {
     sequence.id_on_device = true;  // the sampler wrote it into the row's decode id
     const FinishReason reason = finish_reason(sequence);
     out.push_back({sequence.id, sequence.next_token, reason, sequence.cached});
+    attach_logprobs(out.back(), sequence, prefill_logits, row);
     if (reason != FinishReason::none) finished.push_back(row);
   }
   remove_finished(std::move(finished));
@@ -218,7 +270,8 @@ void Engine::Impl::prefill_queued(std::vector<StepToken>& out) {
 // says the row sits out; ids equal to kIdOnDevice stay as the device holds them), then the step,
 // whose sampler leaves the ids in lane.sampled.
 void Engine::Impl::run_decode_step(StepLane& lane, int sequences,
-                                   const std::function<bool(int row, int32_t& id, int& position)>& input) {
+                                   const std::function<bool(int row, int32_t& id, int& position)>& input,
+                                   bool penalties, std::span<const int> logprob_rows) {
   const int bucket_index = lane.graphs->bucket_index(sequences);
   const int max_batch = options.max_batch;
   lane.step_done.wait();  // the lane's last upload and step have run
@@ -260,8 +313,15 @@ void Engine::Impl::run_decode_step(StepLane& lane, int sequences,
   const bool short_context = short_plan && longest <= short_plan->max_context;
   const kernels::DecodeAttentionPlan& plan = short_context ? *short_plan : decode_plans[bucket_index];
   int32_t* host_sampled = lane.sampled.device_as<int32_t>();
-  lane.graphs->run(bucket_index, short_context ? 1 : 0, stream(),
-                   [&](cudaStream_t s) { forward->decode_step(this->plan.buckets[bucket_index], plan, host_sampled, s); });
+  lane.graphs->run(bucket_index, graph_variant(short_context, penalties), stream(), [&](cudaStream_t s) {
+    forward->decode_step(this->plan.buckets[bucket_index], plan, host_sampled, penalties, s);
+  });
+  // Stream order: the copies read this step's logits before the next step's lm_head rewrites them.
+  const size_t vocab = config.vocab_size;
+  for (const int row : logprob_rows)
+    DF_CHECK_CUDA(cudaMemcpyAsync(logits_host(lane.logits).as<float>() + row * vocab,
+                                  buffers->logits.as<float>() + row * vocab, vocab * sizeof(float),
+                                  cudaMemcpyDeviceToHost, stream()));
   lane.step_done.record(stream());
 }
 
@@ -325,6 +385,13 @@ void Engine::Impl::launch_decode(std::vector<StepToken>& out) {
   if (std::find(feeds.begin(), feeds.end(), 1) == feeds.end()) return;
 
   const int sequences = static_cast<int>(running.size());
+  bool penalties = false;
+  std::vector<int> logprob_rows;
+  for (int row = 0; row < sequences; ++row) {
+    if (!feeds[row]) continue;
+    penalties |= kernels::penalized(running[row].penalties);
+    if (running[row].top_logprobs >= 0 && samples_here()) logprob_rows.push_back(row);
+  }
   const int lane_index = next_lane;
   next_lane = (next_lane + 1) % static_cast<int>(lanes.size());
   StepLane& lane = lanes[lane_index];
@@ -336,7 +403,7 @@ void Engine::Impl::launch_decode(std::vector<StepToken>& out) {
     id = sequence.id_on_device ? kIdOnDevice : sequence.next_token;
     position = sequence.context + sequence.in_flight;
     return true;
-  });
+  }, penalties, logprob_rows);
   lane.rows.assign(sequences, 0);
   for (int row = 0; row < sequences; ++row) {
     Sequence& sequence = running[row];
@@ -369,6 +436,7 @@ void Engine::Impl::read_back_oldest(std::vector<StepToken>& out) {
     if (options.prefix_caching) sequence.generated_ids.push_back(sequence.next_token);
     const FinishReason reason = finish_reason(sequence);
     out.push_back({sequence.id, sequence.next_token, reason});
+    attach_logprobs(out.back(), sequence, lane.logits, fed_row);
     if (reason != FinishReason::none) finished.push_back(it->second);
   }
   remove_finished(std::move(finished));

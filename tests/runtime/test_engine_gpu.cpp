@@ -5,6 +5,8 @@
 //   - a ragged batch (score_batch: prompts of different lengths decoded together);
 //   - CUDA graphs vs eager launches: the same greedy tokens and (nearly) the same logits;
 //   - greedy generation through step() against the reference's greedy tokens;
+//   - presence/frequency penalties and logprobs against the CPU backend's rule on the reference's
+//     logits, in continuous batching and for a resumed sequence;
 //   - finish reasons, and bad requests rejected by add_sequence with a one-line error.
 // The reference runs in fp32 on exactly the checkpoint's bf16 weights; the engine computes in
 // bf16 with fp32 accumulation, hence 2e-2 relative error per position (logits_check.hpp explains
@@ -22,8 +24,10 @@
 #include "deepfuse/decode_plan.hpp"
 #include "deepfuse/engine.hpp"
 #include "deepfuse/error.hpp"
+#include "deepfuse/logprobs.hpp"
 #include "deepfuse/make_model.hpp"
 #include "deepfuse/model_weights.hpp"
+#include "deepfuse/reference.hpp"
 #include "deepfuse/reference_decoder.hpp"
 #include "deepfuse/safetensors.hpp"
 #include "logits_check.hpp"
@@ -138,6 +142,68 @@ class EngineVsReference : public ::testing::TestWithParam<int> {
   int follows_reference_greedy(std::span<const int32_t> prompt, std::span<const int32_t> ours,
                                const std::string& what) const {
     return testing::reference_greedy_matches(*reference_, prompt, ours, config_.vocab_size, what);
+  }
+
+  // The tokens a request produced (penalties, logprobs: SequenceRequest) against the CPU backend's
+  // rule: the reference decoder runs along the engine's own tokens, and at each step its logits,
+  // penalized over the tokens generated so far (the prompt's last prior_generated ids, then the
+  // engine's), must make a greedy token their argmax or a near tie of it, and give the reported
+  // logprobs (token_logprobs) within kLogprobTolerance of the row's RMS. Sampled tokens follow the
+  // GPU's draws, so only their logprobs are checked. Adds to `changed` how many greedy picks the
+  // penalties changed in the reference.
+  void expect_choices_follow_reference(const SequenceRequest& request, const std::vector<StepToken>& tokens,
+                                       const std::string& what, int& changed) const {
+    // A logit may be off by ~kMaxLogitsError of the row's RMS (more at its largest entries); a
+    // logprob carries two such errors, its logit's and the log-sum-exp's.
+    constexpr double kLogprobTolerance = 5 * kMaxLogitsError;
+    const int vocab = config_.vocab_size;
+    const bool greedy = request.sampling.temperature <= 0.0f;
+    reference::KvCache cache = reference_->new_cache();
+    std::vector<float> logits = reference_->forward(request.prompt, cache);
+    std::vector<int32_t> generated(request.prompt.end() - request.prior_generated, request.prompt.end());
+    for (size_t t = 0; t < tokens.size(); ++t) {
+      const std::string at = what + ", token " + std::to_string(t);
+      const StepToken& token = tokens[t];
+      ASSERT_TRUE(token.id >= 0 && token.id < vocab) << at << ": id " << token.id;
+      std::vector<float> row(logits.end() - vocab, logits.end());
+      const size_t plain_best = testing::argmax(row);
+      reference::apply_presence_frequency_penalties(row, request.presence_penalty, request.frequency_penalty,
+                                                    generated);
+      const size_t best = testing::argmax(row);
+      if (greedy) {
+        changed += best != plain_best;
+        EXPECT_TRUE(static_cast<size_t>(token.id) == best || testing::near_tie(row, token.id, best))
+            << at << ": engine " << token.id << ", reference " << best << " (penalized logits " << row[token.id]
+            << " vs " << row[best] << ", row RMS " << testing::rms(row) << ")";
+      }
+      if (request.top_logprobs < 0) {
+        EXPECT_TRUE(token.top_logprobs.empty()) << at << ": alternatives nobody asked for";
+      } else {
+        const double tolerance = kLogprobTolerance * testing::rms(row);
+        const TokenLogprobs expected = token_logprobs(row, token.id, request.top_logprobs);
+        const double log_sum = row[token.id] - static_cast<double>(expected.logprob);
+        auto reference_logprob = [&](int32_t id) { return row[id] - log_sum; };
+        EXPECT_NEAR(token.logprob, expected.logprob, tolerance) << at;
+        ASSERT_EQ(token.top_logprobs.size(), expected.top.size()) << at;
+        for (size_t i = 0; i < token.top_logprobs.size(); ++i) {
+          const TokenLogprob& alternative = token.top_logprobs[i];
+          ASSERT_TRUE(alternative.id >= 0 && alternative.id < vocab) << at << ", alternative " << i;
+          EXPECT_NEAR(alternative.logprob, reference_logprob(alternative.id), tolerance) << at << ", alternative " << i;
+          // One of the reference's most likely, or a near tie of its last.
+          EXPECT_GE(reference_logprob(alternative.id), expected.top.back().logprob - tolerance)
+              << at << ": alternative " << i << " (id " << alternative.id << ") is not among the reference's top "
+              << expected.top.size();
+          if (i > 0) EXPECT_LE(alternative.logprob, token.top_logprobs[i - 1].logprob) << at << ", alternative " << i;
+        }
+        // The engine's own top pick is the id its sampler took: the logits it reports are the ones sampled.
+        if (greedy && !token.top_logprobs.empty()) {
+          EXPECT_EQ(token.top_logprobs[0].id, token.id) << at;
+          EXPECT_EQ(token.top_logprobs[0].logprob, token.logprob) << at;
+        }
+      }
+      generated.push_back(token.id);
+      logits = reference_->forward(std::span(&token.id, 1), cache);
+    }
   }
 
   ScratchDir scratch_;
@@ -586,6 +652,89 @@ TEST_P(EngineVsReference, FinishReasons) {
   }
   for (size_t i = 0; i + 1 < seen.size(); ++i) EXPECT_EQ(seen[i].finish, FinishReason::none) << "token " << i;
   EXPECT_EQ(engine.running_sequences(), 0);
+}
+
+// Presence/frequency penalties and logprobs in continuous batching, steps launched ahead and not:
+// six sequences through four rows, plain ones among them. The first to finish is a logprob row,
+// so the penalized row after it moves into its hole (its counts with it); later sequences join in
+// rows penalized sequences held (counts started afresh). Plain rows must stay greedy and report
+// no logprobs.
+TEST_P(EngineVsReference, PenaltiesAndLogprobsFollowReference) {
+  DF_REQUIRE_GPU();
+  make_model(13);
+  struct Case {
+    int prompt, new_tokens;
+    float presence, frequency;
+    int top_logprobs;
+    float temperature;
+  };
+  const std::vector<Case> cases = {
+      {9, 14, 0.0f, 0.0f, -1, 0.0f},    // plain
+      {33, 20, -2.0f, 0.4f, -1, 0.0f},  // repeats rewarded, then pushed back: picks hang on exact counts
+      {1, 6, 0.0f, 0.0f, 5, 0.0f},      // logprobs alone, finishes first
+      {20, 16, 1.0f, 0.5f, 3, 0.0f},    // both
+      {17, 12, 0.0f, 0.0f, 0, 0.0f},    // the chosen token's logprob alone
+      {5, 16, -1.5f, 0.3f, 5, 0.8f},    // sampled (the GPU's draws): its logprobs
+  };
+  std::vector<SequenceRequest> requests;
+  for (const Case& c : cases) {
+    SequenceRequest request = greedy_request(random_ids(rng_, c.prompt, config_.vocab_size), c.new_tokens);
+    request.presence_penalty = c.presence;
+    request.frequency_penalty = c.frequency;
+    request.top_logprobs = c.top_logprobs;
+    request.sampling.temperature = c.temperature;
+    request.sampling.seed = rng_();
+    requests.push_back(request);
+  }
+  int changed = 0;
+  for (bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap ? "steps overlapped" : "one step at a time");
+    EngineOptions options = tiny_engine_options();
+    options.overlap_steps = overlap;
+    Engine engine = load_engine(options);
+    std::vector<SequenceId> ids;
+    for (const SequenceRequest& request : requests) ids.push_back(engine.add_sequence(request));
+    auto produced = step_until_finished(engine, ids, 96);
+    EXPECT_EQ(engine.running_sequences(), 0);
+    for (size_t s = 0; s < requests.size(); ++s) {
+      const std::vector<StepToken>& tokens = produced[ids[s]];
+      ASSERT_EQ(tokens.size(), static_cast<size_t>(cases[s].new_tokens)) << "sequence " << s;
+      expect_choices_follow_reference(requests[s], tokens, "sequence " + std::to_string(s), changed);
+    }
+    const EngineStats stats = engine.stats();
+    EXPECT_EQ(stats.kv_pages_free, stats.kv_pages_total) << "pages leaked";
+  }
+  std::printf("[ %s ] greedy picks the penalties changed in the reference: %d\n", tiny_models()[GetParam()].name.c_str(),
+              changed);
+  EXPECT_GT(changed, 0) << "the penalties never changed a greedy pick: nothing was tested";
+}
+
+// A sequence resumed after kv_cache_full, as the server requeues one (prompt + its tokens,
+// SequenceRequest::prior_generated): the tokens it generated before count for its penalties.
+TEST_P(EngineVsReference, ResumedSequenceKeepsItsPenaltyCounts) {
+  DF_REQUIRE_GPU();
+  make_model(14);
+  Engine engine = load_engine(tiny_engine_options());
+  SequenceRequest first = greedy_request(random_ids(rng_, 12, config_.vocab_size), 14);
+  first.presence_penalty = -2.0f;  // repeats rewarded: the prior tokens' counts decide picks
+  first.frequency_penalty = 0.4f;
+  first.top_logprobs = 2;
+  const SequenceId first_id = engine.add_sequence(first);
+  const std::vector<StepToken> before = step_until_finished(engine, {first_id}, 20)[first_id];
+  ASSERT_EQ(before.size(), 14u);
+  int changed = 0;
+  expect_choices_follow_reference(first, before, "first run", changed);
+
+  SequenceRequest resumed = first;
+  for (int t = 0; t < 7; ++t) resumed.prompt.push_back(before[t].id);
+  resumed.prior_generated = 7;
+  resumed.max_new_tokens = 7;
+  const SequenceId resumed_id = engine.add_sequence(resumed);
+  const std::vector<StepToken> after = step_until_finished(engine, {resumed_id}, 12)[resumed_id];
+  ASSERT_EQ(after.size(), 7u);
+  expect_choices_follow_reference(resumed, after, "resumed after 7 tokens", changed);
+  std::printf("[ %s ] greedy picks the penalties changed in the reference: %d\n", tiny_models()[GetParam()].name.c_str(),
+              changed);
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyModels, EngineVsReference, ::testing::Range(0, static_cast<int>(tiny_models().size())),

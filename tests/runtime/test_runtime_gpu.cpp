@@ -417,6 +417,15 @@ TEST(Engine, RejectsBadRequestsWithOneLineErrors) {
   expect_error([&] { engine.add_sequence(with([](SequenceRequest& r) { r.sampling.repetition_penalty = 1.1f; })); },
                "repetition_penalty");
   expect_error([&] { engine.add_sequence(with([](SequenceRequest& r) { r.sampling.top_p = 0.0f; })); }, "top_p");
+  expect_error([&] { engine.add_sequence(with([](SequenceRequest& r) { r.presence_penalty = NAN; })); },
+               "presence_penalty");
+  expect_error([&] { engine.add_sequence(with([](SequenceRequest& r) { r.frequency_penalty = INFINITY; })); },
+               "frequency_penalty");
+  expect_error([&] { engine.add_sequence(with([](SequenceRequest& r) { r.top_logprobs = -2; })); }, "top_logprobs");
+  expect_error([&] { engine.add_sequence(with([](SequenceRequest& r) { r.prior_generated = 3; })); },
+               "prior_generated");
+  expect_error([&] { engine.add_sequence(with([](SequenceRequest& r) { r.prior_generated = -1; })); },
+               "prior_generated");
   EXPECT_EQ(engine.running_sequences(), 0) << "a rejected request must not be queued";
   engine.add_sequence(good);
   engine.step();  // now running (queued sequences do not block scoring)

@@ -18,12 +18,6 @@ EngineBackend::EngineBackend(std::unique_ptr<Engine> engine)
 }
 
 void EngineBackend::check(const GenerationSpec& spec) const {
-  if (spec.top_logprobs >= 0)
-    throw ApiError::bad_field("logprobs", "logprobs are not available on the cuda backend (the reference backend "
-                                          "has them)");
-  if (spec.presence_penalty != 0.0f || spec.frequency_penalty != 0.0f)
-    throw ApiError::bad_field(spec.presence_penalty != 0.0f ? "presence_penalty" : "frequency_penalty",
-                              "presence and frequency penalties are not available on the cuda backend");
   const int tokens = static_cast<int>(spec.prompt.size()) + spec.max_new_tokens;
   if (runtime::KvBlockPool::pages_for(tokens) > kv_pages_total_)
     throw ApiError::bad_field("max_tokens", "the prompt and max_tokens need " + std::to_string(tokens) +
@@ -38,6 +32,10 @@ void EngineBackend::submit(Tracked tracked) {
   request.sampling = tracked.spec.sampling;
   request.max_new_tokens = tracked.spec.max_new_tokens - static_cast<int>(tracked.generated.size());
   request.stop_ids = tracked.spec.stop_ids;
+  request.presence_penalty = tracked.spec.presence_penalty;
+  request.frequency_penalty = tracked.spec.frequency_penalty;
+  request.top_logprobs = tracked.spec.top_logprobs;
+  request.prior_generated = static_cast<int>(tracked.generated.size());  // they keep counting for the penalties
   const SequenceId id = engine_->add_sequence(request);
   engine_id_of_[tracked.key] = id;
   by_engine_id_.emplace(id, std::move(tracked));
@@ -78,6 +76,8 @@ std::vector<SequenceEvent> EngineBackend::step() {
       SequenceEvent event;
       event.key = tracked.key;
       event.id = token.id;
+      event.logprob = token.logprob;
+      event.top = token.top_logprobs;
       if (!tracked.reported_first) {
         event.cached_tokens = std::max(token.cached_tokens, 0);
         gauges_.prefix_cache_queried_tokens += tracked.spec.prompt.size();

@@ -8,9 +8,10 @@
 // What the engine itself does not do, this wrapper does where it can:
 //   - KV exhaustion: when a step's tokens need more pages than are free, the engine ends the
 //     youngest decoding sequence with kv_cache_full (its pages go back); the wrapper requeues it
-//     (prompt + the tokens it generated, the rest of its budget) so it recomputes once pages free
-//     up. The requeued sequence's sampling draws restart (greedy output is unchanged).
-// Not on this backend: logprobs and presence/frequency penalties (refused with a 400).
+//     (prompt + the tokens it generated as SequenceRequest::prior_generated, the rest of its
+//     budget) so it recomputes once pages free up; its penalty counts and draw index carry on.
+// Logprobs and presence/frequency penalties are the engine's (SequenceRequest), with the CPU
+// backend's semantics (token_choice.hpp).
 #pragma once
 
 #include <chrono>
