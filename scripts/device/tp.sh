@@ -42,6 +42,11 @@ decode=("$bin/deepfuse" bench decode --batches 1,8,32 --contexts 512,8192 --no-t
 if want bench8b; then
   run bench_8b_tp1 120 "${decode[@]}" --archs llama3-8b --json "$out/bench-8b-tp1.json"
   run bench_8b_tp2 120 "${decode[@]}" --archs llama3-8b --tp 2 --plan --json "$out/bench-8b-tp2.json"
+  # One rank's shape tuned (tune --tp 2), then the same rows under the tuned plan.
+  run tune_8b_tp2 150 "$bin/deepfuse" tune --random-weights --arch llama3-8b --tp 2 --max-batch 32 --max-context 8192 \
+    --tuning-cache "$out/tuning-tp2.json"
+  run bench_8b_tp2_tuned 120 "${decode[@]}" --archs llama3-8b --tp 2 --plan --tuning-cache "$out/tuning-tp2.json" \
+    --json "$out/bench-8b-tp2-tuned.json"
 fi
 if want bench70b && ((gpus >= 4)); then
   # Without the unfused MLP's second copy (28 GB per GPU) where max_batch x max_context of KV needs
