@@ -154,7 +154,10 @@ int run_all_reduce_bench(const AllReduceBenchOptions& options) {
         {{"hidden", r.hidden}, {"tokens", r.tokens}, {"bytes", bytes}, {"nccl_us", r.nccl_us},
          {"flag_after_data_us", r.flag_us}, {"flags_in_data_us", r.lines_us},
          {"flag_after_data_blocks", kernels::one_shot_blocks(elements, kernels::OneShotProtocol::flag_after_data)},
-         {"flags_in_data_blocks", kernels::one_shot_blocks(elements, kernels::OneShotProtocol::flags_in_data)}});
+         {"flags_in_data_blocks", kernels::one_shot_blocks(elements, kernels::OneShotProtocol::flags_in_data)},
+         {"automatic", kernels::one_shot_automatic_protocol(elements, o.tp) == kernels::OneShotProtocol::flags_in_data
+                           ? "flags_in_data"
+                           : "flag_after_data"}});
   }
   std::fputs(table.render().c_str(), stdout);
   if (!o.json_path.empty()) write_json(o.json_path, json);

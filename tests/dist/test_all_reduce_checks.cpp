@@ -110,24 +110,26 @@ TEST(OneShotAllReduceChecks, RejectsBadArguments) {
 }
 
 TEST(OneShotAllReduceChecks, GridSizes) {
-  EXPECT_EQ(kernels::one_shot_blocks(1), 1);
-  // One token of a 4096-wide model: latency, not bandwidth; automatic takes flags_in_data there.
-  EXPECT_EQ(kernels::one_shot_blocks(4096, kernels::OneShotProtocol::flag_after_data), 1);
-  EXPECT_EQ(kernels::one_shot_blocks(4096), kernels::one_shot_blocks(4096, kernels::OneShotProtocol::flags_in_data));
-  int previous = 0;
-  for (size_t elements = 8; elements <= (size_t{1} << 24); elements *= 2) {
-    const int blocks = kernels::one_shot_blocks(elements);
-    EXPECT_GE(blocks, previous) << elements;
-    EXPECT_LE(blocks, kernels::one_shot_max_blocks()) << elements;
-    previous = blocks;
+  using kernels::OneShotProtocol;
+  for (OneShotProtocol protocol : {OneShotProtocol::flag_after_data, OneShotProtocol::flags_in_data}) {
+    EXPECT_EQ(kernels::one_shot_blocks(1, protocol), 1);
+    int previous = 0;
+    for (size_t elements = 8; elements <= (size_t{1} << 24); elements *= 2) {
+      const int blocks = kernels::one_shot_blocks(elements, protocol);
+      EXPECT_GE(blocks, previous) << elements;
+      EXPECT_LE(blocks, kernels::one_shot_max_blocks()) << elements;
+      previous = blocks;
+    }
+    EXPECT_EQ(kernels::one_shot_blocks(64 * 8192, protocol), kernels::one_shot_max_blocks());  // 1 MB: all of them
   }
-  EXPECT_EQ(kernels::one_shot_blocks(64 * 8192), kernels::one_shot_max_blocks());  // 1 MB: all of them
-  // flags_in_data: a vector per thread (more pollers), so at least as many blocks as the flag protocol.
-  for (size_t elements : {size_t{8}, size_t{4096}, size_t{8192}, size_t{32768}, size_t{64 * 8192}})
-    EXPECT_GE(kernels::one_shot_blocks(elements, kernels::OneShotProtocol::flags_in_data),
-              kernels::one_shot_blocks(elements, kernels::OneShotProtocol::flag_after_data))
+  // One token of a 4096-wide model: latency, not bandwidth. flags_in_data: a vector per thread
+  // (more pollers), so at least as many blocks as the flag protocol's two per thread.
+  EXPECT_EQ(kernels::one_shot_blocks(4096, OneShotProtocol::flag_after_data), 1);
+  EXPECT_EQ(kernels::one_shot_blocks(4096, OneShotProtocol::flags_in_data), 2);
+  for (size_t elements : {size_t{8}, size_t{8192}, size_t{32768}, size_t{64 * 8192}})
+    EXPECT_GE(kernels::one_shot_blocks(elements, OneShotProtocol::flags_in_data),
+              kernels::one_shot_blocks(elements, OneShotProtocol::flag_after_data))
         << elements;
-  EXPECT_EQ(kernels::one_shot_blocks(4096, kernels::OneShotProtocol::flags_in_data), 2);  // 512 vectors, 256 per block
   // A flag per (block, rank) and an epoch per block; the call's epoch and a finished-block count.
   EXPECT_GE(kernels::one_shot_signal_bytes(),
             sizeof(uint32_t) * (kernels::one_shot_max_blocks() * (kernels::kMaxTensorParallelRanks + 1) + 2));
@@ -135,6 +137,21 @@ TEST(OneShotAllReduceChecks, GridSizes) {
   EXPECT_EQ(kernels::one_shot_lines(8), 2u);
   EXPECT_EQ(kernels::one_shot_lines(9), 4u);
   EXPECT_EQ(kernels::one_shot_lines(4096), 1024u);
+}
+
+// automatic follows the measured crossovers (bench allreduce on H100s): flags_in_data up to
+// 256 KiB with one peer, 32 KiB with three, 16 KiB beyond.
+TEST(OneShotAllReduceChecks, AutomaticProtocolBySizeAndRanks) {
+  using kernels::OneShotProtocol;
+  auto automatic = [](size_t kib, int ranks) { return kernels::one_shot_automatic_protocol(kib * 512, ranks); };
+  EXPECT_EQ(automatic(8, 2), OneShotProtocol::flags_in_data);
+  EXPECT_EQ(automatic(256, 2), OneShotProtocol::flags_in_data);
+  EXPECT_EQ(automatic(512, 2), OneShotProtocol::flag_after_data);
+  EXPECT_EQ(automatic(16, 4), OneShotProtocol::flags_in_data);
+  EXPECT_EQ(automatic(32, 4), OneShotProtocol::flags_in_data);
+  EXPECT_EQ(automatic(64, 4), OneShotProtocol::flag_after_data);
+  EXPECT_EQ(automatic(16, 8), OneShotProtocol::flags_in_data);
+  EXPECT_EQ(automatic(32, 8), OneShotProtocol::flag_after_data);
 }
 
 TEST(PeerExchangeChecks, RefusesAGpuListedTwice) {

@@ -39,7 +39,7 @@ namespace deepfuse::kernels {
 constexpr int kMaxTensorParallelRanks = 8;
 
 enum class OneShotProtocol {
-  automatic,        // flags_in_data for messages up to a measured size (where line areas are given), else flag_after_data
+  automatic,        // flags_in_data up to a message size measured per rank count (where line areas are given), else flag_after_data
   flag_after_data,  // data into `receive`, fence, flag
   flags_in_data,    // lines of {data, epoch, data, epoch} into `lines`
 };
@@ -80,10 +80,12 @@ size_t one_shot_lines(size_t elements);
 // The most blocks one call launches (each block owns a row of the signal area).
 int one_shot_max_blocks();
 
-// Blocks a call of `elements` launches with `protocol` (the same on every rank): few for small
-// messages, more to push over NVLink at full bandwidth for large ones. automatic: as it resolves
-// where line areas are given.
-int one_shot_blocks(size_t elements, OneShotProtocol protocol = OneShotProtocol::automatic);
+// What automatic runs for a message of `elements` among `ranks` where line areas hold it.
+OneShotProtocol one_shot_automatic_protocol(size_t elements, int ranks);
+
+// Blocks a call of `elements` launches with `protocol` (flag_after_data or flags_in_data; the same
+// on every rank): few for small messages, more to push over NVLink at full bandwidth for large ones.
+int one_shot_blocks(size_t elements, OneShotProtocol protocol);
 
 // out[i] = bf16(sum over r = 0..ranks-1 in order of float(rank r's own_input[i])).
 // cudaErrorInvalidValue on bad arguments (ranks outside 1..8, rank outside [0, ranks), null or

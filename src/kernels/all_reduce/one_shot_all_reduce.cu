@@ -12,8 +12,12 @@ constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 64;
 constexpr int kVectorsPerThread = 2;  // below the block cap, each thread sums this many 16-byte vectors, loaded together
 constexpr int kElementsPerVector = 8;  // bf16 in a uint4
-// automatic: flags_in_data up to this message size (docs/dist.md, "Flags in the data").
-constexpr size_t kFlagsInDataMaxBytes = 64 * 1024;
+// automatic: flags_in_data up to this message size. Its lines double the bytes every rank pushes
+// to each peer, so it loses sooner with more peers: on H100s it wins up to 256 KiB with one peer,
+// up to 32 KiB with three (bench allreduce, docs/dist.md). Eight ranks: not measured, kept small.
+constexpr size_t flags_in_data_max_bytes(int ranks) {
+  return ranks <= 2 ? 256 * 1024 : ranks <= 4 ? 32 * 1024 : 16 * 1024;
+}
 
 // Signal area layout, in uint32 words: flags[block][rank] (written by peers), then epochs[block]
 // (this rank's own count of calls that launched the block).
@@ -284,7 +288,7 @@ size_t lines_for(size_t elements) {
 
 OneShotProtocol resolve(const OneShotAllReduceParams& p) {
   if (p.protocol != OneShotProtocol::automatic) return p.protocol;
-  const bool small = p.elements * sizeof(__nv_bfloat16) <= kFlagsInDataMaxBytes;
+  const bool small = p.elements * sizeof(__nv_bfloat16) <= flags_in_data_max_bytes(p.ranks);
   return small && p.lines[0] && p.line_stride >= lines_for(p.elements) ? OneShotProtocol::flags_in_data
                                                                           : OneShotProtocol::flag_after_data;
 }
@@ -326,16 +330,21 @@ int one_shot_max_blocks() { return kMaxBlocks; }
 
 size_t one_shot_lines(size_t elements) { return lines_for(elements); }
 
-int one_shot_blocks(size_t elements, OneShotProtocol protocol) {
-  OneShotAllReduceParams p;  // as automatic resolves with line areas that hold the message
+OneShotProtocol one_shot_automatic_protocol(size_t elements, int ranks) {
+  OneShotAllReduceParams p;  // line areas that hold the message
   p.elements = elements;
+  p.ranks = ranks;
   p.lines[0] = reinterpret_cast<uint4*>(alignof(uint4));
   p.line_stride = lines_for(elements);
-  p.protocol = protocol;
+  return resolve(p);
+}
+
+int one_shot_blocks(size_t elements, OneShotProtocol protocol) {
   const size_t vectors = (elements + kElementsPerVector - 1) / kElementsPerVector;
   // The flag protocol gives each thread two vectors (loaded together); with flags in the data one
   // each, as more threads polling in parallel see their lines sooner.
-  const size_t per_block = static_cast<size_t>(kThreads) * (resolve(p) == OneShotProtocol::flags_in_data ? 1 : kVectorsPerThread);
+  const size_t per_block =
+      static_cast<size_t>(kThreads) * (protocol == OneShotProtocol::flags_in_data ? 1 : kVectorsPerThread);
   const size_t blocks = (vectors + per_block - 1) / per_block;
   return static_cast<int>(blocks < 1 ? 1 : blocks > kMaxBlocks ? kMaxBlocks : blocks);
 }
