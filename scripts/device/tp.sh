@@ -3,7 +3,9 @@
 # compute-sanitizer memcheck on a TP engine, `bench allreduce`, and `bench decode --tp` (Llama-3-8B
 # TP 1 vs TP 2; Llama-3-70B TP 4 with NCCL vs the one-shot all-reduce and fused vs unfused MLP).
 # usage: scripts/device/tp.sh OUT BIN [STEP...]   BIN: deepfuse and the test_*_gpu binaries (built
-# elsewhere); steps: tests bench8b bench70b memcheck (default all, in that order).
+# elsewhere); steps: tests bench8b bench70b memcheck tune (default all but tune, in that order).
+# tune: `deepfuse tune` for Llama-3-8B on GPU 0 alone, the plan saved as OUT/tuning.json (for
+# comparing plans between GPU kinds).
 set -uo pipefail
 out=${1:?usage: tp.sh OUT BIN [STEP...]} bin=${2:?usage: tp.sh OUT BIN [STEP...]}
 shift 2
@@ -34,19 +36,35 @@ if want tests; then
   run test_tensor_parallel 200 "$bin/test_tensor_parallel_gpu"
   [[ -x $bin/test_engine_gpu ]] && run test_engine 200 "$bin/test_engine_gpu"
   run bench_allreduce 60 "$bin/deepfuse" bench allreduce --tp "$gpus" --json "$out/bench-allreduce.json"
+  ((gpus > 2)) && run bench_allreduce_tp2 60 "$bin/deepfuse" bench allreduce --tp 2 --json "$out/bench-allreduce-tp2.json"
 fi
 decode=("$bin/deepfuse" bench decode --batches 1,8,32 --contexts 512,8192 --no-ttft --steps 24)
 if want bench8b; then
   run bench_8b_tp1 120 "${decode[@]}" --archs llama3-8b --json "$out/bench-8b-tp1.json"
   run bench_8b_tp2 120 "${decode[@]}" --archs llama3-8b --tp 2 --plan --json "$out/bench-8b-tp2.json"
+  # One rank's shape tuned (tune --tp 2), then the same rows under the tuned plan.
+  run tune_8b_tp2 150 "$bin/deepfuse" tune --random-weights --arch llama3-8b --tp 2 --max-batch 32 --max-context 8192 \
+    --tuning-cache "$out/tuning-tp2.json"
+  run bench_8b_tp2_tuned 120 "${decode[@]}" --archs llama3-8b --tp 2 --plan --tuning-cache "$out/tuning-tp2.json" \
+    --json "$out/bench-8b-tp2-tuned.json"
 fi
 if want bench70b && ((gpus >= 4)); then
-  run bench_70b_tp4 200 "${decode[@]}" --archs llama3-70b --tp 4 --plan --json "$out/bench-70b-tp4.json"
-  run bench_70b_tp4_nccl 200 "${decode[@]}" --archs llama3-70b --tp 4 --plan-override all_reduce=nccl --json "$out/bench-70b-tp4-nccl.json"
-  run bench_70b_tp4_oneshot 200 "${decode[@]}" --archs llama3-70b --tp 4 --plan-override all_reduce=one_shot --json "$out/bench-70b-tp4-oneshot.json"
-  run bench_70b_tp4_unfused 200 "${decode[@]}" --archs llama3-70b --tp 4 --plan-override mlp=unfused --json "$out/bench-70b-tp4-unfused.json"
+  # Without the unfused MLP's second copy (28 GB per GPU) where max_batch x max_context of KV needs
+  # the room: batch 32 at 8k holds 21 GB of KV per GPU.
+  served=(--server-memory-plan --plan)
+  run bench_70b_tp4 240 "${decode[@]}" --archs llama3-70b --tp 4 "${served[@]}" --json "$out/bench-70b-tp4.json"
+  run bench_70b_tp4_nccl 240 "${decode[@]}" --archs llama3-70b --tp 4 "${served[@]}" --plan-override all_reduce=nccl --json "$out/bench-70b-tp4-nccl.json"
+  run bench_70b_tp4_oneshot 240 "${decode[@]}" --archs llama3-70b --tp 4 "${served[@]}" --plan-override all_reduce=one_shot --json "$out/bench-70b-tp4-oneshot.json"
+  # The paper's experiment, fused against unfused MLP, both with the copy (contexts of 512).
+  short=("$bin/deepfuse" bench decode --batches 1,8,32 --contexts 512 --no-ttft --steps 24 --archs llama3-70b --tp 4)
+  run bench_70b_tp4_fused 200 "${short[@]}" --plan-override mlp=fused --json "$out/bench-70b-tp4-fused.json"
+  run bench_70b_tp4_unfused 200 "${short[@]}" --plan-override mlp=unfused --json "$out/bench-70b-tp4-unfused.json"
 fi
 # memcheck on a TP 2 engine through NCCL (the one-shot kernel spins on its peers: sanitizer-serialised launches could wait forever)
 want memcheck && run memcheck_tp 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_tensor_parallel_gpu" \
   --gtest_filter='Ranks/TensorParallelTiny.LogitsMatchOneGpu/tp2_llama*'
+if want tune; then
+  run tune_8b 120 "$bin/deepfuse" tune --random-weights --arch llama3-8b --max-batch 64 --max-context 8192 \
+    --tuning-cache "$out/tuning.json"
+fi
 cat "$summary"

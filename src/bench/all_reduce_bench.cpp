@@ -49,7 +49,7 @@ struct RankBuffers {
 
 struct Row {
   int hidden, tokens;
-  double nccl_us, one_shot_us;  // the slowest rank's median
+  double nccl_us, flag_us, lines_us;  // the slowest rank's median; the one-shot protocols flag_after_data, flags_in_data
 };
 
 // Median µs per call of `call` in graphs of `calls` calls, every rank capturing and replaying at
@@ -93,7 +93,7 @@ int run_all_reduce_bench(const AllReduceBenchOptions& options) {
   for (int r = 0; r < o.tp; ++r) devices.push_back(r);
   const DeviceInfo device = query_device(0);
   dist::NcclGroup nccl(devices);  // NVLink multicast off: see NcclGroup
-  dist::OneShotBuffers one_shot(devices, max_elements);
+  dist::OneShotBuffers one_shot(devices, max_elements, max_elements);
   std::printf("%d x %s, NCCL %s; %d calls per graph, median of %d replays, slowest rank\n", o.tp, device.name.c_str(),
               dist::nccl_version().c_str(), o.calls_per_graph, o.replays);
 
@@ -117,34 +117,47 @@ int run_all_reduce_bench(const AllReduceBenchOptions& options) {
   for (int hidden : o.hiddens) {
     for (int tokens : o.tokens) {
       const size_t elements = static_cast<size_t>(hidden) * tokens;
-      Row row{hidden, tokens, 0, 0};
+      Row row{hidden, tokens, 0, 0, 0};
       row.nccl_us = time_on_ranks(
           o.tp,
           [&](int r, int) { dist::all_reduce_sum(nccl.comm(r), buffers[r].send, buffers[r].recv, elements, buffers[r].stream); },
           o, buffers);
       // Slots alternate with the call index, as the kernel's contract asks (the graph's call count is even).
-      row.one_shot_us = time_on_ranks(
-          o.tp,
-          [&](int r, int c) {
-            DF_CHECK_CUDA(kernels::launch_one_shot_all_reduce(one_shot.params(r, c % 2, elements, buffers[r].out),
-                                                              buffers[r].stream));
-          },
-          o, buffers);
+      auto one_shot_us = [&](kernels::OneShotProtocol protocol) {
+        return time_on_ranks(
+            o.tp,
+            [&](int r, int c) {
+              kernels::OneShotAllReduceParams p = one_shot.params(r, c % 2, elements, buffers[r].out);
+              p.protocol = protocol;
+              DF_CHECK_CUDA(kernels::launch_one_shot_all_reduce(p, buffers[r].stream));
+            },
+            o, buffers);
+      };
+      row.flag_us = one_shot_us(kernels::OneShotProtocol::flag_after_data);
+      row.lines_us = one_shot_us(kernels::OneShotProtocol::flags_in_data);
       rows.push_back(row);
     }
   }
   on_every_rank(o.tp, [&](int r) { buffers[r].release(); });
 
-  Table table({"hidden", "tokens", "KiB", "nccl_us", "one_shot_us", "nccl/one_shot"});
+  Table table({"hidden", "tokens", "KiB", "nccl_us", "flag_after_data_us", "flags_in_data_us", "nccl/best"});
   nlohmann::json json = {{"gpu", device.name}, {"commit", build_commit()}, {"suite", "allreduce"}, {"tp", o.tp},
                          {"nccl", dist::nccl_version()}, {"calls_per_graph", o.calls_per_graph}, {"replays", o.replays}};
   json["rows"] = nlohmann::json::array();
   for (const Row& r : rows) {
     const size_t bytes = static_cast<size_t>(r.hidden) * r.tokens * sizeof(__nv_bfloat16);
+    const size_t elements = bytes / 2;
     table.add({std::to_string(r.hidden), std::to_string(r.tokens), format_fixed(bytes / 1024.0, 0),
-               format_fixed(r.nccl_us, 2), format_fixed(r.one_shot_us, 2), format_fixed(r.nccl_us / r.one_shot_us, 2)});
-    json["rows"].push_back({{"hidden", r.hidden}, {"tokens", r.tokens}, {"bytes", bytes}, {"nccl_us", r.nccl_us},
-                            {"one_shot_us", r.one_shot_us}, {"one_shot_blocks", kernels::one_shot_blocks(bytes / 2)}});
+               format_fixed(r.nccl_us, 2), format_fixed(r.flag_us, 2), format_fixed(r.lines_us, 2),
+               format_fixed(r.nccl_us / std::min(r.flag_us, r.lines_us), 2)});
+    json["rows"].push_back(
+        {{"hidden", r.hidden}, {"tokens", r.tokens}, {"bytes", bytes}, {"nccl_us", r.nccl_us},
+         {"flag_after_data_us", r.flag_us}, {"flags_in_data_us", r.lines_us},
+         {"flag_after_data_blocks", kernels::one_shot_blocks(elements, kernels::OneShotProtocol::flag_after_data)},
+         {"flags_in_data_blocks", kernels::one_shot_blocks(elements, kernels::OneShotProtocol::flags_in_data)},
+         {"automatic", kernels::one_shot_automatic_protocol(elements, o.tp) == kernels::OneShotProtocol::flags_in_data
+                           ? "flags_in_data"
+                           : "flag_after_data"}});
   }
   std::fputs(table.render().c_str(), stdout);
   if (!o.json_path.empty()) write_json(o.json_path, json);

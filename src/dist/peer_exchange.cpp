@@ -58,24 +58,32 @@ bool enable_peer_access(const std::vector<int>& devices, std::string* why_not) {
   return true;
 }
 
-OneShotBuffers::OneShotBuffers(const std::vector<int>& devices, size_t max_elements, int slots)
-    : devices_(devices), max_elements_(max_elements), slots_(slots) {
+OneShotBuffers::OneShotBuffers(const std::vector<int>& devices, size_t input_elements, size_t exchange_elements,
+                               int slots)
+    : devices_(devices), input_elements_(input_elements), exchange_elements_(exchange_elements), slots_(slots) {
   DF_CHECK(!devices.empty() && static_cast<int>(devices.size()) <= kernels::kMaxTensorParallelRanks,
            "one-shot all-reduce: " + std::to_string(devices.size()) + " ranks (1 to " +
                std::to_string(kernels::kMaxTensorParallelRanks) + " supported)");
-  DF_CHECK(max_elements > 0 && slots >= 1, "one-shot all-reduce: empty buffers asked for");
+  DF_CHECK(input_elements > 0 && exchange_elements > 0 && exchange_elements <= input_elements && slots >= 1,
+           "one-shot all-reduce: buffers of " + std::to_string(input_elements) + " input and " +
+               std::to_string(exchange_elements) + " message elements asked for");
   std::string why_not;
   DF_CHECK(enable_peer_access(devices, &why_not), "one-shot all-reduce needs peer access: " + why_not);
-  slot_bytes_ = (max_elements * sizeof(__nv_bfloat16) + 255) / 256 * 256;
+  auto round_up = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+  input_bytes_ = round_up(input_elements * sizeof(__nv_bfloat16));
+  region_bytes_ = round_up(exchange_elements * sizeof(__nv_bfloat16));
+  line_region_bytes_ = round_up(kernels::one_shot_lines(exchange_elements) * sizeof(uint4));
+  const size_t bytes =
+      (input_bytes_ + (region_bytes_ + line_region_bytes_) * devices.size()) * slots_ + kernels::one_shot_signal_bytes();
   CurrentDeviceGuard restore;
   try {
     for (int device : devices) {
       DF_CHECK_CUDA(cudaSetDevice(device));
       void* allocation = nullptr;
-      DF_CHECK_CUDA(cudaMalloc(&allocation, slot_bytes_ * slots_ * (1 + devices.size()) + kernels::one_shot_signal_bytes()));
+      DF_CHECK_CUDA(cudaMalloc(&allocation, bytes));
       allocations_.push_back(allocation);
-      // Synchronous: the epochs and flags are zero before any kernel of any rank can run.
-      DF_CHECK_CUDA(cudaMemset(signals(ranks_allocated() - 1), 0, kernels::one_shot_signal_bytes()));
+      // Synchronous: epochs, flags and lines are zero before any kernel of any rank can run.
+      DF_CHECK_CUDA(cudaMemset(allocation, 0, bytes));
     }
   } catch (...) {
     release();  // the destructor does not run for a half-built object
@@ -99,28 +107,33 @@ void OneShotBuffers::release() noexcept {
 __nv_bfloat16* OneShotBuffers::input(int rank, int slot) const {
   DF_CHECK(rank >= 0 && rank < ranks() && slot >= 0 && slot < slots_,
            "one-shot all-reduce: no buffer for rank " + std::to_string(rank) + ", slot " + std::to_string(slot));
-  return reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(allocations_[rank]) + slot_bytes_ * slot);
+  return reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(allocations_[rank]) + input_bytes_ * slot);
 }
 
-__nv_bfloat16* OneShotBuffers::receive(int rank, int slot) const {
-  const size_t offset = slot_bytes_ * slots_ + slot_bytes_ * ranks() * slot;
-  return reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(allocations_[rank]) + offset);
+char* OneShotBuffers::slot_areas(int rank, int slot) const {
+  const size_t offset = input_bytes_ * slots_ + (region_bytes_ + line_region_bytes_) * ranks() * slot;
+  return static_cast<char*>(allocations_[rank]) + offset;
 }
 
 uint32_t* OneShotBuffers::signals(int rank) const {
-  return reinterpret_cast<uint32_t*>(static_cast<char*>(allocations_[rank]) + slot_bytes_ * slots_ * (1 + ranks()));
+  return reinterpret_cast<uint32_t*>(static_cast<char*>(allocations_[rank]) +
+                                     (input_bytes_ + (region_bytes_ + line_region_bytes_) * ranks()) * slots_);
 }
 
 kernels::OneShotAllReduceParams OneShotBuffers::params(int rank, int slot, size_t elements, __nv_bfloat16* out) const {
-  DF_CHECK(elements <= max_elements_, "one-shot all-reduce: " + std::to_string(elements) + " elements exceed the " +
-                                          std::to_string(max_elements_) + " the buffers hold");
+  DF_CHECK(elements <= exchange_elements_, "one-shot all-reduce: " + std::to_string(elements) +
+                                               " elements exceed the " + std::to_string(exchange_elements_) +
+                                               " the buffers exchange");
   kernels::OneShotAllReduceParams p;
   p.own_input = input(rank, slot);  // checks rank and slot
   for (int r = 0; r < ranks(); ++r) {
-    p.receive[r] = receive(r, slot);
+    char* areas = slot_areas(r, slot);
+    p.receive[r] = reinterpret_cast<__nv_bfloat16*>(areas);
+    p.lines[r] = reinterpret_cast<uint4*>(areas + region_bytes_ * ranks());
     p.signals[r] = signals(r);
   }
-  p.receive_stride = slot_bytes_ / sizeof(__nv_bfloat16);
+  p.receive_stride = region_bytes_ / sizeof(__nv_bfloat16);
+  p.line_stride = line_region_bytes_ / sizeof(uint4);
   p.out = out;
   p.ranks = ranks();
   p.rank = rank;

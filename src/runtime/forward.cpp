@@ -188,7 +188,7 @@ void ForwardPass::output_projection(const GpuLayerWeights& w, int tokens, bool g
 void ForwardPass::all_reduce(int slot, int tokens, AllReduceChoice choice, cudaStream_t stream) {
   const size_t elements = static_cast<size_t>(tokens) * config_.hidden_size;
   auto* residual = buffers_.residual.as<__nv_bfloat16>();
-  if (choice == AllReduceChoice::one_shot && link_->one_shot && elements <= link_->one_shot->max_elements()) {
+  if (choice == AllReduceChoice::one_shot && link_->one_shot && elements <= link_->one_shot->exchange_elements()) {
     DF_CHECK_CUDA(kernels::launch_one_shot_all_reduce(
         link_->one_shot->params(link_->shard.rank, slot, elements, residual), stream));
     return;

@@ -154,9 +154,11 @@ std::unique_ptr<RankGroup> RankGroup::build(const ModelConfig& model, const Engi
   // Peer access decides whether the one-shot all-reduce exists; NCCL serves either way.
   std::string notice;
   std::string why_no_peers;
+  // The inputs hold any forward pass's partial sums; messages are decode steps' (prefill uses NCCL).
   const int max_tokens = std::max(options.prefill_chunk, options.max_batch);
   if (dist::enable_peer_access(devices, &why_no_peers))
-    group->one_shot_ = std::make_unique<dist::OneShotBuffers>(devices, static_cast<size_t>(max_tokens) * model.hidden_size);
+    group->one_shot_ = std::make_unique<dist::OneShotBuffers>(devices, static_cast<size_t>(max_tokens) * model.hidden_size,
+                                                              static_cast<size_t>(options.max_batch) * model.hidden_size);
   else
     notice = "no GPU peer access (" + why_no_peers + "): every all-reduce runs through NCCL";
   group->nccl_ = std::make_unique<dist::NcclGroup>(devices);

@@ -78,6 +78,23 @@ TEST(OneShotAllReduceChecks, RejectsBadArguments) {
   p = valid_params(4), p.receive_stride = 4095, expect_invalid(p, "receive regions shorter than the message");
   p = valid_params(4), p.receive_stride = 4100, expect_invalid(p, "receive stride not a multiple of 8 (unaligned regions)");
   p = valid_params(4), p.receive_stride = 0, expect_invalid(p, "no receive stride");
+  // flags_in_data reads its own line areas: two 16-byte lines per 8 elements.
+  auto lines_params = [] {
+    auto p = valid_params(4);
+    for (int r = 0; r < 4; ++r) p.lines[r] = fake_device_pointer<uint4>(0x30000000 + 0x1000000 * r);
+    p.line_stride = 1024;
+    p.protocol = kernels::OneShotProtocol::flags_in_data;
+    return p;
+  };
+  p = lines_params(), p.line_stride = 1023, expect_invalid(p, "line regions shorter than the message's lines");
+  p = lines_params(), p.lines[1] = nullptr, expect_invalid(p, "null line area");
+  p = lines_params(), p.lines[2] = fake_device_pointer<uint4>(0x32000008), expect_invalid(p, "unaligned line area");
+  p = lines_params(), p.out = fake_device_pointer<__nv_bfloat16>(0x31000000 + 3 * 16384 + 16368),
+  expect_invalid(p, "out inside the last line region a call touches");
+  p = valid_params(4), p.protocol = kernels::OneShotProtocol::flags_in_data, expect_invalid(p, "flags_in_data without line areas");
+  p = lines_params(), p.receive_stride = 0, p.out = fake_device_pointer<__nv_bfloat16>(0x6000000),
+  p.elements = 0;  // receive areas are flag_after_data's: ignored here, and nothing to do
+  EXPECT_EQ(kernels::launch_one_shot_all_reduce(p, nullptr), cudaSuccess);
   p = valid_params(4), p.signals[2] = nullptr, expect_invalid(p, "null signal area");
   p = valid_params(4), p.out = nullptr, expect_invalid(p, "null out");
   p = valid_params(4), p.out = fake_device_pointer<__nv_bfloat16>(0x20000002), expect_invalid(p, "unaligned out");
@@ -93,19 +110,48 @@ TEST(OneShotAllReduceChecks, RejectsBadArguments) {
 }
 
 TEST(OneShotAllReduceChecks, GridSizes) {
-  EXPECT_EQ(kernels::one_shot_blocks(1), 1);
-  EXPECT_EQ(kernels::one_shot_blocks(4096), 1);  // one token of a 4096-wide model: latency, not bandwidth
-  int previous = 0;
-  for (size_t elements = 8; elements <= (size_t{1} << 24); elements *= 2) {
-    const int blocks = kernels::one_shot_blocks(elements);
-    EXPECT_GE(blocks, previous) << elements;
-    EXPECT_LE(blocks, kernels::one_shot_max_blocks()) << elements;
-    previous = blocks;
+  using kernels::OneShotProtocol;
+  for (OneShotProtocol protocol : {OneShotProtocol::flag_after_data, OneShotProtocol::flags_in_data}) {
+    EXPECT_EQ(kernels::one_shot_blocks(1, protocol), 1);
+    int previous = 0;
+    for (size_t elements = 8; elements <= (size_t{1} << 24); elements *= 2) {
+      const int blocks = kernels::one_shot_blocks(elements, protocol);
+      EXPECT_GE(blocks, previous) << elements;
+      EXPECT_LE(blocks, kernels::one_shot_max_blocks()) << elements;
+      previous = blocks;
+    }
+    EXPECT_EQ(kernels::one_shot_blocks(64 * 8192, protocol), kernels::one_shot_max_blocks());  // 1 MB: all of them
   }
-  EXPECT_EQ(kernels::one_shot_blocks(64 * 8192), kernels::one_shot_max_blocks());  // 1 MB: all of them
-  // A flag per (block, rank) and an epoch per block.
+  // One token of a 4096-wide model: latency, not bandwidth. flags_in_data: a vector per thread
+  // (more pollers), so at least as many blocks as the flag protocol's two per thread.
+  EXPECT_EQ(kernels::one_shot_blocks(4096, OneShotProtocol::flag_after_data), 1);
+  EXPECT_EQ(kernels::one_shot_blocks(4096, OneShotProtocol::flags_in_data), 2);
+  for (size_t elements : {size_t{8}, size_t{8192}, size_t{32768}, size_t{64 * 8192}})
+    EXPECT_GE(kernels::one_shot_blocks(elements, OneShotProtocol::flags_in_data),
+              kernels::one_shot_blocks(elements, OneShotProtocol::flag_after_data))
+        << elements;
+  // A flag per (block, rank) and an epoch per block; the call's epoch and a finished-block count.
   EXPECT_GE(kernels::one_shot_signal_bytes(),
-            sizeof(uint32_t) * kernels::one_shot_max_blocks() * (kernels::kMaxTensorParallelRanks + 1));
+            sizeof(uint32_t) * (kernels::one_shot_max_blocks() * (kernels::kMaxTensorParallelRanks + 1) + 2));
+  // Two lines of 16 bytes per 8 elements, a started group of 8 counting whole.
+  EXPECT_EQ(kernels::one_shot_lines(8), 2u);
+  EXPECT_EQ(kernels::one_shot_lines(9), 4u);
+  EXPECT_EQ(kernels::one_shot_lines(4096), 1024u);
+}
+
+// automatic follows the measured crossovers (bench allreduce on H100s): flags_in_data up to
+// 256 KiB with one peer, 32 KiB with three, 16 KiB beyond.
+TEST(OneShotAllReduceChecks, AutomaticProtocolBySizeAndRanks) {
+  using kernels::OneShotProtocol;
+  auto automatic = [](size_t kib, int ranks) { return kernels::one_shot_automatic_protocol(kib * 512, ranks); };
+  EXPECT_EQ(automatic(8, 2), OneShotProtocol::flags_in_data);
+  EXPECT_EQ(automatic(256, 2), OneShotProtocol::flags_in_data);
+  EXPECT_EQ(automatic(512, 2), OneShotProtocol::flag_after_data);
+  EXPECT_EQ(automatic(16, 4), OneShotProtocol::flags_in_data);
+  EXPECT_EQ(automatic(32, 4), OneShotProtocol::flags_in_data);
+  EXPECT_EQ(automatic(64, 4), OneShotProtocol::flag_after_data);
+  EXPECT_EQ(automatic(16, 8), OneShotProtocol::flags_in_data);
+  EXPECT_EQ(automatic(32, 8), OneShotProtocol::flag_after_data);
 }
 
 TEST(PeerExchangeChecks, RefusesAGpuListedTwice) {

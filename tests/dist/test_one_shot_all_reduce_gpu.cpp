@@ -1,7 +1,7 @@
-// The one-shot (push) all-reduce (kernels/one_shot_all_reduce.hpp) on 2, 4 and 8 GPUs with peer
-// access, each rank driven from its own thread as the engine drives it: sizes of 8, 1000, 1003
-// (a tail of 3 past the 16-byte vectors), 4096, 64 x 8192 - 5 (every block and a tail) and
-// 64 x 8192 elements, fresh order-sensitive inputs for every call, outputs poisoned with NaN
+// The one-shot (push) all-reduce (kernels/one_shot_all_reduce.hpp), each protocol alone and both
+// mixed in one graph, on 2, 4 and 8 GPUs with peer access, each rank driven from its own thread as
+// the engine drives it: sizes of 8, 1000, 1003 (a tail of 3 past the 16-byte vectors), 4096,
+// 64 x 8192 - 5 (every block and a tail) and 64 x 8192 elements, fresh order-sensitive inputs for every call, outputs poisoned with NaN
 // (0xFFFF) before every call, results bit-identical to the CPU reference on every rank.
 // Eagerly, 50 calls in a row per size without the host waiting in between (a slot's receive
 // areas are rewritten every other call, so a peer still reading would show); buffers whose
@@ -13,6 +13,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "deepfuse/error.hpp"
@@ -66,14 +68,17 @@ Trial make_trial(std::mt19937_64& rng, int ranks, const std::vector<size_t>& siz
 
 // Enqueues call `c` of this rank: its staged input into the slot's buffer, NaN into out, the
 // kernel. Slots alternate with the call index, as the kernel's contract asks.
-void enqueue_call(const dist::OneShotBuffers& buffers, const RankState& s, int rank, int c, size_t elements) {
+void enqueue_call(const dist::OneShotBuffers& buffers, const RankState& s, int rank, int c, size_t elements,
+                  kernels::OneShotProtocol protocol) {
   const int slot = c % 2;
   const size_t bytes = elements * sizeof(__nv_bfloat16);
   __nv_bfloat16* out = s.outs + static_cast<size_t>(c) * kMaxElements;
   DF_CHECK_CUDA(cudaMemcpyAsync(buffers.input(rank, slot), s.staged + static_cast<size_t>(c) * kMaxElements, bytes,
                                 cudaMemcpyDeviceToDevice, s.stream));
   DF_CHECK_CUDA(cudaMemsetAsync(out, 0xFF, bytes, s.stream));  // 0xFFFF: a NaN the kernel must overwrite
-  DF_CHECK_CUDA(kernels::launch_one_shot_all_reduce(buffers.params(rank, slot, elements, out), s.stream));
+  kernels::OneShotAllReduceParams p = buffers.params(rank, slot, elements, out);
+  p.protocol = protocol;
+  DF_CHECK_CUDA(kernels::launch_one_shot_all_reduce(p, s.stream));
 }
 
 void stage(const RankState& s, const Trial& t, int rank) {
@@ -110,12 +115,21 @@ void allocate(std::vector<RankState>& states, int rank, int calls) {
   DF_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&s.outs), static_cast<size_t>(calls) * kMaxElements * sizeof(__nv_bfloat16)));
 }
 
-void check_eager(const std::vector<int>& devices, const std::vector<size_t>& sizes = kSizes,
-                 size_t capacity = kMaxElements) {
+std::string name(kernels::OneShotProtocol protocol) {
+  switch (protocol) {
+    case kernels::OneShotProtocol::automatic: return "automatic";
+    case kernels::OneShotProtocol::flag_after_data: return "flag_after_data";
+    case kernels::OneShotProtocol::flags_in_data: return "flags_in_data";
+  }
+  return "?";
+}
+
+void check_eager(const std::vector<int>& devices, kernels::OneShotProtocol protocol,
+                 const std::vector<size_t>& sizes = kSizes, size_t capacity = kMaxElements) {
   const int ranks = static_cast<int>(devices.size());
   const int calls = testing::quick_mode() ? 5 : 50;
-  auto rng = testing::make_rng(100 + ranks + static_cast<int>(capacity % 7));
-  dist::OneShotBuffers buffers(devices, capacity);
+  auto rng = testing::make_rng(100 + ranks + static_cast<int>(capacity % 7) + 10 * static_cast<int>(protocol));
+  dist::OneShotBuffers buffers(devices, capacity, capacity);
   std::vector<RankState> states(ranks);
   run_on_ranks(devices, [&](int rank) { allocate(states, rank, calls); });
   for (size_t elements : sizes) {
@@ -123,23 +137,25 @@ void check_eager(const std::vector<int>& devices, const std::vector<size_t>& siz
     std::vector<std::vector<std::vector<uint16_t>>> results(ranks);
     run_on_ranks(devices, [&](int rank) {
       stage(states[rank], t, rank);
-      for (int c = 0; c < calls; ++c) enqueue_call(buffers, states[rank], rank, c, elements);
+      for (int c = 0; c < calls; ++c) enqueue_call(buffers, states[rank], rank, c, elements, protocol);
       read_back(states[rank], t, results[rank]);
     });
-    expect_exact(t, results, std::to_string(ranks) + " ranks, eager, " + std::to_string(elements) + " elements");
+    expect_exact(t, results,
+                 std::to_string(ranks) + " ranks, " + name(protocol) + ", eager, " + std::to_string(elements) + " elements");
   }
   run_on_ranks(devices, [&](int rank) { states[rank].release(); });
 }
 
-void check_graph(const std::vector<int>& devices) {
+// protocols[c]: call c's (cycled), so both protocols meet within one graph.
+void check_graph(const std::vector<int>& devices, const std::vector<kernels::OneShotProtocol>& protocols) {
   const int ranks = static_cast<int>(devices.size());
   const int replays = testing::quick_mode() ? 3 : 20;
   // Large and small mixed so blocks with different epoch counts meet; an even count keeps slots
   // alternating across replays.
   const std::vector<size_t> sizes = {8, 64 * 8192, 1003, 4096, 64 * 8192 - 5, 8};
   const int calls = static_cast<int>(sizes.size());
-  auto rng = testing::make_rng(200 + ranks);
-  dist::OneShotBuffers buffers(devices, kMaxElements);
+  auto rng = testing::make_rng(200 + ranks + 10 * static_cast<int>(protocols.size()));
+  dist::OneShotBuffers buffers(devices, kMaxElements, kMaxElements);
   std::vector<RankState> states(ranks);
   std::vector<cudaGraphExec_t> execs(ranks, nullptr);
   run_on_ranks(devices, [&](int rank) {
@@ -148,7 +164,7 @@ void check_graph(const std::vector<int>& devices) {
     cudaGraph_t graph = nullptr;
     // Thread-local: every rank's thread captures at the same time.
     DF_CHECK_CUDA(cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeThreadLocal));
-    for (int c = 0; c < calls; ++c) enqueue_call(buffers, s, rank, c, sizes[c]);
+    for (int c = 0; c < calls; ++c) enqueue_call(buffers, s, rank, c, sizes[c], protocols[c % protocols.size()]);
     DF_CHECK_CUDA(cudaStreamEndCapture(s.stream, &graph));
     DF_CHECK_CUDA(cudaGraphInstantiate(&execs[rank], graph, 0));
     DF_CHECK_CUDA(cudaGraphDestroy(graph));
@@ -161,7 +177,9 @@ void check_graph(const std::vector<int>& devices) {
       DF_CHECK_CUDA(cudaGraphLaunch(execs[rank], states[rank].stream));
       read_back(states[rank], t, results[rank]);
     });
-    expect_exact(t, results, std::to_string(ranks) + " ranks, graph replay " + std::to_string(replay));
+    expect_exact(t, results,
+                 std::to_string(ranks) + " ranks, " + name(protocols[0]) + (protocols.size() > 1 ? " and more" : "") +
+                     ", graph replay " + std::to_string(replay));
     if (::testing::Test::HasFailure()) break;  // one replay's report is enough
   }
   run_on_ranks(devices, [&](int rank) {
@@ -170,67 +188,84 @@ void check_graph(const std::vector<int>& devices) {
   });
 }
 
+using kernels::OneShotProtocol;
+const std::vector<OneShotProtocol> kProtocols = {OneShotProtocol::flag_after_data, OneShotProtocol::flags_in_data};
+// Calls cycle through these: each protocol follows the other on both slots' areas, and automatic
+// picks per size.
+const std::vector<OneShotProtocol> kMixed = {OneShotProtocol::flags_in_data, OneShotProtocol::flag_after_data,
+                                             OneShotProtocol::flags_in_data, OneShotProtocol::automatic,
+                                             OneShotProtocol::flag_after_data};
+
 TEST(OneShotAllReduceGpu, TwoRanksEager) {
   DF_REQUIRE_PEER_GPUS(devices, 2);
-  check_eager(devices);
+  for (OneShotProtocol protocol : kProtocols) check_eager(devices, protocol);
 }
 
-// Capacity 1003: receive regions of 1024 elements, the last vectors and the tail at their ends.
+// Capacity 1003: regions of 1024 elements (2 x 126 lines), the last vectors and the tail at their ends.
 TEST(OneShotAllReduceGpu, TwoRanksOddCapacity) {
   DF_REQUIRE_PEER_GPUS(devices, 2);
-  check_eager(devices, {1003, 8, 1000, 1001}, 1003);
+  for (OneShotProtocol protocol : kProtocols) check_eager(devices, protocol, {1003, 8, 1000, 1001}, 1003);
 }
 
-// What OneShotBuffers hands the kernel: this rank's input, every rank's receive area of the slot,
-// all 16-byte aligned, regions at least max_elements long, nothing shared between slots or with
-// an input.
+// What OneShotBuffers hands the kernel: this rank's input, every rank's receive and line areas of
+// the slot, all 16-byte aligned, regions long enough for the largest message, nothing shared
+// between any two of them (slots, protocols, inputs).
 TEST(OneShotAllReduceGpu, BufferLayout) {
   DF_REQUIRE_PEER_GPUS(devices, 2);
-  const size_t capacity = 1003;
-  dist::OneShotBuffers buffers(devices, capacity);
+  const size_t input_capacity = 2000, exchange_capacity = 1003;
+  dist::OneShotBuffers buffers(devices, input_capacity, exchange_capacity);
   const int ranks = buffers.ranks();
   auto begin = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
-  for (int rank = 0; rank < ranks; ++rank)
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<std::pair<uintptr_t, uintptr_t>> areas;  // [begin, end) on rank r's GPU
     for (int slot = 0; slot < buffers.slots(); ++slot) {
-      const auto p = buffers.params(rank, slot, capacity, nullptr);
-      EXPECT_EQ(p.own_input, buffers.input(rank, slot));
+      const auto p = buffers.params(r, slot, exchange_capacity, nullptr);
+      EXPECT_EQ(p.own_input, buffers.input(r, slot));
       EXPECT_EQ(p.ranks, ranks);
-      EXPECT_EQ(p.rank, rank);
-      EXPECT_GE(p.receive_stride, capacity);
+      EXPECT_EQ(p.rank, r);
+      EXPECT_GE(p.receive_stride, exchange_capacity);
       EXPECT_EQ(p.receive_stride % 8, 0u);
-      for (int r = 0; r < ranks; ++r) {
-        EXPECT_EQ(begin(p.receive[r]) % 16, 0u);
-        EXPECT_EQ(p.receive[r], buffers.params(r, slot, capacity, nullptr).receive[r]) << "every rank sees one area";
-        const size_t area = ranks * p.receive_stride * sizeof(__nv_bfloat16);
-        for (int other_slot = 0; other_slot < buffers.slots(); ++other_slot) {
-          const uintptr_t input = begin(buffers.input(r, other_slot));
-          EXPECT_TRUE(input + capacity * 2 <= begin(p.receive[r]) || begin(p.receive[r]) + area <= input);
-          if (other_slot == slot) continue;
-          const uintptr_t other = begin(buffers.params(r, other_slot, capacity, nullptr).receive[r]);
-          EXPECT_TRUE(other + area <= begin(p.receive[r]) || begin(p.receive[r]) + area <= other);
-        }
+      EXPECT_GE(p.line_stride, kernels::one_shot_lines(exchange_capacity));
+      for (int q = 0; q < ranks; ++q) {
+        const auto seen = buffers.params(q, slot, exchange_capacity, nullptr);
+        EXPECT_EQ(seen.receive[r], p.receive[r]) << "every rank sees one area";
+        EXPECT_EQ(seen.lines[r], p.lines[r]) << "every rank sees one area";
       }
+      EXPECT_EQ(begin(p.own_input) % 16, 0u);
+      EXPECT_EQ(begin(p.receive[r]) % 16, 0u);
+      EXPECT_EQ(begin(p.lines[r]) % 16, 0u);
+      areas.push_back({begin(p.own_input), begin(p.own_input) + input_capacity * sizeof(__nv_bfloat16)});
+      areas.push_back({begin(p.receive[r]), begin(p.receive[r]) + ranks * p.receive_stride * sizeof(__nv_bfloat16)});
+      areas.push_back({begin(p.lines[r]), begin(p.lines[r]) + ranks * p.line_stride * sizeof(uint4)});
     }
+    for (size_t a = 0; a < areas.size(); ++a)
+      for (size_t b = a + 1; b < areas.size(); ++b)
+        EXPECT_TRUE(areas[a].second <= areas[b].first || areas[b].second <= areas[a].first)
+            << "rank " << r << ": areas " << a << " and " << b << " overlap";
+  }
 }
 
 TEST(OneShotAllReduceGpu, TwoRanksGraphReplays) {
   DF_REQUIRE_PEER_GPUS(devices, 2);
-  check_graph(devices);
+  for (OneShotProtocol protocol : kProtocols) check_graph(devices, {protocol});
+  check_graph(devices, kMixed);
 }
 
 TEST(OneShotAllReduceGpu, FourRanksEager) {
   DF_REQUIRE_PEER_GPUS(devices, 4);
-  check_eager(devices);
+  for (OneShotProtocol protocol : kProtocols) check_eager(devices, protocol);
 }
 
 TEST(OneShotAllReduceGpu, FourRanksGraphReplays) {
   DF_REQUIRE_PEER_GPUS(devices, 4);
-  check_graph(devices);
+  for (OneShotProtocol protocol : kProtocols) check_graph(devices, {protocol});
+  check_graph(devices, kMixed);
 }
 
 TEST(OneShotAllReduceGpu, EightRanksGraphReplays) {
   DF_REQUIRE_PEER_GPUS(devices, 8);
-  check_graph(devices);
+  for (OneShotProtocol protocol : kProtocols) check_graph(devices, {protocol});
+  check_graph(devices, kMixed);
 }
 
 }  // namespace

@@ -12,6 +12,12 @@ constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 64;
 constexpr int kVectorsPerThread = 2;  // below the block cap, each thread sums this many 16-byte vectors, loaded together
 constexpr int kElementsPerVector = 8;  // bf16 in a uint4
+// automatic: flags_in_data up to this message size. Its lines double the bytes every rank pushes
+// to each peer, so it loses sooner with more peers: on H100s it wins up to 256 KiB with one peer,
+// up to 32 KiB with three (bench allreduce, docs/dist.md). Eight ranks: not measured, kept small.
+constexpr size_t flags_in_data_max_bytes(int ranks) {
+  return ranks <= 2 ? 256 * 1024 : ranks <= 4 ? 32 * 1024 : 16 * 1024;
+}
 
 // Signal area layout, in uint32 words: flags[block][rank] (written by peers), then epochs[block]
 // (this rank's own count of calls that launched the block).
@@ -67,9 +73,9 @@ __device__ __forceinline__ void add_vector(float (&sum)[kElementsPerVector], con
   }
 }
 
-// Sums the kRanks vectors of one index in rank order and stores the bf16 result.
+// The sum of the kRanks vectors of one index in rank order, rounded to bf16 once.
 template <int kRanks>
-__device__ __forceinline__ void sum_and_store(const uint4 (&loaded)[kRanks], __nv_bfloat16* out, size_t v) {
+__device__ __forceinline__ uint4 sum_vector(const uint4 (&loaded)[kRanks]) {
   float sum[kElementsPerVector] = {};
 #pragma unroll
   for (int r = 0; r < kRanks; ++r) add_vector(sum, loaded[r], r == 0);
@@ -77,14 +83,16 @@ __device__ __forceinline__ void sum_and_store(const uint4 (&loaded)[kRanks], __n
   auto* out_pairs = reinterpret_cast<__nv_bfloat162*>(&packed);
 #pragma unroll
   for (int i = 0; i < kElementsPerVector / 2; ++i) out_pairs[i] = __floats2bfloat162_rn(sum[2 * i], sum[2 * i + 1]);
-  reinterpret_cast<uint4*>(out)[v] = packed;
+  return packed;
 }
 
+// ---- flag_after_data: data pushed, one fence, then a flag per (block, peer) ----------------------
+//
 // Block b handles the same vectors on every rank (a function of blockIdx, gridDim and elements
 // only): it pushes them, and after the barrier on flags [b][*] it sums exactly the vectors the
 // peers' blocks b pushed. Two indices per iteration (v and v + stride), both in flight together.
 template <int kRanks>
-__global__ void __launch_bounds__(kThreads) one_shot_all_reduce_kernel(const OneShotAllReduceParams p) {
+__global__ void __launch_bounds__(kThreads) flag_after_data_kernel(const OneShotAllReduceParams p) {
   __shared__ uint32_t shared_epoch;
   const int b = blockIdx.x;
   uint32_t* const own_epoch = p.signals[p.rank] + kEpochBase + b;
@@ -144,8 +152,8 @@ __global__ void __launch_bounds__(kThreads) one_shot_all_reduce_kernel(const One
       x[q] = __ldcg(source + v);
       if (second) y[q] = __ldcg(source + v + stride);
     }
-    sum_and_store<kRanks>(x, p.out, v);
-    if (second) sum_and_store<kRanks>(y, p.out, v + stride);
+    reinterpret_cast<uint4*>(p.out)[v] = sum_vector<kRanks>(x);
+    if (second) reinterpret_cast<uint4*>(p.out)[v + stride] = sum_vector<kRanks>(y);
   }
   if (b == 0 && threadIdx.x < tail) {
     float sum = 0.0f;
@@ -160,53 +168,200 @@ __global__ void __launch_bounds__(kThreads) one_shot_all_reduce_kernel(const One
   }
 }
 
-bool valid(const OneShotAllReduceParams& p) {
+// ---- flags_in_data: every 8-byte word of a pushed line carries its own flag -------------------
+//
+// A line is 16 bytes, {data0, epoch, data1, epoch}: four bf16 values and the call's epoch twice.
+// Each (data, epoch) pair is one aligned 8-byte half of a 16-byte store, which NVLink delivers
+// whole, so a reader that sees both epochs of a line sees its data: no fence and no separate flag
+// (each costs an NVLink round trip in the flag protocol). The price is twice the bytes pushed.
+// The epoch is one per call, the same for every block (a line can belong to different blocks in
+// calls of different sizes, so per-block counts could repeat a value a line still holds).
+
+// Signal words after the flag protocol's: the epoch of the last call, and how many of the running
+// call's blocks have finished (the last one publishes the epoch and resets the count).
+constexpr size_t kLineEpochWord = kSignalWords;
+constexpr size_t kLineBlocksDoneWord = kSignalWords + 1;
+constexpr size_t kAllSignalWords = kSignalWords + 2;
+
+constexpr int kLinesPerVector = 2;  // one 16-byte input vector (8 bf16) makes two lines
+
+__device__ __forceinline__ void store_line(uint4* address, const uint4& line) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(address), "r"(line.x), "r"(line.y),
+               "r"(line.z), "r"(line.w)
+               : "memory");
+}
+
+__device__ __forceinline__ uint4 load_line(const uint4* address) {
+  uint4 line;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(line.x), "=r"(line.y), "=r"(line.z), "=r"(line.w)
+               : "l"(address)
+               : "memory");
+  return line;
+}
+
+// The vector's two lines from `peer`'s region of this GPU's receive area, once both carry `epoch`.
+__device__ __forceinline__ uint4 wait_for_vector(const uint4* lines, uint32_t epoch) {
+  const long long give_up = clock64() + kSpinLimitCycles;
+  uint4 first, second;
+  while (true) {
+    first = load_line(lines);
+    second = load_line(lines + 1);
+    if (first.y == epoch && first.w == epoch && second.y == epoch && second.w == epoch) break;
+    if (clock64() > give_up) __trap();  // a peer that never arrives: see signal_and_wait
+  }
+  return {first.x, first.z, second.x, second.z};
+}
+
+// Vector v of this rank's input: 8 bf16, the tail's missing ones zero (never stored).
+__device__ __forceinline__ uint4 load_own_vector(const __nv_bfloat16* input, size_t v, size_t elements) {
+  const size_t begin = v * kElementsPerVector;
+  if (begin + kElementsPerVector <= elements) return reinterpret_cast<const uint4*>(input)[v];
+  uint4 bits = {};
+  auto* halves = reinterpret_cast<unsigned short*>(&bits);
+  for (size_t i = begin; i < elements; ++i)
+    halves[i - begin] = __bfloat16_as_ushort(input[i]);
+  return bits;
+}
+
+__device__ __forceinline__ void store_out_vector(__nv_bfloat16* out, size_t v, size_t elements, const uint4& bits) {
+  const size_t begin = v * kElementsPerVector;
+  if (begin + kElementsPerVector <= elements) {
+    reinterpret_cast<uint4*>(out)[v] = bits;
+    return;
+  }
+  const auto* halves = reinterpret_cast<const unsigned short*>(&bits);
+  for (size_t i = begin; i < elements; ++i) out[i] = __ushort_as_bfloat16(halves[i - begin]);
+}
+
+// Thread t of block b handles the same vectors on every rank: pushes them as lines to every peer,
+// then sums each once its lines from every peer are there.
+template <int kRanks>
+__global__ void __launch_bounds__(kThreads) flags_in_data_kernel(const OneShotAllReduceParams p) {
+  uint32_t* const signals = p.signals[p.rank];
+  // Published by the previous call's last block (kernel boundary: visible here); the same in
+  // every block and, the calls being the same on every rank, on every rank.
+  uint32_t epoch = signals[kLineEpochWord] + 1;
+  if (epoch == 0) epoch = 1;  // never-written lines hold 0
+  const size_t vectors = (p.elements + kElementsPerVector - 1) / kElementsPerVector;
+  const size_t stride = static_cast<size_t>(gridDim.x) * kThreads;
+  const size_t first = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x;
+
+  // (1) Push: plain posted stores, nothing waits for them.
+  for (size_t v = first; v < vectors; v += stride) {
+    const uint4 x = load_own_vector(p.own_input, v, p.elements);
+    const uint4 line0 = {x.x, epoch, x.y, epoch}, line1 = {x.z, epoch, x.w, epoch};
+#pragma unroll
+    for (int q = 0; q < kRanks; ++q) {
+      if (q == p.rank) continue;
+      uint4* const lines = p.lines[q] + p.rank * p.line_stride + kLinesPerVector * v;
+      store_line(lines, line0);
+      store_line(lines + 1, line1);
+    }
+  }
+  // (2) Sum in rank order as each vector's lines arrive in this GPU's receive area.
+  const uint4* const local = p.lines[p.rank];
+  for (size_t v = first; v < vectors; v += stride) {
+    uint4 loaded[kRanks];
+#pragma unroll
+    for (int q = 0; q < kRanks; ++q)
+      loaded[q] = q == p.rank ? load_own_vector(p.own_input, v, p.elements)
+                              : wait_for_vector(local + q * p.line_stride + kLinesPerVector * v, epoch);
+    store_out_vector(p.out, v, p.elements, sum_vector<kRanks>(loaded));
+  }
+  // (3) The last block to finish publishes the epoch for the next call.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(signals + kLineBlocksDoneWord, 1u) == gridDim.x - 1) {
+      signals[kLineBlocksDoneWord] = 0;
+      signals[kLineEpochWord] = epoch;
+    }
+  }
+}
+
+// ---- launch ----------------------------------------------------------------------------------
+
+size_t lines_for(size_t elements) {
+  return (elements + kElementsPerVector - 1) / kElementsPerVector * kLinesPerVector;
+}
+
+OneShotProtocol resolve(const OneShotAllReduceParams& p) {
+  if (p.protocol != OneShotProtocol::automatic) return p.protocol;
+  const bool small = p.elements * sizeof(__nv_bfloat16) <= flags_in_data_max_bytes(p.ranks);
+  return small && p.lines[0] && p.line_stride >= lines_for(p.elements) ? OneShotProtocol::flags_in_data
+                                                                          : OneShotProtocol::flag_after_data;
+}
+
+bool valid(const OneShotAllReduceParams& p, OneShotProtocol protocol) {
   if (p.ranks < 1 || p.ranks > kMaxTensorParallelRanks || p.rank < 0 || p.rank >= p.ranks) return false;
   if (!p.out || !aligned16(p.out) || !p.own_input || !aligned16(p.own_input)) return false;
-  if (p.receive_stride < p.elements || p.receive_stride % kElementsPerVector != 0) return false;
   const size_t bytes = p.elements * sizeof(__nv_bfloat16);
   if (overlaps(p.out, bytes, p.own_input, bytes)) return false;
-  // Only the regions a call touches: `ranks` regions, the last one `elements` long.
-  const size_t area_bytes = ((p.ranks - 1) * p.receive_stride + p.elements) * sizeof(__nv_bfloat16);
+  const bool lines = protocol == OneShotProtocol::flags_in_data;
+  if (lines ? p.line_stride < lines_for(p.elements)
+            : p.receive_stride < p.elements || p.receive_stride % kElementsPerVector != 0)
+    return false;
+  // Only the regions a call touches: `ranks` regions, the last one as long as the message's.
+  const size_t area_bytes = lines ? ((p.ranks - 1) * p.line_stride + lines_for(p.elements)) * sizeof(uint4)
+                                  : ((p.ranks - 1) * p.receive_stride + p.elements) * sizeof(__nv_bfloat16);
   for (int r = 0; r < p.ranks; ++r) {
-    if (!p.receive[r] || !aligned16(p.receive[r]) || !p.signals[r] || !aligned(p.signals[r], sizeof(uint32_t)))
-      return false;
-    if (overlaps(p.out, bytes, p.receive[r], area_bytes) || overlaps(p.own_input, bytes, p.receive[r], area_bytes))
-      return false;
+    const void* area = lines ? static_cast<const void*>(p.lines[r]) : static_cast<const void*>(p.receive[r]);
+    if (!area || !aligned16(area) || !p.signals[r] || !aligned(p.signals[r], sizeof(uint32_t))) return false;
+    if (overlaps(p.out, bytes, area, area_bytes) || overlaps(p.own_input, bytes, area, area_bytes)) return false;
   }
   return true;
 }
 
 template <int kRanks>
-void launch(const OneShotAllReduceParams& p, cudaStream_t stream) {
-  one_shot_all_reduce_kernel<kRanks><<<one_shot_blocks(p.elements), kThreads, 0, stream>>>(p);
+void launch(const OneShotAllReduceParams& p, OneShotProtocol protocol, cudaStream_t stream) {
+  const int blocks = one_shot_blocks(p.elements, protocol);
+  if (protocol == OneShotProtocol::flags_in_data)
+    flags_in_data_kernel<kRanks><<<blocks, kThreads, 0, stream>>>(p);
+  else
+    flag_after_data_kernel<kRanks><<<blocks, kThreads, 0, stream>>>(p);
 }
 
 }  // namespace
 
-size_t one_shot_signal_bytes() { return kSignalWords * sizeof(uint32_t); }
+size_t one_shot_signal_bytes() { return kAllSignalWords * sizeof(uint32_t); }
 
 int one_shot_max_blocks() { return kMaxBlocks; }
 
-int one_shot_blocks(size_t elements) {
+size_t one_shot_lines(size_t elements) { return lines_for(elements); }
+
+OneShotProtocol one_shot_automatic_protocol(size_t elements, int ranks) {
+  OneShotAllReduceParams p;  // line areas that hold the message
+  p.elements = elements;
+  p.ranks = ranks;
+  p.lines[0] = reinterpret_cast<uint4*>(alignof(uint4));
+  p.line_stride = lines_for(elements);
+  return resolve(p);
+}
+
+int one_shot_blocks(size_t elements, OneShotProtocol protocol) {
   const size_t vectors = (elements + kElementsPerVector - 1) / kElementsPerVector;
-  const size_t per_block = static_cast<size_t>(kThreads) * kVectorsPerThread;
+  // The flag protocol gives each thread two vectors (loaded together); with flags in the data one
+  // each, as more threads polling in parallel see their lines sooner.
+  const size_t per_block =
+      static_cast<size_t>(kThreads) * (protocol == OneShotProtocol::flags_in_data ? 1 : kVectorsPerThread);
   const size_t blocks = (vectors + per_block - 1) / per_block;
   return static_cast<int>(blocks < 1 ? 1 : blocks > kMaxBlocks ? kMaxBlocks : blocks);
 }
 
 cudaError_t launch_one_shot_all_reduce(const OneShotAllReduceParams& p, cudaStream_t stream) {
-  if (!valid(p)) return cudaErrorInvalidValue;
+  const OneShotProtocol protocol = resolve(p);
+  if (!valid(p, protocol)) return cudaErrorInvalidValue;
   if (p.elements == 0) return cudaSuccess;
   switch (p.ranks) {
-    case 1: launch<1>(p, stream); break;
-    case 2: launch<2>(p, stream); break;
-    case 3: launch<3>(p, stream); break;
-    case 4: launch<4>(p, stream); break;
-    case 5: launch<5>(p, stream); break;
-    case 6: launch<6>(p, stream); break;
-    case 7: launch<7>(p, stream); break;
-    default: launch<8>(p, stream); break;
+    case 1: launch<1>(p, protocol, stream); break;
+    case 2: launch<2>(p, protocol, stream); break;
+    case 3: launch<3>(p, protocol, stream); break;
+    case 4: launch<4>(p, protocol, stream); break;
+    case 5: launch<5>(p, protocol, stream); break;
+    case 6: launch<6>(p, protocol, stream); break;
+    case 7: launch<7>(p, protocol, stream); break;
+    default: launch<8>(p, protocol, stream); break;
   }
   return cudaGetLastError();
 }
