@@ -47,7 +47,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 # Every process below inherits this: NCCL's NVLink SHARP (multicast) setup fails on the lent
 # multi-GPU machines; harmless where NCCL is not used.
-export NCCL_NVLS_ENABLE=0
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PATH=/usr/local/cuda/bin:$PATH
 
 all_steps=(tests memcheck racecheck parity bench)

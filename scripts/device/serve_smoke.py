@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The CUDA backend under `deepfuse serve`, checked through HTTP (standard library only): a
-completion streamed and not (same greedy tokens), 16 concurrent streams all completing, a
+completion streamed and not (same greedy tokens), logprobs and penalties, 16 concurrent streams all completing, a
 cancelled stream freeing its pages, bad requests answered with OpenAI errors, /metrics. Prompts
 are token ids (random-weight models have no tokenizer). Exits non-zero on the first failure."""
 import concurrent.futures
@@ -54,6 +54,20 @@ status, events = post({**body, "stream": True, "stream_options": {"include_usage
 text = "".join(e["choices"][0]["text"] for e in events if e["choices"])
 check(text == whole["choices"][0]["text"], "streamed text equals the whole response's (greedy, alone)")
 check(events[-1]["usage"]["completion_tokens"] == 32, "usage chunk")
+
+# Logprobs and penalties on the CUDA backend (computed on the GPU's logits): the chosen token's
+# logprob is the largest of its alternatives under greedy decoding, and penalties change the text.
+status, lp = post({**body, "logprobs": 3})
+lps = lp["choices"][0]["logprobs"] if status == 200 else None
+check(status == 200 and lps and len(lps["tokens"]) == 32 and all(1 <= len(t) <= 3 for t in lps["top_logprobs"]),
+      f"logprobs=3 (alternatives keyed by text: equal texts merge): {status} {str(lp)[:200]}")
+check(all(abs(lp_ - max(top.values())) < 1e-4 for lp_, top in zip(lps["token_logprobs"], lps["top_logprobs"])),
+      "greedy: each token's logprob is its alternatives' largest")
+check(lp["choices"][0]["text"] == whole["choices"][0]["text"], "asking for logprobs leaves the greedy text alone")
+status, pen = post({**body, "frequency_penalty": 2.0, "presence_penalty": 1.0})
+check(status == 200 and pen["usage"]["completion_tokens"] == 32, f"penalties: {status} {str(pen)[:200]}")
+print(f"note: penalties {'changed' if pen['choices'][0]['text'] != whole['choices'][0]['text'] else 'did not change'} "
+      f"the greedy text", flush=True)
 
 solo = {}
 prompts = [[1000 + (97 * i + 13 * k) % 20000 for k in range(64 + 8 * i)] for i in range(8)]

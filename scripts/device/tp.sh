@@ -62,7 +62,7 @@ if want bench70b && ((gpus >= 4)); then
 fi
 # memcheck on a TP 2 engine through NCCL (the one-shot kernel spins on its peers: sanitizer-serialised launches could wait forever)
 want memcheck && run memcheck_tp 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_tensor_parallel_gpu" \
-  --gtest_filter='Ranks/TensorParallelTiny.LogitsMatchOneGpu/tp2_llama*'
+  --gtest_filter='Ranks/TensorParallelTiny.LogitsMatchOneGpuNccl/tp2_llama*'
 if want tune; then
   run tune_8b 120 "$bin/deepfuse" tune --random-weights --arch llama3-8b --max-batch 64 --max-context 8192 \
     --tuning-cache "$out/tuning.json"

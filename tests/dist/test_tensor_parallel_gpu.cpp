@@ -2,10 +2,13 @@
 // within the bf16 tolerance (the sums over ranks round differently, nothing else differs), greedy
 // tokens equal up to near ties, on tiny checkpoints (sharded files, odd vocabularies, fewer
 // key/value heads than ranks, Qwen2 biases with tied embeddings, a prompt cut into prefill
-// chunks) and on a Llama-3-8B-shaped random model; both all-reduces (NCCL, one-shot). Skips where
+// chunks) and on a Llama-3-8B-shaped random model; both all-reduces (NCCL, one-shot); penalties
+// and logprobs (computed on rank 0). Skips where
 // the machine has fewer GPUs than a case needs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -160,6 +163,77 @@ TEST_P(TensorParallelTiny, GreedyTokensMatchOneGpu) {
       const std::span<const float> row(logits.data() + logits.size() - vocab, vocab);
       EXPECT_TRUE(testing::near_tie(row, ours[i][t], expected[i][t]))
           << "prompt " << i << " token " << t << ": --tp " << tp() << " " << ours[i][t] << ", one GPU " << expected[i][t];
+      break;
+    }
+  }
+}
+
+// Penalties and logprobs run where the sampler runs (rank 0, on the gathered logits): a split
+// engine's penalized greedy picks and their logprobs follow the one-GPU engine's, several
+// sequences decoded together, one of them plain.
+TEST_P(TensorParallelTiny, PenaltiesAndLogprobsMatchOneGpu) {
+  REQUIRE_GPUS(tp());
+  write_model();
+  auto rng = testing::make_rng(11 + tp());
+  const int vocab = model().config.vocab_size;
+  struct Case {
+    int prompt;
+    float presence, frequency;
+    int top_logprobs;
+  };
+  const std::vector<Case> cases = {{24, -2.0f, 0.4f, 3}, {7, 1.0f, 0.5f, 2}, {60, 0.0f, 0.0f, 4}, {13, 0.0f, 0.0f, -1}};
+  std::vector<SequenceRequest> requests;
+  for (const Case& c : cases) {
+    SequenceRequest r;
+    r.prompt = testing::random_ids(rng, c.prompt, vocab);
+    r.max_new_tokens = 14;
+    r.presence_penalty = c.presence;
+    r.frequency_penalty = c.frequency;
+    r.top_logprobs = c.top_logprobs;
+    requests.push_back(r);
+  }
+  auto run = [&](Engine& engine) {
+    std::vector<SequenceId> ids;
+    for (const SequenceRequest& r : requests) ids.push_back(engine.add_sequence(r));
+    std::vector<std::vector<StepToken>> out(requests.size());
+    while (engine.running_sequences() > 0)
+      for (const StepToken& t : engine.step())
+        for (size_t i = 0; i < ids.size(); ++i)
+          if (t.sequence == ids[i] && t.id >= 0) out[i].push_back(t);
+    return out;
+  };
+  Engine one = Engine::from_checkpoint(scratch_.path(), options_with(1));
+  Engine split = Engine::from_checkpoint(scratch_.path(), options_with(tp()));
+  // Logprobs are logits less a log-sum-exp: twice the logits' error, on the logits' scale.
+  const std::vector<float> scale_logits = one.score(requests[0].prompt, static_cast<int>(requests[0].prompt.size()));
+  double squares = 0;
+  for (float v : scale_logits) squares += static_cast<double>(v) * v;
+  const double tolerance = 2 * kMaxLogitsError * std::sqrt(squares / scale_logits.size());
+  const auto expected = run(one);
+  const auto ours = run(split);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    SCOPED_TRACE("sequence " + std::to_string(i) + ", --tp " + std::to_string(tp()));
+    ASSERT_EQ(ours[i].size(), expected[i].size());
+    for (size_t t = 0; t < ours[i].size(); ++t) {
+      const StepToken &a = ours[i][t], &b = expected[i][t];
+      ASSERT_EQ(a.top_logprobs.size(), static_cast<size_t>(std::max(cases[i].top_logprobs, 0)));
+      if (cases[i].top_logprobs >= 0) EXPECT_NEAR(a.logprob, b.logprob, tolerance) << "token " << t;
+      if (a.id == b.id) continue;
+      // Only a near tie of the penalized distribution may go either way: the split engine's pick
+      // is among the one-GPU engine's alternatives, as likely as its pick (the plain sequence
+      // without logprobs: a near tie of the one-GPU logits).
+      if (cases[i].top_logprobs < 1) {
+        std::vector<int32_t> context = requests[i].prompt;
+        for (size_t k = 0; k < t; ++k) context.push_back(expected[i][k].id);
+        const std::vector<float> logits = one.score(context, static_cast<int>(context.size()));
+        const std::span<const float> row(logits.data() + logits.size() - vocab, vocab);
+        EXPECT_TRUE(testing::near_tie(row, a.id, b.id)) << "token " << t << ": " << a.id << " against " << b.id;
+        break;
+      }
+      const auto it = std::find_if(b.top_logprobs.begin(), b.top_logprobs.end(),
+                                   [&](const TokenLogprob& alternative) { return alternative.id == a.id; });
+      ASSERT_NE(it, b.top_logprobs.end()) << "token " << t << ": " << a.id << " not among the one-GPU alternatives";
+      EXPECT_NEAR(it->logprob, b.logprob, 2 * tolerance) << "token " << t;
       break;
     }
   }
