@@ -110,6 +110,13 @@ class EngineVsReference : public ::testing::TestWithParam<int> {
     return reference_->forward(ids, cache);
   }
 
+  // The RMS of the reference's logits after a random prompt: penalties in this unit move greedy
+  // picks on every tiny model, whatever its logits' scale (tied embeddings give larger logits).
+  float logit_scale() {
+    const std::vector<float> logits = reference_logits(random_ids(rng_, 8, config_.vocab_size));
+    return static_cast<float>(testing::rms(std::span<const float>(logits.end() - vocab_, logits.end())));
+  }
+
   void expect_matches_reference(const std::vector<float>& logits, std::span<const int32_t> ids,
                                 const std::string& what) const {
     ASSERT_EQ(logits.size(), ids.size() * vocab_) << what;
@@ -676,11 +683,12 @@ TEST_P(EngineVsReference, PenaltiesAndLogprobsFollowReference) {
       {17, 12, 0.0f, 0.0f, 0, 0.0f},    // the chosen token's logprob alone
       {5, 16, -1.5f, 0.3f, 5, 0.8f},    // sampled (the GPU's draws): its logprobs
   };
+  const float scale = logit_scale();  // the cases' penalties are in units of the logits' RMS
   std::vector<SequenceRequest> requests;
   for (const Case& c : cases) {
     SequenceRequest request = greedy_request(random_ids(rng_, c.prompt, config_.vocab_size), c.new_tokens);
-    request.presence_penalty = c.presence;
-    request.frequency_penalty = c.frequency;
+    request.presence_penalty = c.presence * scale;
+    request.frequency_penalty = c.frequency * scale;
     request.top_logprobs = c.top_logprobs;
     request.sampling.temperature = c.temperature;
     request.sampling.seed = rng_();
@@ -716,8 +724,9 @@ TEST_P(EngineVsReference, ResumedSequenceKeepsItsPenaltyCounts) {
   make_model(14);
   Engine engine = load_engine(tiny_engine_options());
   SequenceRequest first = greedy_request(random_ids(rng_, 12, config_.vocab_size), 14);
-  first.presence_penalty = -2.0f;  // repeats rewarded: the prior tokens' counts decide picks
-  first.frequency_penalty = 0.4f;
+  const float scale = logit_scale();
+  first.presence_penalty = -2.0f * scale;  // repeats rewarded: the prior tokens' counts decide picks
+  first.frequency_penalty = 0.4f * scale;
   first.top_logprobs = 2;
   const SequenceId first_id = engine.add_sequence(first);
   const std::vector<StepToken> before = step_until_finished(engine, {first_id}, 20)[first_id];
