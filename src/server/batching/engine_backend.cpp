@@ -49,6 +49,8 @@ void EngineBackend::cancel(SequenceKey key) {
   engine_->remove_sequence(it->second);
   by_engine_id_.erase(it->second);
   engine_id_of_.erase(it);
+  // No step may follow (the last sequence gone): /metrics must show it gone and its pages back now.
+  refresh_gauges();
 }
 
 namespace {
