@@ -12,6 +12,11 @@ import time
 
 PORT = int(sys.argv[1]) if len(sys.argv) > 1 else 8123
 MODEL = sys.argv[2] if len(sys.argv) > 2 else "llama3-8b"
+# "deterministic": the server runs a plan without the fused MLP, whose fp32 partial sums arrive in
+# any order (include/deepfuse/mlp.hpp): then one prompt alone gives one greedy text, and the checks
+# that compare two generations are strict. Otherwise random weights' near-ties can flip and those
+# comparisons are notes.
+DETERMINISTIC = len(sys.argv) > 3 and sys.argv[3] == "deterministic"
 
 
 def post(body, stream=False):
@@ -52,7 +57,16 @@ status, whole = post(body)
 check(status == 200 and whole["usage"]["completion_tokens"] == 32, f"completion: {status} {str(whole)[:200]}")
 status, events = post({**body, "stream": True, "stream_options": {"include_usage": True}}, stream=True)
 text = "".join(e["choices"][0]["text"] for e in events if e["choices"])
-check(text == whole["choices"][0]["text"], "streamed text equals the whole response's (greedy, alone)")
+
+def same_generation(cond, what):
+    if DETERMINISTIC:
+        check(cond, what)
+    else:
+        print(f"note: {what}: {'yes' if cond else 'no (a near-tie flipped; fused MLP sums are not bitwise repeatable)'}",
+              flush=True)
+
+
+same_generation(text == whole["choices"][0]["text"], "streamed text equals the whole response's (greedy, alone)")
 check(events[-1]["usage"]["completion_tokens"] == 32, "usage chunk")
 
 # Logprobs and penalties on the CUDA backend (computed on the GPU's logits): the chosen token's
@@ -63,7 +77,7 @@ check(status == 200 and lps and len(lps["tokens"]) == 32 and all(1 <= len(t) <= 
       f"logprobs=3 (alternatives keyed by text: equal texts merge): {status} {str(lp)[:200]}")
 check(all(abs(lp_ - max(top.values())) < 1e-4 for lp_, top in zip(lps["token_logprobs"], lps["top_logprobs"])),
       "greedy: each token's logprob is its alternatives' largest")
-check(lp["choices"][0]["text"] == whole["choices"][0]["text"], "asking for logprobs leaves the greedy text alone")
+same_generation(lp["choices"][0]["text"] == whole["choices"][0]["text"], "asking for logprobs leaves the greedy text alone")
 status, pen = post({**body, "frequency_penalty": 2.0, "presence_penalty": 1.0})
 check(status == 200 and pen["usage"]["completion_tokens"] == 32, f"penalties: {status} {str(pen)[:200]}")
 print(f"note: penalties {'changed' if pen['choices'][0]['text'] != whole['choices'][0]['text'] else 'did not change'} "
