@@ -17,8 +17,10 @@
 //   consecutive calls is enough: a rank cannot finish call k+1 (so cannot start call k+2, which
 //   writes the slot of call k) before every peer has started call k+1, which is after that peer's
 //   call k (the last reader of that slot's receive area) finished.
-// - The kernel must not be launched as a programmatic dependent (it relies on the previous
-//   kernel on its stream having completed when it starts).
+// - The kernel launches as a programmatic dependent: it may be scheduled while the kernel before
+//   it on the stream finishes, and reads nothing before that kernel completed; the kernel after
+//   it may be scheduled early too and must wait for this grid (griddepcontrol.wait) before reading
+//   `out`, as every programmatic kernel here does.
 // - The signal and receive areas are zeroed once at allocation (a line holding garbage could look
 //   like this call's) and then owned by these kernels. All ranks' kernels of one call run
 //   concurrently (one per GPU), so a grid never exceeds what one GPU keeps resident

@@ -1,5 +1,7 @@
 #include "deepfuse/kernels/one_shot_all_reduce.hpp"
 
+#include "kernels/common/cluster_launch.hpp"
+#include "kernels/common/dependent_launch.cuh"
 #include "kernels/common/pointer_checks.hpp"
 
 namespace deepfuse::kernels {
@@ -38,6 +40,16 @@ __device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* address) {
 }
 
 __device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+
+// Launched as a programmatic dependent, a grid may be scheduled while the kernel before it (the
+// o_proj or MLP that wrote own_input) finishes: nothing is read before its completion. The next
+// kernel (the fused MLP or QKV front) may then be scheduled at once and load its weights while
+// this one waits on its peers; it reads `out` only after this grid completes, and it triggers its
+// own successor only after that, so no kernel runs ahead of an unfinished all-reduce.
+__device__ __forceinline__ void begin_after_upstream() {
+  wait_for_upstream_grids();
+  allow_downstream_launch();
+}
 
 // Posts this block's epoch in slot [b][rank] of every peer's signal area and waits until every
 // peer posted the same epoch (or the next: a fast peer may already be one call ahead) in this
@@ -94,6 +106,7 @@ __device__ __forceinline__ uint4 sum_vector(const uint4 (&loaded)[kRanks]) {
 template <int kRanks>
 __global__ void __launch_bounds__(kThreads) flag_after_data_kernel(const OneShotAllReduceParams p) {
   __shared__ uint32_t shared_epoch;
+  begin_after_upstream();
   const int b = blockIdx.x;
   uint32_t* const own_epoch = p.signals[p.rank] + kEpochBase + b;
   uint32_t epoch = 0;
@@ -238,9 +251,10 @@ __device__ __forceinline__ void store_out_vector(__nv_bfloat16* out, size_t v, s
 // then sums each once its lines from every peer are there.
 template <int kRanks>
 __global__ void __launch_bounds__(kThreads) flags_in_data_kernel(const OneShotAllReduceParams p) {
+  begin_after_upstream();
   uint32_t* const signals = p.signals[p.rank];
-  // Published by the previous call's last block (kernel boundary: visible here); the same in
-  // every block and, the calls being the same on every rank, on every rank.
+  // Published by the previous call's last block (complete and visible once the upstream wait
+  // returned); the same in every block and, the calls being the same on every rank, on every rank.
   uint32_t epoch = signals[kLineEpochWord] + 1;
   if (epoch == 0) epoch = 1;  // never-written lines hold 0
   const size_t vectors = (p.elements + kElementsPerVector - 1) / kElementsPerVector;
@@ -314,12 +328,11 @@ bool valid(const OneShotAllReduceParams& p, OneShotProtocol protocol) {
 }
 
 template <int kRanks>
-void launch(const OneShotAllReduceParams& p, OneShotProtocol protocol, cudaStream_t stream) {
-  const int blocks = one_shot_blocks(p.elements, protocol);
-  if (protocol == OneShotProtocol::flags_in_data)
-    flags_in_data_kernel<kRanks><<<blocks, kThreads, 0, stream>>>(p);
-  else
-    flag_after_data_kernel<kRanks><<<blocks, kThreads, 0, stream>>>(p);
+cudaError_t launch(const OneShotAllReduceParams& p, OneShotProtocol protocol, cudaStream_t stream) {
+  const ClusterLaunch launch(one_shot_blocks(p.elements, protocol), kThreads, 0, /*cluster=*/1, stream,
+                             /*programmatic=*/true);
+  return protocol == OneShotProtocol::flags_in_data ? cudaLaunchKernelEx(&launch.config, flags_in_data_kernel<kRanks>, p)
+                                                    : cudaLaunchKernelEx(&launch.config, flag_after_data_kernel<kRanks>, p);
 }
 
 }  // namespace
@@ -353,16 +366,18 @@ cudaError_t launch_one_shot_all_reduce(const OneShotAllReduceParams& p, cudaStre
   const OneShotProtocol protocol = resolve(p);
   if (!valid(p, protocol)) return cudaErrorInvalidValue;
   if (p.elements == 0) return cudaSuccess;
+  cudaError_t launched = cudaSuccess;
   switch (p.ranks) {
-    case 1: launch<1>(p, protocol, stream); break;
-    case 2: launch<2>(p, protocol, stream); break;
-    case 3: launch<3>(p, protocol, stream); break;
-    case 4: launch<4>(p, protocol, stream); break;
-    case 5: launch<5>(p, protocol, stream); break;
-    case 6: launch<6>(p, protocol, stream); break;
-    case 7: launch<7>(p, protocol, stream); break;
-    default: launch<8>(p, protocol, stream); break;
+    case 1: launched = launch<1>(p, protocol, stream); break;
+    case 2: launched = launch<2>(p, protocol, stream); break;
+    case 3: launched = launch<3>(p, protocol, stream); break;
+    case 4: launched = launch<4>(p, protocol, stream); break;
+    case 5: launched = launch<5>(p, protocol, stream); break;
+    case 6: launched = launch<6>(p, protocol, stream); break;
+    case 7: launched = launch<7>(p, protocol, stream); break;
+    default: launched = launch<8>(p, protocol, stream); break;
   }
+  if (launched != cudaSuccess) return launched;
   return cudaGetLastError();
 }
 
