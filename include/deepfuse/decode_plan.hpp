@@ -23,8 +23,10 @@ enum class FrontChoice { fused, unfused };
 enum class OProjChoice { gemv, cublaslt };
 // Tensor parallel: how each block's two sums over the ranks run: NCCL's all-reduce, or the
 // one-shot all-reduce over NVLink peer memory (deepfuse/kernels/one_shot_all_reduce.hpp), which
-// needs peer access between the GPUs. One GPU: unused.
-enum class AllReduceChoice { nccl, one_shot };
+// needs peer access between the GPUs: with a flag after the data, with flags in the data, or
+// (one_shot) whichever of the two its built-in size rule picks. A TP engine times NCCL and both
+// protocols per bucket at start and keeps the fastest. One GPU: unused.
+enum class AllReduceChoice { nccl, one_shot, one_shot_flag, one_shot_lines };
 // Where the decode attention's splits merge (kernels::SplitMerge).
 enum class MergeChoice { automatic, workspace, cluster };
 

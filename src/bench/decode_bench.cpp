@@ -190,13 +190,14 @@ void run_decode_case(Engine& engine, const std::string& arch, int batch, int con
   nlohmann::json all_reduce_json = nullptr;
   if (const runtime::AllReduceTiming* t = all_reduce_timing(engine, batch); t && tp > 1) {
     const AllReduceChoice choice = engine.plan().bucket_for(batch).all_reduce;
-    const double us = choice == AllReduceChoice::one_shot ? t->one_shot_us : t->nccl_us;
+    const double us = t->us(choice);
     const double share = us > 0 ? 100.0 * 2 * config.num_hidden_layers * us / (ms * 1e3) : 0.0;
     all_reduce_text = us > 0 ? std::string(choice_name(choice)) + " " + format_fixed(us, 1) + "us " +
                                    format_fixed(share, 1) + "%"
                              : choice_name(choice);
-    all_reduce_json = {{"choice", choice_name(choice)}, {"us_per_call", us}, {"nccl_us", t->nccl_us},
-                       {"one_shot_us", t->one_shot_us}, {"share_of_step_pct", share}};
+    all_reduce_json = {{"choice", choice_name(choice)},   {"us_per_call", us},
+                       {"nccl_us", t->nccl_us},           {"one_shot_flag_us", t->flag_us},
+                       {"one_shot_lines_us", t->lines_us}, {"share_of_step_pct", share}};
   }
   report.decode.add({arch, std::to_string(batch), std::to_string(context), format_fixed(ms, 3),
                      format_fixed(1e3 / ms, 1), format_fixed(batch * 1e3 / ms, 1), format_fixed(roofline_ms, 3),

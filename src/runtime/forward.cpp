@@ -188,9 +188,12 @@ void ForwardPass::output_projection(const GpuLayerWeights& w, int tokens, bool g
 void ForwardPass::all_reduce(int slot, int tokens, AllReduceChoice choice, cudaStream_t stream) {
   const size_t elements = static_cast<size_t>(tokens) * config_.hidden_size;
   auto* residual = buffers_.residual.as<__nv_bfloat16>();
-  if (choice == AllReduceChoice::one_shot && link_->one_shot && elements <= link_->one_shot->exchange_elements()) {
-    DF_CHECK_CUDA(kernels::launch_one_shot_all_reduce(
-        link_->one_shot->params(link_->shard.rank, slot, elements, residual), stream));
+  if (choice != AllReduceChoice::nccl && link_->one_shot && elements <= link_->one_shot->exchange_elements()) {
+    kernels::OneShotAllReduceParams p = link_->one_shot->params(link_->shard.rank, slot, elements, residual);
+    p.protocol = choice == AllReduceChoice::one_shot_flag    ? kernels::OneShotProtocol::flag_after_data
+                 : choice == AllReduceChoice::one_shot_lines ? kernels::OneShotProtocol::flags_in_data
+                                                             : kernels::OneShotProtocol::automatic;
+    DF_CHECK_CUDA(kernels::launch_one_shot_all_reduce(p, stream));
     return;
   }
   dist::all_reduce_sum(link_->comm, link_->partial[slot], residual, elements, stream);

@@ -131,7 +131,7 @@ class ForwardPass {
   std::vector<GemmTuning> tune_decode_gemms(cudaStream_t stream);
 
   // Tensor parallel: the all-reduce that sums every rank's partial[slot] (link) of `tokens` rows
-  // into the residual stream; `choice` one_shot falls back to NCCL beyond the peer buffers.
+  // into the residual stream; a one-shot `choice` falls back to NCCL beyond the peer buffers.
   void all_reduce(int slot, int tokens, AllReduceChoice choice, cudaStream_t stream);
 
   // Tensor parallel: one eager call of each collective the steps run, at the smallest and largest

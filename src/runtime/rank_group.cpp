@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <iterator>
 
 #include "deepfuse/error.hpp"
 #include "core/cuda_event.hpp"
@@ -194,8 +195,10 @@ std::unique_ptr<RankGroup> RankGroup::build(const ModelConfig& model, const Engi
   return group;
 }
 
-// Per decode bucket, NCCL against the one-shot all-reduce at the bucket's message size, unless a
-// plan override fixed it; every rank takes the same choice (a mismatch would hang).
+// Per decode bucket, NCCL against both one-shot protocols at the bucket's message size, unless a
+// plan override fixed it: which is fastest differs between machines (on 4 H100s flags in the data
+// win small messages by 1.5 us, on 4 H200s the flag protocol is as fast or faster; docs/dist.md).
+// Every rank takes the same choice, from the slowest rank's times (a mismatch would hang).
 void RankGroup::choose_all_reduce() {
   Engine::Impl& first = lead();
   const auto& overrides = first.options.plan_overrides;
@@ -210,28 +213,29 @@ void RankGroup::choose_all_reduce() {
     });
     return;
   }
-  std::vector<std::vector<double>> us(size(), std::vector<double>(2 * buckets, 0.0));
+  constexpr AllReduceChoice kCandidates[] = {AllReduceChoice::nccl, AllReduceChoice::one_shot_flag,
+                                             AllReduceChoice::one_shot_lines};
+  constexpr int kCount = static_cast<int>(std::size(kCandidates));
+  std::vector<std::vector<double>> us(size(), std::vector<double>(kCount * buckets, 0.0));
   run([&](Engine::Impl& s) {
     for (int b = 0; b < buckets; ++b)
-      for (int c = 0; c < 2; ++c)
-        us[s.link.shard.rank][2 * b + c] =
-            s.time_all_reduce(s.plan.buckets[b].batch, c == 0 ? AllReduceChoice::nccl : AllReduceChoice::one_shot,
-                              kTimedCalls, kTimedReplays);
+      for (int c = 0; c < kCount; ++c)
+        us[s.link.shard.rank][kCount * b + c] =
+            s.time_all_reduce(s.plan.buckets[b].batch, kCandidates[c], kTimedCalls, kTimedReplays);
   });
-  std::string chosen;
+  std::vector<AllReduceChoice> chosen(buckets, AllReduceChoice::nccl);
   for (int b = 0; b < buckets; ++b) {
     AllReduceTiming& t = timings_[b];
     t.batch = first.plan.buckets[b].batch;
-    for (int r = 0; r < size(); ++r) {
-      t.nccl_us = std::max(t.nccl_us, us[r][2 * b]);
-      t.one_shot_us = std::max(t.one_shot_us, us[r][2 * b + 1]);
-    }
+    double* const fields[kCount] = {&t.nccl_us, &t.flag_us, &t.lines_us};
+    for (int c = 0; c < kCount; ++c)
+      for (int r = 0; r < size(); ++r) *fields[c] = std::max(*fields[c], us[r][kCount * b + c]);
+    for (AllReduceChoice candidate : kCandidates)
+      if (t.us(candidate) < t.us(chosen[b])) chosen[b] = candidate;
   }
   run([&](Engine::Impl& s) {
-    for (int b = 0; b < buckets; ++b)
-      s.plan.buckets[b].all_reduce =
-          timings_[b].one_shot_us < timings_[b].nccl_us ? AllReduceChoice::one_shot : AllReduceChoice::nccl;
-    s.plan.source += "; all-reduce per bucket timed at start (NCCL vs one-shot)";
+    for (int b = 0; b < buckets; ++b) s.plan.buckets[b].all_reduce = chosen[b];
+    s.plan.source += "; all-reduce per bucket timed at start (NCCL vs both one-shot protocols)";
   });
 }
 

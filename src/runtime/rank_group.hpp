@@ -47,7 +47,16 @@ class RankThreads {
 // All-reduce times measured at engine start, per decode bucket (µs per call, the slowest rank's).
 struct AllReduceTiming {
   int batch = 0;
-  double nccl_us = 0, one_shot_us = 0;  // 0: not timed (no peer access, or overridden)
+  // 0: not timed (no peer access, or overridden). flag / lines: the one-shot all-reduce with a flag
+  // after the data / with flags in the data.
+  double nccl_us = 0, flag_us = 0, lines_us = 0;
+  // The time of `choice` (0 where not timed, one_shot's size rule included).
+  double us(AllReduceChoice choice) const {
+    return choice == AllReduceChoice::nccl             ? nccl_us
+           : choice == AllReduceChoice::one_shot_flag  ? flag_us
+           : choice == AllReduceChoice::one_shot_lines ? lines_us
+                                                       : 0.0;
+  }
 };
 
 class RankGroup {

@@ -39,7 +39,15 @@ bool DecodePlan::uses(OProjChoice o_proj) const {
 const char* choice_name(MlpChoice choice) { return choice == MlpChoice::fused ? "fused" : "unfused"; }
 const char* choice_name(FrontChoice choice) { return choice == FrontChoice::fused ? "fused" : "unfused"; }
 const char* choice_name(OProjChoice choice) { return choice == OProjChoice::gemv ? "gemv" : "cublaslt"; }
-const char* choice_name(AllReduceChoice choice) { return choice == AllReduceChoice::nccl ? "nccl" : "one_shot"; }
+const char* choice_name(AllReduceChoice choice) {
+  switch (choice) {
+    case AllReduceChoice::nccl: return "nccl";
+    case AllReduceChoice::one_shot: return "one_shot";
+    case AllReduceChoice::one_shot_flag: return "one_shot_flag";
+    case AllReduceChoice::one_shot_lines: return "one_shot_lines";
+  }
+  return "?";
+}
 const char* choice_name(MergeChoice choice) {
   switch (choice) {
     case MergeChoice::automatic: return "automatic";
@@ -76,7 +84,10 @@ std::string bad_value(const std::string& op, std::string_view value) {
   if (op == "attention.merge")
     return one_of(value, {"automatic", "workspace", "cluster"}) ? "" : "automatic, workspace or cluster";
   if (op == "attention.short_context") return one_of(value, {"on", "off"}) ? "" : "on or off";
-  if (op == "all_reduce") return one_of(value, {"nccl", "one_shot"}) ? "" : "nccl or one_shot";
+  if (op == "all_reduce")
+    return one_of(value, {"nccl", "one_shot", "one_shot_flag", "one_shot_lines"})
+               ? ""
+               : "nccl, one_shot, one_shot_flag or one_shot_lines";
   if (op == "attention.warps") return one_of(value, {"auto", "0", "4", "8"}) ? "" : "auto, 4 or 8";
   // attention.splits
   if (value == "auto") return "";

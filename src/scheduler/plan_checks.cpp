@@ -80,7 +80,8 @@ void set_choice(BucketPlan& bucket, const PlanOverride& o) {
       throw Error("plan override '" + o.text + "': bad value '" + o.value + "' for " + o.op);
     bucket.attention.short_context = o.value == "on";
   } else if (o.op == "all_reduce") {
-    bucket.all_reduce = choice_of(o, {AllReduceChoice::nccl, AllReduceChoice::one_shot});
+    bucket.all_reduce = choice_of(o, {AllReduceChoice::nccl, AllReduceChoice::one_shot, AllReduceChoice::one_shot_flag,
+                                      AllReduceChoice::one_shot_lines});
   } else {
     throw Error("plan override '" + o.text + "': unknown op '" + o.op + "'");
   }

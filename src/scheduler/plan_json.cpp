@@ -94,7 +94,9 @@ DecodePlan plan_from_json_value(const nlohmann::json& j) {
     bucket.attention.short_context = short_context.get<bool>();
     if (b.contains("all_reduce"))
       bucket.all_reduce =
-          choice_from(b["all_reduce"], "all_reduce", {AllReduceChoice::nccl, AllReduceChoice::one_shot});
+          choice_from(b["all_reduce"], "all_reduce",
+                      {AllReduceChoice::nccl, AllReduceChoice::one_shot, AllReduceChoice::one_shot_flag,
+                       AllReduceChoice::one_shot_lines});
     plan.buckets.push_back(bucket);
   }
   return plan;

@@ -266,8 +266,11 @@ TEST(PlanJson, TensorParallelFields) {
   EXPECT_EQ(plan_to_json(plan).find("all_reduce"), std::string::npos);
   plan.tensor_parallel = 4;
   plan.buckets[0].all_reduce = AllReduceChoice::one_shot;
+  plan.buckets[1].all_reduce = AllReduceChoice::one_shot_lines;
+  plan.buckets[2].all_reduce = AllReduceChoice::one_shot_flag;
   const std::string text = plan_to_json(plan);
   EXPECT_NE(text.find("\"all_reduce\": \"one_shot\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"all_reduce\": \"one_shot_lines\""), std::string::npos) << text;
   EXPECT_EQ(plan_from_json(text), plan);
   EXPECT_NE(describe(plan).find("all_reduce"), std::string::npos);
   auto j = nlohmann::json::parse(text);
