@@ -278,7 +278,7 @@ void ForwardPass::decode_step(const BucketPlan& bucket, const kernels::DecodeAtt
   DF_CHECK(!pending, "the last block's MLP sum must reach the residual stream");
   final_norm(0, batch, stream);
   lm_head(0, batch, stream);
-  sample(0, batch, stream, host_sampled, penalties ? Penalties::count_fed : Penalties::off);
+  sample(0, batch, stream, host_sampled, penalties, Source::decode_step);
 }
 
 void ForwardPass::prefill_chunk(int row, int start, int tokens, cudaStream_t stream) {
@@ -323,28 +323,30 @@ void ForwardPass::lm_head(int first_row, int rows, cudaStream_t stream) {
   }
 }
 
-void ForwardPass::sample(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids, Penalties penalties) {
+void ForwardPass::sample(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids, bool penalized,
+                         Source source) {
   if (split()) {
     // Rank 0 samples; every rank then feeds its ids (one sampler: no two draws can differ).
     int32_t* ids = buffers_.decode_ids() + first_entry;
-    if (rank_zero()) sample_here(first_entry, batch, stream, host_ids, penalties);
+    if (rank_zero()) sample_here(first_entry, batch, stream, host_ids, penalized, source);
     dist::broadcast(link_->comm, ids, ids, batch, 0, stream);
     if (!rank_zero() && host_ids)
       DF_CHECK_CUDA(cudaMemcpyAsync(host_ids, ids, batch * sizeof(int32_t), cudaMemcpyDeviceToDevice, stream));
     return;
   }
-  sample_here(first_entry, batch, stream, host_ids, penalties);
+  sample_here(first_entry, batch, stream, host_ids, penalized, source);
 }
 
-void ForwardPass::sample_here(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids,
-                              Penalties penalties) {
-  if (penalties != Penalties::off) {
-    // Before the sampler overwrites decode_ids with this step's tokens: they still hold the fed ones.
+void ForwardPass::sample_here(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids, bool penalized,
+                              Source source) {
+  // Before the sampler overwrites decode_ids with this step's tokens they still hold the fed ones.
+  const int32_t* fed_ids = source == Source::decode_step ? buffers_.decode_ids() + first_entry : nullptr;
+  if (penalized) {
     kernels::TokenPenaltyParams t;
     t.logits = buffers_.logits.as<float>();
     t.counts = buffers_.counts_row(first_entry);
     t.slots = buffers_.penalties() + first_entry;
-    t.fed_ids = penalties == Penalties::count_fed ? buffers_.decode_ids() + first_entry : nullptr;
+    t.fed_ids = fed_ids;
     t.batch = batch;
     t.vocab = config_.vocab_size;
     DF_CHECK_CUDA(kernels::launch_token_penalties(t, stream));
@@ -354,6 +356,7 @@ void ForwardPass::sample_here(int first_entry, int batch, cudaStream_t stream, i
   p.slots = buffers_.slots() + first_entry;
   p.ids = buffers_.decode_ids() + first_entry;
   p.host_ids = host_ids;
+  p.fed_ids = fed_ids;
   p.workspace = buffers_.sampling_workspace.data();
   p.batch = batch;
   p.vocab = config_.vocab_size;

@@ -113,16 +113,16 @@ class ForwardPass {
   // lm_head of normed rows [first_row, first_row + rows) -> fp32 logits rows 0..rows-1 (tensor
   // parallel: each rank's vocabulary slice, gathered; the whole rows on rank 0 only).
   void lm_head(int first_row, int rows, cudaStream_t stream);
-  // How sample() applies the presence/frequency penalties of the entries' PenaltySlots first:
-  // not at all, or on the counts as they are (a prefill's first token), or after adding the ids
-  // the entries were fed (a decode step: decode_ids, the tokens they generated last).
-  enum class Penalties { off, on, count_fed };
+  // What sample() samples: a prompt's first token, or a decode step, whose entries were fed
+  // decode_ids (the tokens they generated last; -1 where an entry sat the step out). A decode
+  // step's penalties first count the fed ids, and an entry that sat out keeps its draw index.
+  enum class Source { prompt, decode_step };
   // Samples logits rows 0..batch-1 with the slots of entries first_entry.. and writes the ids
-  // into decode_ids[first_entry..] (and into host_ids[0..batch-1] when given: mapped pinned memory).
+  // into decode_ids[first_entry..] (and into host_ids[0..batch-1] when given: mapped pinned memory),
+  // after the presence/frequency penalties of the entries' PenaltySlots when `penalized`.
   // Tensor parallel: rank 0 penalizes, samples and broadcasts the ids, so every rank feeds the
   // same tokens.
-  void sample(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids = nullptr,
-              Penalties penalties = Penalties::off);
+  void sample(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids, bool penalized, Source source);
 
   // Times cuBLASLt's candidate algorithms for every GEMM the decode steps of these batch buckets
   // run through cuBLASLt (per bucket: lm_head, and where the fused kernels do not serve it the
@@ -175,7 +175,7 @@ class ForwardPass {
   void output_projection(const GpuLayerWeights& w, int tokens, bool gemv, float* pending, cudaStream_t stream);
   void attend(const kernels::PagedKv& kv, int tokens, const Attention& attention, cudaStream_t stream);
   void rms_norm(const __nv_bfloat16* weight, int first_row, int rows, cudaStream_t stream);
-  void sample_here(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids, Penalties penalties);
+  void sample_here(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids, bool penalized, Source source);
   // Tensor parallel: whether this rank samples and adds the residual.
   bool split() const { return link_ != nullptr; }
   bool rank_zero() const { return !link_ || link_->shard.rank == 0; }

@@ -203,8 +203,8 @@ void Engine::Impl::prefill_queued(std::vector<StepToken>& out) {
       if (first + chunk < prompt) return;
       forward->final_norm(chunk - 1, 1, stream());
       forward->lm_head(0, 1, stream());
-      using Penalties = runtime::ForwardPass::Penalties;
-      forward->sample(row, 1, stream(), nullptr, kernels::penalized(sequence.penalties) ? Penalties::on : Penalties::off);
+      forward->sample(row, 1, stream(), nullptr, kernels::penalized(sequence.penalties),
+                      runtime::ForwardPass::Source::prompt);
       if (sequence.top_logprobs >= 0 && samples_here())  // the logits it was sampled from, penalized
         DF_CHECK_CUDA(cudaMemcpyAsync(logits_host(prefill_logits).as<float>() + row * vocab, buffers->logits.data(),
                                       vocab * sizeof(float), cudaMemcpyDeviceToHost, stream()));

@@ -41,6 +41,10 @@ struct SamplingParams {
   SamplingSlot* slots = nullptr;   // [batch]
   int32_t* ids = nullptr;          // [batch] sampled ids
   int32_t* host_ids = nullptr;     // [batch] or null: the ids also written here (mapped pinned host memory)
+  // Decode steps: the ids the step fed ([batch]; may be `ids` itself, read before it is written).
+  // A row fed a negative id sat the step out: its draw index (slot step) stays, so a sequence's
+  // draws count its own tokens only, as reference::sample's step does. Null: every row advances.
+  const int32_t* fed_ids = nullptr;
   void* workspace = nullptr;       // sampling_workspace_bytes(batch, vocab); no zeroing needed
   int batch = 0;
   int vocab = 0;

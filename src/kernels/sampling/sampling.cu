@@ -638,10 +638,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<C, R>) sampling_kern
   }
 
   if (blockIdx.x % C == 0 && threadIdx.x == 0) {
+    const bool sat_out = p.fed_ids && p.fed_ids[sequence] < 0;  // read before ids (maybe the same row) is written
     const int32_t id = chosen >= 0 ? chosen : 0;
     p.ids[sequence] = id;
     if (p.host_ids) __stwt(p.host_ids + sequence, id);  // straight to the host: no copy after the step
-    p.slots[sequence].step = slot.step + 1;
+    if (!sat_out) p.slots[sequence].step = slot.step + 1;
   }
   cluster_barrier<C>();  // no block leaves while another may still read its shared memory
 }

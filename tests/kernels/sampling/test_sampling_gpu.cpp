@@ -296,6 +296,50 @@ TEST(SamplingGpu, TiesAtTheTopPAndTopKBoundaries) {
 
 // Captured once, replayed: each replay draws the next step, and slot changes made between
 // replays (in device memory) take effect.
+// A decode step's rows fed a negative id sat it out: they keep their draw index, the others draw
+// at theirs and advance, whether the fed ids are a buffer of their own or the ids the sampler
+// overwrites (as the engine passes decode_ids); every row's id is written either way.
+TEST(SamplingGpu, RowsThatSatOutKeepTheirDrawIndex) {
+  DF_REQUIRE_GPU();
+  auto rng = testing::make_rng(707);
+  const int vocab = 5003, batch = 4;
+  std::vector<float> logits;
+  for (int b = 0; b < batch; ++b) {
+    const std::vector<float> row = llm_like_logits(rng, vocab);
+    logits.insert(logits.end(), row.begin(), row.end());
+  }
+  const std::vector<SamplingSlot> slots =
+      slots_for(rng, {{0.9f, 0, 1.0f, 0.0f}, {0.9f, 0, 1.0f, 0.0f}, {0.0f, 0, 1.0f, 0.0f}, {1.2f, 50, 0.9f, 0.0f}});
+  const std::vector<int32_t> fed = {17, -1, 3, -1};
+  for (bool aliased : {false, true}) {
+    SCOPED_TRACE(aliased ? "fed ids are the ids" : "fed ids of their own");
+    DeviceBuffer logits_dev = DeviceBuffer::from_host(logits);
+    DeviceBuffer slots_dev = DeviceBuffer::from_host(slots);
+    DeviceBuffer fed_dev = DeviceBuffer::from_host(fed);
+    DeviceBuffer ids_dev = DeviceBuffer::from_host(aliased ? fed : std::vector<int32_t>(batch, kPoisonId));
+    DeviceBuffer workspace(std::max<size_t>(kernels::sampling_workspace_bytes(batch, vocab), 1));
+    kernels::SamplingParams params;
+    params.logits = logits_dev.as<float>();
+    params.slots = slots_dev.as<SamplingSlot>();
+    params.ids = ids_dev.as<int32_t>();
+    params.fed_ids = aliased ? ids_dev.as<int32_t>() : fed_dev.as<int32_t>();
+    params.workspace = workspace.data();
+    params.batch = batch;
+    params.vocab = vocab;
+    DF_CHECK_CUDA(kernels::launch_sampling(params, nullptr));
+    DF_CHECK_CUDA(cudaDeviceSynchronize());
+    const auto ids = ids_dev.to_host<int32_t>(batch);
+    const auto after = slots_dev.to_host<SamplingSlot>(batch);
+    for (int b = 0; b < batch; ++b) {
+      EXPECT_TRUE(ids[b] >= 0 && ids[b] < vocab) << "row " << b << ": id " << ids[b];
+      EXPECT_EQ(after[b].step, slots[b].step + (fed[b] >= 0 ? 1 : 0)) << "row " << b;
+      const std::span<const float> row(logits.data() + static_cast<size_t>(b) * vocab, vocab);
+      if (fed[b] >= 0 && slots[b].temperature > 0.0f)  // drew at its own index
+        EXPECT_GT(reference::sampling_distribution(row, reference_params(slots[b]), {})[ids[b]], 0.0) << "row " << b;
+    }
+  }
+}
+
 TEST(SamplingGpu, GraphReplayDrawsTheNextSteps) {
   DF_REQUIRE_GPU();
   auto rng = testing::make_rng(706);
