@@ -179,7 +179,8 @@ struct Engine::Impl {
   // ---- scoring (score.cpp)
   std::vector<std::vector<float>> score_batch(const std::vector<std::vector<int32_t>>& sequences,
                                               const std::vector<int>& prefill_tokens);
-  // Final norm + lm_head of residual rows 0..tokens-1, fp32 logits to `out` (tokens x vocab).
+  // Final norm + lm_head of residual rows 0..tokens-1, fp32 logits to `out` (tokens x vocab;
+  // null: computed, not copied: a tensor-parallel rank other than 0).
   void logits_of_chunk(int tokens, float* out);
 
   ModelConfig config;

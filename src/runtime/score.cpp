@@ -34,10 +34,11 @@ void Engine::Impl::logits_of_chunk(int tokens, float* out) {
   forward->final_norm(0, tokens, stream());
   for (int first = 0; first < tokens; first += buffers->logits_rows) {
     const int rows = std::min(buffers->logits_rows, tokens - first);
-    forward->lm_head(first, rows, stream());
+    forward->lm_head(first, rows, stream());  // every rank: its all-gather takes part in the collective
     // Stream order keeps this copy ahead of the next group's lm_head, which reuses the buffer.
-    DF_CHECK_CUDA(cudaMemcpyAsync(out + first * vocab, buffers->logits.data(), rows * vocab * sizeof(float),
-                                  cudaMemcpyDeviceToHost, stream()));
+    if (out)
+      DF_CHECK_CUDA(cudaMemcpyAsync(out + first * vocab, buffers->logits.data(), rows * vocab * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream()));
   }
   DF_CHECK_CUDA(cudaStreamSynchronize(stream()));
 }
@@ -79,17 +80,22 @@ std::vector<std::vector<float>> Engine::Impl::score_batch(const std::vector<std:
     }
   } guard{*kv};
   const size_t vocab = config.vocab_size;
+  // Tensor parallel: only rank 0 holds whole logits rows; the others run the same passes (their
+  // collectives must take part) and keep nothing, so no rank but 0 holds a host copy.
+  const bool keep = samples_here();
   std::vector<std::vector<float>> logits(count);
   for (int i = 0; i < count; ++i) {
     const int row = kv->add_row();
     ++guard.rows;
     kv->reserve(row, static_cast<int>(sequences[i].size()));  // every position, checked above
     upload_slot(row, SamplingParams{});             // sampled ids are ignored: greedy
-    logits[i].resize(sequences[i].size() * vocab);
+    if (keep) logits[i].resize(sequences[i].size() * vocab);
   }
   for (int i = 0; i < count; ++i) {
     const std::span<const int32_t> prompt(sequences[i].data(), prefill_tokens[i]);
-    prefill(i, prompt, 0, [&](int first, int tokens) { logits_of_chunk(tokens, logits[i].data() + first * vocab); });
+    prefill(i, prompt, 0, [&](int first, int tokens) {
+      logits_of_chunk(tokens, keep ? logits[i].data() + first * vocab : nullptr);
+    });
   }
 
   int steps = 0;
@@ -104,7 +110,7 @@ std::vector<std::vector<float>> Engine::Impl::score_batch(const std::vector<std:
       id = sequences[row][position];
       return true;
     });
-    for (int row = 0; row < count; ++row)
+    for (int row = 0; row < count && keep; ++row)
       if (has_id(row))
         DF_CHECK_CUDA(cudaMemcpyAsync(logits[row].data() + position_of(row) * vocab,
                                       buffers->logits.as<float>() + row * vocab, vocab * sizeof(float),
