@@ -223,18 +223,15 @@ void RankGroup::choose_all_reduce() {
         us[s.link.shard.rank][kCount * b + c] =
             s.time_all_reduce(s.plan.buckets[b].batch, kCandidates[c], kTimedCalls, kTimedReplays);
   });
-  std::vector<AllReduceChoice> chosen(buckets, AllReduceChoice::nccl);
   for (int b = 0; b < buckets; ++b) {
     AllReduceTiming& t = timings_[b];
     t.batch = first.plan.buckets[b].batch;
     double* const fields[kCount] = {&t.nccl_us, &t.flag_us, &t.lines_us};
     for (int c = 0; c < kCount; ++c)
       for (int r = 0; r < size(); ++r) *fields[c] = std::max(*fields[c], us[r][kCount * b + c]);
-    for (AllReduceChoice candidate : kCandidates)
-      if (t.us(candidate) < t.us(chosen[b])) chosen[b] = candidate;
   }
   run([&](Engine::Impl& s) {
-    for (int b = 0; b < buckets; ++b) s.plan.buckets[b].all_reduce = chosen[b];
+    for (int b = 0; b < buckets; ++b) s.plan.buckets[b].all_reduce = timings_[b].fastest();
     s.plan.source += "; all-reduce per bucket timed at start (NCCL vs both one-shot protocols)";
   });
 }

@@ -57,6 +57,13 @@ struct AllReduceTiming {
            : choice == AllReduceChoice::one_shot_lines ? lines_us
                                                        : 0.0;
   }
+  // The fastest of the three timed, NCCL on ties and where a one-shot protocol was not timed.
+  AllReduceChoice fastest() const {
+    AllReduceChoice best = AllReduceChoice::nccl;
+    for (AllReduceChoice candidate : {AllReduceChoice::one_shot_flag, AllReduceChoice::one_shot_lines})
+      if (us(candidate) > 0 && us(candidate) < us(best)) best = candidate;
+    return best;
+  }
 };
 
 class RankGroup {

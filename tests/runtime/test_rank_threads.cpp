@@ -1,5 +1,6 @@
 // The tensor-parallel engine's threads (runtime/rank_group.hpp): every rank runs each task on its
-// own thread, all at once, and the call waits for all; a rank's exception comes back by rank.
+// own thread, all at once, and the call waits for all; a rank's exception comes back by rank. And
+// the all-reduce each bucket keeps from the times measured at engine start.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -60,6 +61,25 @@ TEST(RankThreads, ExceptionsComeBackByRank) {
   std::atomic<int> ran{0};
   for (const auto& e : threads.run([&](int) { ++ran; })) EXPECT_FALSE(e);
   EXPECT_EQ(ran.load(), 3);
+}
+
+// The all-reduce a bucket keeps: the fastest of NCCL and the two one-shot protocols as timed at
+// engine start (the slowest rank's times), NCCL on ties.
+TEST(AllReduceTiming, TheFastestTimedChoiceWins) {
+  auto timing = [](double nccl, double flag, double lines) {
+    AllReduceTiming t;
+    t.nccl_us = nccl, t.flag_us = flag, t.lines_us = lines;
+    return t;
+  };
+  EXPECT_EQ(timing(9.37, 6.17, 4.61).fastest(), AllReduceChoice::one_shot_lines);  // 4 x H100, 8 KiB
+  EXPECT_EQ(timing(10.23, 4.50, 4.62).fastest(), AllReduceChoice::one_shot_flag);  // 4 x H200, 16 KiB
+  EXPECT_EQ(timing(13.78, 11.30, 24.35).fastest(), AllReduceChoice::one_shot_flag);
+  EXPECT_EQ(timing(5.0, 6.0, 7.0).fastest(), AllReduceChoice::nccl);
+  EXPECT_EQ(timing(5.0, 5.0, 5.0).fastest(), AllReduceChoice::nccl);
+  EXPECT_EQ(timing(5.0, 4.0, 4.0).fastest(), AllReduceChoice::one_shot_flag);
+  EXPECT_EQ(timing(5.0, 0.0, 0.0).fastest(), AllReduceChoice::nccl);  // not timed (no peer access)
+  EXPECT_DOUBLE_EQ(timing(1, 2, 3).us(AllReduceChoice::one_shot_lines), 3.0);
+  EXPECT_DOUBLE_EQ(timing(1, 2, 3).us(AllReduceChoice::one_shot), 0.0);  // its size rule is not timed
 }
 
 }  // namespace
