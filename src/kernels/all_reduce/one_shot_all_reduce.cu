@@ -300,11 +300,15 @@ size_t lines_for(size_t elements) {
   return (elements + kElementsPerVector - 1) / kElementsPerVector * kLinesPerVector;
 }
 
+// What automatic runs: flags_in_data for small messages whose lines the line areas hold.
+OneShotProtocol automatic_protocol(size_t elements, int ranks, bool lines_fit) {
+  const bool small = elements * sizeof(__nv_bfloat16) <= flags_in_data_max_bytes(ranks);
+  return small && lines_fit ? OneShotProtocol::flags_in_data : OneShotProtocol::flag_after_data;
+}
+
 OneShotProtocol resolve(const OneShotAllReduceParams& p) {
   if (p.protocol != OneShotProtocol::automatic) return p.protocol;
-  const bool small = p.elements * sizeof(__nv_bfloat16) <= flags_in_data_max_bytes(p.ranks);
-  return small && p.lines[0] && p.line_stride >= lines_for(p.elements) ? OneShotProtocol::flags_in_data
-                                                                          : OneShotProtocol::flag_after_data;
+  return automatic_protocol(p.elements, p.ranks, p.lines[0] && p.line_stride >= lines_for(p.elements));
 }
 
 bool valid(const OneShotAllReduceParams& p, OneShotProtocol protocol) {
@@ -344,12 +348,7 @@ int one_shot_max_blocks() { return kMaxBlocks; }
 size_t one_shot_lines(size_t elements) { return lines_for(elements); }
 
 OneShotProtocol one_shot_automatic_protocol(size_t elements, int ranks) {
-  OneShotAllReduceParams p;  // line areas that hold the message
-  p.elements = elements;
-  p.ranks = ranks;
-  p.lines[0] = reinterpret_cast<uint4*>(alignof(uint4));
-  p.line_stride = lines_for(elements);
-  return resolve(p);
+  return automatic_protocol(elements, ranks, /*lines_fit=*/true);
 }
 
 int one_shot_blocks(size_t elements, OneShotProtocol protocol) {
