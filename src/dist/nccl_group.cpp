@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "core/current_device_guard.hpp"
 #include "deepfuse/error.hpp"
 
 namespace deepfuse::dist {
@@ -26,13 +27,6 @@ std::string device_list(const std::vector<int>& devices) {
   }
   return text + ']';
 }
-
-// Restores the calling thread's current device when construction returns or throws.
-struct CurrentDeviceGuard {
-  int device = 0;
-  CurrentDeviceGuard() { DF_CHECK_CUDA(cudaGetDevice(&device)); }
-  ~CurrentDeviceGuard() { cudaSetDevice(device); }  // nothing to report from a destructor
-};
 
 }  // namespace
 

@@ -6,17 +6,11 @@
 #include <string>
 #include <utility>
 
+#include "core/current_device_guard.hpp"
 #include "deepfuse/error.hpp"
 
 namespace deepfuse::dist {
 namespace {
-
-// Restores the calling thread's current device on scope exit.
-struct CurrentDeviceGuard {
-  int device = 0;
-  CurrentDeviceGuard() { DF_CHECK_CUDA(cudaGetDevice(&device)); }
-  ~CurrentDeviceGuard() { cudaSetDevice(device); }  // nothing to report from a destructor
-};
 
 std::string gpu(int device) { return "GPU " + std::to_string(device); }
 
