@@ -42,6 +42,13 @@ bool finishes_by_length(const Sequence& s, int max_context) {
   return generated >= s.max_new_tokens || context + 1 >= max_context;
 }
 
+// Whether the next decode step would feed the sequence, pages permitting: its prompt is prefilled,
+// it has not finished by length, and it is not giving its pages back (a preempted sequence waits
+// for its step in flight, then preempt_youngest ends it).
+bool wants_decode_step(const Sequence& s, int max_context) {
+  return s.prefilled >= static_cast<int>(s.prompt.size()) && !finishes_by_length(s, max_context) && !s.preempting;
+}
+
 }  // namespace
 
 std::vector<StepToken> Engine::step() {
@@ -339,9 +346,7 @@ void Engine::Impl::preempt_youngest(std::vector<StepToken>& out) {
     for (int row = 0; row < static_cast<int>(running.size()); ++row) {
       const Sequence& s = running[row];
       pending |= s.preempting;
-      if (s.preempting || s.prefilled < static_cast<int>(s.prompt.size()) ||
-          finishes_by_length(s, options.max_context))
-        continue;
+      if (!wants_decode_step(s, options.max_context)) continue;
       needed += std::max(KvPageTable::pages_for(s.context + s.in_flight + 1) - kv->table().pages_in_row(row), 0);
       if (youngest < 0 || s.id > running[youngest].id) youngest = row;
     }
@@ -365,9 +370,7 @@ void Engine::Impl::launch_decode(std::vector<StepToken>& out) {
   std::vector<char> feeds(running.size(), 0);
   for (int row = static_cast<int>(running.size()) - 1; row >= 0; --row) {
     const Sequence& sequence = running[row];
-    if (sequence.prefilled < static_cast<int>(sequence.prompt.size())) continue;  // still prefilling
-    if (finishes_by_length(sequence, options.max_context)) continue;
-    if (sequence.preempting) continue;  // waits for its step in flight, then preempt_youngest ends it
+    if (!wants_decode_step(sequence, options.max_context)) continue;
     if (kv->reserve(row, sequence.context + sequence.in_flight + 1)) {
       feeds[row] = 1;
       continue;
