@@ -3,7 +3,10 @@
 # compute-sanitizer memcheck on a TP engine, `bench allreduce`, and `bench decode --tp` (Llama-3-8B
 # TP 1 vs TP 2; Llama-3-70B TP 4 with NCCL vs the one-shot all-reduce and fused vs unfused MLP).
 # usage: scripts/device/tp.sh OUT BIN [STEP...]   BIN: deepfuse and the test_*_gpu binaries (built
-# elsewhere); steps: tests bench8b bench70b memcheck tune (default all but tune, in that order).
+# elsewhere); steps: tests bench8b bench70b memcheck tune ratio8b (default all but tune and
+# ratio8b, in that order).
+# ratio8b: Llama-3-8B batch 1 / 512 at TP 1 and TP 2, three interleaved rounds (the TP 2 speedup
+# with both sides on the same clocks).
 # tune: `deepfuse tune` for Llama-3-8B on GPU 0 alone, the plan saved as OUT/tuning.json (for
 # comparing plans between GPU kinds).
 set -uo pipefail
@@ -65,6 +68,25 @@ fi
 # cudaErrorPeerAccessAlreadyEnabled about 90 times; the engine checks every call it makes itself.
 want memcheck && run memcheck_tp 150 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 "$bin/test_tensor_parallel_gpu" \
   --gtest_filter='Ranks/TensorParallelTiny.LogitsMatchOneGpuNccl/tp2_llama*'
+if want ratio8b; then
+  one=("$bin/deepfuse" bench decode --archs llama3-8b --batches 1 --contexts 512 --no-ttft --steps 128)
+  for round in 1 2 3; do
+    run ratio_tp1_r$round 120 "${one[@]}" --json "$out/ratio-tp1-r$round.json"
+    run ratio_tp2_r$round 120 "${one[@]}" --tp 2 --plan --json "$out/ratio-tp2-r$round.json"
+  done
+  python3 - "$out" <<'PY' | tee -a "$summary"
+import json, sys
+def ms(tp, r):
+    rows = [x for x in json.load(open(f"{sys.argv[1]}/ratio-tp{tp}-r{r}.json"))["rows"] if x.get("kind") == "decode"]
+    return rows[0]["ms_per_step"]
+for r in (1, 2, 3):
+    try:
+        a, b = ms(1, r), ms(2, r)
+        print(f"round {r}: TP 1 {a:.3f} ms, TP 2 {b:.3f} ms, speedup {a / b:.3f}x")
+    except Exception as e:
+        print(f"round {r}: {e}")
+PY
+fi
 if want tune; then
   run tune_8b 120 "$bin/deepfuse" tune --random-weights --arch llama3-8b --max-batch 64 --max-context 8192 \
     --tuning-cache "$out/tuning.json"
