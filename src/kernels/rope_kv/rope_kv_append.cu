@@ -24,11 +24,17 @@
 // W = 4 (d a multiple of 8 makes d/2 a multiple of 4). Consecutive threads cover consecutive
 // chunks, heads, then tokens: coalesced reads of each qkv row, and a K/V head's W-value chunks
 // land contiguously in its page row.
+//
+// Programmatic dependent launch: the kernel waits for the upstream grid before its first read and
+// lets the next kernel be scheduled at once, so the decode attention after it (batches past the
+// fused QKV kernel's 32 tokens) requests its older cache pages while this one runs.
 #include "deepfuse/kernels/rope_kv_append.hpp"
 
 #include <algorithm>
 #include <cstddef>
 
+#include "kernels/common/cluster_launch.hpp"
+#include "kernels/common/dependent_launch.cuh"
 #include "kernels/common/pointer_checks.hpp"
 #include "kernels/common/row_rms.cuh"
 
@@ -146,6 +152,8 @@ struct Item {
 
 template <int W>
 __global__ void rope_kv_append_kernel(RopeKvAppendParams p) {
+  allow_downstream_launch();
+  wait_for_upstream_grids();
   const int chunks_per_head = p.kv.head_dim / 2 / W;
   const int heads = p.q_heads + 2 * p.kv.kv_heads;
   const size_t total = static_cast<size_t>(p.tokens) * heads * chunks_per_head;
@@ -164,6 +172,8 @@ __global__ void rope_kv_append_kernel(RopeKvAppendParams p) {
 template <int W>
 __global__ void __launch_bounds__(1024) rope_kv_append_normalized_kernel(RopeKvAppendParams p) {
   __shared__ float scratch[32];
+  allow_downstream_launch();
+  wait_for_upstream_grids();
   const int chunks_per_head = p.kv.head_dim / 2 / W;
   const int heads = p.q_heads + 2 * p.kv.kv_heads;
   const size_t token = blockIdx.y;
@@ -205,20 +215,14 @@ cudaError_t launch_rope_kv_append(const RopeKvAppendParams& p, cudaStream_t stre
     constexpr int kMaxThreads = 1024;
     const int items = (p.q_heads + 2 * kv.kv_heads) * (half / width);
     const int threads = std::min(kMaxThreads, (items + 31) / 32 * 32);
-    const dim3 grid((items + threads - 1) / threads, p.tokens);
-    if (width == 8)
-      rope_kv_append_normalized_kernel<8><<<grid, threads, 0, stream>>>(p);
-    else
-      rope_kv_append_normalized_kernel<4><<<grid, threads, 0, stream>>>(p);
-    return cudaGetLastError();
+    const ClusterLaunch launch(dim3((items + threads - 1) / threads, p.tokens), threads, 0, 1, stream, true);
+    return cudaLaunchKernelEx(&launch.config,
+                              width == 8 ? rope_kv_append_normalized_kernel<8> : rope_kv_append_normalized_kernel<4>, p);
   }
   const size_t threads_needed = static_cast<size_t>(p.tokens) * (p.q_heads + 2 * kv.kv_heads) * (half / width);
   const int blocks = static_cast<int>(std::min<size_t>((threads_needed + kThreads - 1) / kThreads, kMaxBlocks));
-  if (width == 8)
-    rope_kv_append_kernel<8><<<blocks, kThreads, 0, stream>>>(p);
-  else
-    rope_kv_append_kernel<4><<<blocks, kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  const ClusterLaunch launch(blocks, kThreads, 0, 1, stream, true);
+  return cudaLaunchKernelEx(&launch.config, width == 8 ? rope_kv_append_kernel<8> : rope_kv_append_kernel<4>, p);
 }
 
 }  // namespace deepfuse::kernels
