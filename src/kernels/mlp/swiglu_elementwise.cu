@@ -3,10 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/common/cluster_launch.hpp"
-#include "kernels/common/dependent_launch.cuh"
-#include "kernels/common/row_rms.cuh"
 #include "kernels/mlp/silu.cuh"
+#include "kernels/common/row_rms.cuh"
 
 namespace deepfuse::kernels {
 namespace {
@@ -30,12 +28,8 @@ __device__ __forceinline__ uint4 silu_and_mul8(const uint4& gate_bits, const uin
 }
 
 // One thread per 8 intermediate values: two 16-byte loads, one 16-byte store.
-// Both silu_and_mul kernels launch as programmatic dependents that wait before their first read
-// (the launch is processed while the GEMM before them finishes) and let their successor start.
 __global__ void silu_and_mul_kernel(const __nv_bfloat16* gate_up, __nv_bfloat16* act, int tokens,
                                     int intermediate) {
-  allow_downstream_launch();
-  wait_for_upstream_grids();
   const int vectors_per_row = intermediate / 8;
   const size_t total = static_cast<size_t>(tokens) * vectors_per_row;
   for (size_t index = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; index < total;
@@ -54,8 +48,6 @@ __global__ void silu_and_mul_kernel(const __nv_bfloat16* gate_up, __nv_bfloat16*
 __global__ void silu_and_mul_normalized_kernel(const __nv_bfloat16* gate_up, __nv_bfloat16* act, int intermediate,
                                                FoldedRmsNorm norm) {
   __shared__ float scratch[32];
-  allow_downstream_launch();
-  wait_for_upstream_grids();
   const size_t token = blockIdx.y;
   const int vectors = intermediate / 8, stride = gridDim.x * blockDim.x;
   const uint4* gate = reinterpret_cast<const uint4*>(gate_up + token * 2 * intermediate);
@@ -103,12 +95,13 @@ cudaError_t silu_and_mul(const __nv_bfloat16* gate_up, __nv_bfloat16* act, int t
     if (tokens > kMaxTokens) return cudaErrorInvalidValue;
     const int blocks_for_row = (intermediate / 8 + kThreads - 1) / kThreads;
     const int blocks_per_token = std::clamp((kTargetBlocks + tokens - 1) / tokens, 1, blocks_for_row);
-    const ClusterLaunch launch(dim3(blocks_per_token, tokens), kThreads, 0, 1, stream, true);
-    return cudaLaunchKernelEx(&launch.config, silu_and_mul_normalized_kernel, gate_up, act, intermediate, norm);
+    const dim3 grid(blocks_per_token, tokens);
+    silu_and_mul_normalized_kernel<<<grid, kThreads, 0, stream>>>(gate_up, act, intermediate, norm);
+    return cudaGetLastError();
   }
   const size_t vectors = static_cast<size_t>(tokens) * (intermediate / 8);
-  const ClusterLaunch launch(blocks_for(vectors, 256), 256, 0, 1, stream, true);
-  return cudaLaunchKernelEx(&launch.config, silu_and_mul_kernel, gate_up, act, tokens, intermediate);
+  silu_and_mul_kernel<<<blocks_for(vectors, 256), 256, 0, stream>>>(gate_up, act, tokens, intermediate);
+  return cudaGetLastError();
 }
 
 cudaError_t silu_inplace(__nv_bfloat16* values, size_t count, cudaStream_t stream) {
