@@ -17,8 +17,8 @@
 // plan picks splits so that batch x kv_heads x splits blocks fill the resident block slots
 // without a ragged last wave: 1 x 8k gets 16 splits of 32 pages, 1 x 32k 16 of 128, 8 x 32k 4
 // splits of 4 warps, 32 x 8k one. A shorter sequence takes fewer splits of at least
-// plan.min_pages_per_split (2 per warp) pages: its merge would cost more than the streaming the
-// extra splits spread.
+// plan.min_pages_per_split (2 per warp; 8 per warp where the batch fills every block slot
+// unsplit) pages: its merge would cost more than the streaming the extra splits spread.
 //
 // Bytes in flight (Little's law). 4.3 TB/s x ~1 µs of loaded HBM latency is ~4.3 MB in flight,
 // ~33 KB per SM. Each warp streams its own pages (warp w takes pages w, w+W, ...) through its
@@ -100,6 +100,11 @@ constexpr int kMergePages = 2;
 // split"). A sequence shorter than max_context therefore keeps at least this many pages per split
 // (4-warp blocks; twice as many for 8 warps); the plan's split count is only reached by long ones.
 constexpr int kMinPagesPerSplit = 8;
+// Where the batch's (sequence, kv head) pairs fill every resident block slot unsplit, splits only
+// even out the waves, and an 8-page split's merge is pure cost: Llama-3-8B at batch 64 with
+// 512-token sequences under a plan for 32k (17 splits) ran 4% slower steps with 4 splits of 8
+// pages than unsplit (docs/kernels/decode_attention.md, "Batches that fill the GPU unsplit").
+constexpr int kMinPagesPerSplitFullWave = 32;
 // What a short-context plan's splits may stream at least (their bound, in pages each): the L2
 // plans' minimum split (16 pages in 8 warps, 8 in 4), so that up to there only the merge changes.
 constexpr int kClusterSplitBoundPages = 16;
@@ -693,14 +698,14 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
   // one sequence").
   const long long pairs = static_cast<long long>(batch) * kv_heads;
   const int warps = forced_warps > 0 ? forced_warps : batch == 1 || cluster ? 8 : 4;
-  const int min_pages = kMinPagesPerSplit * warps / 4;
+  const long long slots = static_cast<long long>(num_sms) * (8 / warps);
+  const int min_pages = (pairs >= slots ? kMinPagesPerSplitFullWave : kMinPagesPerSplit) * warps / 4;
   // Cost of s splits, in pages a 4-warp block streams: waves of resident blocks times each
   // block's start and pages, plus the merge. Only s that leave no split empty are distinct. The
   // plan serves every length up to max_context, and shorter sequences run fewer, shorter splits
   // (min_pages each), so a grid of several waves at max_context runs a wave and a part at mid
   // lengths: where the pairs fit one wave, the plan keeps to one (docs/kernels/decode_attention.md,
   // "One wave where the pairs fit one").
-  const long long slots = static_cast<long long>(num_sms) * (8 / warps);
   int best_splits = 1;
   long long best_cost = std::numeric_limits<long long>::max();
   for (int splits = 1; splits <= std::min(max_pages, kMaxSplits); ++splits) {

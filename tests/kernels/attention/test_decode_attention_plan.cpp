@@ -195,6 +195,18 @@ TEST(DecodeAttentionPlan, ShortSequencesTakeFewerSplits) {
   }
 }
 
+// A batch whose (sequence, kv head) pairs fill every block slot unsplit splits only long
+// sequences: a 512-token one stays whole under a plan for 32k, an 8k one still splits.
+TEST(DecodeAttentionPlan, FullBatchesSplitOnlyLongSequences) {
+  const auto full = plan_decode_attention(64, 32, 8, 128, 32816, 132);  // 512 pairs, 264 slots
+  EXPECT_GT(full.splits_per_sequence, 1);
+  EXPECT_EQ(full.min_pages_per_split, 32);
+  EXPECT_GE(full.min_pages_per_split, 512 / 16) << "512 tokens must run as one split";
+  EXPECT_LT(full.min_pages_per_split, 8192 / 16 / 2) << "8k tokens must still split";
+  const auto partial = plan_decode_attention(32, 32, 8, 128, 32816, 132);  // 256 pairs: splits fill the GPU
+  EXPECT_EQ(partial.min_pages_per_split, 8);
+}
+
 // Splits merged in a thread-block cluster: forced on any batch whose shape allows it (automatic
 // plans merge in L2; the short-context plans below are the engine's clusters); a shape it cannot
 // take is refused with the reason.
