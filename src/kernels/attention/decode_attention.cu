@@ -220,7 +220,10 @@ __device__ __forceinline__ SplitRange split_range(const KernelArgs& a, int seque
   r.first_key = a.sliding_window > 0 ? max(0, r.length - a.sliding_window) : 0;
   const int first_page = r.first_key / kKvPageSize;
   const int pages = (r.length + kKvPageSize - 1) / kKvPageSize - first_page;
-  const int per_split = max((pages + a.splits - 1) / a.splits, a.min_pages_per_split);
+  // As many splits as keep min_pages_per_split each (at most the plan's), the pages spread evenly
+  // over them: a sequence just past a multiple of the minimum gets no one-page split to merge.
+  const int wanted = min(a.splits, max(1, pages / a.min_pages_per_split));
+  const int per_split = (pages + wanted - 1) / wanted;
   r.active = (pages + per_split - 1) / per_split;
   r.page_begin = first_page + split * per_split;
   r.page_end = min(r.page_begin + per_split, first_page + pages);
