@@ -132,7 +132,8 @@ struct EngineStats {
   int kv_pages_free = 0;                 // free, or kept by the prefix cache and evictable
   int kv_pages_cached = 0;               // of those, the prefix cache's
   size_t gpu_memory_used = 0;            // by this process, from cudaMemGetInfo
-  int launches_per_decode_step = 0;      // launches the step's op list makes (a cuBLASLt GEMM counts one)
+  int launches_per_decode_step = 0;      // launches the step's op list makes (a cuBLASLt GEMM counts one;
+                                         // a step feeding a penalized row adds the penalty kernel)
   int launches_per_layer = 0;
   int kernels_per_decode_step = 0;       // kernel nodes in the bucket's captured graph, counted from
                                          // the graph (0 before the bucket's first step, or without graphs)
