@@ -354,7 +354,8 @@ int run_decode_bench(const DecodeBenchOptions& options) {
       "GPU: %s, %d SMs; measured copy bandwidth %.3f TB/s (read+write); CUDA graphs %s, steps overlapped %s, plan "
       "%s%s%s, cuBLASLt GEMMs %s\n",
       device.name.c_str(), device.sm_count, copy_bw / 1e12, options.cuda_graphs ? "on" : "off",
-      options.overlap_steps ? "on" : "off", options.tuning_cache.empty() ? "built-in" : "from the tuning cache where it has an entry, else built-in",
+      options.overlap_steps ? "on" : "off",
+      options.tuning_cache.empty() ? "built-in" : "from the tuning cache where it has an entry, else built-in",
       options.plan_override_text.empty() ? "" : " + overrides ", options.plan_override_text.c_str(),
       options.tune_gemms ? "timed at construction" : "as cuBLASLt's heuristic ranks them");
   Report report;
