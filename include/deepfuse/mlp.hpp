@@ -115,6 +115,11 @@ class MlpLayer {
   // kernels::QkvRopeFusedParams::pending, kernels::GemvResidualParams::pending).
   float* run_deferred(const __nv_bfloat16* x, int tokens, cudaStream_t stream);
 
+  // Fused variant only, tensor parallel: as run(), then y is summed over the ranks inside the
+  // same launch (kernels::SwigluFusedParams::exchange); every rank calls it alike.
+  void run_exchanged(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
+                     const kernels::LineExchange& exchange, cudaStream_t stream);
+
   void set_fused_tuning(const FusedMlpTuning& tuning);
 
   // Unfused layers sharing one scratch (a model's): times cuBLASLt's candidate algorithms for

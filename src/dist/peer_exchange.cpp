@@ -135,4 +135,15 @@ kernels::OneShotAllReduceParams OneShotBuffers::params(int rank, int slot, size_
   return p;
 }
 
+kernels::LineExchange OneShotBuffers::line_exchange(int rank, int slot, size_t elements) const {
+  const kernels::OneShotAllReduceParams p = params(rank, slot, elements, nullptr);  // checks all three
+  kernels::LineExchange x;
+  for (int r = 0; r < ranks(); ++r) x.lines[r] = p.lines[r];
+  x.line_stride = p.line_stride;
+  x.signals = p.signals[rank];
+  x.ranks = ranks();
+  x.rank = rank;
+  return x;
+}
+
 }  // namespace deepfuse::dist

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "deepfuse/kernels/line_exchange.hpp"
 #include "deepfuse/kernels/one_shot_all_reduce.hpp"
 
 namespace deepfuse::dist {
@@ -42,6 +43,10 @@ class OneShotBuffers {
   // The kernel's parameters for `rank`'s call on `slot` of `elements` (<= exchange_elements) into
   // `out` (on rank's GPU, not one of these buffers); protocol automatic.
   kernels::OneShotAllReduceParams params(int rank, int slot, size_t elements, __nv_bfloat16* out) const;
+
+  // The same slot's line areas and `rank`'s signal area for an epilogue that exchanges its own
+  // output of `elements` (<= exchange_elements) over the ranks (kernels/line_exchange.hpp).
+  kernels::LineExchange line_exchange(int rank, int slot, size_t elements) const;
 
  private:
   // Per slot: the receive area (`ranks` regions of region_bytes_), then the line area (`ranks`

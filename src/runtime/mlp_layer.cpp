@@ -84,7 +84,7 @@ struct MlpLayer::Impl {
   }
 
   void launch_fused(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
-                    bool defer_sum, cudaStream_t stream) {
+                    bool defer_sum, cudaStream_t stream, const kernels::LineExchange& exchange = {}) {
     kernels::SwigluFusedParams p;
     p.x = x;
     p.gate_up = gate_up.as<uint4>();
@@ -99,6 +99,7 @@ struct MlpLayer::Impl {
     p.tokens = tokens;
     p.hidden = shape.hidden;
     p.intermediate = shape.intermediate;
+    p.exchange = exchange;
     DF_CHECK_CUDA(kernels::launch_swiglu_fused(p, fused_tuning, stream));
   }
 };
@@ -249,6 +250,17 @@ void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_b
   gemm.run(x, s.gate_up.as<__nv_bfloat16>(), nullptr, a, tokens, 2 * I, H, stream);
   DF_CHECK_CUDA(kernels::silu_and_mul(a, b, tokens, I, stream, folded_norm));
   gemm.run(b, s.down.as<__nv_bfloat16>(), residual, y, tokens, H, I, stream);
+}
+
+void MlpLayer::run_exchanged(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
+                             const kernels::LineExchange& exchange, cudaStream_t stream) {
+  Impl& s = *impl_;
+  s.check_tokens(tokens);
+  DF_CHECK(s.variant == MlpVariant::fused, "only the fused MLP exchanges its output over the ranks itself");
+  DF_CHECK(x && y, "MLP input or output pointer is null");
+  DF_CHECK(s.normalize || static_cast<const void*>(x) != static_cast<const void*>(y),
+           "MLP output must not alias its input");
+  s.launch_fused(x, residual, y, tokens, false, stream, exchange);
 }
 
 std::vector<GemmTuning> MlpLayer::tune_unfused_gemms(std::span<MlpLayer* const> layers, int tokens,

@@ -59,9 +59,18 @@ std::vector<TinyCase> tiny_cases() {
   return cases;
 }
 
-// all_reduce overrides mean nothing to one GPU: dropped there.
+// all_reduce overrides mean nothing to one GPU: dropped there, the others kept.
 EngineOptions options_with(int tp, std::string overrides = "") {
-  if (tp == 1 && overrides.rfind("all_reduce", 0) == 0) overrides.clear();
+  if (tp == 1) {
+    std::string kept;
+    for (size_t begin = 0; begin < overrides.size();) {
+      const size_t end = std::min(overrides.find(',', begin), overrides.size());
+      const std::string item = overrides.substr(begin, end - begin);
+      if (item.rfind("all_reduce", 0) != 0) kept += (kept.empty() ? "" : ",") + item;
+      begin = end + 1;
+    }
+    overrides = kept;
+  }
   EngineOptions o;
   o.max_batch = 4;
   o.max_context = 1024;
@@ -133,6 +142,35 @@ TEST_P(TensorParallelTiny, LogitsMatchOneGpuNccl) {
 TEST_P(TensorParallelTiny, LogitsMatchOneGpuOneShot) {
   REQUIRE_GPUS(tp());
   expect_logits_match("all_reduce=one_shot");
+}
+
+// No all-reduce kernel: the o_proj GEMV and the fused MLP sum over the ranks in their epilogues;
+// with the unfused MLP, only the GEMV does (the MLP's sum is the one-shot kernel's).
+TEST_P(TensorParallelTiny, LogitsMatchOneGpuEpilogue) {
+  REQUIRE_GPUS(tp());
+  expect_logits_match("all_reduce=epilogue");
+}
+
+TEST_P(TensorParallelTiny, LogitsMatchOneGpuEpilogueUnfusedMlp) {
+  REQUIRE_GPUS(tp());
+  expect_logits_match("all_reduce=epilogue,mlp=unfused");
+}
+
+// Counted from the captured graphs: the epilogues' exchange leaves a layer two kernels fewer than
+// the one-shot kernels after o_proj and the MLP.
+TEST_P(TensorParallelTiny, EpilogueLaunchesNoAllReduceKernel) {
+  REQUIRE_GPUS(tp());
+  write_model();
+  auto rng = testing::make_rng(13);
+  const std::vector<int32_t> prompt = testing::random_ids(rng, 9, model().config.vocab_size);
+  Engine lines = Engine::from_checkpoint(scratch_.path(), options_with(tp(), "all_reduce=one_shot_lines"));
+  Engine epilogue = Engine::from_checkpoint(scratch_.path(), options_with(tp(), "all_reduce=epilogue"));
+  greedy(lines, {prompt}, 3);
+  greedy(epilogue, {prompt}, 3);
+  const EngineStats a = lines.stats(1), b = epilogue.stats(1);
+  EXPECT_EQ(b.launches_per_layer, a.launches_per_layer - 2);
+  ASSERT_GT(a.kernels_per_decode_step, 0) << "no graph captured";
+  EXPECT_EQ(b.kernels_per_decode_step, a.kernels_per_decode_step - 2 * model().config.num_hidden_layers);
 }
 
 // The unfused variants (cuBLASLt MLP, front and o_proj) on the ranks' slices.

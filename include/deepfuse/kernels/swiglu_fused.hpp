@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "deepfuse/kernels/line_exchange.hpp"
+
 namespace deepfuse {
 
 // Launch tuning of the fused variant; 0 means the device default. The engine sets
@@ -45,6 +47,10 @@ struct SwigluFusedParams {
   // left for the next block at batch 1").
   bool defer_sum = false;
   unsigned* counters = nullptr;             // kSwigluFusedCounters; zero between calls
+  // Tensor parallel (active: ranks > 1): y receives the sum over the ranks of every rank's
+  // mlp(x) (+ residual), each rank's rounded to bf16 first, exchanged by the finishing blocks
+  // (line_exchange.hpp) instead of an all-reduce launch. Not with defer_sum.
+  LineExchange exchange;
   int tokens = 0;
   int hidden = 0;
   int intermediate = 0;

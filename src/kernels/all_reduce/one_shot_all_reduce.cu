@@ -3,12 +3,12 @@
 #include "kernels/common/cluster_launch.hpp"
 #include "kernels/common/dependent_launch.cuh"
 #include "kernels/common/pointer_checks.hpp"
+#include "kernels/all_reduce/line_exchange.cuh"
 
 namespace deepfuse::kernels {
 namespace {
 
-// ~10 s at the H100's 1.98 GHz boost clock: far past any all-reduce, short of a hung job.
-constexpr long long kSpinLimitCycles = 20'000'000'000LL;
+using lines::kSpinLimitCycles;
 
 constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 64;
@@ -28,6 +28,7 @@ __host__ __device__ constexpr size_t flag_index(int block, int rank) {
 }
 constexpr size_t kEpochBase = flag_index(kMaxBlocks, 0);
 constexpr size_t kSignalWords = kEpochBase + kMaxBlocks;
+static_assert(kSignalWords == lines::kFlagProtocolWords, "the line protocol's words follow the flag protocol's");
 
 __device__ __forceinline__ void store_release_sys(uint32_t* address, uint32_t value) {
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(address), "r"(value) : "memory");
@@ -181,45 +182,17 @@ __global__ void __launch_bounds__(kThreads) flag_after_data_kernel(const OneShot
   }
 }
 
-// ---- flags_in_data: every 8-byte word of a pushed line carries its own flag -------------------
-//
-// A line is 16 bytes, {data0, epoch, data1, epoch}: four bf16 values and the call's epoch twice.
-// Each (data, epoch) pair is one aligned 8-byte half of a 16-byte store, which NVLink delivers
-// whole, so a reader that sees both epochs of a line sees its data: no fence and no separate flag
-// (each costs an NVLink round trip in the flag protocol). The price is twice the bytes pushed.
-// The epoch is one per call, the same for every block (a line can belong to different blocks in
-// calls of different sizes, so per-block counts could repeat a value a line still holds).
-
-// Signal words after the flag protocol's: the epoch of the last call, and how many of the running
-// call's blocks have finished (the last one publishes the epoch and resets the count).
-constexpr size_t kLineEpochWord = kSignalWords;
-constexpr size_t kLineBlocksDoneWord = kSignalWords + 1;
-constexpr size_t kAllSignalWords = kSignalWords + 2;
+// ---- flags_in_data: every 8-byte word of a pushed line carries its own flag (line_exchange.cuh) --
 
 constexpr int kLinesPerVector = 2;  // one 16-byte input vector (8 bf16) makes two lines
 
-__device__ __forceinline__ void store_line(uint4* address, const uint4& line) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(address), "r"(line.x), "r"(line.y),
-               "r"(line.z), "r"(line.w)
-               : "memory");
-}
-
-__device__ __forceinline__ uint4 load_line(const uint4* address) {
-  uint4 line;
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(line.x), "=r"(line.y), "=r"(line.z), "=r"(line.w)
-               : "l"(address)
-               : "memory");
-  return line;
-}
-
 // The vector's two lines from `peer`'s region of this GPU's receive area, once both carry `epoch`.
-__device__ __forceinline__ uint4 wait_for_vector(const uint4* lines, uint32_t epoch) {
+__device__ __forceinline__ uint4 wait_for_vector(const uint4* vector_lines, uint32_t epoch) {
   const long long give_up = clock64() + kSpinLimitCycles;
   uint4 first, second;
   while (true) {
-    first = load_line(lines);
-    second = load_line(lines + 1);
+    first = lines::load_line(vector_lines);
+    second = lines::load_line(vector_lines + 1);
     if (first.y == epoch && first.w == epoch && second.y == epoch && second.w == epoch) break;
     if (clock64() > give_up) __trap();  // a peer that never arrives: see signal_and_wait
   }
@@ -255,8 +228,7 @@ __global__ void __launch_bounds__(kThreads) flags_in_data_kernel(const OneShotAl
   uint32_t* const signals = p.signals[p.rank];
   // Published by the previous call's last block (complete and visible once the upstream wait
   // returned); the same in every block and, the calls being the same on every rank, on every rank.
-  uint32_t epoch = signals[kLineEpochWord] + 1;
-  if (epoch == 0) epoch = 1;  // never-written lines hold 0
+  const uint32_t epoch = lines::next_epoch(signals);
   const size_t vectors = (p.elements + kElementsPerVector - 1) / kElementsPerVector;
   const size_t stride = static_cast<size_t>(gridDim.x) * kThreads;
   const size_t first = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -268,9 +240,9 @@ __global__ void __launch_bounds__(kThreads) flags_in_data_kernel(const OneShotAl
 #pragma unroll
     for (int q = 0; q < kRanks; ++q) {
       if (q == p.rank) continue;
-      uint4* const lines = p.lines[q] + p.rank * p.line_stride + kLinesPerVector * v;
-      store_line(lines, line0);
-      store_line(lines + 1, line1);
+      uint4* const destination = p.lines[q] + p.rank * p.line_stride + kLinesPerVector * v;
+      lines::store_line(destination, line0);
+      lines::store_line(destination + 1, line1);
     }
   }
   // (2) Sum in rank order as each vector's lines arrive in this GPU's receive area.
@@ -285,13 +257,7 @@ __global__ void __launch_bounds__(kThreads) flags_in_data_kernel(const OneShotAl
   }
   // (3) The last block to finish publishes the epoch for the next call.
   __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(signals + kLineBlocksDoneWord, 1u) == gridDim.x - 1) {
-      signals[kLineBlocksDoneWord] = 0;
-      signals[kLineEpochWord] = epoch;
-    }
-  }
+  if (threadIdx.x == 0) lines::finish_block(signals, epoch, gridDim.x);
 }
 
 // ---- launch ----------------------------------------------------------------------------------
@@ -341,7 +307,7 @@ cudaError_t launch(const OneShotAllReduceParams& p, OneShotProtocol protocol, cu
 
 }  // namespace
 
-size_t one_shot_signal_bytes() { return kAllSignalWords * sizeof(uint32_t); }
+size_t one_shot_signal_bytes() { return lines::kSignalWords * sizeof(uint32_t); }
 
 int one_shot_max_blocks() { return kMaxBlocks; }
 

@@ -5,9 +5,10 @@
 // 4.2 TB/s); the cuBLASLt path it replaces runs a split-K GEMM plus a reduction kernel.
 #include "deepfuse/kernels/gemv_residual.hpp"
 
+#include "kernels/all_reduce/line_exchange.cuh"
+#include "kernels/common/cluster_gemv.cuh"
 #include "kernels/common/residual_sum.cuh"
 #include "kernels/common/trace.cuh"
-#include "kernels/common/cluster_gemv.cuh"
 
 namespace deepfuse::kernels {
 namespace {
@@ -19,15 +20,17 @@ __global__ void __launch_bounds__(kThreads) gemv_residual_kernel(const GemvResid
   extern __shared__ __align__(16) unsigned char shared_raw[];
   trace::stamp(trace::Kernel::gemv_residual, trace::Mark::start);
   const int unit = blockIdx.x / C, rank = blockIdx.x % C;
-  // This block's epilogue: its 1/C of the unit's rows, for every token.
-  const int row_begin = split_point(kUnitRows, C, rank), rows = split_point(kUnitRows, C, rank + 1) - row_begin;
+  // This block's epilogue: its 1/C of the unit's rows in groups of four (a tensor-parallel
+  // exchange line each), for every token.
+  constexpr int kQuads = kUnitRows / 4;
+  const int row_begin = 4 * split_point(kQuads, C, rank), rows = 4 * split_point(kQuads, C, rank + 1) - row_begin;
   const int items = p.tokens * rows;
   auto output_index = [&](int item) {
     return static_cast<size_t>(item / rows) * p.rows + unit * kUnitRows + row_begin + item % rows;
   };
-  // bias + residual of each thread's first item. The residual is the kernel before's output, so
-  // it is read after the upstream wait, but before the cluster barrier: in flight while the last
-  // weights stream instead of a global round trip after it.
+  // bias + residual of an item. The residual is the kernel before's output, so each thread's
+  // first ones are read after the upstream wait, but before the cluster barrier: in flight while
+  // the last weights stream instead of a global round trip after it.
   auto addend = [&](int item) {
     const size_t index = output_index(item);
     const float bias = p.bias ? __bfloat162float(p.bias[index % p.rows]) : 0.0f;
@@ -41,26 +44,59 @@ __global__ void __launch_bounds__(kThreads) gemv_residual_kernel(const GemvResid
   };
   // Row r of the unit is finished by the block whose slice holds it.
   auto home_of = [](int row) {
-    const int owner = split_owner(kUnitRows, C, row);
-    return cluster_gemv::RowHome{owner, row - split_point(kUnitRows, C, owner)};
+    const int owner = split_owner(kQuads, C, row / 4);
+    return cluster_gemv::RowHome{owner, row - 4 * split_point(kQuads, C, owner)};
   };
+  // Items are finished one per thread, or four consecutive rows of a token per thread where the
+  // ranks exchange them (one line).
+  const bool exchange = p.exchange.active();
+  const int per_thread = exchange ? 4 : 1;
+  auto item_of = [&](int work, int j) { return exchange ? work / (rows / 4) * rows + work % (rows / 4) * 4 + j : work; };
+  const int works = items / per_thread;
   const cluster_gemv::Inputs inputs{p.x, nullptr, 0.0f, p.weights, p.tokens, p.inner, nullptr};
-  float first_addend = 0.0f;
+  float first_addends[4] = {};
   const auto partials = cluster_gemv::stream_unit<NT, kUnitRows, C, kStages>(
-      inputs, unit, rank, shared_raw, max_ksteps, home_of,
-      [&] { first_addend = threadIdx.x < items ? addend(threadIdx.x) : 0.0f; });
+      inputs, unit, rank, shared_raw, max_ksteps, home_of, [&] {
+        if (threadIdx.x < works)
+          for (int j = 0; j < per_thread; ++j) first_addends[j] = addend(item_of(threadIdx.x, j));
+      });
+  auto value = [&](int work, int j) {
+    const int item = item_of(work, j);
+    return partials.sum(item % rows, item / rows) +
+           (work == static_cast<int>(threadIdx.x) ? first_addends[j] : addend(item));
+  };
 
-  for (int item = threadIdx.x; item < items; item += kThreads) {
-    const float value = partials.sum(item % rows, item / rows) +
-                        (item == static_cast<int>(threadIdx.x) ? first_addend : addend(item));
-    p.y[output_index(item)] = __float2bfloat16(value);
+  if (!exchange) {
+    for (int work = threadIdx.x; work < works; work += kThreads) p.y[output_index(work)] = __float2bfloat16(value(work, 0));
+    trace::stamp(trace::Kernel::unknown, trace::Mark::end);
+    return;
   }
+  // Tensor parallel: this rank's four values of each line go into y (this GPU) and to every peer;
+  // then y becomes their sum over the ranks (the upstream wait in stream_unit is behind us, so the
+  // last exchange's epoch is published).
+  const uint32_t epoch = lines::next_epoch(p.exchange.signals);
+  for (int work = threadIdx.x; work < works; work += kThreads) {
+    const __nv_bfloat162 low = __floats2bfloat162_rn(value(work, 0), value(work, 1));
+    const __nv_bfloat162 high = __floats2bfloat162_rn(value(work, 2), value(work, 3));
+    const uint2 own = {*reinterpret_cast<const uint32_t*>(&low), *reinterpret_cast<const uint32_t*>(&high)};
+    const size_t index = output_index(item_of(work, 0));
+    *reinterpret_cast<uint2*>(p.y + index) = own;
+    lines::push_line(p.exchange, index / 4, own, epoch);
+  }
+  for (int work = threadIdx.x; work < works; work += kThreads) {
+    const size_t index = output_index(item_of(work, 0));
+    auto* y = reinterpret_cast<uint2*>(p.y + index);
+    *y = lines::sum_line(p.exchange, index / 4, *y, epoch);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) lines::finish_block(p.exchange.signals, epoch, gridDim.x);
   trace::stamp(trace::Kernel::unknown, trace::Mark::end);
 }
 
 template <int kUnitRows>
 cudaError_t launch_for_unit(const GemvResidualParams& p, cudaStream_t stream) {
   const int units = p.rows / kUnitRows;
+  const bool all_resident = p.exchange.active();  // its epilogues wait on the peers' blocks
   return cluster_gemv::dispatch(p.tokens, p.inner, units, [&](auto nt, auto c, bool spread, int sms) {
     constexpr int NT = decltype(nt)::value, C = decltype(c)::value;
     constexpr int kStages = cluster_gemv::ring_stages<NT, C>();
@@ -77,9 +113,9 @@ cudaError_t launch_for_unit(const GemvResidualParams& p, cudaStream_t stream) {
     if constexpr (NT == 1 && C > 1)  // measured on the H200 only
       if (!spread && units * C <= 2 * sms && warp_ksteps >= kStages)
         return cluster_gemv::launch<NT, kUnitRows, C, kDeepStages>(
-            gemv_residual_kernel<NT, kUnitRows, C, kDeepStages>, p, units, p.inner, stream, spread);
+            gemv_residual_kernel<NT, kUnitRows, C, kDeepStages>, p, units, p.inner, stream, spread, all_resident);
     return cluster_gemv::launch<NT, kUnitRows, C, kStages>(gemv_residual_kernel<NT, kUnitRows, C, kStages>, p, units,
-                                                           p.inner, stream, spread);
+                                                           p.inner, stream, spread, all_resident);
   });
 }
 
@@ -89,6 +125,9 @@ cudaError_t launch_gemv_residual(const GemvResidualParams& p, cudaStream_t strea
   if (!p.x || !p.weights || !p.y || p.tokens < 1 || p.tokens > kGemvResidualMaxTokens || p.rows < 64 ||
       p.rows % 64 != 0 || p.inner < 64 || p.inner % 64 != 0 || static_cast<const void*>(p.x) == p.y ||
       (p.pending && !p.residual))
+    return cudaErrorInvalidValue;
+  if (p.exchange.active() && (p.pending || !p.exchange.holds(static_cast<size_t>(p.tokens) * p.rows) ||
+                              reinterpret_cast<uintptr_t>(p.y) % sizeof(uint2) != 0))
     return cudaErrorInvalidValue;
   trace::attach_unit();
   // 128-row units (one tile per warp) when that still gives ~2 clusters of 8 per SM-pair on a

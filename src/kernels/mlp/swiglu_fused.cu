@@ -38,6 +38,7 @@
 
 #include "core/device_attributes.hpp"
 #include "core/per_device.hpp"
+#include "kernels/all_reduce/line_exchange.cuh"
 #include "kernels/common/async_ring.cuh"
 #include "kernels/common/cluster_launch.hpp"
 #include "kernels/common/dependent_launch.cuh"
@@ -446,16 +447,26 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
   __threadfence();
   const int finisher = static_cast<int>(ticket - (blocks - finishers));
   const int quads = p.tokens * hidden / 4;
-  const int quad_end = split_point(quads, finishers, finisher + 1);
-  for (int quad = split_point(quads, finishers, finisher) + tid; quad < quad_end; quad += kThreads) {
+  const int quad_begin = split_point(quads, finishers, finisher), quad_end = split_point(quads, finishers, finisher + 1);
+  // Tensor parallel: each quad of y is also pushed to every peer (one line), then summed over the
+  // ranks (the same quads on every rank: the finishers and their split are the same there).
+  const bool exchange = p.exchange.active();
+  const uint32_t epoch = exchange ? lines::next_epoch(p.exchange.signals) : 0;
+  for (int quad = quad_begin + tid; quad < quad_end; quad += kThreads) {
     float4* partial = reinterpret_cast<float4*>(p.accumulator) + quad;
     const float4 v = __ldcg(partial);
     // No residual: add bf16 zeros (+0.0f leaves every sum as it is).
     const uint2 residual = p.residual ? *reinterpret_cast<const uint2*>(p.residual + quad * 4) : make_uint2(0, 0);
-    *reinterpret_cast<uint2*>(p.y + quad * 4) =
-        make_uint2(residual_sum_pair(v.x, v.y, residual.x), residual_sum_pair(v.z, v.w, residual.y));
+    const uint2 own = make_uint2(residual_sum_pair(v.x, v.y, residual.x), residual_sum_pair(v.z, v.w, residual.y));
+    *reinterpret_cast<uint2*>(p.y + quad * 4) = own;
     *partial = make_float4(0, 0, 0, 0);
+    if (exchange) lines::push_line(p.exchange, quad, own, epoch);
   }
+  if (exchange)
+    for (int quad = quad_begin + tid; quad < quad_end; quad += kThreads) {
+      auto* y = reinterpret_cast<uint2*>(p.y + quad * 4);
+      *y = lines::sum_line(p.exchange, quad, *y, epoch);
+    }
   __syncthreads();
   trace::stamp(trace::Kernel::unknown, trace::Mark::finish);
   if (tid == 0) {
@@ -465,6 +476,7 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
       p.counters[0] = 0;
       p.counters[1] = 0;
     }
+    if (exchange) lines::finish_block(p.exchange.signals, epoch, finishers);
   }
 }
 
@@ -626,6 +638,8 @@ size_t swiglu_fused_accumulator_floats(int hidden, int max_tokens) {
 cudaError_t launch_swiglu_fused(const SwigluFusedParams& p, const FusedMlpTuning& tuning, cudaStream_t stream) {
   if (!valid_shape(p.hidden, p.intermediate) || p.tokens < 1 || !p.x || !p.gate_up || !p.down ||
       (!p.y && !p.defer_sum) || !p.accumulator || !p.counters)
+    return cudaErrorInvalidValue;
+  if (p.exchange.active() && (p.defer_sum || !p.exchange.holds(static_cast<size_t>(p.tokens) * p.hidden)))
     return cudaErrorInvalidValue;
   if (p.tokens <= 8) return launch_for_tokens<1>(p, tuning, stream);
   if (p.tokens <= 16) return launch_for_tokens<2>(p, tuning, stream);

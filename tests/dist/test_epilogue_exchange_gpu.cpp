@@ -1,0 +1,213 @@
+// The all-reduce in the epilogues (kernels/line_exchange.hpp): the o_proj GEMV and the fused MLP
+// summing their outputs over 2, 4 or 8 ranks themselves, each rank driven from its own thread as
+// the engine drives them. Every rank has its own weights (its slice) and, for the GEMV, its own x;
+// rank 0 adds the residual in place (y aliasing it, as the decode step runs it), the others write
+// into outputs poisoned with NaN. Calls alternate GEMV and MLP, and slots, back to back without the
+// host waiting in between, fresh inputs each, as a decode step's blocks run them.
+// The expected sum is the CPU all-reduce of each rank's partial from the same kernel without the
+// exchange (itself checked against fp64 in test_gemv_residual_gpu and test_mlp_gpu): bit-identical
+// for the GEMV (its sums have a fixed order); the fused MLP's L2 reductions have none, so its
+// partials may differ by a rounding and the sum is held to one bf16 step of each term.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "deepfuse/bf16.hpp"
+#include "deepfuse/error.hpp"
+#include "deepfuse/kernels/gemv_packing.hpp"
+#include "deepfuse/kernels/gemv_residual.hpp"
+#include "deepfuse/mlp.hpp"
+#include "deepfuse/reference.hpp"
+#include "deepfuse/tensor.hpp"
+#include "dist/peer_exchange.hpp"
+#include "dist_test_util.hpp"
+
+namespace deepfuse {
+namespace {
+
+using testing::run_on_ranks;
+
+constexpr uint16_t kNanBits = 0xFFFF;
+
+// One call: a GEMV (rows x inner) or a fused MLP (hidden x intermediate per rank), `tokens` rows.
+struct Call {
+  bool mlp = false;
+  int rows = 0, inner = 0, tokens = 0;  // MLP: rows = hidden, inner = intermediate
+  size_t outputs() const { return static_cast<size_t>(tokens) * rows; }
+};
+
+std::vector<uint16_t> random_bits(std::mt19937_64& rng, size_t count, float scale) {
+  return to_bf16_bits(testing::random_uniform(rng, count, scale));
+}
+
+// One rank's operands of one call, on its GPU.
+struct RankCall {
+  DeviceBuffer x, weights, bias, residual, out, reference_out;
+  DeviceBuffer gate, up, down, norm;  // MLP: Hugging Face layouts
+  std::unique_ptr<MlpLayer> layer;
+  std::vector<uint16_t> residual_host;
+};
+
+RankCall make_rank_call(const Call& call, int rank, uint64_t seed, const std::vector<uint16_t>& shared_x,
+                        const std::vector<uint16_t>& norm_weight) {
+  auto rng = testing::make_rng(seed * 16 + rank);
+  RankCall r;
+  const size_t outputs = call.outputs();
+  r.out = DeviceBuffer(outputs * sizeof(uint16_t));
+  r.reference_out = DeviceBuffer(outputs * sizeof(uint16_t));
+  if (rank == 0) r.residual_host = random_bits(rng, outputs, 1.0f);
+  if (!call.mlp) {
+    r.x = DeviceBuffer::from_host(random_bits(rng, static_cast<size_t>(call.tokens) * call.inner, 1.0f));
+    const DeviceBuffer w = DeviceBuffer::from_host(
+        random_bits(rng, static_cast<size_t>(call.rows) * call.inner, 1.7f / std::sqrt(static_cast<float>(call.inner))));
+    r.weights = DeviceBuffer(w.bytes());
+    DF_CHECK_CUDA(kernels::pack_rows_fragments(w.as<__nv_bfloat16>(), r.weights.as<uint4>(), call.rows, call.inner, nullptr));
+    if (rank == 0) r.bias = DeviceBuffer::from_host(random_bits(rng, call.rows, 0.5f));
+    DF_CHECK_CUDA(cudaDeviceSynchronize());
+    return r;
+  }
+  // The MLP: x is the residual stream, the same on every rank; rank 0 adds it (in place).
+  if (rank == 0) r.residual_host = shared_x;
+  r.x = DeviceBuffer::from_host(shared_x);
+  const size_t hi = static_cast<size_t>(call.rows) * call.inner;
+  const float scale = 1.7f / std::sqrt(static_cast<float>(call.rows));
+  r.gate = DeviceBuffer::from_host(random_bits(rng, hi, scale));
+  r.up = DeviceBuffer::from_host(random_bits(rng, hi, scale));
+  r.down = DeviceBuffer::from_host(random_bits(rng, hi, 1.7f / std::sqrt(static_cast<float>(call.inner))));
+  r.norm = DeviceBuffer::from_host(norm_weight);
+  r.layer = std::make_unique<MlpLayer>(MlpVariant::fused, MlpShape{call.rows, call.inner}, 32);
+  r.layer->load_weights({r.gate.as<__nv_bfloat16>(), r.up.as<__nv_bfloat16>(), r.down.as<__nv_bfloat16>()}, nullptr,
+                        MlpNorm{r.norm.as<__nv_bfloat16>(), 1e-5f});
+  DF_CHECK_CUDA(cudaDeviceSynchronize());
+  return r;
+}
+
+// The call on `stream`; exchange inactive: this rank's partial into reference_out.
+void enqueue(const Call& call, RankCall& r, int rank, const kernels::LineExchange& exchange, cudaStream_t stream) {
+  const bool exchanged = exchange.active();
+  const size_t bytes = call.outputs() * sizeof(uint16_t);
+  __nv_bfloat16* out = exchanged ? r.out.as<__nv_bfloat16>() : r.reference_out.as<__nv_bfloat16>();
+  // Rank 0 adds its residual in place, the others write over NaN.
+  if (rank == 0)
+    DF_CHECK_CUDA(cudaMemcpyAsync(out, r.residual_host.data(), bytes, cudaMemcpyHostToDevice, stream));
+  else
+    DF_CHECK_CUDA(cudaMemsetAsync(out, 0xFF, bytes, stream));
+  const __nv_bfloat16* residual = rank == 0 ? out : nullptr;
+  if (call.mlp) {
+    // x is the residual stream (rank 0: the in-place buffer; elsewhere a copy of it).
+    const __nv_bfloat16* x = rank == 0 ? out : r.x.as<__nv_bfloat16>();
+    if (exchanged)
+      r.layer->run_exchanged(x, residual, out, call.tokens, exchange, stream);
+    else
+      r.layer->run(x, residual, out, call.tokens, stream);
+    return;
+  }
+  kernels::GemvResidualParams p;
+  p.x = r.x.as<__nv_bfloat16>();
+  p.weights = r.weights.as<uint4>();
+  p.bias = rank == 0 ? r.bias.as<__nv_bfloat16>() : nullptr;
+  p.residual = residual;
+  p.y = out;
+  p.tokens = call.tokens;
+  p.rows = call.rows;
+  p.inner = call.inner;
+  p.exchange = exchange;
+  DF_CHECK_CUDA(kernels::launch_gemv_residual(p, stream));
+}
+
+void check_calls(const std::vector<int>& devices, const std::vector<Call>& calls, uint64_t seed) {
+  const int ranks = static_cast<int>(devices.size());
+  size_t largest = 0;
+  for (const Call& c : calls) largest = std::max(largest, c.outputs());
+  dist::OneShotBuffers buffers(devices, largest, largest);
+  // Per call: x shared by the ranks' MLPs, the norm weight.
+  auto rng = testing::make_rng(seed);
+  std::vector<std::vector<uint16_t>> shared_x, norm;
+  for (const Call& c : calls) {
+    shared_x.push_back(random_bits(rng, c.mlp ? c.outputs() : 0, 1.0f));
+    std::vector<float> weight = testing::random_uniform(rng, c.mlp ? c.rows : 0, 0.5f);
+    for (float& w : weight) w += 1.0f;
+    norm.push_back(to_bf16_bits(weight));
+  }
+  std::vector<std::vector<RankCall>> state(ranks);
+  // partials[call][rank], results[call][rank]
+  std::vector<std::vector<std::vector<uint16_t>>> partials(calls.size(), std::vector<std::vector<uint16_t>>(ranks)),
+      results = partials;
+  run_on_ranks(devices, [&](int rank) {
+    cudaStream_t stream = nullptr;
+    DF_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    for (size_t c = 0; c < calls.size(); ++c) state[rank].push_back(make_rank_call(calls[c], rank, seed + c, shared_x[c], norm[c]));
+    for (size_t c = 0; c < calls.size(); ++c) enqueue(calls[c], state[rank][c], rank, {}, stream);
+    DF_CHECK_CUDA(cudaStreamSynchronize(stream));
+    // Back to back, slots alternating.
+    for (size_t c = 0; c < calls.size(); ++c)
+      enqueue(calls[c], state[rank][c], rank, buffers.line_exchange(rank, static_cast<int>(c % 2), calls[c].outputs()),
+              stream);
+    DF_CHECK_CUDA(cudaStreamSynchronize(stream));
+    DF_CHECK_CUDA(cudaStreamDestroy(stream));
+    for (size_t c = 0; c < calls.size(); ++c) {
+      partials[c][rank] = state[rank][c].reference_out.to_host<uint16_t>(calls[c].outputs());
+      results[c][rank] = state[rank][c].out.to_host<uint16_t>(calls[c].outputs());
+    }
+    state[rank].clear();  // on the rank's own device
+  });
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const Call& call = calls[c];
+    const std::string what = std::to_string(ranks) + " ranks, call " + std::to_string(c) + (call.mlp ? " MLP " : " GEMV ") +
+                             std::to_string(call.rows) + "x" + std::to_string(call.inner) + ", " +
+                             std::to_string(call.tokens) + " tokens";
+    const std::vector<uint16_t> expected = reference::all_reduce_sum_bf16(partials[c]);
+    for (int r = 0; r < ranks; ++r) {
+      const std::vector<uint16_t>& got = results[c][r];
+      if (!call.mlp) {
+        const long at = testing::first_difference(got, expected);
+        EXPECT_EQ(at, -1) << what << ", rank " << r << ": element " << at << " is 0x" << std::hex
+                          << (at >= 0 ? got[at] : 0) << ", the reference 0x" << (at >= 0 ? expected[at] : 0);
+        continue;
+      }
+      size_t bad = 0, first_bad = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        double magnitude = 0;
+        for (int q = 0; q < ranks; ++q) magnitude += std::fabs(bf16_bits_to_float(partials[c][q][i]));
+        const double error = std::fabs(static_cast<double>(bf16_bits_to_float(got[i])) - bf16_bits_to_float(expected[i]));
+        if (!(error <= magnitude / 64) && bad++ == 0) first_bad = i;
+      }
+      EXPECT_EQ(bad, 0u) << what << ", rank " << r << ": " << bad << " values off, the first at " << first_bad << ": "
+                         << bf16_bits_to_float(got[first_bad]) << " against " << bf16_bits_to_float(expected[first_bad]);
+    }
+  }
+}
+
+// Llama-3-8B at TP 2 (o_proj 4096 x 2048, MLP 4096 x 7168) at 1, 5 and 16 tokens; a spread GEMV
+// (inner 4096: clusters of 8 or 6) and 128-row units of a wide one (8192 rows).
+std::vector<Call> two_rank_calls() {
+  return {{false, 4096, 2048, 1}, {true, 4096, 7168, 1},  {false, 4096, 2048, 5}, {true, 4096, 7168, 5},
+          {false, 4096, 4096, 1}, {true, 4096, 7168, 16}, {false, 8192, 2048, 3}, {true, 512, 1024, 8},
+          {false, 4096, 4096, 16}, {true, 4096, 7168, 1}};
+}
+
+TEST(EpilogueExchangeGpu, TwoRanks) {
+  DF_REQUIRE_PEER_GPUS(devices, 2);
+  check_calls(devices, two_rank_calls(), 1);
+}
+
+TEST(EpilogueExchangeGpu, FourRanks) {
+  DF_REQUIRE_PEER_GPUS(devices, 4);
+  // Llama-3-70B at TP 4: o_proj 8192 x 2048, MLP 8192 x 7168.
+  check_calls(devices, {{false, 8192, 2048, 1}, {true, 8192, 7168, 1}, {false, 8192, 2048, 8}, {true, 8192, 7168, 8}},
+              2);
+}
+
+TEST(EpilogueExchangeGpu, EightRanks) {
+  DF_REQUIRE_PEER_GPUS(devices, 8);
+  check_calls(devices, {{false, 8192, 1024, 1}, {true, 8192, 3584, 1}, {false, 8192, 1024, 4}, {true, 8192, 3584, 4}},
+              3);
+}
+
+}  // namespace
+}  // namespace deepfuse
