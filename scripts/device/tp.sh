@@ -5,8 +5,9 @@
 # usage: scripts/device/tp.sh OUT BIN [STEP...]   BIN: deepfuse and the test_*_gpu binaries (built
 # elsewhere); steps: tests bench8b bench70b memcheck tune ratio8b (default all but tune and
 # ratio8b, in that order).
-# ratio8b: Llama-3-8B batch 1 / 512 at TP 1 and TP 2, three interleaved rounds (the TP 2 speedup
-# with both sides on the same clocks).
+# ratio8b: Llama-3-8B batch 1 / 512 at TP 1, TP 2 and TP 2 with the one-shot all-reduce kernel
+# (all_reduce=one_shot_lines) instead of the plan's, three interleaved rounds (the TP 2 speedup
+# with every side on the same clocks).
 # tune: `deepfuse tune` for Llama-3-8B on GPU 0 alone, the plan saved as OUT/tuning.json (for
 # comparing plans between GPU kinds).
 set -uo pipefail
@@ -36,7 +37,8 @@ run() {  # run NAME LIMIT COMMAND...: log to OUT/NAME.log, one summary line
 if want tests; then
   run test_one_shot_all_reduce 90 "$bin/test_one_shot_all_reduce_gpu"
   run test_nccl_group 90 "$bin/test_nccl_group_gpu"
-  run test_tensor_parallel 200 "$bin/test_tensor_parallel_gpu"
+  run test_tensor_parallel 300 "$bin/test_tensor_parallel_gpu"
+  run test_epilogue_exchange 120 "$bin/test_epilogue_exchange_gpu"
   [[ -x $bin/test_engine_gpu ]] && run test_engine 200 "$bin/test_engine_gpu"
   run bench_allreduce 60 "$bin/deepfuse" bench allreduce --tp "$gpus" --json "$out/bench-allreduce.json"
   ((gpus > 2)) && run bench_allreduce_tp2 60 "$bin/deepfuse" bench allreduce --tp 2 --json "$out/bench-allreduce-tp2.json"
@@ -66,13 +68,20 @@ fi
 # memcheck on a TP 2 engine through NCCL (the one-shot kernel spins on its peers: sanitizer-serialised
 # launches could wait forever). API errors are not reported: NCCL meets (and handles) its own
 # cudaErrorPeerAccessAlreadyEnabled about 90 times; the engine checks every call it makes itself.
-want memcheck && run memcheck_tp 150 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 "$bin/test_tensor_parallel_gpu" \
-  --gtest_filter='Ranks/TensorParallelTiny.LogitsMatchOneGpuNccl/tp2_llama*'
+# The epilogues' exchange spins on its peers too; under the sanitizer too, as the one-shot kernel.
+if want memcheck; then
+  sanitize=(compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9)
+  run memcheck_tp 150 "${sanitize[@]}" "$bin/test_tensor_parallel_gpu" \
+    --gtest_filter='Ranks/TensorParallelTiny.LogitsMatchOneGpuNccl/tp2_llama*:Ranks/TensorParallelTiny.LogitsMatchOneGpuEpilogue/tp2_llama*'
+  run memcheck_exchange 200 "${sanitize[@]}" "$bin/test_epilogue_exchange_gpu"
+fi
 if want ratio8b; then
   one=("$bin/deepfuse" bench decode --archs llama3-8b --batches 1 --contexts 512 --no-ttft --steps 128)
   for round in 1 2 3; do
     run ratio_tp1_r$round 120 "${one[@]}" --json "$out/ratio-tp1-r$round.json"
     run ratio_tp2_r$round 120 "${one[@]}" --tp 2 --plan --json "$out/ratio-tp2-r$round.json"
+    run ratio_tp2lines_r$round 120 "${one[@]}" --tp 2 --plan --plan-override all_reduce=one_shot_lines \
+      --json "$out/ratio-tp2lines-r$round.json"
   done
   python3 - "$out" <<'PY' | tee -a "$summary"
 import json, sys
@@ -81,8 +90,9 @@ def ms(tp, r):
     return rows[0]["ms_per_step"]
 for r in (1, 2, 3):
     try:
-        a, b = ms(1, r), ms(2, r)
-        print(f"round {r}: TP 1 {a:.3f} ms, TP 2 {b:.3f} ms, speedup {a / b:.3f}x")
+        a, b, c = ms(1, r), ms(2, r), ms("2lines", r)
+        print(f"round {r}: TP 1 {a:.3f} ms, TP 2 {b:.3f} ms ({a / b:.3f}x), "
+              f"TP 2 one_shot_lines {c:.3f} ms ({a / c:.3f}x)")
     except Exception as e:
         print(f"round {r}: {e}")
 PY
