@@ -189,20 +189,13 @@ bool ForwardPass::output_projection(const GpuLayerWeights& w, int tokens, const 
   p.rows = hidden;
   p.inner = q_size;
   p.pending = pending;  // added to the residual, then zero for that MLP's next call
-  if (exchanges_in_epilogue(tokens, c.all_reduce)) {
-    kernels::GemvResidualParams exchanged = p;
-    exchanged.y = residual;
-    exchanged.exchange = line_exchange(0, tokens);
-    const cudaError_t launched = kernels::launch_gemv_residual(exchanged, stream);
-    // Refused only where this GPU cannot hold the whole grid at once (nothing was launched): the
-    // partial and an all-reduce kernel then, the same on every rank.
-    if (launched != cudaErrorCooperativeLaunchTooLarge) {
-      DF_CHECK_CUDA(launched);
-      return true;
-    }
+  const bool exchanged = exchanges_in_epilogue(tokens, c.all_reduce);
+  if (exchanged) {
+    p.y = residual;
+    p.exchange = line_exchange(0, tokens);
   }
   DF_CHECK_CUDA(kernels::launch_gemv_residual(p, stream));
-  return false;
+  return exchanged;
 }
 
 bool ForwardPass::exchanges_in_epilogue(int tokens, AllReduceChoice choice) const {
@@ -438,8 +431,7 @@ int ForwardPass::launches_per_layer(int attention_launches, const BucketPlan& bu
   // cuBLASLt, counted as one although a split-K algorithm adds a reduction kernel), the MLP
   const int front = bucket.front == FrontChoice::fused ? 1 : 2;
   // After attention and after the MLP, one kernel each, unless the GEMV's or the fused MLP's
-  // epilogue sums over the ranks itself (assumes the GEMV's grid fits the GPU at once, as it does
-  // on every GPU measured: output_projection falls back to a kernel otherwise).
+  // epilogue sums over the ranks itself.
   const bool epilogue = split() && bucket.all_reduce == AllReduceChoice::epilogue && link_->one_shot;
   const int all_reduces = !split() ? 0
                                    : 2 - (epilogue && bucket.o_proj == OProjChoice::gemv) -

@@ -29,8 +29,8 @@ struct GemvResidualParams {
   float* pending = nullptr;
   // Tensor parallel (active: ranks > 1): y receives the sum over the ranks of every rank's
   // x · W^T (+ bias) (+ residual), each rank's rounded to bf16 first, exchanged in the epilogue
-  // (line_exchange.hpp) instead of an all-reduce launch; no pending then. Every rank's grid must
-  // be resident at once: the launch is refused (cudaErrorCooperativeLaunchTooLarge) otherwise.
+  // (line_exchange.hpp) instead of an all-reduce launch, by the last blocks to finish; no pending
+  // then.
   LineExchange exchange;
 };
 

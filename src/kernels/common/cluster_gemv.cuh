@@ -285,11 +285,10 @@ cudaError_t shared_bytes_for_blocks_per_sm(int per_sm, size_t& bytes);
 // block may have (no clusters and a large inner dimension: the caller falls back). spread: each
 // block asks for the shared memory of one of kSpreadBlocksPerSm blocks per SM, and the launch is
 // refused with cudaErrorCooperativeLaunchTooLarge (nothing launched) unless every cluster of the
-// grid can be resident at once. all_resident: that refusal for the packed grid too (kernels whose
-// blocks wait on other GPUs' blocks).
+// grid can be resident at once.
 template <int NT, int kUnitRows, int C, int kStages = ring_stages<NT, C>(), typename Params>
 cudaError_t launch(void (*kernel)(Params, int), const Params& params, int units, int inner, cudaStream_t stream,
-                   bool spread = false, bool all_resident = false) {
+                   bool spread = false) {
   const int max_ksteps = max_ksteps_per_block<C>(inner);
   const SharedLayout<kUnitRows, C> layout(kStages, max_ksteps, 8 * NT);
   if (layout.total > static_cast<size_t>(kMaxSharedBytes)) return cudaErrorNotSupported;
@@ -312,8 +311,6 @@ cudaError_t launch(void (*kernel)(Params, int), const Params& params, int units,
     if (cudaError_t e = shared_bytes_for_blocks_per_sm(kSpreadBlocksPerSm, spread_bytes); e != cudaSuccess) return e;
     shared_bytes = std::max(shared_bytes, spread_bytes);
     if (shared_bytes > static_cast<size_t>(kMaxSharedBytes)) return cudaErrorCooperativeLaunchTooLarge;
-  }
-  if (spread || all_resident) {
     // Resident clusters for this instantiation at this size, per device (queried once each).
     static std::mutex mutex;
     static std::map<std::pair<int, size_t>, int> resident;

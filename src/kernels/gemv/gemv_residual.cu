@@ -15,6 +15,37 @@ namespace {
 
 using cluster_gemv::kThreads;
 
+// Tensor parallel, after every block pushed its lines: the last `finishers` blocks to arrive wait
+// for the stragglers, then sum their share of y's lines over the ranks (this rank's values from y,
+// the peers' as they arrive); the other blocks return. Nothing waits on a block that may not be
+// running: the finishers' stragglers and the peers' pushes never wait.
+__device__ void sum_over_ranks(const GemvResidualParams& p, uint32_t epoch) {
+  __shared__ unsigned ticket;
+  uint32_t* const signals = p.exchange.signals;
+  const unsigned blocks = gridDim.x;
+  const size_t line_count = static_cast<size_t>(p.tokens) * p.rows / 4;
+  // One line per thread, at most 16 blocks (about what the one-shot kernel spreads a message over).
+  const size_t wanted = (line_count + kThreads - 1) / kThreads;
+  const unsigned finishers = min(blocks, static_cast<unsigned>(wanted < 16 ? wanted : 16));
+  __threadfence();  // this block's y values are visible before its arrival counts
+  __syncthreads();
+  if (threadIdx.x == 0) ticket = atomicAdd(signals + lines::kArrivedWord, 1u);
+  __syncthreads();
+  if (ticket < blocks - finishers) return;
+  if (threadIdx.x == 0)
+    while (*reinterpret_cast<volatile unsigned*>(signals + lines::kArrivedWord) < blocks) __nanosleep(32);
+  __syncthreads();
+  __threadfence();
+  const unsigned finisher = ticket - (blocks - finishers);
+  const size_t end = line_count * (finisher + 1) / finishers;
+  for (size_t line = line_count * finisher / finishers + threadIdx.x; line < end; line += kThreads) {
+    auto* y = reinterpret_cast<uint2*>(p.y) + line;
+    *y = lines::sum_line(p.exchange, line, __ldcg(y), epoch);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) lines::finish_block(signals, epoch, finishers);
+}
+
 template <int NT, int kUnitRows, int C, int kStages>
 __global__ void __launch_bounds__(kThreads) gemv_residual_kernel(const GemvResidualParams p, int max_ksteps) {
   extern __shared__ __align__(16) unsigned char shared_raw[];
@@ -71,9 +102,8 @@ __global__ void __launch_bounds__(kThreads) gemv_residual_kernel(const GemvResid
     trace::stamp(trace::Kernel::unknown, trace::Mark::end);
     return;
   }
-  // Tensor parallel: this rank's four values of each line go into y (this GPU) and to every peer;
-  // then y becomes their sum over the ranks (the upstream wait in stream_unit is behind us, so the
-  // last exchange's epoch is published).
+  // Tensor parallel: this rank's four values of each line go into y (this GPU) and to every peer
+  // (the upstream wait in stream_unit is behind us, so the last exchange's epoch is published).
   const uint32_t epoch = lines::next_epoch(p.exchange.signals);
   for (int work = threadIdx.x; work < works; work += kThreads) {
     const __nv_bfloat162 low = __floats2bfloat162_rn(value(work, 0), value(work, 1));
@@ -83,20 +113,16 @@ __global__ void __launch_bounds__(kThreads) gemv_residual_kernel(const GemvResid
     *reinterpret_cast<uint2*>(p.y + index) = own;
     lines::push_line(p.exchange, index / 4, own, epoch);
   }
-  for (int work = threadIdx.x; work < works; work += kThreads) {
-    const size_t index = output_index(item_of(work, 0));
-    auto* y = reinterpret_cast<uint2*>(p.y + index);
-    *y = lines::sum_line(p.exchange, index / 4, *y, epoch);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) lines::finish_block(p.exchange.signals, epoch, gridDim.x);
+  // Then the last blocks to get here sum y over the ranks; the others leave at once, so the next
+  // kernel's blocks take their SMs and load weights while the peers' lines arrive (every block
+  // waiting for its own lines measured slower: docs/dist.md, "The all-reduce in the epilogues").
+  sum_over_ranks(p, epoch);
   trace::stamp(trace::Kernel::unknown, trace::Mark::end);
 }
 
 template <int kUnitRows>
 cudaError_t launch_for_unit(const GemvResidualParams& p, cudaStream_t stream) {
   const int units = p.rows / kUnitRows;
-  const bool all_resident = p.exchange.active();  // its epilogues wait on the peers' blocks
   return cluster_gemv::dispatch(p.tokens, p.inner, units, [&](auto nt, auto c, bool spread, int sms) {
     constexpr int NT = decltype(nt)::value, C = decltype(c)::value;
     constexpr int kStages = cluster_gemv::ring_stages<NT, C>();
@@ -113,9 +139,9 @@ cudaError_t launch_for_unit(const GemvResidualParams& p, cudaStream_t stream) {
     if constexpr (NT == 1 && C > 1)  // measured on the H200 only
       if (!spread && units * C <= 2 * sms && warp_ksteps >= kStages)
         return cluster_gemv::launch<NT, kUnitRows, C, kDeepStages>(
-            gemv_residual_kernel<NT, kUnitRows, C, kDeepStages>, p, units, p.inner, stream, spread, all_resident);
+            gemv_residual_kernel<NT, kUnitRows, C, kDeepStages>, p, units, p.inner, stream, spread);
     return cluster_gemv::launch<NT, kUnitRows, C, kStages>(gemv_residual_kernel<NT, kUnitRows, C, kStages>, p, units,
-                                                           p.inner, stream, spread, all_resident);
+                                                           p.inner, stream, spread);
   });
 }
 
