@@ -15,28 +15,36 @@ namespace {
 
 using cluster_gemv::kThreads;
 
-// Tensor parallel, after every block pushed its lines: the last `finishers` blocks to arrive wait
-// for the stragglers, then sum their share of y's lines over the ranks (this rank's values from y,
-// the peers' as they arrive); the other blocks return. Nothing waits on a block that may not be
-// running: the finishers' stragglers and the peers' pushes never wait.
-__device__ void sum_over_ranks(const GemvResidualParams& p, uint32_t epoch) {
+// Tensor parallel: the last `finishers` blocks to have written their y values sum y over the ranks,
+// one line per thread, at most 16 blocks (about what the one-shot kernel spreads a message over).
+__device__ unsigned exchange_finishers(const GemvResidualParams& p) {
+  const size_t wanted = (static_cast<size_t>(p.tokens) * p.rows / 4 + kThreads - 1) / kThreads;
+  return min(gridDim.x, static_cast<unsigned>(wanted < 16 ? wanted : 16));
+}
+
+// Counts this block's y values in; returns its place among the summing blocks (0 .. finishers - 1),
+// or -1 for the blocks that arrived before them. Every block arrives without waiting on anything,
+// so the summing blocks never wait on a block that may not be running.
+__device__ int arrive(const GemvResidualParams& p) {
   __shared__ unsigned ticket;
-  uint32_t* const signals = p.exchange.signals;
-  const unsigned blocks = gridDim.x;
-  const size_t line_count = static_cast<size_t>(p.tokens) * p.rows / 4;
-  // One line per thread, at most 16 blocks (about what the one-shot kernel spreads a message over).
-  const size_t wanted = (line_count + kThreads - 1) / kThreads;
-  const unsigned finishers = min(blocks, static_cast<unsigned>(wanted < 16 ? wanted : 16));
   __threadfence();  // this block's y values are visible before its arrival counts
   __syncthreads();
-  if (threadIdx.x == 0) ticket = atomicAdd(signals + lines::kArrivedWord, 1u);
+  if (threadIdx.x == 0) ticket = atomicAdd(p.exchange.signals + lines::kArrivedWord, 1u);
   __syncthreads();
-  if (ticket < blocks - finishers) return;
+  const unsigned first = gridDim.x - exchange_finishers(p);
+  return ticket < first ? -1 : static_cast<int>(ticket - first);
+}
+
+// Summing block `finisher`: once every block arrived, its share of y's lines summed over the ranks
+// (this rank's values from y, the peers' as they arrive).
+__device__ void sum_over_ranks(const GemvResidualParams& p, int finisher, uint32_t epoch) {
+  uint32_t* const signals = p.exchange.signals;
+  const unsigned finishers = exchange_finishers(p);
   if (threadIdx.x == 0)
-    while (*reinterpret_cast<volatile unsigned*>(signals + lines::kArrivedWord) < blocks) __nanosleep(32);
+    while (*reinterpret_cast<volatile unsigned*>(signals + lines::kArrivedWord) < gridDim.x) __nanosleep(32);
   __syncthreads();
   __threadfence();
-  const unsigned finisher = ticket - (blocks - finishers);
+  const size_t line_count = static_cast<size_t>(p.tokens) * p.rows / 4;
   const size_t end = line_count * (finisher + 1) / finishers;
   for (size_t line = line_count * finisher / finishers + threadIdx.x; line < end; line += kThreads) {
     auto* y = reinterpret_cast<uint2*>(p.y) + line;
@@ -104,19 +112,23 @@ __global__ void __launch_bounds__(kThreads) gemv_residual_kernel(const GemvResid
   }
   // Tensor parallel: this rank's four values of each line go into y (this GPU) and to every peer
   // (the upstream wait in stream_unit is behind us, so the last exchange's epoch is published).
+  // Then the last blocks to get here sum y over the ranks; the others leave at once, so the next
+  // kernel's blocks take their SMs while the peers' lines arrive (every block waiting for its own
+  // lines measured slower: docs/dist.md, "The all-reduce in the epilogues").
   const uint32_t epoch = lines::next_epoch(p.exchange.signals);
   for (int work = threadIdx.x; work < works; work += kThreads) {
     const __nv_bfloat162 low = __floats2bfloat162_rn(value(work, 0), value(work, 1));
     const __nv_bfloat162 high = __floats2bfloat162_rn(value(work, 2), value(work, 3));
-    const uint2 own = {*reinterpret_cast<const uint32_t*>(&low), *reinterpret_cast<const uint32_t*>(&high)};
-    const size_t index = output_index(item_of(work, 0));
-    *reinterpret_cast<uint2*>(p.y + index) = own;
-    lines::push_line(p.exchange, index / 4, own, epoch);
+    *reinterpret_cast<uint2*>(p.y + output_index(item_of(work, 0))) = {*reinterpret_cast<const uint32_t*>(&low),
+                                                                      *reinterpret_cast<const uint32_t*>(&high)};
   }
-  // Then the last blocks to get here sum y over the ranks; the others leave at once, so the next
-  // kernel's blocks take their SMs and load weights while the peers' lines arrive (every block
-  // waiting for its own lines measured slower: docs/dist.md, "The all-reduce in the epilogues").
-  sum_over_ranks(p, epoch);
+  const int finisher = arrive(p);
+  // Pushed after the arrival: a fence after a push would wait an NVLink round trip for it.
+  for (int work = threadIdx.x; work < works; work += kThreads) {
+    const size_t index = output_index(item_of(work, 0));
+    lines::push_line(p.exchange, index / 4, *reinterpret_cast<const uint2*>(p.y + index), epoch);
+  }
+  if (finisher >= 0) sum_over_ranks(p, finisher, epoch);
   trace::stamp(trace::Kernel::unknown, trace::Mark::end);
 }
 

@@ -470,7 +470,9 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
   __syncthreads();
   trace::stamp(trace::Kernel::unknown, trace::Mark::finish);
   if (tid == 0) {
-    __threadfence();
+    // Not after an exchange: this thread's pushes to the peers would make the fence wait an NVLink
+    // round trip, and the counts are read only after this grid completes.
+    if (!exchange) __threadfence();
     // The last finisher resets the counters: every finisher has left its wait loop by now.
     if (atomicAdd(&p.counters[1], 1u) == static_cast<unsigned>(finishers) - 1) {
       p.counters[0] = 0;
