@@ -35,21 +35,22 @@ __device__ int arrive(const GemvResidualParams& p) {
   return ticket < first ? -1 : static_cast<int>(ticket - first);
 }
 
-// Summing block `finisher`: once every block arrived, its share of y's lines summed over the ranks
-// (this rank's values from y, the peers' as they arrive).
-__device__ void sum_over_ranks(const GemvResidualParams& p, int finisher, uint32_t epoch) {
+// Summing block `finisher`: once every block arrived, its share of y's lines pushed to the peers,
+// then summed over the ranks (this rank's values from y, the peers' as they arrive). The upstream
+// wait in stream_unit is behind us, so the last exchange's epoch is published.
+__device__ void sum_over_ranks(const GemvResidualParams& p, int finisher) {
   uint32_t* const signals = p.exchange.signals;
+  const uint32_t epoch = lines::next_epoch(signals);
   const unsigned finishers = exchange_finishers(p);
   if (threadIdx.x == 0)
     while (*reinterpret_cast<volatile unsigned*>(signals + lines::kArrivedWord) < gridDim.x) __nanosleep(32);
   __syncthreads();
   __threadfence();
   const size_t line_count = static_cast<size_t>(p.tokens) * p.rows / 4;
-  const size_t end = line_count * (finisher + 1) / finishers;
-  for (size_t line = line_count * finisher / finishers + threadIdx.x; line < end; line += kThreads) {
-    auto* y = reinterpret_cast<uint2*>(p.y) + line;
-    *y = lines::sum_line(p.exchange, line, __ldcg(y), epoch);
-  }
+  const size_t begin = line_count * finisher / finishers, end = line_count * (finisher + 1) / finishers;
+  auto* const y = reinterpret_cast<uint2*>(p.y);
+  for (size_t line = begin + threadIdx.x; line < end; line += kThreads) lines::push_line(p.exchange, line, __ldcg(y + line), epoch);
+  for (size_t line = begin + threadIdx.x; line < end; line += kThreads) y[line] = lines::sum_line(p.exchange, line, y[line], epoch);
   __syncthreads();
   if (threadIdx.x == 0) lines::finish_block(signals, epoch, finishers);
 }
@@ -110,12 +111,10 @@ __global__ void __launch_bounds__(kThreads) gemv_residual_kernel(const GemvResid
     trace::stamp(trace::Kernel::unknown, trace::Mark::end);
     return;
   }
-  // Tensor parallel: this rank's four values of each line go into y (this GPU) and to every peer
-  // (the upstream wait in stream_unit is behind us, so the last exchange's epoch is published).
-  // Then the last blocks to get here sum y over the ranks; the others leave at once, so the next
-  // kernel's blocks take their SMs while the peers' lines arrive (every block waiting for its own
-  // lines measured slower: docs/dist.md, "The all-reduce in the epilogues").
-  const uint32_t epoch = lines::next_epoch(p.exchange.signals);
+  // Tensor parallel: this rank's four values of each line go into y (this GPU); then the last
+  // blocks to get here push y to the peers and sum it over the ranks, as the fused MLP's finishers
+  // do; the others leave at once (every block pushing its own lines, or also waiting for the
+  // peers', measured slower: docs/dist.md, "The all-reduce in the epilogues").
   for (int work = threadIdx.x; work < works; work += kThreads) {
     const __nv_bfloat162 low = __floats2bfloat162_rn(value(work, 0), value(work, 1));
     const __nv_bfloat162 high = __floats2bfloat162_rn(value(work, 2), value(work, 3));
@@ -123,12 +122,7 @@ __global__ void __launch_bounds__(kThreads) gemv_residual_kernel(const GemvResid
                                                                       *reinterpret_cast<const uint32_t*>(&high)};
   }
   const int finisher = arrive(p);
-  // Pushed after the arrival: a fence after a push would wait an NVLink round trip for it.
-  for (int work = threadIdx.x; work < works; work += kThreads) {
-    const size_t index = output_index(item_of(work, 0));
-    lines::push_line(p.exchange, index / 4, *reinterpret_cast<const uint2*>(p.y + index), epoch);
-  }
-  if (finisher >= 0) sum_over_ranks(p, finisher, epoch);
+  if (finisher >= 0) sum_over_ranks(p, finisher);
   trace::stamp(trace::Kernel::unknown, trace::Mark::end);
 }
 
