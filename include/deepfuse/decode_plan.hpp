@@ -24,12 +24,12 @@ enum class OProjChoice { gemv, cublaslt };
 // Tensor parallel: how each block's two sums over the ranks run: NCCL's all-reduce, or the
 // one-shot all-reduce over NVLink peer memory (deepfuse/kernels/one_shot_all_reduce.hpp), which
 // needs peer access between the GPUs: with a flag after the data, with flags in the data, or
-// (one_shot) whichever of the two its built-in size rule picks; or (epilogue) no all-reduce kernel:
-// the o_proj GEMV and the fused MLP sum their outputs over the ranks in their own epilogues, with
-// flags in the data (deepfuse/kernels/line_exchange.hpp), where the bucket runs them (elsewhere
-// the one-shot kernel with flags in the data). A TP engine times NCCL and both protocols per
-// bucket at start and keeps the fastest, or takes epilogue where flags in the data are the
-// one-shot's size rule and the bucket runs the GEMV or the fused MLP. One GPU: unused.
+// (one_shot) whichever of the two its built-in size rule picks; or (epilogue) the fused MLP sums
+// its output over the ranks in its own finish, with flags in the data
+// (deepfuse/kernels/line_exchange.hpp), and the block's other sum (and an unfused MLP's) is the
+// one-shot kernel with flags in the data. A TP engine times NCCL and both protocols per bucket at
+// start and keeps the fastest, or takes epilogue where flags in the data are the one-shot's size
+// rule and the bucket runs the fused MLP. One GPU: unused.
 enum class AllReduceChoice { nccl, one_shot, one_shot_flag, one_shot_lines, epilogue };
 // Where the decode attention's splits merge (kernels::SplitMerge).
 enum class MergeChoice { automatic, workspace, cluster };

@@ -116,12 +116,12 @@ float* ForwardPass::layer(int index, int tokens, const int32_t* positions, const
     unfused_qkv(w, tokens, positions, rows, kv, stream);
   attend(kv, tokens, attention, stream);
   // 5. output projection, added into the residual stream in place (tensor parallel: each rank's
-  // partial sum, rank 0's with the residual, summed over the ranks into the stream, by the GEMV's
-  // own epilogue or an all-reduce after it).
-  const bool o_proj_summed = output_projection(w, tokens, c, pending, stream);
-  if (split() && !o_proj_summed) all_reduce(0, tokens, c.all_reduce, stream);
+  // partial sum, rank 0's with the residual, summed over the ranks into the stream).
+  output_projection(w, tokens, c.o_proj == OProjChoice::gemv, pending, stream);
+  if (split()) all_reduce(0, tokens, c.all_reduce, stream);
   // 6-7. post-attention RMSNorm and the SwiGLU MLP, added into the residual stream in place (both
-  // variants fold the norm in), or left for the next block's kernels.
+  // variants fold the norm in), or left for the next block's kernels; tensor parallel, summed over
+  // the ranks by the fused MLP's finishing blocks or an all-reduce after it.
   MlpLayer& mlp = w.mlp(c.mlp);
   if (defers_sum) return mlp.run_deferred(residual, tokens, stream);
   if (split()) {
@@ -163,9 +163,8 @@ void ForwardPass::fused_qkv(const GpuLayerWeights& w, int tokens, const int32_t*
 // o_proj (+ Llama's o_proj bias) added into the residual stream in place: the cluster GEMV in
 // small decode steps (one launch, which also adds and clears a pending MLP sum; cuBLASLt's small-M
 // choice is a split-K GEMM plus a reduction kernel), cuBLASLt otherwise.
-bool ForwardPass::output_projection(const GpuLayerWeights& w, int tokens, const Choices& c, float* pending,
+void ForwardPass::output_projection(const GpuLayerWeights& w, int tokens, bool gemv, float* pending,
                                     cudaStream_t stream) {
-  const bool gemv = c.o_proj == OProjChoice::gemv;
   auto* residual = buffers_.residual.as<__nv_bfloat16>();
   const auto* attention_out = buffers_.attention_out.as<__nv_bfloat16>();
   // Tensor parallel: rank 0's partial carries the residual and the bias, the others' only their
@@ -177,7 +176,7 @@ bool ForwardPass::output_projection(const GpuLayerWeights& w, int tokens, const 
   if (!gemv) {
     gemm_.run_with_bias(attention_out, w.o_proj.as<__nv_bfloat16>(), o_bias, addend, y, tokens, hidden, q_size,
                         stream);
-    return false;
+    return;
   }
   kernels::GemvResidualParams p;
   p.x = attention_out;
@@ -189,13 +188,7 @@ bool ForwardPass::output_projection(const GpuLayerWeights& w, int tokens, const 
   p.rows = hidden;
   p.inner = q_size;
   p.pending = pending;  // added to the residual, then zero for that MLP's next call
-  const bool exchanged = exchanges_in_epilogue(tokens, c.all_reduce);
-  if (exchanged) {
-    p.y = residual;
-    p.exchange = line_exchange(0, tokens);
-  }
   DF_CHECK_CUDA(kernels::launch_gemv_residual(p, stream));
-  return exchanged;
 }
 
 bool ForwardPass::exchanges_in_epilogue(int tokens, AllReduceChoice choice) const {
@@ -212,7 +205,7 @@ void ForwardPass::all_reduce(int slot, int tokens, AllReduceChoice choice, cudaS
   auto* residual = buffers_.residual.as<__nv_bfloat16>();
   if (choice != AllReduceChoice::nccl && link_->one_shot && elements <= link_->one_shot->exchange_elements()) {
     kernels::OneShotAllReduceParams p = link_->one_shot->params(link_->shard.rank, slot, elements, residual);
-    // epilogue: what remains of it (an unfused MLP, cuBLASLt's o_proj) in the epilogues' protocol.
+    // epilogue: the all-reduces the fused MLP does not do itself, in its protocol.
     p.protocol = choice == AllReduceChoice::one_shot_flag ? kernels::OneShotProtocol::flag_after_data
                  : choice == AllReduceChoice::one_shot_lines || choice == AllReduceChoice::epilogue
                      ? kernels::OneShotProtocol::flags_in_data
@@ -430,12 +423,11 @@ int ForwardPass::launches_per_layer(int attention_launches, const BucketPlan& bu
   // [QKV GEMM, rope_kv_append] or the fused front, attention, o_proj (the cluster GEMV, or
   // cuBLASLt, counted as one although a split-K algorithm adds a reduction kernel), the MLP
   const int front = bucket.front == FrontChoice::fused ? 1 : 2;
-  // After attention and after the MLP, one kernel each, unless the GEMV's or the fused MLP's
-  // epilogue sums over the ranks itself.
-  const bool epilogue = split() && bucket.all_reduce == AllReduceChoice::epilogue && link_->one_shot;
-  const int all_reduces = !split() ? 0
-                                   : 2 - (epilogue && bucket.o_proj == OProjChoice::gemv) -
-                                         (epilogue && bucket.mlp == MlpChoice::fused);
+  // After attention and after the MLP, one kernel each, unless the fused MLP sums over the ranks
+  // itself.
+  const bool mlp_sums = split() && bucket.all_reduce == AllReduceChoice::epilogue && link_->one_shot &&
+                        bucket.mlp == MlpChoice::fused;
+  const int all_reduces = !split() ? 0 : mlp_sums ? 1 : 2;
   return front + attention_launches + 1 + weights_.layers.front().mlp(bucket.mlp).launches_per_call(true) +
          all_reduces;
 }

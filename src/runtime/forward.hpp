@@ -171,12 +171,10 @@ class ForwardPass {
                  const kernels::PagedKv& kv, const float* pending, cudaStream_t stream);
   void unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_t* positions, const int32_t* rows,
                    const kernels::PagedKv& kv, cudaStream_t stream);
-  // The cluster GEMV (c.o_proj gemv), which adds and clears `pending`, or cuBLASLt. Tensor
-  // parallel: true where the GEMV's epilogue summed the output over the ranks into the residual
-  // stream, false where partial[0] holds this rank's share for an all-reduce.
-  bool output_projection(const GpuLayerWeights& w, int tokens, const Choices& c, float* pending, cudaStream_t stream);
-  // Tensor parallel: whether a kernel that can sum its output over the ranks in its epilogue does
-  // (the epilogue choice, peer buffers, and a message they hold).
+  // gemv: the cluster GEMV, which adds and clears `pending`; else cuBLASLt.
+  void output_projection(const GpuLayerWeights& w, int tokens, bool gemv, float* pending, cudaStream_t stream);
+  // Tensor parallel: whether the fused MLP sums its output over the ranks in its finish (the
+  // epilogue choice, peer buffers, and a message they hold).
   bool exchanges_in_epilogue(int tokens, AllReduceChoice choice) const;
   kernels::LineExchange line_exchange(int slot, int tokens) const;
   void attend(const kernels::PagedKv& kv, int tokens, const Attention& attention, cudaStream_t stream);

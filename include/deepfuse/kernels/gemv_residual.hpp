@@ -8,8 +8,6 @@
 
 #include <cstdint>
 
-#include "deepfuse/kernels/line_exchange.hpp"
-
 namespace deepfuse::kernels {
 
 inline constexpr int kGemvResidualMaxTokens = 32;
@@ -27,11 +25,6 @@ struct GemvResidualParams {
   // (the fused MLP's defer_sum). The residual used is bf16(residual + pending), as that kernel
   // would have written it; each pending value is zeroed once read, ready for its producer.
   float* pending = nullptr;
-  // Tensor parallel (active: ranks > 1): y receives the sum over the ranks of every rank's
-  // x · W^T (+ bias) (+ residual), each rank's rounded to bf16 first, exchanged in the epilogue
-  // (line_exchange.hpp) instead of an all-reduce launch, by the last blocks to finish; no pending
-  // then.
-  LineExchange exchange;
 };
 
 // cudaErrorInvalidValue on bad params; cudaErrorNotSupported when the device cannot run the

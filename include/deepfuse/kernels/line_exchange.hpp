@@ -1,15 +1,15 @@
 // Where a kernel's epilogue sums its output over the tensor-parallel ranks itself, with no
-// all-reduce kernel of its own: the o_proj GEMV (gemv_residual.hpp) and the fused MLP's finish
-// (swiglu_fused.hpp). Each thread that finishes four consecutive output values pushes them to every
-// peer as one line of the one-shot all-reduce's flags_in_data protocol (one_shot_all_reduce.hpp),
-// waits for the peers' lines of the same four values and stores their sum in rank order, rounded
-// once: the same result, bit for bit, as writing the partial and running the one-shot all-reduce.
+// all-reduce kernel of its own: the fused MLP's finish (swiglu_fused.hpp). Each thread that
+// finishes four consecutive output values pushes them to every peer as one line of the one-shot
+// all-reduce's flags_in_data protocol (one_shot_all_reduce.hpp), waits for the peers' lines of the
+// same four values and stores their sum in rank order, rounded once: the same result, bit for bit,
+// as writing the partial and running the one-shot all-reduce.
 //
 // The buffers and the contract are the one-shot all-reduce's (dist::OneShotBuffers, the line
 // areas of one slot, the signal area's epoch words): consecutive exchanges alternate slots, and
 // every rank runs the same sequence of exchanges, one-shot calls included (they share the epoch).
-// A kernel that exchanges must have every block resident at once on every rank (its epilogues
-// wait on the peers' blocks of the same index).
+// The blocks that exchange must be resident at once on every rank (each waits on the peers' blocks
+// that finish the same values).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -23,14 +23,12 @@ namespace deepfuse::kernels::lines {
 constexpr long long kSpinLimitCycles = 20'000'000'000LL;
 
 // Signal area words after the flag protocol's (flags[block][rank], then epochs[block], for 64
-// blocks): the epoch of the last call, how many of the running call's summing blocks have finished
-// (the last one publishes the epoch and resets the counts), and how many of the o_proj GEMV's
-// blocks have pushed their lines (its last ones sum).
+// blocks): the epoch of the last call, and how many of the running call's blocks have finished
+// (the last one publishes the epoch and resets the count).
 constexpr size_t kFlagProtocolWords = 64 * (kMaxTensorParallelRanks + 1);
 constexpr size_t kEpochWord = kFlagProtocolWords;
 constexpr size_t kBlocksDoneWord = kFlagProtocolWords + 1;
-constexpr size_t kArrivedWord = kFlagProtocolWords + 2;
-constexpr size_t kSignalWords = kFlagProtocolWords + 3;
+constexpr size_t kSignalWords = kFlagProtocolWords + 2;
 
 __device__ __forceinline__ void store_line(uint4* address, const uint4& line) {
   asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(address), "r"(line.x), "r"(line.y),
@@ -54,14 +52,12 @@ __device__ __forceinline__ uint32_t next_epoch(const uint32_t* signals) {
   return epoch == 0 ? 1 : epoch;
 }
 
-// Called by one thread of each of the call's `blocks` summing blocks once the block is done with
-// the call (every summing block is past any wait on the counts): the last one resets the counts and
-// publishes the epoch for the next call. No fence: the words are read only after this grid
-// completes, and one after this thread's pushes would wait an NVLink round trip for them.
+// Called by one thread of each of the call's `blocks` blocks once the block is done with the
+// call: the last one resets the count and publishes the epoch for the next call (read only after
+// this grid completes).
 __device__ __forceinline__ void finish_block(uint32_t* signals, uint32_t epoch, unsigned blocks) {
   if (atomicAdd(signals + kBlocksDoneWord, 1u) == blocks - 1) {
     signals[kBlocksDoneWord] = 0;
-    signals[kArrivedWord] = 0;
     signals[kEpochWord] = epoch;
   }
 }

@@ -257,7 +257,10 @@ __global__ void __launch_bounds__(kThreads) flags_in_data_kernel(const OneShotAl
   }
   // (3) The last block to finish publishes the epoch for the next call.
   __syncthreads();
-  if (threadIdx.x == 0) lines::finish_block(signals, epoch, gridDim.x);
+  if (threadIdx.x == 0) {
+    __threadfence();
+    lines::finish_block(signals, epoch, gridDim.x);
+  }
 }
 
 // ---- launch ----------------------------------------------------------------------------------

@@ -71,12 +71,11 @@ struct RowHome {
   int slot;
 };
 
-// Rows one block may finish: its slice of the unit's rows in groups of four (the o_proj epilogue,
-// whose tensor-parallel exchange pushes four values a line), or (the QKV epilogue) its slice of
-// the rotation pairs, two rows each.
+// Rows one block may finish: its slice of the unit's rows, or (the QKV epilogue) its slice of the
+// rotation pairs, two rows each.
 template <int kUnitRows, int C>
 constexpr int owned_rows() {
-  return 4 * ((kUnitRows / 4 + C - 1) / C);
+  return 2 * ((kUnitRows / 2 + C - 1) / C);
 }
 // Partial sums each row receives: one per warp streaming its tile, in each block of the cluster.
 template <int kUnitRows, int C>
