@@ -184,20 +184,25 @@ void run_decode_case(Engine& engine, const std::string& arch, int batch, int con
   const size_t kv_bytes = kv_bytes_read_per_step(config, batch, context, tp);
   const double roofline_ms = static_cast<double>(stats.weight_bytes + kv_bytes) / copy_bytes_per_s * 1e3;
   const double percent = 100.0 * roofline_ms / ms;
-  // Tensor parallel: the chosen all-reduce's µs per call (timed at engine start, alone in a graph)
-  // and the share of the step its 2 x layers calls would take.
+  // Tensor parallel: the chosen all-reduce kernel's µs per call (timed at engine start, alone in a
+  // graph) and the share of the step its calls would take: 2 x layers, or with epilogue (the fused
+  // MLP sums in its own finish) the attention block's one-shot kernel, once a layer.
   std::string all_reduce_text = "-";
   nlohmann::json all_reduce_json = nullptr;
   if (const runtime::AllReduceTiming* t = all_reduce_timing(engine, batch); t && tp > 1) {
-    const AllReduceChoice choice = engine.plan().bucket_for(batch).all_reduce;
-    const double us = t->us(choice);
-    const double share = us > 0 ? 100.0 * 2 * config.num_hidden_layers * us / (ms * 1e3) : 0.0;
-    all_reduce_text = us > 0 ? std::string(choice_name(choice)) + " " + format_fixed(us, 1) + "us " +
-                                   format_fixed(share, 1) + "%"
+    const BucketPlan& bucket = engine.plan().bucket_for(batch);
+    const AllReduceChoice choice = bucket.all_reduce;
+    const bool mlp_sums = choice == AllReduceChoice::epilogue && bucket.mlp == MlpChoice::fused;
+    const double us = t->us(choice == AllReduceChoice::epilogue ? AllReduceChoice::one_shot_lines : choice);
+    const int calls = (mlp_sums ? 1 : 2) * config.num_hidden_layers;
+    const double share = us > 0 ? 100.0 * calls * us / (ms * 1e3) : 0.0;
+    all_reduce_text = us > 0 ? std::string(choice_name(choice)) + " " + format_fixed(us, 1) + "us x" +
+                                   std::to_string(calls) + " " + format_fixed(share, 1) + "%"
                              : choice_name(choice);
     all_reduce_json = {{"choice", choice_name(choice)},   {"us_per_call", us},
-                       {"nccl_us", t->nccl_us},           {"one_shot_flag_us", t->flag_us},
-                       {"one_shot_lines_us", t->lines_us}, {"share_of_step_pct", share}};
+                       {"kernel_calls_per_step", calls},  {"nccl_us", t->nccl_us},
+                       {"one_shot_flag_us", t->flag_us},  {"one_shot_lines_us", t->lines_us},
+                       {"share_of_step_pct", share}};
   }
   report.decode.add({arch, std::to_string(batch), std::to_string(context), format_fixed(ms, 3),
                      format_fixed(1e3 / ms, 1), format_fixed(batch * 1e3 / ms, 1), format_fixed(roofline_ms, 3),

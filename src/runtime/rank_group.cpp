@@ -199,9 +199,10 @@ std::unique_ptr<RankGroup> RankGroup::build(const ModelConfig& model, const Engi
 // plan override fixed it: which is fastest differs between machines (on 4 H100s flags in the data
 // win small messages by 1.5 us, on 4 H200s the flag protocol is as fast or faster; docs/dist.md).
 // Every rank takes the same choice, from the slowest rank's times (a mismatch would hang).
-// Buckets that run the fused MLP take epilogue instead (its finish sums over the ranks), where
-// flags in the data are the one-shot's size rule: it has no kernel of its own to time, and measured
-// faster in the whole step (docs/dist.md, "The MLP's sum in its own finish").
+// At 2 ranks, buckets that run the fused MLP take epilogue instead (its finish sums over the
+// ranks), where flags in the data are the one-shot's size rule: it has no kernel of its own to
+// time, and measured faster in the whole step on 2 H200s (docs/dist.md, "The MLP's sum in its own
+// finish"). More ranks: not measured yet, so only by override.
 void RankGroup::choose_all_reduce() {
   Engine::Impl& first = lead();
   const auto& overrides = first.options.plan_overrides;
@@ -235,7 +236,7 @@ void RankGroup::choose_all_reduce() {
   }
   auto in_epilogues = [&](const BucketPlan& bucket) {
     const size_t elements = static_cast<size_t>(bucket.batch) * model_.hidden_size;
-    return bucket.mlp == MlpChoice::fused && elements <= one_shot_->exchange_elements() &&
+    return size() == 2 && bucket.mlp == MlpChoice::fused && elements <= one_shot_->exchange_elements() &&
            kernels::one_shot_automatic_protocol(elements, size()) == kernels::OneShotProtocol::flags_in_data;
   };
   run([&](Engine::Impl& s) {
