@@ -240,9 +240,11 @@ void RankGroup::choose_all_reduce() {
            kernels::one_shot_automatic_protocol(elements, size()) == kernels::OneShotProtocol::flags_in_data;
   };
   run([&](Engine::Impl& s) {
-    for (BucketPlan& bucket : s.plan.buckets)
-      bucket.all_reduce = in_epilogues(bucket) ? AllReduceChoice::epilogue : timings_[&bucket - s.plan.buckets.data()].fastest();
-    s.plan.source += "; all-reduce per bucket timed at start (NCCL vs both one-shot protocols) or in the epilogues";
+    for (int b = 0; b < buckets; ++b) {
+      BucketPlan& bucket = s.plan.buckets[b];
+      bucket.all_reduce = in_epilogues(bucket) ? AllReduceChoice::epilogue : timings_[b].fastest();
+    }
+    s.plan.source += "; all-reduce per bucket timed at start (NCCL vs both one-shot protocols), or the MLP's own";
   });
 }
 

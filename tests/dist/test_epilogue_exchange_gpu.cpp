@@ -111,7 +111,8 @@ void check_calls(const std::vector<int>& devices, const std::vector<Call>& calls
   run_on_ranks(devices, [&](int rank) {
     cudaStream_t stream = nullptr;
     DF_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    for (size_t c = 0; c < calls.size(); ++c) state[rank].push_back(make_rank_call(calls[c], rank, seed + c, shared_x[c], norm[c]));
+    for (size_t c = 0; c < calls.size(); ++c)
+      state[rank].push_back(make_rank_call(calls[c], rank, seed + c, shared_x[c], norm[c]));
     for (size_t c = 0; c < calls.size(); ++c) enqueue(calls[c], state[rank][c], rank, {}, stream);
     DF_CHECK_CUDA(cudaStreamSynchronize(stream));
     // Back to back, slots alternating.
@@ -138,11 +139,13 @@ void check_calls(const std::vector<int>& devices, const std::vector<Call>& calls
       for (size_t i = 0; i < got.size(); ++i) {
         double magnitude = 0;
         for (int q = 0; q < ranks; ++q) magnitude += std::fabs(bf16_bits_to_float(partials[c][q][i]));
-        const double error = std::fabs(static_cast<double>(bf16_bits_to_float(got[i])) - bf16_bits_to_float(expected[i]));
+        const double error =
+            std::fabs(static_cast<double>(bf16_bits_to_float(got[i])) - bf16_bits_to_float(expected[i]));
         if (!(error <= magnitude / 64) && bad++ == 0) first_bad = i;
       }
-      EXPECT_EQ(bad, 0u) << what << ", rank " << r << ": " << bad << " values off, the first at " << first_bad << ": "
-                         << bf16_bits_to_float(got[first_bad]) << " against " << bf16_bits_to_float(expected[first_bad]);
+      EXPECT_EQ(bad, 0u) << what << ", rank " << r << ": " << bad << " values off, the first at " << first_bad
+                         << ": " << bf16_bits_to_float(got[first_bad]) << " against "
+                         << bf16_bits_to_float(expected[first_bad]);
     }
   }
 }
@@ -151,8 +154,9 @@ void check_calls(const std::vector<int>& devices, const std::vector<Call>& calls
 // small shape.
 TEST(EpilogueExchangeGpu, TwoRanks) {
   DF_REQUIRE_PEER_GPUS(devices, 2);
-  check_calls(devices, {{4096, 7168, 1}, {4096, 7168, 5}, {512, 1024, 8}, {4096, 7168, 16}, {4096, 7168, 1}, {4096, 7168, 8}},
-              1);
+  const std::vector<Call> calls = {{4096, 7168, 1},  {4096, 7168, 5}, {512, 1024, 8},
+                                   {4096, 7168, 16}, {4096, 7168, 1}, {4096, 7168, 8}};
+  check_calls(devices, calls, 1);
 }
 
 // Llama-3-70B at TP 4 (8192 x 7168) and TP 8 (8192 x 3584).

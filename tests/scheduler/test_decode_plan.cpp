@@ -117,8 +117,8 @@ TEST(PlanOverrides, AllReduceSetsEveryBucketOrOne) {
   const PlanShape shape = testing::model_shapes()[0].shape;
   const DecodePlan plan = apply_overrides(
       llama8b_h100_plan(),
-      parse_plan_overrides("all_reduce=one_shot,all_reduce@64=nccl,all_reduce@1=one_shot_lines,all_reduce@2=one_shot_flag,"
-                           "all_reduce@4=epilogue"),
+      parse_plan_overrides("all_reduce=one_shot,all_reduce@64=nccl,all_reduce@1=one_shot_lines,"
+                           "all_reduce@2=one_shot_flag,all_reduce@4=epilogue"),
       shape, testing::h100());
   for (const BucketPlan& b : plan.buckets) {
     const AllReduceChoice expected = b.batch == 64  ? AllReduceChoice::nccl
@@ -136,7 +136,8 @@ TEST(PlanOverrides, AllReduceSetsEveryBucketOrOne) {
     parse_plan_overrides("all_reduce=ring");
     ADD_FAILURE() << "all_reduce=ring accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("nccl, one_shot, one_shot_flag, one_shot_lines or epilogue"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("nccl, one_shot, one_shot_flag, one_shot_lines or epilogue"),
+              std::string::npos)
         << e.what();
   }
 }

@@ -32,7 +32,8 @@ struct LineExchange {
   __host__ __device__ bool active() const { return ranks > 1; }
   // Whether a call of `elements` outputs fits: every pointer set and the regions long enough.
   bool holds(size_t elements) const {
-    if (ranks < 2 || ranks > kMaxTensorParallelRanks || rank < 0 || rank >= ranks || !signals || line_stride < (elements + 3) / 4) return false;
+    if (ranks < 2 || ranks > kMaxTensorParallelRanks || rank < 0 || rank >= ranks || !signals) return false;
+    if (line_stride < (elements + 3) / 4) return false;
     for (int r = 0; r < ranks; ++r)
       if (!lines[r]) return false;
     return true;

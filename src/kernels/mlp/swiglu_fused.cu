@@ -447,7 +447,8 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
   __threadfence();
   const int finisher = static_cast<int>(ticket - (blocks - finishers));
   const int quads = p.tokens * hidden / 4;
-  const int quad_begin = split_point(quads, finishers, finisher), quad_end = split_point(quads, finishers, finisher + 1);
+  const int quad_begin = split_point(quads, finishers, finisher);
+  const int quad_end = split_point(quads, finishers, finisher + 1);
   // Tensor parallel: each quad of y is also pushed to every peer (one line), then summed over the
   // ranks (the same quads on every rank: the finishers and their split are the same there).
   const bool exchange = p.exchange.active();
