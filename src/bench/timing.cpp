@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/cuda_event.hpp"
+#include "core/graph_timing.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/tensor.hpp"
 
@@ -96,26 +97,11 @@ double median_call_us(const std::function<void(int rep)>& call, int warmup, int 
 
 double median_graph_call_us(const std::function<void(int rep)>& call, int calls_per_graph, int replays,
                             cudaStream_t stream) {
-  DF_CHECK(calls_per_graph >= 1 && replays >= 1, "graph timing needs at least one call and one replay");
-  cudaGraph_t graph = nullptr;
-  DF_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < calls_per_graph; ++i) call(i);
-  DF_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec = nullptr;
-  DF_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  DF_CHECK_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
-  std::vector<CudaEvent> events(2 * replays);
-  for (int r = 0; r < replays; ++r) {
-    events[2 * r].record(stream);
-    DF_CHECK_CUDA(cudaGraphLaunch(exec, stream));
-    events[2 * r + 1].record(stream);
-  }
-  events.back().synchronize();
-  std::vector<double> us(replays);
-  for (int r = 0; r < replays; ++r) us[r] = events[2 * r + 1].ms_since(events[2 * r]) * 1e3 / calls_per_graph;
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  return median(us);
+  const GraphExec graph = capture_graph(stream, [&] {
+    for (int i = 0; i < calls_per_graph; ++i) call(i);
+    return true;
+  });
+  return median_replay_us_per_call(graph, calls_per_graph, replays, stream);
 }
 
 int graph_calls_for_copies(int copies, int at_least) {

@@ -6,4 +6,5 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/tensor.cpp
   ${CMAKE_CURRENT_LIST_DIR}/device.cpp
   ${CMAKE_CURRENT_LIST_DIR}/device_attributes.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/graph_timing.cpp
   ${CMAKE_CURRENT_LIST_DIR}/warm_up.cpp)

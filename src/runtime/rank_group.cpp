@@ -5,7 +5,7 @@
 #include <iterator>
 
 #include "deepfuse/error.hpp"
-#include "core/cuda_event.hpp"
+#include "core/graph_timing.hpp"
 #include "runtime/engine_impl.hpp"
 
 namespace deepfuse::runtime {
@@ -253,27 +253,14 @@ void RankGroup::choose_all_reduce() {
 namespace deepfuse {
 
 double Engine::Impl::time_all_reduce(int tokens, AllReduceChoice choice, int calls, int replays) {
-  // Alternating slots as the decode step does; the residual stream is scratch until a sequence runs.
-  cudaGraph_t graph = nullptr;
-  DF_CHECK_CUDA(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
-  for (int call = 0; call < calls; ++call) forward->all_reduce(call % 2, tokens, choice, stream());
-  DF_CHECK_CUDA(cudaStreamEndCapture(stream(), &graph));
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
-  cudaGraphDestroy(graph);
-  DF_CHECK_CUDA(instantiated);
-  std::vector<double> ms;
-  CudaEvent start, stop;
-  for (int r = 0; r <= replays; ++r) {  // the first replay warms up
-    start.record(stream());
-    DF_CHECK_CUDA(cudaGraphLaunch(exec, stream()));
-    stop.record(stream());
-    stop.synchronize();
-    if (r > 0) ms.push_back(stop.ms_since(start));
-  }
-  cudaGraphExecDestroy(exec);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2] * 1000.0 / calls;
+  // Alternating slots as the decode step does (an even count keeps them alternating from one
+  // replay to the next); the residual stream is scratch until a sequence runs.
+  DF_CHECK(calls % 2 == 0, "all-reduce timing needs an even number of calls per graph");
+  const GraphExec graph = capture_graph(stream(), [&] {
+    for (int call = 0; call < calls; ++call) forward->all_reduce(call % 2, tokens, choice, stream());
+    return true;
+  });
+  return median_replay_us_per_call(graph, calls, replays, stream());
 }
 
 }  // namespace deepfuse

@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/cuda_event.hpp"
+#include "core/graph_timing.hpp"
 #include "deepfuse/error.hpp"
 
 namespace deepfuse::kernels {
@@ -156,38 +156,12 @@ double CublasLtGemm::time_algorithm(Plan& plan, const cublasLtMatmulAlgo_t& algo
   DF_CHECK_CUDA(cudaStreamSynchronize(stream));
   // Enough calls that the graph's own launch is small next to them.
   const int calls = std::clamp(static_cast<int>(weights.size()), 8, 32);
-  cudaGraph_t graph = nullptr;
-  DF_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  bool launched = true;
-  try {
-    for (int i = 0; i < calls && launched; ++i) launched = call(i) == CUBLAS_STATUS_SUCCESS;
-  } catch (...) {  // leave the stream usable
-    if (cudaStreamEndCapture(stream, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
-    throw;
-  }
-  DF_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec = nullptr;
-  cudaError_t status = launched ? cudaGraphInstantiate(&exec, graph, 0) : cudaSuccess;
-  cudaGraphDestroy(graph);
-  DF_CHECK_CUDA(status);
-  if (!launched) return -1.0;
-  std::vector<float> ms;
-  CudaEvent start, end;
-  try {
-    for (int replay = 0; replay < 4; ++replay) {  // the first warms up
-      start.record(stream);
-      DF_CHECK_CUDA(cudaGraphLaunch(exec, stream));
-      end.record(stream);
-      end.synchronize();
-      if (replay > 0) ms.push_back(end.ms_since(start));
-    }
-  } catch (...) {
-    cudaGraphExecDestroy(exec);
-    throw;
-  }
-  cudaGraphExecDestroy(exec);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2] * 1000.0 / calls;
+  const GraphExec graph = capture_graph(stream, [&] {
+    for (int i = 0; i < calls; ++i)
+      if (call(i) != CUBLAS_STATUS_SUCCESS) return false;
+    return true;
+  });
+  return graph ? median_replay_us_per_call(graph, calls, 3, stream) : -1.0;
 }
 
 std::vector<cublasLtMatmulAlgo_t> CublasLtGemm::candidates_for(const Plan& plan) {
