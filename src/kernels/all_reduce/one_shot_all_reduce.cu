@@ -99,106 +99,6 @@ __device__ __forceinline__ uint4 sum_vector(const uint4 (&loaded)[kRanks]) {
   return packed;
 }
 
-// ---- flag_after_data: data pushed, one fence, then a flag per (block, peer) ----------------------
-//
-// Block b handles the same vectors on every rank (a function of blockIdx, gridDim and elements
-// only): it pushes them, and after the barrier on flags [b][*] it sums exactly the vectors the
-// peers' blocks b pushed. Two indices per iteration (v and v + stride), both in flight together.
-template <int kRanks>
-__global__ void __launch_bounds__(kThreads) flag_after_data_kernel(const OneShotAllReduceParams p) {
-  __shared__ uint32_t shared_epoch;
-  begin_after_upstream();
-  const int b = blockIdx.x;
-  uint32_t* const own_epoch = p.signals[p.rank] + kEpochBase + b;
-  uint32_t epoch = 0;
-  if (threadIdx.x == 0) epoch = *own_epoch + 1;  // only this block of this rank's stream ever writes it
-
-  const size_t vectors = p.elements / kElementsPerVector;
-  const size_t stride = static_cast<size_t>(gridDim.x) * kThreads;
-  const size_t first = static_cast<size_t>(b) * kThreads + threadIdx.x;
-  const uint4* const own = reinterpret_cast<const uint4*>(p.own_input);
-  static_assert(kVectorsPerThread == 2);
-
-  // (1) Push: this rank's chunk into region [rank] of every peer's receive area, plain 16-byte
-  // stores (posted NVLink writes, nothing waits for them until the fence).
-  for (size_t v = first; v < vectors; v += 2 * stride) {
-    const bool second = v + stride < vectors;
-    const uint4 x = own[v];
-    uint4 y = {};
-    if (second) y = own[v + stride];
-#pragma unroll
-    for (int q = 0; q < kRanks; ++q) {
-      if (q == p.rank) continue;
-      uint4* const region = reinterpret_cast<uint4*>(p.receive[q] + p.rank * p.receive_stride);
-      region[v] = x;
-      if (second) region[v + stride] = y;
-    }
-  }
-  // The last elements % 8 values, one per thread of block 0 (which also sums them).
-  const size_t tail = p.elements - vectors * kElementsPerVector;
-  const size_t tail_index = vectors * kElementsPerVector + threadIdx.x;
-  if (b == 0 && threadIdx.x < tail) {
-    const __nv_bfloat16 x = p.own_input[tail_index];
-#pragma unroll
-    for (int q = 0; q < kRanks; ++q)
-      if (q != p.rank) p.receive[q][p.rank * p.receive_stride + tail_index] = x;
-  }
-  if (threadIdx.x == 0) {
-    *own_epoch = epoch;
-    shared_epoch = epoch;
-  }
-  __syncthreads();  // every push of the block before any flag; the epoch for every thread
-
-  // (2) + (3): flags out, flags in.
-  signal_and_wait(p, shared_epoch);
-  __syncthreads();  // the acquires above order every thread's receive-area reads below
-
-  // (4) Sum in rank order: rank's own term from own_input, every other from this GPU's receive
-  // area (local memory; L2 loads, as peers' NVLink writes land in this GPU's L2).
-  const __nv_bfloat16* const local = p.receive[p.rank];
-  for (size_t v = first; v < vectors; v += 2 * stride) {
-    const bool second = v + stride < vectors;
-    uint4 x[kRanks], y[kRanks];
-#pragma unroll
-    for (int q = 0; q < kRanks; ++q) {
-      const uint4* const source =
-          q == p.rank ? own : reinterpret_cast<const uint4*>(local + static_cast<size_t>(q) * p.receive_stride);
-      x[q] = __ldcg(source + v);
-      if (second) y[q] = __ldcg(source + v + stride);
-    }
-    reinterpret_cast<uint4*>(p.out)[v] = sum_vector<kRanks>(x);
-    if (second) reinterpret_cast<uint4*>(p.out)[v + stride] = sum_vector<kRanks>(y);
-  }
-  if (b == 0 && threadIdx.x < tail) {
-    float sum = 0.0f;
-#pragma unroll
-    for (int q = 0; q < kRanks; ++q) {
-      const __nv_bfloat16* const source = q == p.rank ? p.own_input : local + static_cast<size_t>(q) * p.receive_stride;
-      const float value =
-          __bfloat162float(__ushort_as_bfloat16(__ldcg(reinterpret_cast<const unsigned short*>(source + tail_index))));
-      sum = q == 0 ? value : sum + value;
-    }
-    p.out[tail_index] = __float2bfloat16_rn(sum);
-  }
-}
-
-// ---- flags_in_data: every 8-byte word of a pushed line carries its own flag (line_exchange.cuh) --
-
-constexpr int kLinesPerVector = 2;  // one 16-byte input vector (8 bf16) makes two lines
-
-// The vector's two lines from `peer`'s region of this GPU's receive area, once both carry `epoch`.
-__device__ __forceinline__ uint4 wait_for_vector(const uint4* vector_lines, uint32_t epoch) {
-  const long long give_up = clock64() + kSpinLimitCycles;
-  uint4 first, second;
-  while (true) {
-    first = lines::load_line(vector_lines);
-    second = lines::load_line(vector_lines + 1);
-    if (first.y == epoch && first.w == epoch && second.y == epoch && second.w == epoch) break;
-    if (clock64() > give_up) __trap();  // a peer that never arrives: see signal_and_wait
-  }
-  return {first.x, first.z, second.x, second.z};
-}
-
 // Vector v of this rank's input: 8 bf16, the tail's missing ones zero (never stored).
 __device__ __forceinline__ uint4 load_own_vector(const __nv_bfloat16* input, size_t v, size_t elements) {
   const size_t begin = v * kElementsPerVector;
@@ -218,6 +118,90 @@ __device__ __forceinline__ void store_out_vector(__nv_bfloat16* out, size_t v, s
   }
   const auto* halves = reinterpret_cast<const unsigned short*>(&bits);
   for (size_t i = begin; i < elements; ++i) out[i] = __ushort_as_bfloat16(halves[i - begin]);
+}
+
+// ---- flag_after_data: data pushed, one fence, then a flag per (block, peer) ----------------------
+//
+// Block b handles the same vectors on every rank (a function of blockIdx, gridDim and elements
+// only): it pushes them, and after the barrier on flags [b][*] it sums exactly the vectors the
+// peers' blocks b pushed. Two indices per iteration (v and v + stride), both in flight together.
+// A last, partial vector goes as a whole one, zero-padded (the regions hold whole vectors).
+template <int kRanks>
+__global__ void __launch_bounds__(kThreads) flag_after_data_kernel(const OneShotAllReduceParams p) {
+  __shared__ uint32_t shared_epoch;
+  begin_after_upstream();
+  const int b = blockIdx.x;
+  uint32_t* const own_epoch = p.signals[p.rank] + kEpochBase + b;
+  uint32_t epoch = 0;
+  if (threadIdx.x == 0) epoch = *own_epoch + 1;  // only this block of this rank's stream ever writes it
+
+  const size_t vectors = (p.elements + kElementsPerVector - 1) / kElementsPerVector;
+  const size_t stride = static_cast<size_t>(gridDim.x) * kThreads;
+  const size_t first = static_cast<size_t>(b) * kThreads + threadIdx.x;
+  static_assert(kVectorsPerThread == 2);
+
+  // (1) Push: this rank's chunk into region [rank] of every peer's receive area, plain 16-byte
+  // stores (posted NVLink writes, nothing waits for them until the fence).
+  for (size_t v = first; v < vectors; v += 2 * stride) {
+    const bool second = v + stride < vectors;
+    const uint4 x = load_own_vector(p.own_input, v, p.elements);
+    uint4 y = {};
+    if (second) y = load_own_vector(p.own_input, v + stride, p.elements);
+#pragma unroll
+    for (int q = 0; q < kRanks; ++q) {
+      if (q == p.rank) continue;
+      uint4* const region = reinterpret_cast<uint4*>(p.receive[q] + p.rank * p.receive_stride);
+      region[v] = x;
+      if (second) region[v + stride] = y;
+    }
+  }
+  if (threadIdx.x == 0) {
+    *own_epoch = epoch;
+    shared_epoch = epoch;
+  }
+  __syncthreads();  // every push of the block before any flag; the epoch for every thread
+
+  // (2) + (3): flags out, flags in.
+  signal_and_wait(p, shared_epoch);
+  __syncthreads();  // the acquires above order every thread's receive-area reads below
+
+  // (4) Sum in rank order: rank's own term from own_input, every other from this GPU's receive
+  // area (local memory; L2 loads, as peers' NVLink writes land in this GPU's L2).
+  const __nv_bfloat16* const local = p.receive[p.rank];
+  for (size_t v = first; v < vectors; v += 2 * stride) {
+    const bool second = v + stride < vectors;
+    uint4 x[kRanks], y[kRanks];
+#pragma unroll
+    for (int q = 0; q < kRanks; ++q) {
+      if (q == p.rank) {
+        x[q] = load_own_vector(p.own_input, v, p.elements);
+        if (second) y[q] = load_own_vector(p.own_input, v + stride, p.elements);
+        continue;
+      }
+      const uint4* const source = reinterpret_cast<const uint4*>(local + static_cast<size_t>(q) * p.receive_stride);
+      x[q] = __ldcg(source + v);
+      if (second) y[q] = __ldcg(source + v + stride);
+    }
+    store_out_vector(p.out, v, p.elements, sum_vector<kRanks>(x));
+    if (second) store_out_vector(p.out, v + stride, p.elements, sum_vector<kRanks>(y));
+  }
+}
+
+// ---- flags_in_data: every 8-byte word of a pushed line carries its own flag (line_exchange.cuh) --
+
+constexpr int kLinesPerVector = 2;  // one 16-byte input vector (8 bf16) makes two lines
+
+// The vector's two lines from `peer`'s region of this GPU's receive area, once both carry `epoch`.
+__device__ __forceinline__ uint4 wait_for_vector(const uint4* vector_lines, uint32_t epoch) {
+  const long long give_up = clock64() + kSpinLimitCycles;
+  uint4 first, second;
+  while (true) {
+    first = lines::load_line(vector_lines);
+    second = lines::load_line(vector_lines + 1);
+    if (first.y == epoch && first.w == epoch && second.y == epoch && second.w == epoch) break;
+    if (clock64() > give_up) __trap();  // a peer that never arrives: see signal_and_wait
+  }
+  return {first.x, first.z, second.x, second.z};
 }
 
 // Thread t of block b handles the same vectors on every rank: pushes them as lines to every peer,
@@ -290,8 +274,9 @@ bool valid(const OneShotAllReduceParams& p, OneShotProtocol protocol) {
             : p.receive_stride < p.elements || p.receive_stride % kElementsPerVector != 0)
     return false;
   // Only the regions a call touches: `ranks` regions, the last one as long as the message's.
+  const size_t whole_vectors = (p.elements + kElementsPerVector - 1) / kElementsPerVector * kElementsPerVector;
   const size_t area_bytes = lines ? ((p.ranks - 1) * p.line_stride + lines_for(p.elements)) * sizeof(uint4)
-                                  : ((p.ranks - 1) * p.receive_stride + p.elements) * sizeof(__nv_bfloat16);
+                                  : ((p.ranks - 1) * p.receive_stride + whole_vectors) * sizeof(__nv_bfloat16);
   for (int r = 0; r < p.ranks; ++r) {
     const void* area = lines ? static_cast<const void*>(p.lines[r]) : static_cast<const void*>(p.receive[r]);
     if (!area || !aligned16(area) || !p.signals[r] || !aligned(p.signals[r], sizeof(uint32_t))) return false;
