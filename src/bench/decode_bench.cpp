@@ -193,7 +193,7 @@ void run_decode_case(Engine& engine, const std::string& arch, int batch, int con
     const BucketPlan& bucket = engine.plan().bucket_for(batch);
     const AllReduceChoice choice = bucket.all_reduce;
     const bool mlp_sums = choice == AllReduceChoice::epilogue && bucket.mlp == MlpChoice::fused;
-    const double us = t->us(choice == AllReduceChoice::epilogue ? AllReduceChoice::one_shot_lines : choice);
+    const double us = t->us(choice);
     const int calls = (mlp_sums ? 1 : 2) * config.num_hidden_layers;
     const double share = us > 0 ? 100.0 * calls * us / (ms * 1e3) : 0.0;
     all_reduce_text = us > 0 ? std::string(choice_name(choice)) + " " + format_fixed(us, 1) + "us x" +

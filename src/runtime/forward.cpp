@@ -126,7 +126,7 @@ float* ForwardPass::layer(int index, int tokens, const int32_t* positions, const
   if (defers_sum) return mlp.run_deferred(residual, tokens, stream);
   if (split()) {
     const __nv_bfloat16* addend = rank_zero() ? residual : nullptr;
-    if (c.mlp == MlpChoice::fused && exchanges_in_epilogue(tokens, c.all_reduce)) {
+    if (mlp_sums_over_ranks(c.mlp, c.all_reduce, tokens)) {
       mlp.run_exchanged(residual, addend, residual, tokens, line_exchange(1, tokens), stream);
       return nullptr;
     }
@@ -191,8 +191,8 @@ void ForwardPass::output_projection(const GpuLayerWeights& w, int tokens, bool g
   DF_CHECK_CUDA(kernels::launch_gemv_residual(p, stream));
 }
 
-bool ForwardPass::exchanges_in_epilogue(int tokens, AllReduceChoice choice) const {
-  return split() && choice == AllReduceChoice::epilogue && link_->one_shot &&
+bool ForwardPass::mlp_sums_over_ranks(MlpChoice mlp, AllReduceChoice all_reduce, int tokens) const {
+  return split() && mlp == MlpChoice::fused && all_reduce == AllReduceChoice::epilogue && link_->one_shot &&
          static_cast<size_t>(tokens) * config_.hidden_size <= link_->one_shot->exchange_elements();
 }
 
@@ -425,9 +425,9 @@ int ForwardPass::launches_per_layer(int attention_launches, const BucketPlan& bu
   const int front = bucket.front == FrontChoice::fused ? 1 : 2;
   // After attention and after the MLP, one kernel each, unless the fused MLP sums over the ranks
   // itself.
-  const bool mlp_sums = split() && bucket.all_reduce == AllReduceChoice::epilogue && link_->one_shot &&
-                        bucket.mlp == MlpChoice::fused;
-  const int all_reduces = !split() ? 0 : mlp_sums ? 1 : 2;
+  const int all_reduces = !split()                                                   ? 0
+                          : mlp_sums_over_ranks(bucket.mlp, bucket.all_reduce, bucket.batch) ? 1
+                                                                                             : 2;
   return front + attention_launches + 1 + weights_.layers.front().mlp(bucket.mlp).launches_per_call(true) +
          all_reduces;
 }

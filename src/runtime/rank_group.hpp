@@ -50,12 +50,13 @@ struct AllReduceTiming {
   // 0: not timed (no peer access, or overridden). flag / lines: the one-shot all-reduce with a flag
   // after the data / with flags in the data.
   double nccl_us = 0, flag_us = 0, lines_us = 0;
-  // The time of `choice` (0 where not timed, one_shot's size rule included).
+  // The time of `choice`'s all-reduce kernel (0 where not timed, one_shot's size rule included;
+  // epilogue: the one-shot kernel with flags in the data it runs where the fused MLP does not sum).
   double us(AllReduceChoice choice) const {
-    return choice == AllReduceChoice::nccl             ? nccl_us
-           : choice == AllReduceChoice::one_shot_flag  ? flag_us
-           : choice == AllReduceChoice::one_shot_lines ? lines_us
-                                                       : 0.0;
+    return choice == AllReduceChoice::nccl                                                      ? nccl_us
+           : choice == AllReduceChoice::one_shot_flag                                           ? flag_us
+           : choice == AllReduceChoice::one_shot_lines || choice == AllReduceChoice::epilogue ? lines_us
+                                                                                                : 0.0;
   }
   // The fastest of the three timed, NCCL on ties and where a one-shot protocol was not timed.
   AllReduceChoice fastest() const {

@@ -12,8 +12,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,8 +31,6 @@ namespace deepfuse {
 namespace {
 
 using testing::run_on_ranks;
-
-constexpr uint16_t kNanBits = 0xFFFF;
 
 // One call: a fused MLP of `hidden` x `intermediate` (per rank) on `tokens` rows.
 struct Call {
