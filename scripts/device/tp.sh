@@ -3,11 +3,13 @@
 # compute-sanitizer memcheck on a TP engine, `bench allreduce`, and `bench decode --tp` (Llama-3-8B
 # TP 1 vs TP 2; Llama-3-70B TP 4 with NCCL vs the one-shot all-reduce and fused vs unfused MLP).
 # usage: scripts/device/tp.sh OUT BIN [STEP...]   BIN: deepfuse and the test_*_gpu binaries (built
-# elsewhere); steps: tests bench8b bench70b memcheck tune ratio8b (default all but tune and
-# ratio8b, in that order).
+# elsewhere); steps: tests bench8b bench70b memcheck tune ratio8b epilogue70b (default all but
+# tune, ratio8b and epilogue70b, in that order).
 # ratio8b: Llama-3-8B batch 1 / 512 at TP 1, TP 2 and TP 2 with the one-shot all-reduce kernel
 # (all_reduce=one_shot_lines) instead of the plan's, three interleaved rounds (the TP 2 speedup
 # with every side on the same clocks).
+# epilogue70b: Llama-3-70B TP 4 (server memory plan: the fused MLP at every batch) with the
+# engine's own all-reduce choice against all_reduce=epilogue, two interleaved rounds.
 # tune: `deepfuse tune` for Llama-3-8B on GPU 0 alone, the plan saved as OUT/tuning.json (for
 # comparing plans between GPU kinds).
 set -uo pipefail
@@ -95,6 +97,27 @@ for r in (1, 2, 3):
               f"TP 2 one_shot_lines {c:.3f} ms ({a / c:.3f}x)")
     except Exception as e:
         print(f"round {r}: {e}")
+PY
+fi
+if want epilogue70b && ((gpus >= 4)); then
+  seventy=("$bin/deepfuse" bench decode --archs llama3-70b --tp 4 --server-memory-plan --plan --batches 1,8,32
+    --contexts 512,8192 --no-ttft --steps 48)
+  for round in 1 2; do
+    run e70_plan_r$round 240 "${seventy[@]}" --json "$out/e70-plan-r$round.json"
+    run e70_epilogue_r$round 240 "${seventy[@]}" --plan-override all_reduce=epilogue --json "$out/e70-epilogue-r$round.json"
+  done
+  python3 - "$out" <<'PY' | tee -a "$summary"
+import json, sys
+def rows(name, r):
+    data = json.load(open(f"{sys.argv[1]}/e70-{name}-r{r}.json"))
+    return {(x["batch"], x["context"]): x for x in data["rows"] if x.get("kind") == "decode"}
+try:
+    runs = {(n, r): rows(n, r) for n in ("plan", "epilogue") for r in (1, 2)}
+    for key in sorted(runs[("plan", 1)]):
+        cells = [f'{runs[(n, r)][key]["ms_per_step"]:.3f}' for n in ("plan", "epilogue") for r in (1, 2)]
+        print(f"70B TP 4 batch {key[0]} / {key[1]}: plan {cells[0]} {cells[1]}, epilogue {cells[2]} {cells[3]} ms")
+except Exception as e:
+    print(f"epilogue70b: {e}")
 PY
 fi
 if want tune; then
