@@ -27,10 +27,12 @@ enum class OProjChoice { gemv, cublaslt };
 // (one_shot) whichever of the two its built-in size rule picks; or (epilogue) the fused MLP sums
 // its output over the ranks in its own finish, with flags in the data
 // (deepfuse/kernels/line_exchange.hpp), and the block's other sum (and an unfused MLP's) is the
-// one-shot kernel with flags in the data. A TP engine times NCCL and both protocols per bucket at
-// start and keeps the fastest, or, at 2 ranks, takes epilogue where flags in the data are the
-// one-shot's size rule and the bucket runs the fused MLP. One GPU: unused.
-enum class AllReduceChoice { nccl, one_shot, one_shot_flag, one_shot_lines, epilogue };
+// one-shot kernel with flags in the data; or (in_mlp) the fused MLP also sums the attention
+// block's partials at its start, so a block that runs it launches no all-reduce kernel (an unfused
+// MLP's block: the one-shot kernel with flags in the data, twice). A TP engine times NCCL and both
+// protocols per bucket at start and keeps the fastest, or, at 2 ranks, takes epilogue where flags
+// in the data are the one-shot's size rule and the bucket runs the fused MLP. One GPU: unused.
+enum class AllReduceChoice { nccl, one_shot, one_shot_flag, one_shot_lines, epilogue, in_mlp };
 // Where the decode attention's splits merge (kernels::SplitMerge).
 enum class MergeChoice { automatic, workspace, cluster };
 

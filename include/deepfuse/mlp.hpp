@@ -120,6 +120,12 @@ class MlpLayer {
   void run_exchanged(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
                      const kernels::LineExchange& exchange, cudaStream_t stream);
 
+  // As run_exchanged, with x first written, inside the same launch, with the sum over the ranks of
+  // every rank's x_partial (kernels::SwigluFusedParams::x_exchange: the other slot's lines).
+  void run_summed_exchanged(const __nv_bfloat16* x_partial, const kernels::LineExchange& x_exchange,
+                            __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
+                            const kernels::LineExchange& exchange, cudaStream_t stream);
+
   void set_fused_tuning(const FusedMlpTuning& tuning);
 
   // Unfused layers sharing one scratch (a model's): times cuBLASLt's candidate algorithms for
@@ -135,6 +141,7 @@ class MlpLayer {
   int launches_per_call(bool with_residual) const;
 
  private:
+  void run_exchanged_checks(const __nv_bfloat16* x, const __nv_bfloat16* y, int tokens) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -3,19 +3,22 @@
 # compute-sanitizer memcheck on a TP engine, `bench allreduce`, and `bench decode --tp` (Llama-3-8B
 # TP 1 vs TP 2; Llama-3-70B TP 4 with NCCL vs the one-shot all-reduce and fused vs unfused MLP).
 # usage: scripts/device/tp.sh OUT BIN [STEP...]   BIN: deepfuse and the test_*_gpu binaries (built
-# elsewhere); steps: tests bench8b bench70b memcheck tune ratio8b epilogue70b (default all but
-# tune, ratio8b and epilogue70b, in that order).
-# ratio8b: Llama-3-8B batch 1 / 512 at TP 1, TP 2 and TP 2 with the one-shot all-reduce kernel
-# (all_reduce=one_shot_lines) instead of the plan's, three interleaved rounds (the TP 2 speedup
-# with every side on the same clocks).
-# epilogue70b: Llama-3-70B TP 4 (server memory plan: the fused MLP at every batch) with the
-# engine's own all-reduce choice against all_reduce=epilogue, two interleaved rounds.
+# elsewhere); steps: tests bench8b bench70b memcheck tune ratio8b allreduce70b (default all but
+# tune, ratio8b and allreduce70b, in that order).
+# ratio8b: Llama-3-8B batch 1 / 512 at TP 1, TP 2 under the plan, and TP 2 with each all_reduce
+# override in RATIO_VARIANTS (default: one_shot_lines epilogue in_mlp), three interleaved rounds
+# (the TP 2 speedup with every side on the same clocks).
+# allreduce70b: Llama-3-70B TP 4 at batches 1 and 8 (server memory plan: the fused MLP) under the
+# plan and with each all_reduce override in SEVENTY_VARIANTS (default: epilogue in_mlp), two
+# interleaved rounds.
 # tune: `deepfuse tune` for Llama-3-8B on GPU 0 alone, the plan saved as OUT/tuning.json (for
 # comparing plans between GPU kinds).
 set -uo pipefail
 out=${1:?usage: tp.sh OUT BIN [STEP...]} bin=${2:?usage: tp.sh OUT BIN [STEP...]}
 shift 2
 steps=${*:-tests bench8b bench70b memcheck}
+ratio_variants=${RATIO_VARIANTS:-one_shot_lines epilogue in_mlp}
+seventy_variants=${SEVENTY_VARIANTS:-epilogue in_mlp}
 want() { [[ " $steps " == *" $1 "* ]]; }
 mkdir -p "$out"
 # NVLink multicast is forbidden on the lent machines (it can take a shared host's GPUs down).
@@ -74,50 +77,56 @@ fi
 if want memcheck; then
   sanitize=(compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9)
   run memcheck_tp 150 "${sanitize[@]}" "$bin/test_tensor_parallel_gpu" \
-    --gtest_filter='Ranks/TensorParallelTiny.LogitsMatchOneGpuNccl/tp2_llama*:Ranks/TensorParallelTiny.LogitsMatchOneGpuEpilogue/tp2_llama*'
-  run memcheck_exchange 200 "${sanitize[@]}" "$bin/test_epilogue_exchange_gpu"
+    --gtest_filter='Ranks/TensorParallelTiny.LogitsMatchOneGpuNccl/tp2_llama*:Ranks/TensorParallelTiny.LogitsMatchOneGpuEpilogue/tp2_llama*:Ranks/TensorParallelTiny.LogitsMatchOneGpuInMlp/tp*_llama*'
+  run memcheck_exchange 300 "${sanitize[@]}" "$bin/test_epilogue_exchange_gpu"
 fi
 if want ratio8b; then
   one=("$bin/deepfuse" bench decode --archs llama3-8b --batches 1 --contexts 512 --no-ttft --steps 128)
   for round in 1 2 3; do
     run ratio_tp1_r$round 120 "${one[@]}" --json "$out/ratio-tp1-r$round.json"
     run ratio_tp2_r$round 120 "${one[@]}" --tp 2 --plan --json "$out/ratio-tp2-r$round.json"
-    run ratio_tp2lines_r$round 120 "${one[@]}" --tp 2 --plan --plan-override all_reduce=one_shot_lines \
-      --json "$out/ratio-tp2lines-r$round.json"
+    for variant in $ratio_variants; do
+      run ratio_tp2_${variant}_r$round 120 "${one[@]}" --tp 2 --plan --plan-override all_reduce=$variant \
+        --json "$out/ratio-tp2-$variant-r$round.json"
+    done
   done
-  python3 - "$out" <<'PY' | tee -a "$summary"
+  python3 - "$out" $ratio_variants <<'PY' | tee -a "$summary"
 import json, sys
-def ms(tp, r):
-    rows = [x for x in json.load(open(f"{sys.argv[1]}/ratio-tp{tp}-r{r}.json"))["rows"] if x.get("kind") == "decode"]
+def ms(name, r):
+    rows = [x for x in json.load(open(f"{sys.argv[1]}/ratio-{name}-r{r}.json"))["rows"] if x.get("kind") == "decode"]
     return rows[0]["ms_per_step"]
 for r in (1, 2, 3):
     try:
-        a, b, c = ms(1, r), ms(2, r), ms("2lines", r)
-        print(f"round {r}: TP 1 {a:.3f} ms, TP 2 {b:.3f} ms ({a / b:.3f}x), "
-              f"TP 2 one_shot_lines {c:.3f} ms ({a / c:.3f}x)")
+        one = ms("tp1", r)
+        cells = [f"TP 1 {one:.3f} ms", f"TP 2 plan {ms('tp2', r):.3f} ms ({one / ms('tp2', r):.3f}x)"]
+        cells += [f"TP 2 {v} {ms('tp2-' + v, r):.3f} ms ({one / ms('tp2-' + v, r):.3f}x)" for v in sys.argv[2:]]
+        print(f"round {r}: " + ", ".join(cells))
     except Exception as e:
         print(f"round {r}: {e}")
 PY
 fi
-if want epilogue70b && ((gpus >= 4)); then
-  seventy=("$bin/deepfuse" bench decode --archs llama3-70b --tp 4 --server-memory-plan --plan --batches 1,8,32
+if want allreduce70b && ((gpus >= 4)); then
+  seventy=("$bin/deepfuse" bench decode --archs llama3-70b --tp 4 --server-memory-plan --plan --batches 1,8
     --contexts 512,8192 --no-ttft --steps 48)
   for round in 1 2; do
-    run e70_plan_r$round 240 "${seventy[@]}" --json "$out/e70-plan-r$round.json"
-    run e70_epilogue_r$round 240 "${seventy[@]}" --plan-override all_reduce=epilogue --json "$out/e70-epilogue-r$round.json"
+    run a70_plan_r$round 240 "${seventy[@]}" --json "$out/a70-plan-r$round.json"
+    for variant in $seventy_variants; do
+      run a70_${variant}_r$round 240 "${seventy[@]}" --plan-override all_reduce=$variant --json "$out/a70-$variant-r$round.json"
+    done
   done
-  python3 - "$out" <<'PY' | tee -a "$summary"
+  python3 - "$out" plan $seventy_variants <<'PY' | tee -a "$summary"
 import json, sys
 def rows(name, r):
-    data = json.load(open(f"{sys.argv[1]}/e70-{name}-r{r}.json"))
+    data = json.load(open(f"{sys.argv[1]}/a70-{name}-r{r}.json"))
     return {(x["batch"], x["context"]): x for x in data["rows"] if x.get("kind") == "decode"}
 try:
-    runs = {(n, r): rows(n, r) for n in ("plan", "epilogue") for r in (1, 2)}
+    names = sys.argv[2:]
+    runs = {(n, r): rows(n, r) for n in names for r in (1, 2)}
     for key in sorted(runs[("plan", 1)]):
-        cells = [f'{runs[(n, r)][key]["ms_per_step"]:.3f}' for n in ("plan", "epilogue") for r in (1, 2)]
-        print(f"70B TP 4 batch {key[0]} / {key[1]}: plan {cells[0]} {cells[1]}, epilogue {cells[2]} {cells[3]} ms")
+        cells = [f'{n} {runs[(n, 1)][key]["ms_per_step"]:.3f} {runs[(n, 2)][key]["ms_per_step"]:.3f}' for n in names]
+        print(f"70B TP 4 batch {key[0]} / {key[1]}: " + ", ".join(cells) + " ms")
 except Exception as e:
-    print(f"epilogue70b: {e}")
+    print(f"allreduce70b: {e}")
 PY
 fi
 if want tune; then

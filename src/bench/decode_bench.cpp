@@ -186,17 +186,22 @@ void run_decode_case(Engine& engine, const std::string& arch, int batch, int con
   const double percent = 100.0 * roofline_ms / ms;
   // Tensor parallel: the chosen all-reduce kernel's µs per call (timed at engine start, alone in a
   // graph) and the share of the step its calls would take: 2 x layers, or with epilogue (the fused
-  // MLP sums in its own finish) the attention block's one-shot kernel, once a layer.
+  // MLP sums in its own finish) the attention block's one-shot kernel, once a layer; with in_mlp
+  // (the fused MLP sums its input too) none.
   std::string all_reduce_text = "-";
   nlohmann::json all_reduce_json = nullptr;
   if (const runtime::AllReduceTiming* t = all_reduce_timing(engine, batch); t && tp > 1) {
     const BucketPlan& bucket = engine.plan().bucket_for(batch);
     const AllReduceChoice choice = bucket.all_reduce;
-    const bool mlp_sums = choice == AllReduceChoice::epilogue && bucket.mlp == MlpChoice::fused;
+    const bool fused = bucket.mlp == MlpChoice::fused;
     const double us = t->us(choice);
-    const int calls = (mlp_sums ? 1 : 2) * config.num_hidden_layers;
+    const int per_layer = !fused                                 ? 2
+                          : choice == AllReduceChoice::in_mlp   ? 0
+                          : choice == AllReduceChoice::epilogue ? 1
+                                                                : 2;
+    const int calls = per_layer * config.num_hidden_layers;
     const double share = us > 0 ? 100.0 * calls * us / (ms * 1e3) : 0.0;
-    all_reduce_text = us > 0 ? std::string(choice_name(choice)) + " " + format_fixed(us, 1) + "us x" +
+    all_reduce_text = us > 0 && calls > 0 ? std::string(choice_name(choice)) + " " + format_fixed(us, 1) + "us x" +
                                    std::to_string(calls) + " " + format_fixed(share, 1) + "%"
                              : choice_name(choice);
     all_reduce_json = {{"choice", choice_name(choice)},   {"us_per_call", us},

@@ -118,15 +118,22 @@ float* ForwardPass::layer(int index, int tokens, const int32_t* positions, const
   // 5. output projection, added into the residual stream in place (tensor parallel: each rank's
   // partial sum, rank 0's with the residual, summed over the ranks into the stream).
   output_projection(w, tokens, c.o_proj == OProjChoice::gemv, pending, stream);
-  if (split()) all_reduce(0, tokens, c.all_reduce, stream);
+  const MlpSums mlp_sums = mlp_sums_over_ranks(c.mlp, c.all_reduce, tokens);
+  if (split() && mlp_sums != MlpSums::input_and_output) all_reduce(0, tokens, c.all_reduce, stream);
   // 6-7. post-attention RMSNorm and the SwiGLU MLP, added into the residual stream in place (both
   // variants fold the norm in), or left for the next block's kernels; tensor parallel, summed over
-  // the ranks by the fused MLP's finishing blocks or an all-reduce after it.
+  // the ranks by the fused MLP's finishing blocks (and its input by its first) or an all-reduce
+  // after it.
   MlpLayer& mlp = w.mlp(c.mlp);
   if (defers_sum) return mlp.run_deferred(residual, tokens, stream);
   if (split()) {
     const __nv_bfloat16* addend = rank_zero() ? residual : nullptr;
-    if (mlp_sums_over_ranks(c.mlp, c.all_reduce, tokens)) {
+    if (mlp_sums == MlpSums::input_and_output) {
+      mlp.run_summed_exchanged(link_->partial[0], line_exchange(0, tokens), residual, addend, residual, tokens,
+                               line_exchange(1, tokens), stream);
+      return nullptr;
+    }
+    if (mlp_sums == MlpSums::output) {
       mlp.run_exchanged(residual, addend, residual, tokens, line_exchange(1, tokens), stream);
       return nullptr;
     }
@@ -191,9 +198,13 @@ void ForwardPass::output_projection(const GpuLayerWeights& w, int tokens, bool g
   DF_CHECK_CUDA(kernels::launch_gemv_residual(p, stream));
 }
 
-bool ForwardPass::mlp_sums_over_ranks(MlpChoice mlp, AllReduceChoice all_reduce, int tokens) const {
-  return split() && mlp == MlpChoice::fused && all_reduce == AllReduceChoice::epilogue && link_->one_shot &&
-         static_cast<size_t>(tokens) * config_.hidden_size <= link_->one_shot->exchange_elements();
+ForwardPass::MlpSums ForwardPass::mlp_sums_over_ranks(MlpChoice mlp, AllReduceChoice all_reduce, int tokens) const {
+  const bool exchanges = split() && mlp == MlpChoice::fused && link_->one_shot &&
+                         static_cast<size_t>(tokens) * config_.hidden_size <= link_->one_shot->exchange_elements();
+  if (!exchanges) return MlpSums::none;
+  return all_reduce == AllReduceChoice::in_mlp     ? MlpSums::input_and_output
+         : all_reduce == AllReduceChoice::epilogue ? MlpSums::output
+                                                   : MlpSums::none;
 }
 
 kernels::LineExchange ForwardPass::line_exchange(int slot, int tokens) const {
@@ -207,7 +218,8 @@ void ForwardPass::all_reduce(int slot, int tokens, AllReduceChoice choice, cudaS
     kernels::OneShotAllReduceParams p = link_->one_shot->params(link_->shard.rank, slot, elements, residual);
     // epilogue: the all-reduces the fused MLP does not do itself, in its protocol.
     p.protocol = choice == AllReduceChoice::one_shot_flag ? kernels::OneShotProtocol::flag_after_data
-                 : choice == AllReduceChoice::one_shot_lines || choice == AllReduceChoice::epilogue
+                 : choice == AllReduceChoice::one_shot_lines || choice == AllReduceChoice::epilogue ||
+                           choice == AllReduceChoice::in_mlp
                      ? kernels::OneShotProtocol::flags_in_data
                      : kernels::OneShotProtocol::automatic;
     DF_CHECK_CUDA(kernels::launch_one_shot_all_reduce(p, stream));
@@ -423,11 +435,12 @@ int ForwardPass::launches_per_layer(int attention_launches, const BucketPlan& bu
   // [QKV GEMM, rope_kv_append] or the fused front, attention, o_proj (the cluster GEMV, or
   // cuBLASLt, counted as one although a split-K algorithm adds a reduction kernel), the MLP
   const int front = bucket.front == FrontChoice::fused ? 1 : 2;
-  // After attention and after the MLP, one kernel each, unless the fused MLP sums over the ranks
-  // itself.
-  const int all_reduces = !split()                                                   ? 0
-                          : mlp_sums_over_ranks(bucket.mlp, bucket.all_reduce, bucket.batch) ? 1
-                                                                                             : 2;
+  // After attention and after the MLP, one kernel each, less the sums the fused MLP does itself.
+  const MlpSums mlp_sums = mlp_sums_over_ranks(bucket.mlp, bucket.all_reduce, bucket.batch);
+  const int all_reduces = !split()                                  ? 0
+                          : mlp_sums == MlpSums::input_and_output ? 0
+                          : mlp_sums == MlpSums::output           ? 1
+                                                                  : 2;
   return front + attention_launches + 1 + weights_.layers.front().mlp(bucket.mlp).launches_per_call(true) +
          all_reduces;
 }

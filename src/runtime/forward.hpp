@@ -173,9 +173,11 @@ class ForwardPass {
                    const kernels::PagedKv& kv, cudaStream_t stream);
   // gemv: the cluster GEMV, which adds and clears `pending`; else cuBLASLt.
   void output_projection(const GpuLayerWeights& w, int tokens, bool gemv, float* pending, cudaStream_t stream);
-  // Tensor parallel: whether the MLP sums its output over the ranks in its own finish (the fused
-  // MLP, the epilogue choice, peer buffers, and a message of `tokens` rows they hold).
-  bool mlp_sums_over_ranks(MlpChoice mlp, AllReduceChoice all_reduce, int tokens) const;
+  // Tensor parallel: which sums over the ranks the MLP does itself: its output in its finish
+  // (epilogue), its input too at its start (in_mlp), or none. Only the fused MLP, with peer buffers
+  // that hold a message of `tokens` rows.
+  enum class MlpSums { none, output, input_and_output };
+  MlpSums mlp_sums_over_ranks(MlpChoice mlp, AllReduceChoice all_reduce, int tokens) const;
   kernels::LineExchange line_exchange(int slot, int tokens) const;
   void attend(const kernels::PagedKv& kv, int tokens, const Attention& attention, cudaStream_t stream);
   void rms_norm(const __nv_bfloat16* weight, int first_row, int rows, cudaStream_t stream);

@@ -84,7 +84,8 @@ struct MlpLayer::Impl {
   }
 
   void launch_fused(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
-                    bool defer_sum, cudaStream_t stream, const kernels::LineExchange& exchange = {}) {
+                    bool defer_sum, cudaStream_t stream, const kernels::LineExchange& exchange = {},
+                    const __nv_bfloat16* x_partial = nullptr, const kernels::LineExchange& x_exchange = {}) {
     kernels::SwigluFusedParams p;
     p.x = x;
     p.gate_up = gate_up.as<uint4>();
@@ -100,6 +101,8 @@ struct MlpLayer::Impl {
     p.hidden = shape.hidden;
     p.intermediate = shape.intermediate;
     p.exchange = exchange;
+    p.x_partial = x_partial;
+    p.x_exchange = x_exchange;
     DF_CHECK_CUDA(kernels::launch_swiglu_fused(p, fused_tuning, stream));
   }
 };
@@ -252,15 +255,28 @@ void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_b
   gemm.run(b, s.down.as<__nv_bfloat16>(), residual, y, tokens, H, I, stream);
 }
 
-void MlpLayer::run_exchanged(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
-                             const kernels::LineExchange& exchange, cudaStream_t stream) {
-  Impl& s = *impl_;
+void MlpLayer::run_exchanged_checks(const __nv_bfloat16* x, const __nv_bfloat16* y, int tokens) const {
+  const Impl& s = *impl_;
   s.check_tokens(tokens);
   DF_CHECK(s.variant == MlpVariant::fused, "only the fused MLP exchanges its output over the ranks itself");
   DF_CHECK(x && y, "MLP input or output pointer is null");
   DF_CHECK(s.normalize || static_cast<const void*>(x) != static_cast<const void*>(y),
            "MLP output must not alias its input");
-  s.launch_fused(x, residual, y, tokens, false, stream, exchange);
+}
+
+void MlpLayer::run_exchanged(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
+                             const kernels::LineExchange& exchange, cudaStream_t stream) {
+  run_exchanged_checks(x, y, tokens);
+  impl_->launch_fused(x, residual, y, tokens, false, stream, exchange);
+}
+
+void MlpLayer::run_summed_exchanged(const __nv_bfloat16* x_partial, const kernels::LineExchange& x_exchange,
+                                    __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
+                                    const kernels::LineExchange& exchange, cudaStream_t stream) {
+  DF_CHECK(x_partial && x_exchange.active(), "the MLP's input sum needs this rank's partial and a line exchange");
+  DF_CHECK(static_cast<const void*>(x_partial) != static_cast<const void*>(x), "the MLP's input partial must not alias x");
+  run_exchanged_checks(x, y, tokens);
+  impl_->launch_fused(x, residual, y, tokens, false, stream, exchange, x_partial, x_exchange);
 }
 
 std::vector<GemmTuning> MlpLayer::tune_unfused_gemms(std::span<MlpLayer* const> layers, int tokens,

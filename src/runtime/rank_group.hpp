@@ -51,12 +51,18 @@ struct AllReduceTiming {
   // after the data / with flags in the data.
   double nccl_us = 0, flag_us = 0, lines_us = 0;
   // The time of `choice`'s all-reduce kernel (0 where not timed, one_shot's size rule included;
-  // epilogue: the one-shot kernel with flags in the data it runs where the fused MLP does not sum).
+  // epilogue and in_mlp: the one-shot kernel with flags in the data they run where the fused MLP
+  // does not sum).
   double us(AllReduceChoice choice) const {
-    return choice == AllReduceChoice::nccl                                                      ? nccl_us
-           : choice == AllReduceChoice::one_shot_flag                                           ? flag_us
-           : choice == AllReduceChoice::one_shot_lines || choice == AllReduceChoice::epilogue ? lines_us
-                                                                                                : 0.0;
+    switch (choice) {
+      case AllReduceChoice::nccl: return nccl_us;
+      case AllReduceChoice::one_shot_flag: return flag_us;
+      case AllReduceChoice::one_shot_lines:
+      case AllReduceChoice::epilogue:
+      case AllReduceChoice::in_mlp: return lines_us;
+      case AllReduceChoice::one_shot: return 0.0;
+    }
+    return 0.0;
   }
   // The fastest of the three timed, NCCL on ties and where a one-shot protocol was not timed.
   AllReduceChoice fastest() const {

@@ -46,6 +46,7 @@ const char* choice_name(AllReduceChoice choice) {
     case AllReduceChoice::one_shot_flag: return "one_shot_flag";
     case AllReduceChoice::one_shot_lines: return "one_shot_lines";
     case AllReduceChoice::epilogue: return "epilogue";
+    case AllReduceChoice::in_mlp: return "in_mlp";
   }
   return "?";
 }
@@ -86,9 +87,9 @@ std::string bad_value(const std::string& op, std::string_view value) {
     return one_of(value, {"automatic", "workspace", "cluster"}) ? "" : "automatic, workspace or cluster";
   if (op == "attention.short_context") return one_of(value, {"on", "off"}) ? "" : "on or off";
   if (op == "all_reduce")
-    return one_of(value, {"nccl", "one_shot", "one_shot_flag", "one_shot_lines", "epilogue"})
+    return one_of(value, {"nccl", "one_shot", "one_shot_flag", "one_shot_lines", "epilogue", "in_mlp"})
                ? ""
-               : "nccl, one_shot, one_shot_flag, one_shot_lines or epilogue";
+               : "nccl, one_shot, one_shot_flag, one_shot_lines, epilogue or in_mlp";
   if (op == "attention.warps") return one_of(value, {"auto", "0", "4", "8"}) ? "" : "auto, 4 or 8";
   // attention.splits
   if (value == "auto") return "";

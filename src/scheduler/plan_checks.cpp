@@ -81,7 +81,8 @@ void set_choice(BucketPlan& bucket, const PlanOverride& o) {
     bucket.attention.short_context = o.value == "on";
   } else if (o.op == "all_reduce") {
     bucket.all_reduce = choice_of(o, {AllReduceChoice::nccl, AllReduceChoice::one_shot, AllReduceChoice::one_shot_flag,
-                                      AllReduceChoice::one_shot_lines, AllReduceChoice::epilogue});
+                                      AllReduceChoice::one_shot_lines, AllReduceChoice::epilogue,
+                                      AllReduceChoice::in_mlp});
   } else {
     throw Error("plan override '" + o.text + "': unknown op '" + o.op + "'");
   }

@@ -96,7 +96,7 @@ DecodePlan plan_from_json_value(const nlohmann::json& j) {
       bucket.all_reduce =
           choice_from(b["all_reduce"], "all_reduce",
                       {AllReduceChoice::nccl, AllReduceChoice::one_shot, AllReduceChoice::one_shot_flag,
-                       AllReduceChoice::one_shot_lines, AllReduceChoice::epilogue});
+                       AllReduceChoice::one_shot_lines, AllReduceChoice::epilogue, AllReduceChoice::in_mlp});
     plan.buckets.push_back(bucket);
   }
   return plan;

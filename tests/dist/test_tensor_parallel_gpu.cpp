@@ -156,21 +156,36 @@ TEST_P(TensorParallelTiny, LogitsMatchOneGpuEpilogueUnfusedMlp) {
   expect_logits_match("all_reduce=epilogue,mlp=unfused");
 }
 
+// The fused MLP also sums the attention block's partials at its start: no all-reduce kernel in the
+// block; with the unfused MLP every sum is the one-shot kernel's.
+TEST_P(TensorParallelTiny, LogitsMatchOneGpuInMlp) {
+  REQUIRE_GPUS(tp());
+  expect_logits_match("all_reduce=in_mlp");
+}
+
+TEST_P(TensorParallelTiny, LogitsMatchOneGpuInMlpUnfusedMlp) {
+  REQUIRE_GPUS(tp());
+  expect_logits_match("all_reduce=in_mlp,mlp=unfused");
+}
+
 // Counted from the captured graphs: the fused MLP's own sum leaves a layer one kernel fewer than
-// the one-shot kernel after it.
-TEST_P(TensorParallelTiny, EpilogueLaunchesNoAllReduceKernel) {
+// the one-shot kernel after it, and its input's sum one more fewer.
+TEST_P(TensorParallelTiny, MlpSumsLaunchNoAllReduceKernel) {
   REQUIRE_GPUS(tp());
   write_model();
   auto rng = testing::make_rng(13);
   const std::vector<int32_t> prompt = testing::random_ids(rng, 9, model().config.vocab_size);
   Engine lines = Engine::from_checkpoint(scratch_.path(), options_with(tp(), "all_reduce=one_shot_lines"));
   Engine epilogue = Engine::from_checkpoint(scratch_.path(), options_with(tp(), "all_reduce=epilogue"));
-  greedy(lines, {prompt}, 3);
-  greedy(epilogue, {prompt}, 3);
-  const EngineStats a = lines.stats(1), b = epilogue.stats(1);
+  Engine in_mlp = Engine::from_checkpoint(scratch_.path(), options_with(tp(), "all_reduce=in_mlp"));
+  for (Engine* engine : {&lines, &epilogue, &in_mlp}) greedy(*engine, {prompt}, 3);
+  const EngineStats a = lines.stats(1), b = epilogue.stats(1), c = in_mlp.stats(1);
+  const int layers = model().config.num_hidden_layers;
   EXPECT_EQ(b.launches_per_layer, a.launches_per_layer - 1);
+  EXPECT_EQ(c.launches_per_layer, a.launches_per_layer - 2);
   ASSERT_GT(a.kernels_per_decode_step, 0) << "no graph captured";
-  EXPECT_EQ(b.kernels_per_decode_step, a.kernels_per_decode_step - model().config.num_hidden_layers);
+  EXPECT_EQ(b.kernels_per_decode_step, a.kernels_per_decode_step - layers);
+  EXPECT_EQ(c.kernels_per_decode_step, a.kernels_per_decode_step - 2 * layers);
 }
 
 // The unfused variants (cuBLASLt MLP, front and o_proj) on the ranks' slices.

@@ -80,6 +80,7 @@ TEST(AllReduceTiming, TheFastestTimedChoiceWins) {
   EXPECT_EQ(timing(5.0, 0.0, 0.0).fastest(), AllReduceChoice::nccl);  // not timed (no peer access)
   EXPECT_DOUBLE_EQ(timing(1, 2, 3).us(AllReduceChoice::one_shot_lines), 3.0);
   EXPECT_DOUBLE_EQ(timing(1, 2, 3).us(AllReduceChoice::epilogue), 3.0);  // its attention block's kernel
+  EXPECT_DOUBLE_EQ(timing(1, 2, 3).us(AllReduceChoice::in_mlp), 3.0);  // its unfused MLP blocks' kernel
   EXPECT_DOUBLE_EQ(timing(1, 2, 3).us(AllReduceChoice::one_shot), 0.0);  // its size rule is not timed
 }
 

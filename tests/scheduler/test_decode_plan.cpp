@@ -118,13 +118,14 @@ TEST(PlanOverrides, AllReduceSetsEveryBucketOrOne) {
   const DecodePlan plan = apply_overrides(
       llama8b_h100_plan(),
       parse_plan_overrides("all_reduce=one_shot,all_reduce@64=nccl,all_reduce@1=one_shot_lines,"
-                           "all_reduce@2=one_shot_flag,all_reduce@4=epilogue"),
+                           "all_reduce@2=one_shot_flag,all_reduce@4=epilogue,all_reduce@8=in_mlp"),
       shape, testing::h100());
   for (const BucketPlan& b : plan.buckets) {
     const AllReduceChoice expected = b.batch == 64  ? AllReduceChoice::nccl
                                      : b.batch == 1 ? AllReduceChoice::one_shot_lines
                                      : b.batch == 2 ? AllReduceChoice::one_shot_flag
                                      : b.batch == 4 ? AllReduceChoice::epilogue
+                                     : b.batch == 8 ? AllReduceChoice::in_mlp
                                                     : AllReduceChoice::one_shot;
     EXPECT_EQ(b.all_reduce, expected) << b.batch;
   }
@@ -132,11 +133,12 @@ TEST(PlanOverrides, AllReduceSetsEveryBucketOrOne) {
   EXPECT_STREQ(choice_name(AllReduceChoice::one_shot_flag), "one_shot_flag");
   EXPECT_STREQ(choice_name(AllReduceChoice::one_shot_lines), "one_shot_lines");
   EXPECT_STREQ(choice_name(AllReduceChoice::epilogue), "epilogue");
+  EXPECT_STREQ(choice_name(AllReduceChoice::in_mlp), "in_mlp");
   try {
     parse_plan_overrides("all_reduce=ring");
     ADD_FAILURE() << "all_reduce=ring accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("nccl, one_shot, one_shot_flag, one_shot_lines or epilogue"),
+    EXPECT_NE(std::string(e.what()).find("nccl, one_shot, one_shot_flag, one_shot_lines, epilogue or in_mlp"),
               std::string::npos)
         << e.what();
   }

@@ -51,6 +51,14 @@ struct SwigluFusedParams {
   // mlp(x) (+ residual), each rank's rounded to bf16 first, exchanged by the finishing blocks
   // (line_exchange.hpp) instead of an all-reduce launch. Not with defer_sum.
   LineExchange exchange;
+  // Tensor parallel, the input's sum too (active: ranks > 1; needs `exchange` active, its buffers'
+  // other slot): x is not read as given but first written with the sum over the ranks of every
+  // rank's x_partial ([tokens, hidden], this rank's o_proj output, rank 0's with the residual),
+  // rank order, rounded once: what the one-shot all-reduce would write, without its launch. Each
+  // rank's blocks push a share of its partial to the peers; each cluster sums every value and
+  // writes x (the clusters write the same bits), so x must be writable memory.
+  LineExchange x_exchange;
+  const __nv_bfloat16* x_partial = nullptr;
   int tokens = 0;
   int hidden = 0;
   int intermediate = 0;

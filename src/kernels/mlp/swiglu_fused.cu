@@ -156,6 +156,21 @@ __device__ void add_norm_squares(const SwigluFusedParams& p, float* norm_squares
   }
 }
 
+// The input's sum over the ranks (SwigluFusedParams::x_exchange): this block pushes its share of
+// this rank's partial to the peers (the grid's blocks split the lines), then sums its share of
+// every line (the cluster's blocks split them) into x. The cluster barrier after it makes x whole
+// for the cluster's reads; every cluster writes the same bits.
+template <int C, int kThreads>
+__device__ void sum_input_over_ranks(const SwigluFusedParams& p, uint32_t epoch, int rank, int tid) {
+  const int quads = p.tokens * p.hidden / 4, blocks = static_cast<int>(gridDim.x), block = blockIdx.x;
+  const auto* partial = reinterpret_cast<const uint2*>(p.x_partial);
+  for (int quad = split_point(quads, blocks, block) + tid; quad < split_point(quads, blocks, block + 1); quad += kThreads)
+    lines::push_line(p.x_exchange, quad, partial[quad], epoch);
+  auto* x = reinterpret_cast<uint2*>(const_cast<__nv_bfloat16*>(p.x));  // writable: the params' contract
+  for (int quad = split_point(quads, C, rank) + tid; quad < split_point(quads, C, rank + 1); quad += kThreads)
+    x[quad] = lines::sum_line(p.x_exchange, quad, partial[quad], epoch);
+}
+
 template <int NT, int C>
 __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, C>::kBlocksPerSm)
     swiglu_fused_kernel(const SwigluFusedParams p, int finishers) {
@@ -254,7 +269,11 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
   // weight loads, then wait for this grid to complete before reading y. Faster in the step than
   // the trigger after phase 2 (docs/kernels/swiglu_fused.md, "Overlap with the kernels around it").
   allow_downstream_launch();
-  cluster_barrier<C>();  // every block's sums are zero before anyone adds into them
+  // Tensor parallel: one epoch for both exchanges of the call (the slots' line areas differ).
+  const bool exchange = p.exchange.active();
+  const uint32_t epoch = exchange ? lines::next_epoch(p.exchange.signals) : 0;
+  if (p.x_exchange.active()) sum_input_over_ranks<C, kThreads>(p, epoch, rank, tid);
+  cluster_barrier<C>();  // every block's sums are zero before anyone adds into them (and x is summed)
 
   for (int token0 = 0; token0 < p.tokens; token0 += Config::kTokensPerPass) {
     // ---------------- Phase 1: g and u for the cluster's slice of I.
@@ -451,8 +470,6 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
   const int quad_end = split_point(quads, finishers, finisher + 1);
   // Tensor parallel: each quad of y is also pushed to every peer (one line), then summed over the
   // ranks (the same quads on every rank: the finishers and their split are the same there).
-  const bool exchange = p.exchange.active();
-  const uint32_t epoch = exchange ? lines::next_epoch(p.exchange.signals) : 0;
   for (int quad = quad_begin + tid; quad < quad_end; quad += kThreads) {
     float4* partial = reinterpret_cast<float4*>(p.accumulator) + quad;
     const float4 v = __ldcg(partial);
@@ -642,7 +659,13 @@ cudaError_t launch_swiglu_fused(const SwigluFusedParams& p, const FusedMlpTuning
   if (!valid_shape(p.hidden, p.intermediate) || p.tokens < 1 || !p.x || !p.gate_up || !p.down ||
       (!p.y && !p.defer_sum) || !p.accumulator || !p.counters)
     return cudaErrorInvalidValue;
-  if (p.exchange.active() && (p.defer_sum || !p.exchange.holds(static_cast<size_t>(p.tokens) * p.hidden)))
+  const size_t elements = static_cast<size_t>(p.tokens) * p.hidden;
+  if (p.exchange.active() && (p.defer_sum || !p.exchange.holds(elements))) return cudaErrorInvalidValue;
+  // The input's exchange publishes its epoch through the output's (the finish).
+  if (p.x_exchange.active() &&
+      (!p.exchange.active() || !p.x_exchange.holds(elements) || !p.x_partial || p.x_exchange.ranks != p.exchange.ranks ||
+       p.x_exchange.rank != p.exchange.rank || p.x_exchange.signals != p.exchange.signals ||
+       p.x_exchange.lines[p.x_exchange.rank] == p.exchange.lines[p.exchange.rank]))
     return cudaErrorInvalidValue;
   if (p.tokens <= 8) return launch_for_tokens<1>(p, tuning, stream);
   if (p.tokens <= 16) return launch_for_tokens<2>(p, tuning, stream);
