@@ -3,14 +3,15 @@
 # compute-sanitizer memcheck on a TP engine, `bench allreduce`, and `bench decode --tp` (Llama-3-8B
 # TP 1 vs TP 2; Llama-3-70B TP 4 with NCCL vs the one-shot all-reduce and fused vs unfused MLP).
 # usage: scripts/device/tp.sh OUT BIN [STEP...]   BIN: deepfuse and the test_*_gpu binaries (built
-# elsewhere); steps: tests bench8b bench70b memcheck tune ratio8b allreduce70b (default all but
-# tune, ratio8b and allreduce70b, in that order).
+# elsewhere); steps: tests bench8b bench70b memcheck tune ratio8b allreduce70b batches8b (default all but
+# tune, ratio8b, allreduce70b and batches8b, in that order).
 # ratio8b: Llama-3-8B batch 1 / 512 at TP 1, TP 2 under the plan, and TP 2 with each all_reduce
 # override in RATIO_VARIANTS (default: one_shot_lines epilogue in_mlp), three interleaved rounds
 # (the TP 2 speedup with every side on the same clocks).
 # allreduce70b: Llama-3-70B TP 4 at batches 1 and 8 (server memory plan: the fused MLP) under the
 # plan and with each all_reduce override in SEVENTY_VARIANTS (default: epilogue in_mlp), two
-# interleaved rounds.
+# interleaved rounds. batches8b: Llama-3-8B TP 2 at batches 1, 2, 4 and 8 the same way, with the
+# overrides in RATIO_VARIANTS.
 # tune: `deepfuse tune` for Llama-3-8B on GPU 0 alone, the plan saved as OUT/tuning.json (for
 # comparing plans between GPU kinds).
 set -uo pipefail
@@ -105,29 +106,39 @@ for r in (1, 2, 3):
         print(f"round {r}: {e}")
 PY
 fi
-if want allreduce70b && ((gpus >= 4)); then
-  seventy=("$bin/deepfuse" bench decode --archs llama3-70b --tp 4 --server-memory-plan --plan --batches 1,8
-    --contexts 512,8192 --no-ttft --steps 48)
+# compare NAME VARIANTS DEEPFUSE-ARGS...: `bench decode` under the plan and with each all_reduce
+# override in VARIANTS, two interleaved rounds; one summary line per batch and context.
+compare() {
+  local name=$1 variants=$2 round variant
+  shift 2
   for round in 1 2; do
-    run a70_plan_r$round 240 "${seventy[@]}" --json "$out/a70-plan-r$round.json"
-    for variant in $seventy_variants; do
-      run a70_${variant}_r$round 240 "${seventy[@]}" --plan-override all_reduce=$variant --json "$out/a70-$variant-r$round.json"
+    run ${name}_plan_r$round 240 "$@" --json "$out/$name-plan-r$round.json"
+    for variant in $variants; do
+      run ${name}_${variant}_r$round 240 "$@" --plan-override all_reduce=$variant --json "$out/$name-$variant-r$round.json"
     done
   done
-  python3 - "$out" plan $seventy_variants <<'PY' | tee -a "$summary"
+  python3 - "$out" "$name" plan $variants <<'PY' | tee -a "$summary"
 import json, sys
-def rows(name, r):
-    data = json.load(open(f"{sys.argv[1]}/a70-{name}-r{r}.json"))
-    return {(x["batch"], x["context"]): x for x in data["rows"] if x.get("kind") == "decode"}
+out, name, variants = sys.argv[1], sys.argv[2], sys.argv[3:]
+def rows(variant, r):
+    data = json.load(open(f"{out}/{name}-{variant}-r{r}.json"))
+    return {(x["arch"], x["batch"], x["context"]): x for x in data["rows"] if x.get("kind") == "decode"}
 try:
-    names = sys.argv[2:]
-    runs = {(n, r): rows(n, r) for n in names for r in (1, 2)}
+    runs = {(v, r): rows(v, r) for v in variants for r in (1, 2)}
     for key in sorted(runs[("plan", 1)]):
-        cells = [f'{n} {runs[(n, 1)][key]["ms_per_step"]:.3f} {runs[(n, 2)][key]["ms_per_step"]:.3f}' for n in names]
-        print(f"70B TP 4 batch {key[0]} / {key[1]}: " + ", ".join(cells) + " ms")
+        cells = [f'{v} {runs[(v, 1)][key]["ms_per_step"]:.3f} {runs[(v, 2)][key]["ms_per_step"]:.3f}' for v in variants]
+        print(f"{key[0]} batch {key[1]} / {key[2]}: " + ", ".join(cells) + " ms")
 except Exception as e:
-    print(f"allreduce70b: {e}")
+    print(f"{name}: {e}")
 PY
+}
+if want allreduce70b && ((gpus >= 4)); then
+  compare a70 "$seventy_variants" "$bin/deepfuse" bench decode --archs llama3-70b --tp 4 --server-memory-plan --plan \
+    --batches 1,8 --contexts 512,8192 --no-ttft --steps 48
+fi
+if want batches8b; then
+  compare b8b "$ratio_variants" "$bin/deepfuse" bench decode --archs llama3-8b --tp 2 --plan --batches 1,2,4,8 \
+    --contexts 512 --no-ttft --steps 64
 fi
 if want tune; then
   run tune_8b 120 "$bin/deepfuse" tune --random-weights --arch llama3-8b --max-batch 64 --max-context 8192 \

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <iterator>
+#include <optional>
 
 #include "deepfuse/error.hpp"
 #include "core/graph_timing.hpp"
@@ -28,6 +29,10 @@ std::string message_of(const std::exception_ptr& error) {
 // Calls timed per all-reduce measurement, inside one graph (the way decode steps run them).
 constexpr int kTimedCalls = 64;
 constexpr int kTimedReplays = 5;
+// The largest message (tokens x hidden values) whose sum the fused MLP takes at its start at 2
+// ranks (in_mlp): every cluster waits for every line of it, a dependent round trip per line a
+// thread, one each at one token of hidden 4096 (measured there; docs/dist.md).
+constexpr size_t kInMlpMaxElements = 8192;
 
 }  // namespace
 
@@ -202,7 +207,9 @@ std::unique_ptr<RankGroup> RankGroup::build(const ModelConfig& model, const Engi
 // At 2 ranks, buckets that run the fused MLP take epilogue instead (its finish sums over the
 // ranks), where flags in the data are the one-shot's size rule: it has no kernel of its own to
 // time, and measured faster in the whole step on 2 H200s (docs/dist.md, "The MLP's sum in its own
-// finish"). More ranks: not measured yet, so only by override.
+// finish"); up to kInMlpMaxElements values a message, in_mlp (the MLP sums its input too), faster
+// still at one token, slower where each cluster has many lines to wait for (docs/dist.md, "The
+// attention block's sum at the MLP's start"). More ranks: mixed between hosts, so only by override.
 void RankGroup::choose_all_reduce() {
   Engine::Impl& first = lead();
   const auto& overrides = first.options.plan_overrides;
@@ -234,15 +241,17 @@ void RankGroup::choose_all_reduce() {
     for (int c = 0; c < kCount; ++c)
       for (int r = 0; r < size(); ++r) *fields[c] = std::max(*fields[c], us[r][kCount * b + c]);
   }
-  auto in_epilogues = [&](const BucketPlan& bucket) {
+  auto mlp_sums = [&](const BucketPlan& bucket) -> std::optional<AllReduceChoice> {
     const size_t elements = static_cast<size_t>(bucket.batch) * model_.hidden_size;
-    return size() == 2 && bucket.mlp == MlpChoice::fused && elements <= one_shot_->exchange_elements() &&
-           kernels::one_shot_automatic_protocol(elements, size()) == kernels::OneShotProtocol::flags_in_data;
+    if (size() != 2 || bucket.mlp != MlpChoice::fused || elements > one_shot_->exchange_elements() ||
+        kernels::one_shot_automatic_protocol(elements, size()) != kernels::OneShotProtocol::flags_in_data)
+      return std::nullopt;
+    return elements <= kInMlpMaxElements ? AllReduceChoice::in_mlp : AllReduceChoice::epilogue;
   };
   run([&](Engine::Impl& s) {
     for (int b = 0; b < buckets; ++b) {
       BucketPlan& bucket = s.plan.buckets[b];
-      bucket.all_reduce = in_epilogues(bucket) ? AllReduceChoice::epilogue : timings_[b].fastest();
+      bucket.all_reduce = mlp_sums(bucket).value_or(timings_[b].fastest());
     }
     s.plan.source += "; all-reduce per bucket timed at start (NCCL vs both one-shot protocols), or the MLP's own";
   });
