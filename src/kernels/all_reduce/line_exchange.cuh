@@ -62,15 +62,12 @@ __device__ __forceinline__ void finish_block(uint32_t* signals, uint32_t epoch, 
   }
 }
 
-// Whether a line read holds the call's data (both its epochs are the call's).
-__device__ __forceinline__ bool line_ready(const uint4& line, uint32_t epoch) { return line.y == epoch && line.w == epoch; }
-
 // The data of the line at `address` once both its epochs are `epoch`: two words, four bf16.
 __device__ __forceinline__ uint2 wait_for_line(const uint4* address, uint32_t epoch) {
   const long long give_up = clock64() + kSpinLimitCycles;
   while (true) {
     const uint4 line = load_line(address);
-    if (line_ready(line, epoch)) return {line.x, line.z};
+    if (line.y == epoch && line.w == epoch) return {line.x, line.z};
     // A peer that never arrives (its rank failed) ends the kernel with an error after about ten
     // seconds instead of hanging the GPU (the engine then reports the failure).
     if (clock64() > give_up) __trap();
@@ -87,12 +84,6 @@ __device__ __forceinline__ void add_words(float (&sum)[4], uint2 words, bool fir
   for (int i = 0; i < 4; ++i) sum[i] = first ? v[i] : sum[i] + v[i];
 }
 
-// Four fp32 sums rounded once to bf16: two words.
-__device__ __forceinline__ uint2 round_line(const float (&sum)[4]) {
-  const __nv_bfloat162 low = __floats2bfloat162_rn(sum[0], sum[1]), high = __floats2bfloat162_rn(sum[2], sum[3]);
-  return {*reinterpret_cast<const uint32_t*>(&low), *reinterpret_cast<const uint32_t*>(&high)};
-}
-
 // Pushes this rank's four values of line `line` to every peer (posted stores, nothing waits).
 __device__ __forceinline__ void push_line(const LineExchange& x, size_t line, uint2 own, uint32_t epoch) {
   const uint4 pushed = {own.x, epoch, own.y, epoch};
@@ -107,7 +98,8 @@ __device__ __forceinline__ uint2 sum_line(const LineExchange& x, size_t line, ui
   const uint4* const local = x.lines[x.rank];
   for (int q = 0; q < x.ranks; ++q)
     add_words(sum, q == x.rank ? own : wait_for_line(local + q * x.line_stride + line, epoch), q == 0);
-  return round_line(sum);
+  const __nv_bfloat162 low = __floats2bfloat162_rn(sum[0], sum[1]), high = __floats2bfloat162_rn(sum[2], sum[3]);
+  return {*reinterpret_cast<const uint32_t*>(&low), *reinterpret_cast<const uint32_t*>(&high)};
 }
 
 }  // namespace deepfuse::kernels::lines

@@ -162,44 +162,13 @@ __device__ void add_norm_squares(const SwigluFusedParams& p, float* norm_squares
 // for the cluster's reads; every cluster writes the same bits.
 template <int C, int kThreads>
 __device__ void sum_input_over_ranks(const SwigluFusedParams& p, uint32_t epoch, int rank, int tid) {
-  const LineExchange& exchange = p.x_exchange;
   const int quads = p.tokens * p.hidden / 4, blocks = static_cast<int>(gridDim.x), block = blockIdx.x;
   const auto* partial = reinterpret_cast<const uint2*>(p.x_partial);
   for (int quad = split_point(quads, blocks, block) + tid; quad < split_point(quads, blocks, block + 1); quad += kThreads)
-    lines::push_line(exchange, quad, partial[quad], epoch);
+    lines::push_line(p.x_exchange, quad, partial[quad], epoch);
   auto* x = reinterpret_cast<uint2*>(const_cast<__nv_bfloat16*>(p.x));  // writable: the params' contract
-  const int begin = split_point(quads, C, rank), end = split_point(quads, C, rank + 1);
-  if (exchange.ranks != 2) {
-    for (int quad = begin + tid; quad < end; quad += kThreads)
-      x[quad] = lines::sum_line(exchange, quad, partial[quad], epoch);
-    return;
-  }
-  // Two ranks: a thread's first reads of up to kInFlight lines (and its own values) all go out
-  // before it waits on any, one round trip for all of them instead of one each.
-  constexpr int kInFlight = 8;
-  const int peer = 1 - exchange.rank;
-  const uint4* const theirs = exchange.lines[exchange.rank] + peer * exchange.line_stride;
-  for (int first = begin + tid; first < end; first += kInFlight * kThreads) {
-    uint2 own[kInFlight];
-    uint4 line[kInFlight];
-#pragma unroll
-    for (int j = 0; j < kInFlight; ++j)
-      if (const int quad = first + j * kThreads; quad < end) own[j] = partial[quad];
-#pragma unroll
-    for (int j = 0; j < kInFlight; ++j)
-      if (const int quad = first + j * kThreads; quad < end) line[j] = lines::load_line(theirs + quad);
-#pragma unroll
-    for (int j = 0; j < kInFlight; ++j) {
-      const int quad = first + j * kThreads;
-      if (quad >= end) break;
-      const uint2 peer_words =
-          lines::line_ready(line[j], epoch) ? make_uint2(line[j].x, line[j].z) : lines::wait_for_line(theirs + quad, epoch);
-      float sum[4];
-      lines::add_words(sum, exchange.rank == 0 ? own[j] : peer_words, true);  // rank order
-      lines::add_words(sum, exchange.rank == 0 ? peer_words : own[j], false);
-      x[quad] = lines::round_line(sum);
-    }
-  }
+  for (int quad = split_point(quads, C, rank) + tid; quad < split_point(quads, C, rank + 1); quad += kThreads)
+    x[quad] = lines::sum_line(p.x_exchange, quad, partial[quad], epoch);
 }
 
 template <int NT, int C>
