@@ -1,5 +1,6 @@
 // Where a kernel's epilogue sums its output over the tensor-parallel ranks itself, with no
-// all-reduce kernel of its own: the fused MLP's finish (swiglu_fused.hpp). Each thread that
+// all-reduce kernel of its own: the fused MLP's finish (swiglu_fused.hpp; its start sums its input
+// the same way, SwigluFusedParams::x_exchange, on the other slot). Each thread that
 // finishes four consecutive output values pushes them to every peer as one line of the one-shot
 // all-reduce's flags_in_data protocol (one_shot_all_reduce.hpp), waits for the peers' lines of the
 // same four values and stores their sum in rank order, rounded once: the same result, bit for bit,

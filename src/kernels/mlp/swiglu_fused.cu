@@ -20,6 +20,8 @@
 //   Finish   the last `finishers` blocks to arrive convert the accumulator to bf16 (+residual),
 //            and zero it and the counters for the next launch; with defer_sum there is no finish:
 //            the kernels after this one add the accumulator where y would go and zero it.
+// Tensor parallel, the finishers also sum y over the ranks (exchange), and before phase 1 every
+// cluster may sum x over the ranks (x_exchange): line_exchange.hpp.
 // The intermediate never leaves the chip; HBM sees the weights once, plus x and y. Clusters cut
 // the partial sums per output element from the block count to the cluster count. Two cluster
 // barriers per pass of tokens; phase 2's first loads are issued before them.
