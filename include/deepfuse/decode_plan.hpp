@@ -30,8 +30,9 @@ enum class OProjChoice { gemv, cublaslt };
 // one-shot kernel with flags in the data; or (in_mlp) the fused MLP also sums the attention
 // block's partials at its start, so a block that runs it launches no all-reduce kernel (an unfused
 // MLP's block: the one-shot kernel with flags in the data, twice). A TP engine times NCCL and both
-// protocols per bucket at start and keeps the fastest, or, at 2 ranks, takes epilogue where flags
-// in the data are the one-shot's size rule and the bucket runs the fused MLP. One GPU: unused.
+// protocols per bucket at start and keeps the fastest, or, at 2 and 4 ranks, takes epilogue where
+// flags in the data are the one-shot's size rule and the bucket runs the fused MLP (in_mlp at 2
+// ranks and one token of hidden 4096). One GPU: unused.
 enum class AllReduceChoice { nccl, one_shot, one_shot_flag, one_shot_lines, epilogue, in_mlp };
 // Where the decode attention's splits merge (kernels::SplitMerge).
 enum class MergeChoice { automatic, workspace, cluster };

@@ -216,7 +216,7 @@ void ForwardPass::all_reduce(int slot, int tokens, AllReduceChoice choice, cudaS
   auto* residual = buffers_.residual.as<__nv_bfloat16>();
   if (choice != AllReduceChoice::nccl && link_->one_shot && elements <= link_->one_shot->exchange_elements()) {
     kernels::OneShotAllReduceParams p = link_->one_shot->params(link_->shard.rank, slot, elements, residual);
-    // epilogue: the all-reduces the fused MLP does not do itself, in its protocol.
+    // epilogue and in_mlp: the all-reduces the fused MLP does not do itself, in its protocol.
     p.protocol = choice == AllReduceChoice::one_shot_flag ? kernels::OneShotProtocol::flag_after_data
                  : choice == AllReduceChoice::one_shot_lines || choice == AllReduceChoice::epilogue ||
                            choice == AllReduceChoice::in_mlp
