@@ -84,6 +84,10 @@ const char* choice_name(FrontChoice choice);
 const char* choice_name(OProjChoice choice);
 const char* choice_name(MergeChoice choice);
 const char* choice_name(AllReduceChoice choice);
+// Tensor parallel: how many of a block's two sums over the ranks the MLP does itself under
+// `all_reduce` (the fused MLP only: epilogue its output, in_mlp its input too); all-reduce kernels
+// do the others. The engine does them only where its peer buffers hold the message.
+int sums_in_mlp(MlpChoice mlp, AllReduceChoice all_reduce);
 
 // One override, as `--plan-override` takes it: OP[@BUCKET]=VALUE, e.g. `mlp=unfused` (every
 // bucket and prefill), `mlp@16=unfused`, `front@32=fused`, `o_proj=cublaslt`,

@@ -193,13 +193,8 @@ void run_decode_case(Engine& engine, const std::string& arch, int batch, int con
   if (const runtime::AllReduceTiming* t = all_reduce_timing(engine, batch); t && tp > 1) {
     const BucketPlan& bucket = engine.plan().bucket_for(batch);
     const AllReduceChoice choice = bucket.all_reduce;
-    const bool fused = bucket.mlp == MlpChoice::fused;
     const double us = t->us(choice);
-    const int per_layer = !fused                                 ? 2
-                          : choice == AllReduceChoice::in_mlp   ? 0
-                          : choice == AllReduceChoice::epilogue ? 1
-                                                                : 2;
-    const int calls = per_layer * config.num_hidden_layers;
+    const int calls = (2 - sums_in_mlp(bucket.mlp, choice)) * config.num_hidden_layers;
     const double share = us > 0 ? 100.0 * calls * us / (ms * 1e3) : 0.0;
     all_reduce_text = us > 0 && calls > 0 ? std::string(choice_name(choice)) + " " + format_fixed(us, 1) + "us x" +
                                    std::to_string(calls) + " " + format_fixed(share, 1) + "%"

@@ -199,12 +199,9 @@ void ForwardPass::output_projection(const GpuLayerWeights& w, int tokens, bool g
 }
 
 ForwardPass::MlpSums ForwardPass::mlp_sums_over_ranks(MlpChoice mlp, AllReduceChoice all_reduce, int tokens) const {
-  const bool exchanges = split() && mlp == MlpChoice::fused && link_->one_shot &&
+  const bool exchanges = split() && link_->one_shot &&
                          static_cast<size_t>(tokens) * config_.hidden_size <= link_->one_shot->exchange_elements();
-  if (!exchanges) return MlpSums::none;
-  return all_reduce == AllReduceChoice::in_mlp     ? MlpSums::input_and_output
-         : all_reduce == AllReduceChoice::epilogue ? MlpSums::output
-                                                   : MlpSums::none;
+  return exchanges ? static_cast<MlpSums>(sums_in_mlp(mlp, all_reduce)) : MlpSums::none;
 }
 
 kernels::LineExchange ForwardPass::line_exchange(int slot, int tokens) const {
@@ -436,11 +433,8 @@ int ForwardPass::launches_per_layer(int attention_launches, const BucketPlan& bu
   // cuBLASLt, counted as one although a split-K algorithm adds a reduction kernel), the MLP
   const int front = bucket.front == FrontChoice::fused ? 1 : 2;
   // After attention and after the MLP, one kernel each, less the sums the fused MLP does itself.
-  const MlpSums mlp_sums = mlp_sums_over_ranks(bucket.mlp, bucket.all_reduce, bucket.batch);
-  const int all_reduces = !split()                                  ? 0
-                          : mlp_sums == MlpSums::input_and_output ? 0
-                          : mlp_sums == MlpSums::output           ? 1
-                                                                  : 2;
+  const int all_reduces =
+      split() ? 2 - static_cast<int>(mlp_sums_over_ranks(bucket.mlp, bucket.all_reduce, bucket.batch)) : 0;
   return front + attention_launches + 1 + weights_.layers.front().mlp(bucket.mlp).launches_per_call(true) +
          all_reduces;
 }

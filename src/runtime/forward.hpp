@@ -173,10 +173,10 @@ class ForwardPass {
                    const kernels::PagedKv& kv, cudaStream_t stream);
   // gemv: the cluster GEMV, which adds and clears `pending`; else cuBLASLt.
   void output_projection(const GpuLayerWeights& w, int tokens, bool gemv, float* pending, cudaStream_t stream);
-  // Tensor parallel: which sums over the ranks the MLP does itself: its output in its finish
-  // (epilogue), its input too at its start (in_mlp), or none. Only the fused MLP, with peer buffers
-  // that hold a message of `tokens` rows.
-  enum class MlpSums { none, output, input_and_output };
+  // Tensor parallel: which sums over the ranks the MLP does itself (the value: how many): its output
+  // in its finish (epilogue), its input too at its start (in_mlp), or none. Only the fused MLP, with
+  // peer buffers that hold a message of `tokens` rows (sums_in_mlp).
+  enum class MlpSums { none = 0, output = 1, input_and_output = 2 };
   MlpSums mlp_sums_over_ranks(MlpChoice mlp, AllReduceChoice all_reduce, int tokens) const;
   kernels::LineExchange line_exchange(int slot, int tokens) const;
   void attend(const kernels::PagedKv& kv, int tokens, const Attention& attention, cudaStream_t stream);

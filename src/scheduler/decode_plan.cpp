@@ -50,6 +50,10 @@ const char* choice_name(AllReduceChoice choice) {
   }
   return "?";
 }
+int sums_in_mlp(MlpChoice mlp, AllReduceChoice all_reduce) {
+  if (mlp != MlpChoice::fused) return 0;
+  return all_reduce == AllReduceChoice::in_mlp ? 2 : all_reduce == AllReduceChoice::epilogue ? 1 : 0;
+}
 const char* choice_name(MergeChoice choice) {
   switch (choice) {
     case MergeChoice::automatic: return "automatic";

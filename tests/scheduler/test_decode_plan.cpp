@@ -134,6 +134,11 @@ TEST(PlanOverrides, AllReduceSetsEveryBucketOrOne) {
   EXPECT_STREQ(choice_name(AllReduceChoice::one_shot_lines), "one_shot_lines");
   EXPECT_STREQ(choice_name(AllReduceChoice::epilogue), "epilogue");
   EXPECT_STREQ(choice_name(AllReduceChoice::in_mlp), "in_mlp");
+  EXPECT_EQ(sums_in_mlp(MlpChoice::fused, AllReduceChoice::in_mlp), 2);
+  EXPECT_EQ(sums_in_mlp(MlpChoice::fused, AllReduceChoice::epilogue), 1);
+  EXPECT_EQ(sums_in_mlp(MlpChoice::fused, AllReduceChoice::one_shot_lines), 0);
+  EXPECT_EQ(sums_in_mlp(MlpChoice::unfused, AllReduceChoice::in_mlp), 0);
+  EXPECT_EQ(sums_in_mlp(MlpChoice::unfused, AllReduceChoice::epilogue), 0);
   try {
     parse_plan_overrides("all_reduce=ring");
     ADD_FAILURE() << "all_reduce=ring accepted";
