@@ -166,6 +166,15 @@ class MainServer(unittest.TestCase):
         self.assertEqual(text, whole.choices[0].message.content)
         self.assertEqual(chunks[-1].choices[0].finish_reason, whole.choices[0].finish_reason)
 
+    def test_metadata_fields_and_plain_defaults_are_accepted(self):
+        r = self.client.chat.completions.create(
+            model="tiny", messages=[{"role": "developer", "content": "Be brief."},
+                                    {"role": "user", "content": [{"type": "text", "text": "Hello"}], "name": "ann"}],
+            max_completion_tokens=3, temperature=0, user="u-1", metadata={"team": "agents"}, store=False,
+            service_tier="auto", response_format={"type": "text"}, logit_bias={}, parallel_tool_calls=True,
+            extra_body={"ignore_eos": True})
+        self.assertEqual(r.usage.completion_tokens, 3)
+
     def test_max_completion_tokens_and_n(self):
         r = self.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
                                                 max_completion_tokens=5, n=3, temperature=1.0, seed=3,
@@ -320,6 +329,22 @@ class MainServer(unittest.TestCase):
             ("invalid UTF-8", "/v1/completions", b'{"prompt": "\xff\xfe bad"}', 400, None),
             ("10 MB body", "/v1/completions", '{"prompt": "' + "a" * (10 << 20) + '"}', 413, None),
             ("unknown endpoint", "/v1/embeddings", {"input": "x"}, 404, None),
+            ("unknown role", "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400,
+             "messages.[0].role"),
+            ("image part", "/v1/chat/completions",
+             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
+             "messages.[0].content.[0].type"),
+            ("tool message without its call id", "/v1/chat/completions",
+             {"messages": [{"role": "tool", "content": "21"}]}, 400, "messages.[0].tool_call_id"),
+            ("json output not implemented", "/v1/chat/completions",
+             {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, 400,
+             "response_format"),
+            ("logit_bias not implemented", "/v1/completions", {"prompt": "x", "logit_bias": {"5": 3}}, 400,
+             "logit_bias"),
+            ("unknown field", "/v1/completions", {"prompt": "x", "temprature": 0.5}, 400, "temprature"),
+            ("temperature above 2", "/v1/completions", {"prompt": "x", "temperature": 2.5}, 400, "temperature"),
+            ("stream_options without stream", "/v1/completions",
+             {"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options"),
         ]
         for name, path, body, status, param in cases:
             with self.subTest(name):
@@ -336,6 +361,9 @@ class MainServer(unittest.TestCase):
             self.client.completions.create(model="nope", prompt="x", max_tokens=2)
         with self.assertRaises(openai.BadRequestError):
             self.client.completions.create(model="tiny", prompt="x", max_tokens=0)
+        with self.assertRaises(openai.BadRequestError) as refused:
+            self.client.chat.completions.create(model="tiny", messages=[{"role": "wizard", "content": "x"}])
+        self.assertEqual(refused.exception.body["param"], "messages.[0].role")
         self.assertEqual(self.server.request("GET", "/health")[0], 200)
         self.assertEqual(greedy(self.client, "still here", max_tokens=3).usage.completion_tokens, 3)
         self.assertEqual(self.server.request("GET", "/nowhere")[0], 404)

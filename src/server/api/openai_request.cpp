@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "server/api/chat_messages.hpp"
+#include "server/api/request_fields.hpp"
 #include "server/api_error.hpp"
 
 namespace deepfuse::server {
@@ -12,56 +14,92 @@ namespace {
 
 using nlohmann::json;
 
-// Typed access to optional fields: absent or null gives the default, a wrong type a 400.
-class Fields {
- public:
-  explicit Fields(const json& body) : body_(body) {}
-
-  const json* get(const char* name) const {
-    const auto it = body_.find(name);
-    return it == body_.end() || it->is_null() ? nullptr : &*it;
-  }
-  double number(const char* name, double fallback, double lo, double hi) const {
-    const json* v = get(name);
-    if (!v) return fallback;
-    if (!v->is_number()) throw ApiError::bad_field(name, std::string("'") + name + "' must be a number");
-    const double x = v->get<double>();
-    if (x < lo || x > hi)
-      throw ApiError::bad_field(name, std::string("'") + name + "' must be between " + format(lo) + " and " +
-                                          format(hi) + ", got " + format(x));
-    return x;
-  }
-  std::optional<int64_t> integer(const char* name) const {
-    const json* v = get(name);
-    if (!v) return std::nullopt;
-    if (!v->is_number_integer()) throw ApiError::bad_field(name, std::string("'") + name + "' must be an integer");
-    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-      throw ApiError::bad_field(name, std::string("'") + name + "' is too large");
-    return v->get<int64_t>();
-  }
-  int64_t integer(const char* name, int64_t fallback, int64_t lo, int64_t hi) const {
-    const int64_t x = integer(name).value_or(fallback);
-    if (x < lo || x > hi)
-      throw ApiError::bad_field(name, std::string("'") + name + "' must be between " + std::to_string(lo) +
-                                          " and " + std::to_string(hi) + ", got " + std::to_string(x));
-    return x;
-  }
-  bool boolean(const char* name, bool fallback) const {
-    const json* v = get(name);
-    if (!v) return fallback;
-    if (!v->is_boolean()) throw ApiError::bad_field(name, std::string("'") + name + "' must be a boolean");
-    return v->get<bool>();
-  }
-
- private:
-  static std::string format(double x) {
-    std::string s = std::to_string(x);
-    s.erase(s.find_last_not_of('0') + 1);
-    if (!s.empty() && s.back() == '.') s.pop_back();
-    return s;
-  }
-  const json& body_;
+// What the server does with each top-level field OpenAI defines for the two endpoints, and with
+// the extensions it serves (top_k, min_p, ignore_eos, as vLLM names them). A field outside the
+// table is refused as unknown; a `refused` one is refused by name whenever it is given, because
+// it would change the answer and is not implemented; `metadata` ones are checked and accepted
+// (they do not change the answer).
+enum class FieldUse { read, metadata, refused };
+struct RequestFieldRule {
+  const char* name;
+  bool completions, chat;
+  FieldUse use;
+  const char* refusal;  // why, for `refused`
 };
+constexpr RequestFieldRule kRequestFields[] = {
+    {"model", true, true, FieldUse::read, nullptr},
+    {"prompt", true, false, FieldUse::read, nullptr},
+    {"messages", false, true, FieldUse::read, nullptr},
+    {"max_tokens", true, true, FieldUse::read, nullptr},
+    {"max_completion_tokens", false, true, FieldUse::read, nullptr},
+    {"temperature", true, true, FieldUse::read, nullptr},
+    {"top_p", true, true, FieldUse::read, nullptr},
+    {"n", true, true, FieldUse::read, nullptr},
+    {"seed", true, true, FieldUse::read, nullptr},
+    {"stop", true, true, FieldUse::read, nullptr},
+    {"stream", true, true, FieldUse::read, nullptr},
+    {"stream_options", true, true, FieldUse::read, nullptr},
+    {"presence_penalty", true, true, FieldUse::read, nullptr},
+    {"frequency_penalty", true, true, FieldUse::read, nullptr},
+    {"logprobs", true, true, FieldUse::read, nullptr},
+    {"top_logprobs", false, true, FieldUse::read, nullptr},
+    {"logit_bias", true, true, FieldUse::read, nullptr},
+    {"best_of", true, false, FieldUse::read, nullptr},
+    {"echo", true, false, FieldUse::read, nullptr},
+    {"suffix", true, false, FieldUse::read, nullptr},
+    {"modalities", false, true, FieldUse::read, nullptr},
+    {"response_format", false, true, FieldUse::read, nullptr},
+    {"tools", false, true, FieldUse::read, nullptr},
+    {"tool_choice", false, true, FieldUse::read, nullptr},
+    {"parallel_tool_calls", false, true, FieldUse::read, nullptr},
+    {"top_k", true, true, FieldUse::read, nullptr},
+    {"min_p", true, true, FieldUse::read, nullptr},
+    {"ignore_eos", true, true, FieldUse::read, nullptr},
+    {"user", true, true, FieldUse::metadata, nullptr},
+    {"metadata", false, true, FieldUse::metadata, nullptr},
+    {"store", false, true, FieldUse::metadata, nullptr},
+    {"service_tier", false, true, FieldUse::metadata, nullptr},
+    {"safety_identifier", false, true, FieldUse::metadata, nullptr},
+    {"prompt_cache_key", false, true, FieldUse::metadata, nullptr},
+    {"audio", false, true, FieldUse::refused, "is not supported: this server generates text"},
+    {"prediction", false, true, FieldUse::refused, "(predicted outputs) is not supported"},
+    {"functions", false, true, FieldUse::refused, "is deprecated and not supported: use 'tools'"},
+    {"function_call", false, true, FieldUse::refused, "is deprecated and not supported: use 'tool_choice'"},
+    {"reasoning_effort", false, true, FieldUse::refused, "is not supported: the models served here do not reason"},
+    {"verbosity", false, true, FieldUse::refused, "is not supported"},
+    {"web_search_options", false, true, FieldUse::refused, "is not supported: this server has no web search"},
+};
+
+// Unknown and refused fields, then the metadata fields' types.
+void check_field_names(const json& body, bool chat) {
+  for (const auto& [key, value] : body.items()) {
+    const RequestFieldRule* rule = nullptr;
+    for (const RequestFieldRule& r : kRequestFields)
+      if (key == r.name && (chat ? r.chat : r.completions)) rule = &r;
+    if (!rule) throw_unknown(key);
+    if (rule->use == FieldUse::refused && !value.is_null()) throw_unsupported(key, rule->refusal);
+  }
+  const Fields fields(body, "");
+  if (const json* user = fields.get("user")) checked_string(*user, "user");
+  if (const json* id = fields.get("safety_identifier")) checked_string(*id, "safety_identifier");
+  if (const json* key = fields.get("prompt_cache_key")) checked_string(*key, "prompt_cache_key");
+  fields.boolean("store", false);
+  if (const json* tier = fields.get("service_tier")) {
+    const std::string& value = checked_string(*tier, "service_tier");
+    if (value != "auto" && value != "default" && value != "flex" && value != "scale" && value != "priority")
+      throw_not_one_of("service_tier", value, {"auto", "default", "flex", "scale", "priority"});
+  }
+  // OpenAI's limits: 16 pairs, keys up to 64 characters, values up to 512.
+  if (const json* metadata = fields.get("metadata")) {
+    checked_object(*metadata, "metadata");
+    if (metadata->size() > 16) throw_invalid_value("metadata", "at most 16 key-value pairs.");
+    for (const auto& [key, value] : metadata->items()) {
+      if (key.size() > 64) throw_invalid_value("metadata", "keys are at most 64 characters.");
+      if (checked_string(value, param_member("metadata", key)).size() > 512)
+        throw_invalid_value(param_member("metadata", key), "values are at most 512 characters.");
+    }
+  }
+}
 
 json parse_body(const std::string& body) {
   json parsed;
@@ -77,67 +115,41 @@ json parse_body(const std::string& body) {
   return parsed;
 }
 
-std::vector<int32_t> checked_ids(const json& array, const ServedModel& model, const char* param) {
+std::vector<int32_t> checked_ids(const json& array, const ServedModel& model, const std::string& param) {
   std::vector<int32_t> ids;
-  for (const json& id : array) {
-    if (!id.is_number_integer()) throw ApiError::bad_field(param, std::string("'") + param + "' token ids must be integers");
-    const int64_t value = id.get<int64_t>();
-    if (value < 0 || value >= model.vocab_size)
-      throw ApiError::bad_field(param, "token id " + std::to_string(value) + " is outside the vocabulary [0, " +
+  for (size_t i = 0; i < array.size(); ++i) {
+    const int64_t id = checked_integer(array[i], param_element(param, i), std::numeric_limits<int64_t>::min(),
+                                       std::numeric_limits<int64_t>::max());
+    if (id < 0 || id >= model.vocab_size)
+      throw ApiError::bad_field(param, "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
                                            std::to_string(model.vocab_size) + ")");
-    ids.push_back(static_cast<int32_t>(value));
+    ids.push_back(static_cast<int32_t>(id));
   }
   return ids;
 }
 
-std::vector<int32_t> tokenize(const std::string& text, const ServedModel& model, const char* param) {
+std::vector<int32_t> tokenize(const std::string& text, const ServedModel& model) {
   if (!model.tokenizer)
-    throw ApiError::bad_field(param, "this model has no tokenizer: send the prompt as an array of token ids");
+    throw ApiError::bad_field("prompt", "this model has no tokenizer: send the prompt as an array of token ids");
   return model.tokenizer->encode(text, /*add_special_tokens=*/true);
 }
 
 // A string, an array of token ids, or a one-element array of either (OpenAI's batch form, with one
 // prompt: several prompts per request are not served).
 std::vector<int32_t> completion_prompt(const json& body, const ServedModel& model) {
-  const auto it = body.find("prompt");
-  if (it == body.end() || it->is_null()) throw ApiError::bad_field("prompt", "'prompt' is required");
-  const json& prompt = *it;
-  if (prompt.is_string()) return tokenize(prompt.get<std::string>(), model, "prompt");
-  if (!prompt.is_array()) throw ApiError::bad_field("prompt", "'prompt' must be a string or an array of token ids");
-  if (prompt.size() == 1 && (prompt[0].is_string() || prompt[0].is_array())) {
-    if (prompt[0].is_string()) return tokenize(prompt[0].get<std::string>(), model, "prompt");
-    return checked_ids(prompt[0], model, "prompt");
-  }
+  const json& prompt = Fields(body, "").required("prompt");
+  if (prompt.is_string()) return tokenize(prompt.get<std::string>(), model);
+  if (!prompt.is_array())
+    throw_invalid_type("prompt", "a string, an array of strings, or an array of token ids", prompt);
+  if (prompt.size() == 1 && prompt[0].is_string()) return tokenize(prompt[0].get<std::string>(), model);
+  if (prompt.size() == 1 && prompt[0].is_array()) return checked_ids(prompt[0], model, "prompt");
   if (!prompt.empty() && (prompt[0].is_string() || prompt[0].is_array()))
-    throw ApiError::bad_field("prompt", "one prompt per request: 'prompt' holds " + std::to_string(prompt.size()));
+    throw_unsupported("prompt", "with " + std::to_string(prompt.size()) + " prompts is not supported: one per request");
   return checked_ids(prompt, model, "prompt");
 }
 
-// Messages with string content, or content as an array of {"type": "text", "text"} parts.
 std::vector<int32_t> chat_prompt(const json& body, const ServedModel& model) {
-  const auto it = body.find("messages");
-  if (it == body.end() || it->is_null()) throw ApiError::bad_field("messages", "'messages' is required");
-  if (!it->is_array() || it->empty())
-    throw ApiError::bad_field("messages", "'messages' must be a non-empty array of messages");
-  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-  for (const json& message : *it) {
-    if (!message.is_object() || !message.contains("role") || !message["role"].is_string())
-      throw ApiError::bad_field("messages", "each message must be an object with a string 'role'");
-    std::string content;
-    const json c = message.value("content", json(nullptr));
-    if (c.is_string()) {
-      content = c.get<std::string>();
-    } else if (c.is_array()) {
-      for (const json& part : c) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
-          throw ApiError::bad_field("messages", "message content parts must be {\"type\": \"text\", \"text\": ...}");
-        content += part["text"].get<std::string>();
-      }
-    } else if (!c.is_null()) {
-      throw ApiError::bad_field("messages", "message 'content' must be a string or an array of text parts");
-    }
-    messages.push_back({{"role", message["role"].get<std::string>()}, {"content", content}});
-  }
+  const nlohmann::ordered_json messages = checked_chat_messages(body);
   if (!model.tokenizer || !model.chat_template)
     throw ApiError::bad_field("messages", "this model has no chat template: use /v1/completions");
   ChatRenderOptions options;
@@ -153,32 +165,86 @@ std::vector<int32_t> chat_prompt(const json& body, const ServedModel& model) {
   return model.tokenizer->encode_rendered_chat(rendered);
 }
 
+// A string or an array of up to 4 non-empty strings.
 std::vector<std::string> stop_strings(const Fields& fields) {
   const json* stop = fields.get("stop");
   if (!stop) return {};
-  if (stop->is_string()) return {stop->get<std::string>()};
-  if (!stop->is_array() || stop->size() > 16)
-    throw ApiError::bad_field("stop", "'stop' must be a string or an array of at most 16 strings");
+  if (!stop->is_string() && !stop->is_array()) throw_invalid_type("stop", "a string or an array of strings", *stop);
+  const json array = stop->is_string() ? json::array({*stop}) : *stop;
+  if (array.size() > 4)
+    throw ApiError(400, "Invalid 'stop': array too long. Expected an array with maximum length 4, but got an array "
+                        "with length " + std::to_string(array.size()) + " instead.", "stop", "array_above_max_length");
   std::vector<std::string> out;
-  for (const json& s : *stop) {
-    if (!s.is_string()) throw ApiError::bad_field("stop", "'stop' must hold strings");
-    out.push_back(s.get<std::string>());
+  for (size_t i = 0; i < array.size(); ++i) {
+    const std::string param = stop->is_string() ? "stop" : param_element("stop", i);
+    out.push_back(checked_string(array[i], param));
+    if (out.back().empty()) throw_invalid_value(param, "a stop sequence must not be empty.");
   }
   return out;
+}
+
+// Biases change the answer and are not implemented: an empty map is the only one accepted, and a
+// map is checked first (token ids as strings inside the vocabulary, biases in [-100, 100]) so a
+// malformed one gets the error that names its fault.
+void check_logit_bias(const Fields& fields, const ServedModel& model) {
+  const json* bias = fields.get("logit_bias");
+  if (!bias) return;
+  for (const auto& [key, value] : checked_object(*bias, "logit_bias").items()) {
+    const std::string param = param_member("logit_bias", key);
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(key, &used);
+    } catch (const std::exception&) {
+    }
+    if (used != key.size() || id < 0 || id >= model.vocab_size)
+      throw_invalid_value(param, "keys must be token ids in [0, " + std::to_string(model.vocab_size) + ").");
+    checked_number(value, param, -100, 100);
+  }
+  if (!bias->empty()) throw_unsupported("logit_bias", "is not supported: the sampler applies no per-token bias");
+}
+
+// Fields whose only accepted value is the plain-text default until what they ask is implemented.
+void check_output_format(const Fields& fields) {
+  if (const json* modalities = fields.get("modalities")) {
+    for (size_t i = 0; i < checked_array(*modalities, "modalities").size(); ++i) {
+      const std::string& m = checked_string((*modalities)[i], param_element("modalities", i));
+      if (m == "audio") throw_unsupported("modalities", "with 'audio' is not supported: this server generates text");
+      if (m != "text") throw_not_one_of(param_element("modalities", i), m, {"text", "audio"});
+    }
+  }
+  if (const json* format = fields.get("response_format")) {
+    const Fields f(checked_object(*format, "response_format"), "response_format");
+    const std::string& type = checked_string(f.required("type"), f.param("type"));
+    if (type == "json_object" || type == "json_schema")
+      throw_unsupported("response_format", "of type '" + type + "' is not supported yet (no constrained decoding)");
+    if (type != "text") throw_not_one_of(f.param("type"), type, {"text", "json_object", "json_schema"});
+    f.only({"type"});
+  }
+  if (fields.get("tools")) {
+    checked_array(*fields.get("tools"), "tools");
+    throw_unsupported("tools", "is not supported yet (no tool calling)");
+  }
+  if (const json* choice = fields.get("tool_choice")) {
+    if (!choice->is_string() && !choice->is_object())
+      throw_invalid_type("tool_choice", "a string or an object", *choice);
+    throw_invalid_value("tool_choice", "'tool_choice' is only allowed when 'tools' are specified.");
+  }
+  fields.boolean("parallel_tool_calls", true);
 }
 
 }  // namespace
 
 OpenAiRequest parse_openai_request(Endpoint endpoint, const std::string& text, const ServedModel& model) {
   const json body = parse_body(text);
-  const Fields fields(body);
+  const bool chat = endpoint == Endpoint::chat_completions;
+  check_field_names(body, chat);
+  const Fields fields(body, "");
   OpenAiRequest r;
   r.endpoint = endpoint;
-  const bool chat = endpoint == Endpoint::chat_completions;
 
   if (const json* name = fields.get("model")) {
-    if (!name->is_string()) throw ApiError::bad_field("model", "'model' must be a string");
-    if (name->get<std::string>() != model.name)
+    if (checked_string(*name, "model") != model.name)
       throw ApiError(404, "The model '" + name->get<std::string>() + "' does not exist; this server serves '" +
                               model.name + "'", "model", "model_not_found");
   }
@@ -191,13 +257,14 @@ OpenAiRequest parse_openai_request(Endpoint endpoint, const std::string& text, c
                             " tokens; the prompt has " + std::to_string(prompt) + " (leaving none to generate)",
                    chat ? "messages" : "prompt", "context_length_exceeded");
 
-  const char* budget_field = chat && fields.get("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-  const std::optional<int64_t> max_tokens = fields.integer(budget_field);
-  if (max_tokens && *max_tokens <= 0)
-    throw ApiError::bad_field(budget_field, std::string("'") + budget_field + "' must be at least 1");
+  // Chat takes either budget field (max_tokens is the deprecated name), the newer one first.
+  const int64_t no_limit = std::numeric_limits<int64_t>::max();
+  const int64_t max_tokens = fields.integer("max_tokens", 0, 1, no_limit);
+  const int64_t max_completion = chat ? fields.integer("max_completion_tokens", 0, 1, no_limit) : 0;
+  const char* budget_field = max_completion ? "max_completion_tokens" : "max_tokens";
   // OpenAI's defaults: 16 for completions; chat runs to the end of the context.
-  const int64_t budget = max_tokens.value_or(chat ? model.max_context - prompt : 16);
-  if (prompt + budget > model.max_context)
+  const int64_t budget = max_completion ? max_completion : max_tokens ? max_tokens : chat ? model.max_context - prompt : 16;
+  if (budget > model.max_context - prompt)
     throw ApiError(400, "This model's maximum context length is " + std::to_string(model.max_context) +
                             " tokens. However, you requested " + std::to_string(prompt + budget) + " tokens (" +
                             std::to_string(prompt) + " in the prompt, " + std::to_string(budget) +
@@ -207,36 +274,48 @@ OpenAiRequest parse_openai_request(Endpoint endpoint, const std::string& text, c
 
   spec.sampling.temperature = static_cast<float>(fields.number("temperature", 1.0, 0.0, 2.0));
   spec.sampling.top_p = static_cast<float>(fields.number("top_p", 1.0, 0.0, 1.0));
-  if (spec.sampling.top_p <= 0.0f) throw ApiError::bad_field("top_p", "'top_p' must be greater than 0");
+  if (spec.sampling.top_p <= 0.0f) throw_invalid_value("top_p", "'top_p' must be greater than 0.");
   const int64_t top_k = fields.integer("top_k", 0, -1, model.vocab_size);
   spec.sampling.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);
   spec.sampling.min_p = static_cast<float>(fields.number("min_p", 0.0, 0.0, 1.0));
-  spec.sampling.seed = static_cast<uint64_t>(fields.integer("seed").value_or(0));
+  spec.sampling.seed = static_cast<uint64_t>(
+      fields.integer("seed", 0, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
   spec.presence_penalty = static_cast<float>(fields.number("presence_penalty", 0.0, -2.0, 2.0));
   spec.frequency_penalty = static_cast<float>(fields.number("frequency_penalty", 0.0, -2.0, 2.0));
   if (!fields.boolean("ignore_eos", false)) spec.stop_ids = model.stop_ids;
+  // OpenAI allows n up to 128; this server runs at most 16 sequences for one request.
   r.n = static_cast<int>(fields.integer("n", 1, 1, 16));
-  if (const auto best_of = fields.integer("best_of"); best_of && *best_of != r.n)
-    throw ApiError::bad_field("best_of", "'best_of' other than n is not supported");
-  if (fields.boolean("echo", false)) throw ApiError::bad_field("echo", "'echo' is not supported");
-  if (fields.get("suffix")) throw ApiError::bad_field("suffix", "'suffix' is not supported");
+  if (!chat) {
+    const int64_t best_of = fields.integer("best_of", r.n, 0, 20);
+    if (best_of != r.n) throw_unsupported("best_of", "other than 'n' is not supported");
+    if (fields.boolean("echo", false)) throw_unsupported("echo", "is not supported");
+    if (const json* suffix = fields.get("suffix"); suffix && !checked_string(*suffix, "suffix").empty())
+      throw_unsupported("suffix", "is not supported");
+  }
   r.stop_strings = stop_strings(fields);
+  check_logit_bias(fields, model);
+  check_output_format(fields);
 
   if (chat) {
     r.logprobs = fields.boolean("logprobs", false);
     const int64_t top = fields.integer("top_logprobs", 0, 0, 20);
     if (fields.get("top_logprobs") && !r.logprobs)
-      throw ApiError::bad_field("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+      throw_invalid_value("top_logprobs", "'top_logprobs' needs 'logprobs': true.");
     spec.top_logprobs = r.logprobs ? static_cast<int>(top) : -1;
   } else if (fields.get("logprobs")) {
+    // OpenAI's limit is 5; 20 here, as chat's top_logprobs.
     spec.top_logprobs = static_cast<int>(fields.integer("logprobs", 0, 0, 20));
     r.logprobs = true;
   }
 
   r.stream = fields.boolean("stream", false);
   if (const json* options = fields.get("stream_options")) {
-    if (!options->is_object()) throw ApiError::bad_field("stream_options", "'stream_options' must be an object");
-    r.include_usage = Fields(*options).boolean("include_usage", false);
+    const Fields o(checked_object(*options, "stream_options"), "stream_options");
+    o.only({"include_usage", "include_obfuscation"});
+    if (!r.stream)
+      throw_invalid_value("stream_options", "'stream_options' is only allowed when 'stream' is enabled.");
+    r.include_usage = o.boolean("include_usage", false);
+    o.boolean("include_obfuscation", true);
   }
   return r;
 }
