@@ -2,6 +2,7 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/all_reduce/one_shot_all_reduce.cu
   ${CMAKE_CURRENT_LIST_DIR}/attention/prefill_attention.cu
   ${CMAKE_CURRENT_LIST_DIR}/attention/decode_attention.cu
+  ${CMAKE_CURRENT_LIST_DIR}/attention/decode_attention_plan.cpp
   ${CMAKE_CURRENT_LIST_DIR}/common/trace.cpp
   ${CMAKE_CURRENT_LIST_DIR}/embedding/embedding.cu
   ${CMAKE_CURRENT_LIST_DIR}/fill/fill.cu

@@ -6,20 +6,23 @@
 // the copy bandwidth (82 µs for Llama-3-8B's 4096x14336 at 4.3 TB/s).
 //
 // Work split. The grid is made of clusters of C blocks (C = 1, 2, 4 or 8; Hopper thread-block
-// clusters), each owning a contiguous slice of the intermediate dimension I (16-row tiles).
-//   Phase 1  the cluster's warps (8 or 16 per block) split the slice's (tile, k-step) space into
-//            equal ranges: g = x·Wg^T and u = x·Wu^T. Sums a range boundary cuts meet in the
-//            shared memory of the tile's owner block through distributed-shared-memory atomics.
-//            Every block does the same work whatever the tile count, so no block waits at the
-//            barrier for another.
-//   Act      each owner computes act = bf16(silu(g)*u) for its tiles and pushes it into every
-//            block of the cluster: each block then holds the activations of the whole slice.
-//   Phase 2  block r multiplies them by Wd for its 1/C of the output rows: a partial y, summed
-//            over clusters in an fp32 accumulator in L2 by bulk reductions (sm_90: each warp
-//            stages its rows in shared memory, one cp.reduce.async.bulk per token and run of rows).
-//   Finish   the last `finishers` blocks to arrive convert the accumulator to bf16 (+residual),
-//            and zero it and the counters for the next launch; with defer_sum there is no finish:
-//            the kernels after this one add the accumulator where y would go and zero it.
+// clusters), each owning a contiguous slice of the intermediate dimension I (16-row tiles;
+// FusedWork). Per pass of up to 32 tokens, the kernel's phases:
+//   gate_up_pass      the cluster's warps (8 or 16 per block) split the slice's (tile, k-step)
+//                     space into equal ranges: g = x·Wg^T and u = x·Wu^T. Sums a range boundary
+//                     cuts meet in the shared memory of the tile's owner block through
+//                     distributed-shared-memory atomics. Every block does the same work whatever
+//                     the tile count, so no block waits at the barrier for another.
+//   push_activations  each owner computes act = bf16(silu(g)*u) for its tiles and pushes it into
+//                     every block of the cluster: each block then holds the activations of the slice.
+//   down_pass         block r multiplies them by Wd (DownStream) for its 1/C of the output rows: a
+//                     partial y, summed over clusters in an fp32 accumulator in L2 (reduce_partial_y;
+//                     sm_90: each warp stages its rows in shared memory, one cp.reduce.async.bulk
+//                     per token and run of rows).
+//   finish_output     the last `finishers` blocks to arrive convert the accumulator to bf16
+//                     (+residual), and zero it and the counters for the next launch; with
+//                     defer_sum there is no finish: the kernels after this one add the
+//                     accumulator where y would go and zero it.
 // Tensor parallel, the finishers also sum y over the ranks (exchange), and before phase 1 every
 // cluster may sum x over the ranks (x_exchange): line_exchange.hpp.
 // The intermediate never leaves the chip; HBM sees the weights once, plus x and y. Clusters cut
@@ -173,286 +176,306 @@ __device__ void sum_input_over_ranks(const SwigluFusedParams& p, uint32_t epoch,
     x[quad] = lines::sum_line(p.x_exchange, quad, partial[quad], epoch);
 }
 
+// ---- Where a block's work lies. Phase 1: the cluster's C x kWarps warps take equal contiguous
+// ranges of the cluster's flattened (tile, k-step) space, f = tile * h_tiles + k (also the packed
+// gate_up order), and stream them without a break; g and u sums cut by a range end meet in the tile
+// owner's shared memory through distributed-shared-memory atomics. Blocks own tiles for the
+// activation only. Phase 2: f = group * k2_steps + k over this block's output row tiles (rotated by
+// cluster, so clusters reduce into different rows at any moment) in groups of kRowTiles, and the
+// cluster's I tiles; warps take equal ranges, sums cut by a range end meet in the L2 reduction.
 template <int NT, int C>
-__global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, C>::kBlocksPerSm)
-    swiglu_fused_kernel(const SwigluFusedParams p, int finishers) {
+struct FusedWork {
   using Config = FusedConfig<NT, C>;
-  constexpr int S = Config::kStages, kWarps = Config::kWarps, kThreads = Config::kThreads;
-  extern __shared__ __align__(16) unsigned char shared_raw[];
-  auto& shared = *reinterpret_cast<SharedStorage<NT, C>*>(shared_raw);
-  trace::stamp(trace::Kernel::fused_mlp, trace::Mark::start);
+  static constexpr int RT = Config::kRowTiles;
+  int h_tiles;                      // k-steps of phase 1, row tiles of phase 2
+  int cluster_begin, cluster_tiles;  // this cluster's slice of I (at least one tile per block: the grid is <= I / 16)
+  int own_begin;                    // this block's tiles, cluster-local
+  int f1_begin, f1_end;             // this warp's phase-1 range
+  const uint4* gate_up;             // the slice's packed gate and up weights, this lane's column
+  int row_rotation, row_begin, rows;
+  int k2_steps;
+  int f2_begin, f2_end;             // this warp's phase-2 range
 
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int g = lane / 4, t = lane % 4;
-  const int hidden = p.hidden;
-  const int h_tiles = hidden / 16;  // k-steps of phase 1, row tiles of phase 2
-  const int i_tiles = p.intermediate / 16;
-  const int clusters = gridDim.x / C;
-  const int cluster = blockIdx.x / C, rank = blockIdx.x % C;
+  __device__ __forceinline__ FusedWork(const SwigluFusedParams& p, int warp) {
+    constexpr int kWarps = Config::kWarps;
+    h_tiles = p.hidden / 16;
+    const int i_tiles = p.intermediate / 16;
+    const int clusters = gridDim.x / C;
+    const int cluster = blockIdx.x / C, rank = blockIdx.x % C;
+    cluster_begin = split_point(i_tiles, clusters, cluster);
+    cluster_tiles = split_point(i_tiles, clusters, cluster + 1) - cluster_begin;
+    const int work1 = cluster_tiles * h_tiles;
+    const int cluster_warp = rank * kWarps + warp;
+    f1_begin = split_point(work1, C * kWarps, cluster_warp);
+    f1_end = split_point(work1, C * kWarps, cluster_warp + 1);
+    gate_up = p.gate_up + static_cast<size_t>(cluster_begin) * h_tiles * 64 + threadIdx.x % 32;
+    own_begin = split_point(cluster_tiles, C, rank);
+    row_rotation = split_point(h_tiles, clusters, cluster);
+    row_begin = split_point(h_tiles, C, rank);
+    rows = split_point(h_tiles, C, rank + 1) - row_begin;
+    k2_steps = cluster_tiles;
+    const int work2 = (rows + RT - 1) / RT * k2_steps;
+    f2_begin = split_point(work2, kWarps, warp), f2_end = split_point(work2, kWarps, warp + 1);
+  }
+  __device__ __forceinline__ int row_tile_of(int local) const { return (row_begin + local + row_rotation) % h_tiles; }
+};
 
-  // This cluster's slice of I (at least one tile per block: the grid is <= I / 16).
-  const int cluster_begin = split_point(i_tiles, clusters, cluster);
-  const int cluster_tiles = split_point(i_tiles, clusters, cluster + 1) - cluster_begin;
+// Phase-1 g and u of (tile, gate or up, n-tile, C-fragment element), lane-minor.
+template <int NT>
+__device__ __forceinline__ int sum_index(int tile, int which, int nt, int c, int lane) {
+  return (((tile * 2 + which) * NT + nt) * 4 + c) * 32 + lane;
+}
 
-  // Work split. Phase 1: the cluster's C x kWarps warps take equal contiguous ranges of the cluster's
-  // flattened (tile, k-step) space, f = tile * h_tiles + k (also the packed gate_up order), and
-  // stream them without a break; g and u sums cut by a range end meet in the tile owner's shared
-  // memory through distributed-shared-memory atomics. Blocks own tiles for the activation only.
-  const int work1 = cluster_tiles * h_tiles;
-  const int cluster_warp = rank * kWarps + warp;
-  const int f1_begin = split_point(work1, C * kWarps, cluster_warp);
-  const int f1_end = split_point(work1, C * kWarps, cluster_warp + 1);
-  const uint4* gate_up = p.gate_up + static_cast<size_t>(cluster_begin) * h_tiles * 64 + lane;
-  const int own_begin = split_point(cluster_tiles, C, rank);  // this block's tiles, cluster-local
+// ---- Phase 2's weight stream. The ring issues and consumes k-steps in order, once each, so both
+// sides keep running positions instead of dividing f: a runtime division is ~20 dependent
+// instructions, and the instruction latency per k-step, not DRAM, bounded each warp's rate
+// (docs/kernels/swiglu_fused.md, "The bound was instruction latency, not DRAM: no divisions per
+// k-step"). down: [I tile][row tile][32 lanes] uint4; rows past the block's share are zero-filled.
+template <int NT, int C>
+struct DownStream {
+  static constexpr int RT = FusedConfig<NT, C>::kRowTiles;
+  const FusedWork<NT, C>& work;
+  size_t k_stride;
+  const uint4* slice;
+  int group, k;          // f = group * k2_steps + k
+  const uint4* source;   // this k-step's I tile, row tile 0
+  int row_offset[RT];    // uint4 offsets of the group's row tiles
+  bool row_valid[RT];
 
-  // Phase 2: f = group * k2_steps + k over this block's output row tiles (rotated by cluster, so
-  // clusters reduce into different rows at any moment) in groups of kRowTiles, and the cluster's
-  // I tiles; warps take equal ranges, sums cut by a range end meet in the L2 reduction.
-  constexpr int RT = Config::kRowTiles;
-  const int row_rotation = split_point(h_tiles, clusters, cluster);
-  const int row_begin = split_point(h_tiles, C, rank);
-  const int rows = split_point(h_tiles, C, rank + 1) - row_begin;
-  const int k2_steps = cluster_tiles;
-  const int work2 = (rows + RT - 1) / RT * k2_steps;
-  const int f2_begin = split_point(work2, kWarps, warp), f2_end = split_point(work2, kWarps, warp + 1);
-  auto row_tile_of = [&](int local) { return (row_begin + local + row_rotation) % h_tiles; };
-  // The ring issues and consumes k-steps in order, once each, so both sides keep running
-  // positions instead of dividing f: a runtime division is ~20 dependent instructions, and the
-  // instruction latency per k-step, not DRAM, bounded each warp's rate (docs/kernels/swiglu_fused.md,
-  // "The bound was instruction latency, not DRAM: no divisions per k-step").
-  // down: [I tile][row tile][32 lanes] uint4; rows past the block's share are zero-filled.
-  const uint64_t streamed = evict_first_policy();  // the weights are read once
-  const size_t down_k_stride = static_cast<size_t>(h_tiles) * 32;
-  const uint4* const down_slice = p.down + static_cast<size_t>(cluster_begin) * down_k_stride + lane;
-  struct DownCursor {
-    int group, k;                // f = group * k2_steps + k
-    const uint4* source;         // this k-step's I tile, row tile 0
-    int row_offset[RT];          // uint4 offsets of the group's row tiles
-    bool row_valid[RT];
-  } down;
-  auto down_seek_group = [&](int group) {
-    down.group = group;
+  __device__ __forceinline__ DownStream(const SwigluFusedParams& p, const FusedWork<NT, C>& w, int lane) : work(w) {
+    k_stride = static_cast<size_t>(work.h_tiles) * 32;
+    slice = p.down + static_cast<size_t>(work.cluster_begin) * k_stride + lane;
+  }
+  __device__ __forceinline__ void seek_group(int g) {
+    group = g;
 #pragma unroll
     for (int r = 0; r < RT; ++r) {
-      const int local = group * RT + r;
-      down.row_valid[r] = local < rows;
-      down.row_offset[r] = row_tile_of(local) * 32;
+      const int local = g * RT + r;
+      row_valid[r] = local < work.rows;
+      row_offset[r] = work.row_tile_of(local) * 32;
     }
-  };
-  auto down_seek = [&](int f) {
-    const int group = f / k2_steps, k = f - group * k2_steps;
-    down_seek_group(group);
-    down.k = k;
-    down.source = down_slice + static_cast<size_t>(k) * down_k_stride;
-  };
-  auto issue_down = [&](int, int stage, int step) {
+  }
+  __device__ __forceinline__ void seek(int f) {
+    const int g = f / work.k2_steps, kk = f - g * work.k2_steps;
+    seek_group(g);
+    k = kk;
+    source = slice + static_cast<size_t>(kk) * k_stride;
+  }
+  __device__ __forceinline__ void issue(SharedStorage<NT, C>& shared, uint64_t streamed, int tid, int stage, int step) {
 #pragma unroll
     for (int r = 0; r < RT; ++r)
-      copy16_async_streamed(&shared.ring16[stage][step * RT + r][tid], down.source + down.row_offset[r], streamed,
-                            down.row_valid[r]);
-    down.source += down_k_stride;
-    if (++down.k == k2_steps) {
-      down.k = 0;
-      down.source = down_slice;
-      down_seek_group(down.group + 1);
+      copy16_async_streamed(&shared.ring16[stage][step * RT + r][tid], source + row_offset[r], streamed, row_valid[r]);
+    source += k_stride;
+    if (++k == work.k2_steps) {
+      k = 0;
+      source = slice;
+      seek_group(group + 1);
     }
-  };
-  auto sum_index = [&](int tile, int which, int nt, int c) {
-    return (((tile * 2 + which) * NT + nt) * 4 + c) * 32 + lane;
-  };
-  for (int i = tid; i < Config::kSumFloats; i += kThreads) shared.sums[i] = 0.0f;
-  if (tid < 8 * NT) shared.norm_squares[tid] = 0.0f;
-  const bool normalize = p.rms_normalize;
-  // Launched programmatically (launches_programmatically), this grid may start before the kernel
-  // that writes x has finished: nothing global is touched above this wait.
-  wait_for_upstream_grids();
-  // A programmatic next kernel (the next layer's fused QKV) may launch now: its blocks take the
-  // SMs this grid's blocks leave as they finish (the grid is already resident) and start their
-  // weight loads, then wait for this grid to complete before reading y. Faster in the step than
-  // the trigger after phase 2 (docs/kernels/swiglu_fused.md, "Overlap with the kernels around it").
-  allow_downstream_launch();
-  // Tensor parallel: one epoch for both exchanges of the call (the slots' line areas differ).
-  const bool exchange = p.exchange.active();
-  const uint32_t epoch = exchange ? lines::next_epoch(p.exchange.signals) : 0;
-  if (p.x_exchange.active()) sum_input_over_ranks<C, kThreads>(p, epoch, rank, tid);
-  cluster_barrier<C>();  // every block's sums are zero before anyone adds into them (and x is summed)
+  }
+};
 
-  for (int token0 = 0; token0 < p.tokens; token0 += Config::kTokensPerPass) {
-    // ---------------- Phase 1: g and u for the cluster's slice of I.
-    {
-      const __nv_bfloat16* x_row[NT];
-      bool token_valid[NT];
+// ---- Phase 1: g = x·Wg^T and u = x·Wu^T over this warp's range of the cluster's (tile, k-step)
+// space, for the pass's tokens token0.. . Each tile's sums (or a range's part of them) are added
+// into the tile owner's shared memory.
+template <int NT, int C>
+__device__ __forceinline__ void gate_up_pass(const SwigluFusedParams& p, SharedStorage<NT, C>& shared,
+                                             const FusedWork<NT, C>& work, int token0, uint64_t streamed, bool normalize,
+                                             int rank, int warp, int lane) {
+  using Config = FusedConfig<NT, C>;
+  constexpr int S = Config::kStages, kWarps = Config::kWarps, kThreads = Config::kThreads;
+  const int tid = threadIdx.x, g = lane / 4, t = lane % 4;
+  const int h_tiles = work.h_tiles, f1_begin = work.f1_begin, f1_end = work.f1_end;
+  const __nv_bfloat16* x_row[NT];
+  bool token_valid[NT];
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const int token = token0 + nt * 8 + g;
-        token_valid[nt] = token < p.tokens;
-        x_row[nt] = p.x + static_cast<size_t>(token_valid[nt] ? token : 0) * hidden + 2 * t;
-      }
-      // Running positions of the issue side: k-step within the tile, weights of the k-step.
-      int issue_k = f1_begin % h_tiles;
-      const uint4* issue_weights = gate_up + static_cast<size_t>(f1_begin) * 64;
-      auto issue = [&](int, int stage, int step) {
-        // gate_up: [tile][k-step][gate | up][32 lanes] uint4; x words zero-filled past M
-        copy16_async_streamed(&shared.ring16[stage][step * 2][tid], issue_weights, streamed);
-        copy16_async_streamed(&shared.ring16[stage][step * 2 + 1][tid], issue_weights + 32, streamed);
-        issue_weights += 64;
+  for (int nt = 0; nt < NT; ++nt) {
+    const int token = token0 + nt * 8 + g;
+    token_valid[nt] = token < p.tokens;
+    x_row[nt] = p.x + static_cast<size_t>(token_valid[nt] ? token : 0) * p.hidden + 2 * t;
+  }
+  // Running positions of the issue side: k-step within the tile, weights of the k-step.
+  int issue_k = f1_begin % h_tiles;
+  const uint4* issue_weights = work.gate_up + static_cast<size_t>(f1_begin) * 64;
+  auto issue = [&](int, int stage, int step) {
+    // gate_up: [tile][k-step][gate | up][32 lanes] uint4; x words zero-filled past M
+    copy16_async_streamed(&shared.ring16[stage][step * 2][tid], issue_weights, streamed);
+    copy16_async_streamed(&shared.ring16[stage][step * 2 + 1][tid], issue_weights + 32, streamed);
+    issue_weights += 64;
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          uint32_t* words = &shared.ring4[stage][step * Config::kXWords + nt * 2][0];
-          copy4_async(words + tid, x_row[nt] + issue_k * 16, token_valid[nt]);
-          copy4_async(words + kThreads + tid, x_row[nt] + issue_k * 16 + 8, token_valid[nt]);
-        }
-        if (++issue_k == h_tiles) issue_k = 0;
-      };
-      float acc_gate[NT][4] = {}, acc_up[NT][4] = {};
-      ring_prime<S, Config::kSteps1>(f1_begin, f1_end, issue);
-      // RMSNorm folded in: the norm weight is in the packed columns, the sums are scaled by
-      // 1/rms(x) before the SiLU, so each block only adds x^2 over its 1/C of H while its first
-      // loads are in flight.
-      if (normalize) add_norm_squares<C, kWarps>(p, shared.norm_squares, token0, 8 * NT, rank, warp, lane);
-      // ... and of the consume side: k-step within the tile, the tile (cluster-local).
-      int consume_k = f1_begin % h_tiles, consume_tile = f1_begin / h_tiles;
-      ring_run<S, Config::kSteps1>(f1_begin, f1_end, issue, [&](int f, int stage, int step) {
-        const uint4 gate = shared.ring16[stage][step * 2][tid];
-        const uint4 up = shared.ring16[stage][step * 2 + 1][tid];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const uint32_t b0 = shared.ring4[stage][step * Config::kXWords + nt * 2][tid];
-          const uint32_t b1 = shared.ring4[stage][step * Config::kXWords + nt * 2 + 1][tid];
-          mma_bf16_m16n8k16(acc_gate[nt], gate, b0, b1);
-          mma_bf16_m16n8k16(acc_up[nt], up, b0, b1);
-        }
-        if (consume_k == h_tiles - 1 || f == f1_end - 1) {  // tile or range ends: hand over
-          const int owner = split_owner(cluster_tiles, C, consume_tile);
-          float* sums = in_block<C>(shared.sums, owner);
-          const int owned = consume_tile - split_point(cluster_tiles, C, owner);
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              atomicAdd(&sums[sum_index(owned, 0, nt, c)], acc_gate[nt][c]);
-              atomicAdd(&sums[sum_index(owned, 1, nt, c)], acc_up[nt][c]);
-              acc_gate[nt][c] = 0.0f;
-              acc_up[nt][c] = 0.0f;
-            }
-        }
-        if (++consume_k == h_tiles) consume_k = 0, ++consume_tile;
-      });
+    for (int nt = 0; nt < NT; ++nt) {
+      uint32_t* words = &shared.ring4[stage][step * Config::kXWords + nt * 2][0];
+      copy4_async(words + tid, x_row[nt] + issue_k * 16, token_valid[nt]);
+      copy4_async(words + kThreads + tid, x_row[nt] + issue_k * 16 + 8, token_valid[nt]);
     }
-    trace::stamp(trace::Kernel::unknown, trace::Mark::phase);
-    // Phase 2's first loads go out now, so the memory pipe stays full across the barriers below.
-    down_seek(f2_begin);
-    ring_prime<S, Config::kSteps2>(f2_begin, f2_end, issue_down);
-    cluster_barrier<C>();  // every g and u of the cluster is summed at its owner
-    trace::stamp(trace::Kernel::unknown, trace::Mark::barrier);
-
-    // act = bf16(silu(g) * u) for this block's tiles, pushed into every block of the cluster.
-    const int own_tiles = split_point(cluster_tiles, C, rank + 1) - own_begin;
-    for (int tile = warp; tile < own_tiles; tile += kWarps) {
+    if (++issue_k == h_tiles) issue_k = 0;
+  };
+  float acc_gate[NT][4] = {}, acc_up[NT][4] = {};
+  ring_prime<S, Config::kSteps1>(f1_begin, f1_end, issue);
+  // RMSNorm folded in: the norm weight is in the packed columns, the sums are scaled by
+  // 1/rms(x) before the SiLU, so each block only adds x^2 over its 1/C of H while its first
+  // loads are in flight.
+  if (normalize) add_norm_squares<C, kWarps>(p, shared.norm_squares, token0, 8 * NT, rank, warp, lane);
+  // ... and of the consume side: k-step within the tile, the tile (cluster-local).
+  int consume_k = f1_begin % h_tiles, consume_tile = f1_begin / h_tiles;
+  ring_run<S, Config::kSteps1>(f1_begin, f1_end, issue, [&](int f, int stage, int step) {
+    const uint4 gate = shared.ring16[stage][step * 2][tid];
+    const uint4 up = shared.ring16[stage][step * 2 + 1][tid];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const uint32_t b0 = shared.ring4[stage][step * Config::kXWords + nt * 2][tid];
+      const uint32_t b1 = shared.ring4[stage][step * Config::kXWords + nt * 2 + 1][tid];
+      mma_bf16_m16n8k16(acc_gate[nt], gate, b0, b1);
+      mma_bf16_m16n8k16(acc_up[nt], up, b0, b1);
+    }
+    if (consume_k == h_tiles - 1 || f == f1_end - 1) {  // tile or range ends: hand over
+      const int owner = split_owner(work.cluster_tiles, C, consume_tile);
+      float* sums = in_block<C>(shared.sums, owner);
+      const int owned = consume_tile - split_point(work.cluster_tiles, C, owner);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          const int column = (own_begin + tile) * 16 + g + (c >= 2 ? 8 : 0);
-          const int token = nt * 8 + 2 * t + (c & 1);
-          float& gate_sum = shared.sums[sum_index(tile, 0, nt, c)];
-          float& up_sum = shared.sums[sum_index(tile, 1, nt, c)];
-          const float inverse_rms =
-              normalize ? rsqrtf(shared.norm_squares[token] / hidden + p.norm_eps) : 1.0f;
-          const float gate = gate_sum * inverse_rms, up = up_sum * inverse_rms;
-          const __nv_bfloat16 value = __float2bfloat16(silu(gate) * up);
-          for (int destination = 0; destination < C; ++destination)
-            in_block<C>(&shared.act[0][0], destination)[token * Config::kActStride + column] = value;
-          gate_sum = 0.0f;  // ready for the next pass
-          up_sum = 0.0f;
+          atomicAdd(&sums[sum_index<NT>(owned, 0, nt, c, lane)], acc_gate[nt][c]);
+          atomicAdd(&sums[sum_index<NT>(owned, 1, nt, c, lane)], acc_up[nt][c]);
+          acc_gate[nt][c] = 0.0f;
+          acc_up[nt][c] = 0.0f;
         }
     }
-    cluster_barrier<C>();  // every block holds the cluster's activations
-    // Every reader of this pass's norm_squares is past the barrier; other blocks add the next
-    // pass's only after the end-of-pass barrier.
-    if (tid < 8 * NT) shared.norm_squares[tid] = 0.0f;
+    if (++consume_k == h_tiles) consume_k = 0, ++consume_tile;
+  });
+}
 
-    // ---------------- Phase 2: partial y rows = act · Wd[rows, slice]^T, summed in L2.
-    {
-      float acc[RT][NT][4] = {};
-      // Adds the warp's partial y of one group (RT row tiles x the pass's tokens) into the
-      // accumulator. sm_90: staged in shared memory as one row per token, then one bulk reduction
-      // per token and run of consecutive row tiles, issued by the token's lane. Before sm_90, one
-      // atomic per value.
-      auto reduce_group = [&](int group) {
+// ---- act = bf16(silu(g) * u) for this block's tiles, pushed into every block of the cluster;
+// the sums are left zero for the next pass.
+template <int NT, int C>
+__device__ __forceinline__ void push_activations(const SwigluFusedParams& p, SharedStorage<NT, C>& shared,
+                                                 const FusedWork<NT, C>& work, bool normalize, int rank, int warp,
+                                                 int lane) {
+  using Config = FusedConfig<NT, C>;
+  const int g = lane / 4, t = lane % 4;
+  const int own_tiles = split_point(work.cluster_tiles, C, rank + 1) - work.own_begin;
+  for (int tile = warp; tile < own_tiles; tile += Config::kWarps) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int column = (work.own_begin + tile) * 16 + g + (c >= 2 ? 8 : 0);
+        const int token = nt * 8 + 2 * t + (c & 1);
+        float& gate_sum = shared.sums[sum_index<NT>(tile, 0, nt, c, lane)];
+        float& up_sum = shared.sums[sum_index<NT>(tile, 1, nt, c, lane)];
+        const float inverse_rms = normalize ? rsqrtf(shared.norm_squares[token] / p.hidden + p.norm_eps) : 1.0f;
+        const float gate = gate_sum * inverse_rms, up = up_sum * inverse_rms;
+        const __nv_bfloat16 value = __float2bfloat16(silu(gate) * up);
+        for (int destination = 0; destination < C; ++destination)
+          in_block<C>(&shared.act[0][0], destination)[token * Config::kActStride + column] = value;
+        gate_sum = 0.0f;  // ready for the next pass
+        up_sum = 0.0f;
+      }
+  }
+}
+
+// ---- Adds the warp's partial y of one phase-2 group (RT row tiles x the pass's tokens) into the
+// accumulator. sm_90: staged in shared memory as one row per token, then one bulk reduction per
+// token and run of consecutive row tiles, issued by the token's lane. Before sm_90, one atomic
+// per value.
+template <int NT, int C>
+__device__ __forceinline__ void reduce_partial_y(const SwigluFusedParams& p, SharedStorage<NT, C>& shared,
+                                                 const FusedWork<NT, C>& work, int group, int token0,
+                                                 const float (&acc)[FusedConfig<NT, C>::kRowTiles][NT][4], int warp,
+                                                 int lane) {
+  using Config = FusedConfig<NT, C>;
+  constexpr int RT = Config::kRowTiles;
+  const int rows = work.rows;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        float (*staging)[Config::kStagingStride] = shared.staging[warp];
-        const int pass_tokens = min(Config::kTokensPerPass, p.tokens - token0);
-        bulk_wait_read();  // this lane's reductions of the last group have read their row
-        __syncwarp();
+  const int g = lane / 4, t = lane % 4;
+  float (*staging)[Config::kStagingStride] = shared.staging[warp];
+  const int pass_tokens = min(Config::kTokensPerPass, p.tokens - token0);
+  bulk_wait_read();  // this lane's reductions of the last group have read their row
+  __syncwarp();
 #pragma unroll
-        for (int r = 0; r < RT; ++r)
+  for (int r = 0; r < RT; ++r)
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int c = 0; c < 4; ++c)
-              staging[nt * 8 + 2 * t + (c & 1)][r * 16 + g + (c >= 2 ? 8 : 0)] = acc[r][nt][c];
-        fence_shared_for_bulk();
-        __syncwarp();
-        if (lane < pass_tokens) {
-          float* token_row = p.accumulator + static_cast<size_t>(token0 + lane) * hidden;
-          // The group's valid row tiles are a prefix; they are consecutive except where the
-          // rotation wraps around at h_tiles.
-          for (int r = 0; r < RT && group * RT + r < rows;) {
-            const int first = row_tile_of(group * RT + r);
-            int run = 1;
-            while (r + run < RT && group * RT + r + run < rows && row_tile_of(group * RT + r + run) == first + run)
-              ++run;
-            bulk_add_f32(token_row + first * 16, &staging[lane][r * 16], run * 64);
-            r += run;
-          }
-          bulk_commit();
-        }
+      for (int c = 0; c < 4; ++c)
+        staging[nt * 8 + 2 * t + (c & 1)][r * 16 + g + (c >= 2 ? 8 : 0)] = acc[r][nt][c];
+  fence_shared_for_bulk();
+  __syncwarp();
+  if (lane < pass_tokens) {
+    float* token_row = p.accumulator + static_cast<size_t>(token0 + lane) * p.hidden;
+    // The group's valid row tiles are a prefix; they are consecutive except where the
+    // rotation wraps around at h_tiles.
+    for (int r = 0; r < RT && group * RT + r < rows;) {
+      const int first = work.row_tile_of(group * RT + r);
+      int run = 1;
+      while (r + run < RT && group * RT + r + run < rows && work.row_tile_of(group * RT + r + run) == first + run)
+        ++run;
+      bulk_add_f32(token_row + first * 16, &staging[lane][r * 16], run * 64);
+      r += run;
+    }
+    bulk_commit();
+  }
 #else
 #pragma unroll
-        for (int r = 0; r < RT; ++r)
+  for (int r = 0; r < RT; ++r)
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-            if (group * RT + r < rows)
-              add_tile_to_accumulator(p.accumulator, hidden, p.tokens, row_tile_of(group * RT + r) * 16,
-                                      token0 + nt * 8, acc[r][nt], lane);
+    for (int nt = 0; nt < NT; ++nt)
+      if (group * RT + r < rows)
+        add_tile_to_accumulator(p.accumulator, p.hidden, p.tokens, work.row_tile_of(group * RT + r) * 16,
+                                token0 + nt * 8, acc[r][nt], lane);
 #endif
-      };
-      int group = f2_begin / k2_steps, k = f2_begin - group * k2_steps;  // running, as on the issue side
-      ring_run<S, Config::kSteps2>(f2_begin, f2_end, issue_down, [&](int f, int stage, int step) {
-        uint4 a[RT];
-#pragma unroll
-        for (int r = 0; r < RT; ++r) a[r] = shared.ring16[stage][step * RT + r][tid];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const __nv_bfloat16* act_row = &shared.act[nt * 8 + g][k * 16 + 2 * t];
-          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(act_row);
-          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(act_row + 8);
-#pragma unroll
-          for (int r = 0; r < RT; ++r) mma_bf16_m16n8k16(acc[r][nt], a[r], b0, b1);
-        }
-        if (k == k2_steps - 1 || f == f2_end - 1) {  // group or range ends: reduce into L2
-          reduce_group(group);
-#pragma unroll
-          for (int r = 0; r < RT; ++r)
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-              for (int c = 0; c < 4; ++c) acc[r][nt][c] = 0.0f;
-        }
-        if (++k == k2_steps) k = 0, ++group;
-      });
-      // The reductions have reached L2 before the finish's ticket, and the staging rows are free
-      // for the next pass's x words.
-      bulk_wait_complete();
-    }
-    if (token0 + Config::kTokensPerPass < p.tokens)
-      cluster_barrier<C>();  // the next pass pushes into act, which other blocks may still read
-  }
+}
 
-  // ---------------- Finish: the last `finishers` blocks to arrive write y.
-  trace::stamp(trace::Kernel::unknown, trace::Mark::end);
-  if (p.defer_sum) return;  // the sums stay in the accumulator for the kernels after this one
+// ---- Phase 2: partial y rows = act · Wd[rows, slice]^T, summed in L2. Its first loads were
+// issued before the barriers (ring_prime with the same stream).
+template <int NT, int C>
+__device__ __forceinline__ void down_pass(const SwigluFusedParams& p, SharedStorage<NT, C>& shared,
+                                          const FusedWork<NT, C>& work, DownStream<NT, C>& down, int token0,
+                                          uint64_t streamed, int warp, int lane) {
+  using Config = FusedConfig<NT, C>;
+  constexpr int S = Config::kStages, RT = Config::kRowTiles;
+  const int tid = threadIdx.x, g = lane / 4, t = lane % 4;
+  const int k2_steps = work.k2_steps, f2_begin = work.f2_begin, f2_end = work.f2_end;
+  auto issue_down = [&](int, int stage, int step) { down.issue(shared, streamed, tid, stage, step); };
+  float acc[RT][NT][4] = {};
+  int group = f2_begin / k2_steps, k = f2_begin - group * k2_steps;  // running, as on the issue side
+  ring_run<S, Config::kSteps2>(f2_begin, f2_end, issue_down, [&](int f, int stage, int step) {
+    uint4 a[RT];
+#pragma unroll
+    for (int r = 0; r < RT; ++r) a[r] = shared.ring16[stage][step * RT + r][tid];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const __nv_bfloat16* act_row = &shared.act[nt * 8 + g][k * 16 + 2 * t];
+      const uint32_t b0 = *reinterpret_cast<const uint32_t*>(act_row);
+      const uint32_t b1 = *reinterpret_cast<const uint32_t*>(act_row + 8);
+#pragma unroll
+      for (int r = 0; r < RT; ++r) mma_bf16_m16n8k16(acc[r][nt], a[r], b0, b1);
+    }
+    if (k == k2_steps - 1 || f == f2_end - 1) {  // group or range ends: reduce into L2
+      reduce_partial_y(p, shared, work, group, token0, acc, warp, lane);
+#pragma unroll
+      for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[r][nt][c] = 0.0f;
+    }
+    if (++k == k2_steps) k = 0, ++group;
+  });
+  // The reductions have reached L2 before the finish's ticket, and the staging rows are free
+  // for the next pass's x words.
+  bulk_wait_complete();
+}
+
+// ---- Finish: the last `finishers` blocks to arrive convert the accumulator to bf16 (+ residual)
+// into y, zero it and the counters for the next launch; tensor parallel, they also sum y over the
+// ranks (each quad of y pushed to every peer, then summed: the same quads on every rank, since
+// the finishers and their split are the same there).
+template <int NT, int C>
+__device__ __forceinline__ void finish_output(const SwigluFusedParams& p, SharedStorage<NT, C>& shared, int finishers,
+                                              bool exchange, uint32_t epoch) {
+  constexpr int kThreads = FusedConfig<NT, C>::kThreads;
+  const int tid = threadIdx.x;
   __threadfence();  // this thread's reductions are visible before the block's arrival counts
   __syncthreads();
   if (tid == 0) shared.ticket = atomicAdd(&p.counters[0], 1u);
@@ -467,11 +490,9 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
   __syncthreads();
   __threadfence();
   const int finisher = static_cast<int>(ticket - (blocks - finishers));
-  const int quads = p.tokens * hidden / 4;
+  const int quads = p.tokens * p.hidden / 4;
   const int quad_begin = split_point(quads, finishers, finisher);
   const int quad_end = split_point(quads, finishers, finisher + 1);
-  // Tensor parallel: each quad of y is also pushed to every peer (one line), then summed over the
-  // ranks (the same quads on every rank: the finishers and their split are the same there).
   for (int quad = quad_begin + tid; quad < quad_end; quad += kThreads) {
     float4* partial = reinterpret_cast<float4*>(p.accumulator) + quad;
     const float4 v = __ldcg(partial);
@@ -500,6 +521,61 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
     }
     if (exchange) lines::finish_block(p.exchange.signals, epoch, finishers);
   }
+}
+
+template <int NT, int C>
+__global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, C>::kBlocksPerSm)
+    swiglu_fused_kernel(const SwigluFusedParams p, int finishers) {
+  using Config = FusedConfig<NT, C>;
+  constexpr int S = Config::kStages, kThreads = Config::kThreads;
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  auto& shared = *reinterpret_cast<SharedStorage<NT, C>*>(shared_raw);
+  trace::stamp(trace::Kernel::fused_mlp, trace::Mark::start);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int rank = blockIdx.x % C;
+  const FusedWork<NT, C> work(p, warp);
+  const uint64_t streamed = evict_first_policy();  // the weights are read once
+  DownStream<NT, C> down(p, work, lane);
+  auto issue_down = [&](int, int stage, int step) { down.issue(shared, streamed, tid, stage, step); };
+  for (int i = tid; i < Config::kSumFloats; i += kThreads) shared.sums[i] = 0.0f;
+  if (tid < 8 * NT) shared.norm_squares[tid] = 0.0f;
+  const bool normalize = p.rms_normalize;
+  // Launched programmatically (launches_programmatically), this grid may start before the kernel
+  // that writes x has finished: nothing global is touched above this wait.
+  wait_for_upstream_grids();
+  // A programmatic next kernel (the next layer's fused QKV) may launch now: its blocks take the
+  // SMs this grid's blocks leave as they finish (the grid is already resident) and start their
+  // weight loads, then wait for this grid to complete before reading y. Faster in the step than
+  // the trigger after phase 2 (docs/kernels/swiglu_fused.md, "Overlap with the kernels around it").
+  allow_downstream_launch();
+  // Tensor parallel: one epoch for both exchanges of the call (the slots' line areas differ).
+  const bool exchange = p.exchange.active();
+  const uint32_t epoch = exchange ? lines::next_epoch(p.exchange.signals) : 0;
+  if (p.x_exchange.active()) sum_input_over_ranks<C, kThreads>(p, epoch, rank, tid);
+  cluster_barrier<C>();  // every block's sums are zero before anyone adds into them (and x is summed)
+
+  for (int token0 = 0; token0 < p.tokens; token0 += Config::kTokensPerPass) {
+    gate_up_pass(p, shared, work, token0, streamed, normalize, rank, warp, lane);
+    trace::stamp(trace::Kernel::unknown, trace::Mark::phase);
+    // Phase 2's first loads go out now, so the memory pipe stays full across the barriers below.
+    down.seek(work.f2_begin);
+    ring_prime<S, Config::kSteps2>(work.f2_begin, work.f2_end, issue_down);
+    cluster_barrier<C>();  // every g and u of the cluster is summed at its owner
+    trace::stamp(trace::Kernel::unknown, trace::Mark::barrier);
+    push_activations(p, shared, work, normalize, rank, warp, lane);
+    cluster_barrier<C>();  // every block holds the cluster's activations
+    // Every reader of this pass's norm_squares is past the barrier; other blocks add the next
+    // pass's only after the end-of-pass barrier.
+    if (tid < 8 * NT) shared.norm_squares[tid] = 0.0f;
+    down_pass(p, shared, work, down, token0, streamed, warp, lane);
+    if (token0 + Config::kTokensPerPass < p.tokens)
+      cluster_barrier<C>();  // the next pass pushes into act, which other blocks may still read
+  }
+
+  trace::stamp(trace::Kernel::unknown, trace::Mark::end);
+  if (p.defer_sum) return;  // the sums stay in the accumulator for the kernels after this one
+  finish_output(p, shared, finishers, exchange, epoch);
 }
 
 // Whether the (NT, C) instance launches as a programmatic dependent when the caller allows it
