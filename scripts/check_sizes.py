@@ -1,15 +1,14 @@
 #!/usr/bin/env python3
 """The developer guide's size rules: no source file over 800 lines, no function over 150 lines
-outside CUDA kernels (__global__ functions). Lists every offender; exits 1 when any is found
-that KNOWN_OFFENDERS does not excuse.
+outside CUDA kernels (__global__ functions). Lists every offender; exits 1 when there is one.
 
-    python3 scripts/check_sizes.py            # check the repository this script is in
-    python3 scripts/check_sizes.py --list     # every offender, excused or not, exit 0
+    python3 scripts/check_sizes.py              # check the repository this script is in
+    python3 scripts/check_sizes.py --self-test  # the detector on made-up sources
 
 C++/CUDA functions are found by matching braces with comments, strings and preprocessor lines
 removed: a brace at namespace or class scope whose header has a parameter list opens a function
 (its length runs from the header's first line to the closing brace). Python functions come from
-the ast module. Run by ctest as test_source_sizes.
+the ast module. Run by ctest as source_sizes and source_sizes_self_test.
 """
 import argparse
 import ast
@@ -22,10 +21,6 @@ MAX_FILE_LINES = 800
 MAX_FUNCTION_LINES = 150
 CPP_SUFFIXES = {".cpp", ".hpp", ".h", ".cu", ".cuh", ".cc"}
 CHECKED_SUFFIXES = CPP_SUFFIXES | {".py", ".sh", ".cmake"}
-
-# Offenders other work is taking apart (issue 50); an entry names a file, or file:function.
-# Remove an entry when its offender is gone: the check then keeps it from coming back.
-KNOWN_OFFENDERS = set()
 
 
 SOURCE_DIRS = ("src", "include", "tests", "python", "scripts", "cmake", "bench")
@@ -161,12 +156,12 @@ def python_functions(text):
 
 
 def offenders(root):
-    found = []  # (key, message)
+    found = []
     for path in source_files(root):
         text = (root / path).read_text(errors="replace")
         lines = text.count("\n") + (0 if text.endswith("\n") or not text else 1)
         if lines > MAX_FILE_LINES:
-            found.append((str(path), f"{path}: {lines} lines (at most {MAX_FILE_LINES})"))
+            found.append(f"{path}: {lines} lines (at most {MAX_FILE_LINES})")
         if path.suffix in CPP_SUFFIXES:
             functions = cpp_functions(text)
         elif path.suffix == ".py":
@@ -176,27 +171,36 @@ def offenders(root):
         for name, first, last, is_kernel in functions:
             length = last - first + 1
             if length > MAX_FUNCTION_LINES and not is_kernel:
-                found.append((f"{path}:{name}",
-                              f"{path}:{first}: function {name} is {length} lines (at most {MAX_FUNCTION_LINES})"))
+                found.append(f"{path}:{first}: function {name} is {length} lines (at most {MAX_FUNCTION_LINES})")
     return found
+
+
+def self_test():
+    """The detector on made-up sources: a check that cannot fail would be no check."""
+    lines = lambda n, text: text * n
+    cpp = ("// { not a brace\n#define X {\nnamespace a {\nstruct S {\n  int long_member(int v = 1) const {\n"
+           + lines(150, '    v += "}";\n') + "    return v;\n  }\n};\ntemplate <int N = 2>\nint short_one() { return N; }\n"
+           "__global__ void __launch_bounds__(256) kernel(int* p) {\n" + lines(200, "  p[0] = '{';\n") + "}\n}\n")
+    found = {name: (last - first + 1, kernel) for name, first, last, kernel in cpp_functions(cpp)}
+    expected = {"long_member": (153, False), "short_one": (2, False), "kernel": (202, True)}
+    python = "def f():\n" + lines(151, "    x = 1\n")
+    ok = found == expected and [(n, b - a + 1) for n, a, b, _ in python_functions(python)] == [("f", 152)]
+    print("self-test", "passed" if ok else f"FAILED: {found}")
+    return 0 if ok else 1
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--list", action="store_true", help="list every offender, excused or not, and exit 0")
+    parser.add_argument("--self-test", action="store_true", help="check the detector on made-up sources")
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent)
     args = parser.parse_args()
+    if args.self_test:
+        return self_test()
     found = offenders(args.root)
-    unexcused = [(key, message) for key, message in found if key not in KNOWN_OFFENDERS]
-    for key, message in found if args.list else unexcused:
-        print(message + ("  [known]" if key in KNOWN_OFFENDERS else ""))
-    keys = {key for key, _ in found}
-    for key in sorted(KNOWN_OFFENDERS - keys):
-        print(f"note: {key} is within the limits now; remove it from KNOWN_OFFENDERS")
-    if args.list:
-        return 0
-    print(f"{len(found)} offenders, {len(unexcused)} not excused")
-    return 1 if unexcused else 0
+    for message in found:
+        print(message)
+    print(f"{len(found)} offenders")
+    return 1 if found else 0
 
 
 if __name__ == "__main__":
