@@ -47,6 +47,7 @@
 
 #include "deepfuse/gemm_tuning.hpp"
 #include "deepfuse/kernels/swiglu_fused.hpp"
+#include "deepfuse/weight_format.hpp"
 
 namespace deepfuse {
 
@@ -58,20 +59,29 @@ MlpVariant parse_mlp_variant(const std::string& name);  // throws deepfuse::Erro
 struct MlpShape {
   int hidden = 0;        // H
   int intermediate = 0;  // I
-  size_t weight_bytes() const { return size_t{3} * hidden * intermediate * sizeof(__nv_bfloat16); }
+  // gate, up and down in `format` (elements and scales).
+  size_t weight_bytes(WeightFormat format = WeightFormat::bf16) const {
+    return 3 * linear_weight_bytes(format, static_cast<size_t>(hidden), static_cast<size_t>(intermediate));
+  }
 };
 
 // Throws deepfuse::Error naming the problem unless H and I are positive multiples of 64.
 void validate_mlp_shape(const MlpShape& shape);
 
-// Hugging Face layout weights on the device.
+// Hugging Face layout (row-major) weights on the device. Every variant packs bf16 today; another
+// format is refused by load_weights in one line (WeightFormatInfo::implemented).
 struct MlpHfWeights {
-  const __nv_bfloat16* gate = nullptr;  // [I, H]
-  const __nv_bfloat16* up = nullptr;    // [I, H]
-  const __nv_bfloat16* down = nullptr;  // [H, I]
+  LinearWeight gate;  // [I, H]
+  LinearWeight up;    // [I, H]
+  LinearWeight down;  // [H, I]
+
+  // Row-major bf16 tensors of `shape` (tests, benchmarks).
+  static MlpHfWeights bf16(const void* gate, const void* up, const void* down, MlpShape shape);
 };
 
-// The RMSNorm applied to x first; weight == nullptr: none.
+// The RMSNorm applied to x first; weight == nullptr: none. Its weight is 16-bit in every weight
+// format; it is folded into the packed columns only where the format folds norms
+// (WeightFormatInfo::folds_norm: bf16; docs/design.md, "Weight formats").
 struct MlpNorm {
   const __nv_bfloat16* weight = nullptr;  // [H]
   float eps = 1e-6f;

@@ -2,28 +2,30 @@
 // end-to-end oracle for the GPU runtime. Built from the per-op references in reference.hpp.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include "deepfuse/model_config.hpp"
+#include "deepfuse/model_tensors.hpp"
 
 namespace deepfuse::reference {
 
-// Row-major fp32 weights with Hugging Face's layouts (a Linear's weight is [out, in]).
-struct LayerWeights {
-  std::vector<float> input_norm;                       // [hidden]
-  std::vector<float> q_proj, k_proj, v_proj, o_proj;   // [q_size, hidden], [kv_size, hidden] x2, [hidden, q_size]
-  std::vector<float> q_bias, k_bias, v_bias, o_bias;   // empty when the architecture has none
-  std::vector<float> post_attention_norm;              // [hidden]
-  std::vector<float> gate_proj, up_proj, down_proj;    // [inter, hidden] x2, [hidden, inter]
+// Row-major fp32 weights by role (include/deepfuse/model_tensors.hpp, whose table also says each
+// one's shape) in Hugging Face's layouts (a Linear's weight is [out, in]); a tensor the config
+// does not ask for (a bias) stays empty.
+struct TensorSet {
+  std::array<std::vector<float>, kTensorRoleCount> tensors;
+  std::vector<float>& operator[](TensorRole role) { return tensors[static_cast<int>(role)]; }
+  const std::vector<float>& operator[](TensorRole role) const { return tensors[static_cast<int>(role)]; }
 };
 
+using LayerWeights = TensorSet;  // a block's roles
+
 struct DecoderWeights {
-  std::vector<float> embed_tokens;  // [vocab, hidden]
+  TensorSet model;                  // embed_tokens, final_norm, lm_head (empty when tied)
   std::vector<LayerWeights> layers;
-  std::vector<float> final_norm;    // [hidden]
-  std::vector<float> lm_head;       // [vocab, hidden]; empty when tied to embed_tokens
 };
 
 // Keys and values of every position seen so far, per layer: [positions, kv_heads, head_dim].

@@ -78,7 +78,7 @@ int run_gpu(const MlpBenchOptions& options) {
     const MlpNorm norm{options.norm ? norm_weight.as<__nv_bfloat16>() : nullptr, 1e-5f};
     DF_CHECK_CUDA(kernels::fill_uniform_bf16(x.as<__nv_bfloat16>(), th, 4, 1.0f, stream));
     DF_CHECK_CUDA(kernels::fill_uniform_bf16(residual.as<__nv_bfloat16>(), th, 5, 1.0f, stream));
-    const MlpHfWeights hf{gate.as<__nv_bfloat16>(), up.as<__nv_bfloat16>(), down.as<__nv_bfloat16>()};
+    const MlpHfWeights hf = MlpHfWeights::bf16(gate.data(), up.data(), down.data(), shape);
     const int copies = weight_copies(shape, device.l2_bytes, options.l2_multiple);
 
     // Each measured configuration: a variant, plus fused with explicit tunings.

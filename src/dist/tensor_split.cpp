@@ -13,7 +13,40 @@ constexpr int kMlpTile = 64;
 
 std::string str(int value) { return std::to_string(value); }
 
+struct Range {
+  size_t begin, count;
+};
+
+// The part of an axis of `extent` that `s` holds.
+Range rank_range(Extent extent, const ModelConfig& c, const RankShard& s) {
+  const size_t head_dim = static_cast<size_t>(c.head_dim);
+  switch (extent) {
+    case Extent::q: return {s.q_head_begin * head_dim, s.q_heads * head_dim};
+    case Extent::kv: return {s.kv_head_begin * head_dim, s.kv_heads * head_dim};
+    case Extent::intermediate: return {static_cast<size_t>(s.intermediate_begin), static_cast<size_t>(s.intermediate)};
+    case Extent::vocab: return {static_cast<size_t>(s.vocab_begin), static_cast<size_t>(s.vocab_real)};
+    case Extent::none:
+    case Extent::hidden: break;
+  }
+  throw Error("internal: the model table splits an axis that is never split");
+}
+
 }  // namespace
+
+TensorSlice slice_of(const TensorSpec& spec, const ModelConfig& model, const RankShard& shard) {
+  const size_t rows = static_cast<size_t>(extent_size(spec.rows, model));
+  const size_t columns = static_cast<size_t>(extent_size(spec.columns, model));
+  TensorSlice slice{0, rows, 0, columns, columns};
+  if (!shard.split() || spec.split == TensorSplit::replicated) return slice;
+  if (spec.split == TensorSplit::rows) {
+    const Range r = rank_range(spec.rows, model, shard);
+    slice.row_begin = r.begin, slice.rows = r.count;
+  } else {
+    const Range r = rank_range(spec.columns, model, shard);
+    slice.column_begin = r.begin, slice.columns = r.count;
+  }
+  return slice;
+}
 
 std::string why_not_splittable(const ModelConfig& c, int ranks) {
   const std::string tp = " (--tp " + str(ranks) + ")";

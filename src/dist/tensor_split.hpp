@@ -11,9 +11,11 @@
 // MLP, so every kernel and plan of the one-GPU engine serves it unchanged.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "deepfuse/model_config.hpp"
+#include "deepfuse/model_tensors.hpp"
 
 namespace deepfuse::dist {
 
@@ -36,6 +38,21 @@ std::string why_not_splittable(const ModelConfig& config, int ranks);
 
 // Rank `rank`'s slice; throws deepfuse::Error with why_not_splittable's reason.
 RankShard shard_of(const ModelConfig& config, int rank, int ranks);
+
+// A rectangle of a row-major tensor (a vector is one column wide): what one rank holds of it.
+struct TensorSlice {
+  size_t row_begin = 0, rows = 0;
+  size_t column_begin = 0, columns = 0;
+  size_t row_length = 0;  // the whole tensor's columns
+
+  size_t elements() const { return rows * columns; }
+};
+
+// The slice of `spec` (a row of the model table) that `shard`'s rank holds, by the table's
+// TensorSplit: the whole tensor when replicated or for one GPU. `model` is the whole model's
+// config. lm_head: the rows of the rank's slice inside the vocabulary (vocab_real; the device
+// pads them to vocab_rows with zeros).
+TensorSlice slice_of(const TensorSpec& spec, const ModelConfig& model, const RankShard& shard);
 
 // The model one rank runs: its heads, key/value heads and intermediate size (vocabulary, hidden
 // size and everything else as the whole model's).

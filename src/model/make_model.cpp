@@ -47,20 +47,23 @@ ModelConfig config_from(const PresetDims& d) {
   return c;
 }
 
-// Values with roughly the statistics of trained weights, so activations stay O(1) at any size.
+// Values with roughly the statistics of trained weights (the table's TensorInit), so activations
+// stay O(1) at any size.
 float random_scale(const ExpectedTensor& tensor) {
-  if (tensor.shape.size() == 1) return 0.1f;            // norm weights (around 1) and biases
-  if (tensor.name == "model.embed_tokens.weight") return 1.0f;
-  return std::sqrt(3.0f / static_cast<float>(tensor.shape[1]));  // std 1/sqrt(fan_in)
+  switch (tensor.spec->init) {
+    case TensorInit::embedding: return 1.0f;
+    case TensorInit::norm:                                  // around 1
+    case TensorInit::bias: return 0.1f;
+    case TensorInit::linear: return std::sqrt(3.0f / static_cast<float>(tensor.shape[1]));  // std 1/sqrt(fan_in)
+  }
+  return 0.0f;
 }
-
-bool is_norm(const std::string& name) { return name.find("norm.weight") != std::string::npos; }
 
 void write_random_tensor(std::ofstream& out, const ExpectedTensor& tensor, size_t index, const MakeModelOptions& opt) {
   std::mt19937_64 rng(opt.seed ^ ((index + 1) * 0x9e3779b97f4a7c15ull));
   const float scale = random_scale(tensor);
   std::uniform_real_distribution<float> dist(-scale, scale);
-  const float offset = is_norm(tensor.name) ? 1.0f : 0.0f;
+  const float offset = tensor.spec->init == TensorInit::norm ? 1.0f : 0.0f;
   uint64_t remaining = 1;
   for (int64_t extent : tensor.shape) remaining *= static_cast<uint64_t>(extent);
   std::vector<char> chunk;

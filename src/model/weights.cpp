@@ -1,5 +1,6 @@
 // Checkpoint tensors vs what the config implies, and their conversion to fp32.
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "deepfuse/bf16.hpp"
@@ -10,8 +11,6 @@
 namespace deepfuse {
 
 namespace {
-
-std::string layer_prefix(int layer) { return "model.layers." + std::to_string(layer) + "."; }
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string text = "[";
@@ -25,30 +24,25 @@ bool ends_with(const std::string& text, const std::string& suffix) {
 
 }  // namespace
 
-std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c) {
-  const int64_t hidden = c.hidden_size, vocab = c.vocab_size, inter = c.intermediate_size;
-  const int64_t q = c.q_size(), kv = c.kv_size();
-  std::vector<ExpectedTensor> tensors = {{"model.embed_tokens.weight", {vocab, hidden}}};
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string p = layer_prefix(l);
-    tensors.push_back({p + "input_layernorm.weight", {hidden}});
-    tensors.push_back({p + "self_attn.q_proj.weight", {q, hidden}});
-    tensors.push_back({p + "self_attn.k_proj.weight", {kv, hidden}});
-    tensors.push_back({p + "self_attn.v_proj.weight", {kv, hidden}});
-    if (c.qkv_bias) {
-      tensors.push_back({p + "self_attn.q_proj.bias", {q}});
-      tensors.push_back({p + "self_attn.k_proj.bias", {kv}});
-      tensors.push_back({p + "self_attn.v_proj.bias", {kv}});
-    }
-    tensors.push_back({p + "self_attn.o_proj.weight", {hidden, q}});
-    if (c.o_proj_bias) tensors.push_back({p + "self_attn.o_proj.bias", {hidden}});
-    tensors.push_back({p + "post_attention_layernorm.weight", {hidden}});
-    tensors.push_back({p + "mlp.gate_proj.weight", {inter, hidden}});
-    tensors.push_back({p + "mlp.up_proj.weight", {inter, hidden}});
-    tensors.push_back({p + "mlp.down_proj.weight", {hidden, inter}});
+std::optional<WeightFormat> checkpoint_weight_format(SafetensorsDType dtype) {
+  switch (dtype) {
+    case SafetensorsDType::BF16:
+    case SafetensorsDType::F16:
+    case SafetensorsDType::F32: return WeightFormat::bf16;  // 16-bit on the device
+    case SafetensorsDType::F8_E4M3: return WeightFormat::fp8_e4m3;
+    default: return std::nullopt;
   }
-  tensors.push_back({"model.norm.weight", {hidden}});
-  if (!c.tie_word_embeddings) tensors.push_back({"lm_head.weight", {vocab, hidden}});
+}
+
+std::vector<ExpectedTensor> expected_tensors(const ModelConfig& config) {
+  std::vector<ExpectedTensor> tensors;
+  auto add = [&](TensorScope scope, int layer) {
+    for (const TensorSpec* spec : tensors_in(scope))
+      if (spec->present(config)) tensors.push_back({tensor_name(*spec, layer), tensor_shape(*spec, config), spec, layer});
+  };
+  add(TensorScope::input, 0);
+  for (int l = 0; l < config.num_hidden_layers; ++l) add(TensorScope::layer, l);
+  add(TensorScope::output, 0);
   return tensors;
 }
 
@@ -62,8 +56,11 @@ void validate_checkpoint(const Checkpoint& checkpoint, const ModelConfig& config
     DF_CHECK(entry->info->shape == expected.shape, where + " has shape " + shape_text(entry->info->shape) +
                                                        ", the config implies " + shape_text(expected.shape));
     const SafetensorsDType dtype = entry->info->dtype;
-    DF_CHECK(dtype == SafetensorsDType::BF16 || dtype == SafetensorsDType::F16 || dtype == SafetensorsDType::F32,
-             where + " has dtype " + dtype_name(dtype) + " (supported: BF16, F16, F32)");
+    const std::optional<WeightFormat> format = checkpoint_weight_format(dtype);
+    DF_CHECK(format.has_value(), where + " has dtype " + dtype_name(dtype) + " (supported: BF16, F16, F32)");
+    DF_CHECK(expected.spec->formats.has(*format),
+             where + " has dtype " + dtype_name(dtype) + ", which this tensor cannot have (" + weight_format_name(*format) + ")");
+    require_implemented(*format, where);
   }
   for (const auto& [name, entry] : checkpoint.tensors()) {
     if (expected_names.count(name) || ends_with(name, "rotary_emb.inv_freq")) continue;
@@ -96,34 +93,13 @@ std::vector<float> to_float32(std::span<const std::byte> data, SafetensorsDType 
 
 reference::DecoderWeights load_reference_weights(const Checkpoint& checkpoint, const ModelConfig& config) {
   validate_checkpoint(checkpoint, config);
-  auto load = [&](const std::string& name) {
-    const Checkpoint::Entry* entry = checkpoint.find(name);
-    return to_float32(checkpoint.data(*entry), entry->info->dtype);
-  };
   reference::DecoderWeights weights;
-  weights.embed_tokens = load("model.embed_tokens.weight");
-  for (int l = 0; l < config.num_hidden_layers; ++l) {
-    const std::string p = layer_prefix(l);
-    reference::LayerWeights layer;
-    layer.input_norm = load(p + "input_layernorm.weight");
-    layer.q_proj = load(p + "self_attn.q_proj.weight");
-    layer.k_proj = load(p + "self_attn.k_proj.weight");
-    layer.v_proj = load(p + "self_attn.v_proj.weight");
-    layer.o_proj = load(p + "self_attn.o_proj.weight");
-    if (config.qkv_bias) {
-      layer.q_bias = load(p + "self_attn.q_proj.bias");
-      layer.k_bias = load(p + "self_attn.k_proj.bias");
-      layer.v_bias = load(p + "self_attn.v_proj.bias");
-    }
-    if (config.o_proj_bias) layer.o_bias = load(p + "self_attn.o_proj.bias");
-    layer.post_attention_norm = load(p + "post_attention_layernorm.weight");
-    layer.gate_proj = load(p + "mlp.gate_proj.weight");
-    layer.up_proj = load(p + "mlp.up_proj.weight");
-    layer.down_proj = load(p + "mlp.down_proj.weight");
-    weights.layers.push_back(std::move(layer));
+  weights.layers.resize(config.num_hidden_layers);
+  for (const ExpectedTensor& tensor : expected_tensors(config)) {
+    const Checkpoint::Entry* entry = checkpoint.find(tensor.name);
+    reference::TensorSet& set = tensor.spec->scope == TensorScope::layer ? weights.layers[tensor.layer] : weights.model;
+    set[tensor.spec->role] = to_float32(checkpoint.data(*entry), entry->info->dtype);
   }
-  weights.final_norm = load("model.norm.weight");
-  if (!config.tie_word_embeddings) weights.lm_head = load("lm_head.weight");
   return weights;
 }
 

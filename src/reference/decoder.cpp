@@ -14,6 +14,8 @@ namespace deepfuse::reference {
 
 namespace {
 
+using R = TensorRole;
+
 // y[t, o] = W[o, :] · x[t, :] (+ bias[o]); W is [out, in] (torch.nn.Linear's layout).
 std::vector<float> linear(std::span<const float> x, const std::vector<float>& weight, const std::vector<float>& bias,
                           int tokens, int in, int out) {
@@ -54,7 +56,7 @@ std::vector<float> Decoder::forward(std::span<const int32_t> ids, KvCache& cache
                std::to_string(config_.max_position_embeddings) + ")");
 
   std::vector<float> hidden(static_cast<size_t>(tokens) * hidden_size);
-  embedding(weights_.embed_tokens.data(), config_.vocab_size, hidden_size, ids.data(), tokens, hidden.data());
+  embedding(weights_.model[R::embed_tokens].data(), config_.vocab_size, hidden_size, ids.data(), tokens, hidden.data());
   for (int l = 0; l < config_.num_hidden_layers; ++l) {
     attention_block(weights_.layers[l], l, hidden, tokens, cache);
     mlp_block(weights_.layers[l], hidden, tokens);
@@ -62,9 +64,9 @@ std::vector<float> Decoder::forward(std::span<const int32_t> ids, KvCache& cache
   cache.length += tokens;
 
   std::vector<float> normed(hidden.size());
-  rms_norm(hidden.data(), weights_.final_norm.data(), tokens, hidden_size, static_cast<float>(config_.rms_norm_eps),
+  rms_norm(hidden.data(), weights_.model[R::final_norm].data(), tokens, hidden_size, static_cast<float>(config_.rms_norm_eps),
            normed.data());
-  const auto& lm_head = config_.tie_word_embeddings ? weights_.embed_tokens : weights_.lm_head;
+  const auto& lm_head = weights_.model[config_.tie_word_embeddings ? R::embed_tokens : R::lm_head];
   return linear(normed, lm_head, {}, tokens, hidden_size, config_.vocab_size);
 }
 
@@ -77,11 +79,11 @@ void Decoder::attention_block(const LayerWeights& layer, int layer_index, std::s
   const int first_position = cache.length;
 
   std::vector<float> normed(hidden.size());
-  rms_norm(hidden.data(), layer.input_norm.data(), tokens, hidden_size, static_cast<float>(config_.rms_norm_eps),
+  rms_norm(hidden.data(), layer[R::input_norm].data(), tokens, hidden_size, static_cast<float>(config_.rms_norm_eps),
            normed.data());
-  std::vector<float> q = linear(normed, layer.q_proj, layer.q_bias, tokens, hidden_size, q_size);
-  std::vector<float> k = linear(normed, layer.k_proj, layer.k_bias, tokens, hidden_size, kv_size);
-  const std::vector<float> v = linear(normed, layer.v_proj, layer.v_bias, tokens, hidden_size, kv_size);
+  std::vector<float> q = linear(normed, layer[R::q_proj], layer[R::q_bias], tokens, hidden_size, q_size);
+  std::vector<float> k = linear(normed, layer[R::k_proj], layer[R::k_bias], tokens, hidden_size, kv_size);
+  const std::vector<float> v = linear(normed, layer[R::v_proj], layer[R::v_bias], tokens, hidden_size, kv_size);
   for (int t = 0; t < tokens; ++t) {
     apply_rope(q.data() + static_cast<size_t>(t) * q_size, q_heads, head_dim, first_position + t, inv_freq_);
     apply_rope(k.data() + static_cast<size_t>(t) * kv_size, kv_heads, head_dim, first_position + t, inv_freq_);
@@ -97,7 +99,7 @@ void Decoder::attention_block(const LayerWeights& layer, int layer_index, std::s
     attention_decode(q.data() + static_cast<size_t>(t) * q_size, keys.data(), values.data(), first_position + t + 1,
                      q_heads, kv_heads, head_dim, scale, config_.sliding_window,
                      attended.data() + static_cast<size_t>(t) * q_size);
-  const std::vector<float> out = linear(attended, layer.o_proj, layer.o_bias, tokens, q_size, hidden_size);
+  const std::vector<float> out = linear(attended, layer[R::o_proj], layer[R::o_bias], tokens, q_size, hidden_size);
   for (size_t i = 0; i < hidden.size(); ++i) hidden[i] += out[i];
 }
 
@@ -105,10 +107,10 @@ void Decoder::attention_block(const LayerWeights& layer, int layer_index, std::s
 void Decoder::mlp_block(const LayerWeights& layer, std::span<float> hidden, int tokens) const {
   const int hidden_size = config_.hidden_size;
   std::vector<float> normed(hidden.size());
-  rms_norm(hidden.data(), layer.post_attention_norm.data(), tokens, hidden_size,
+  rms_norm(hidden.data(), layer[R::post_attention_norm].data(), tokens, hidden_size,
            static_cast<float>(config_.rms_norm_eps), normed.data());
   std::vector<double> out(hidden.size());
-  swiglu_mlp(normed.data(), layer.gate_proj.data(), layer.up_proj.data(), layer.down_proj.data(), hidden.data(),
+  swiglu_mlp(normed.data(), layer[R::gate_proj].data(), layer[R::up_proj].data(), layer[R::down_proj].data(), hidden.data(),
              out.data(), tokens, hidden_size, config_.intermediate_size);
   for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = static_cast<float>(out[i]);
 }

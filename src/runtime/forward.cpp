@@ -72,7 +72,7 @@ ForwardPass::ForwardPass(const ModelConfig& config, const GpuWeights& weights, c
 
 void ForwardPass::embed(const int32_t* ids, int tokens, cudaStream_t stream) {
   kernels::EmbeddingParams p;
-  p.table = weights_.embed_tokens.as<__nv_bfloat16>();
+  p.table = weights_.embedding();
   p.ids = ids;
   p.out = buffers_.residual.as<__nv_bfloat16>();
   p.vocab = config_.vocab_size;
@@ -151,10 +151,10 @@ void ForwardPass::fused_qkv(const GpuLayerWeights& w, int tokens, const int32_t*
                             const kernels::PagedKv& kv, const float* pending, cudaStream_t stream) {
   kernels::QkvRopeFusedParams p;
   p.x = buffers_.residual.as<__nv_bfloat16>();
-  p.norm_weight = w.input_norm.as<__nv_bfloat16>();
+  p.norm_weight = w.vector(TensorGroup::input_norm);
   p.norm_eps = static_cast<float>(config_.rms_norm_eps);
-  p.weights = w.qkv_packed.as<uint4>();
-  p.bias = w.qkv_bias.empty() ? nullptr : w.qkv_bias.as<__nv_bfloat16>();
+  p.weights = w.linear(TensorGroup::qkv, WeightLayout::fragments, config_).bf16_tiles("the fused QKV front");
+  p.bias = w.vector(TensorGroup::qkv_bias);
   p.inv_freq = weights_.rope_inv_freq.as<float>();
   p.positions = positions;
   p.sequences = rows;
@@ -176,18 +176,18 @@ void ForwardPass::output_projection(const GpuLayerWeights& w, int tokens, bool g
   const auto* attention_out = buffers_.attention_out.as<__nv_bfloat16>();
   // Tensor parallel: rank 0's partial carries the residual and the bias, the others' only their
   // heads' share, so the all-reduce's sum is the one-GPU result.
-  const __nv_bfloat16* o_bias = w.o_bias.empty() || !rank_zero() ? nullptr : w.o_bias.as<__nv_bfloat16>();
+  const auto* o_bias = rank_zero() ? w.vector(TensorGroup::o_bias) : nullptr;
   const __nv_bfloat16* addend = rank_zero() ? residual : nullptr;
   __nv_bfloat16* y = split() ? link_->partial[0] : residual;
   const int hidden = config_.hidden_size, q_size = config_.q_size();
   if (!gemv) {
-    gemm_.run_with_bias(attention_out, w.o_proj.as<__nv_bfloat16>(), o_bias, addend, y, tokens, hidden, q_size,
-                        stream);
+    gemm_.run_with_bias(attention_out, w.linear(TensorGroup::o_proj, WeightLayout::row_major, config_).bf16("the o_proj GEMM"),
+                        o_bias, addend, y, tokens, hidden, q_size, stream);
     return;
   }
   kernels::GemvResidualParams p;
   p.x = attention_out;
-  p.weights = w.o_proj_packed.as<uint4>();
+  p.weights = w.linear(TensorGroup::o_proj, WeightLayout::fragments, config_).bf16_tiles("the o_proj GEMV");
   p.bias = o_bias;
   p.residual = addend;
   p.y = y;
@@ -242,14 +242,14 @@ void ForwardPass::unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_
   const auto* residual = buffers_.residual.as<__nv_bfloat16>();
   // 1-2. merged QKV projection of the raw residual stream: the input RMSNorm's weight is folded
   // into qkv's columns (GpuWeights), and rope_kv_append applies its 1/rms.
-  gemm_.run(residual, w.qkv.as<__nv_bfloat16>(), nullptr, buffers_.qkv.as<__nv_bfloat16>(), tokens, qkv_width,
-            hidden, stream);
+  gemm_.run(residual, w.linear(TensorGroup::qkv, WeightLayout::row_major, config_).bf16("the QKV GEMM"), nullptr,
+            buffers_.qkv.as<__nv_bfloat16>(), tokens, qkv_width, hidden, stream);
 
   // 3. 1/rms, bias, RoPE, and the keys and values appended to the cache
   kernels::RopeKvAppendParams rope;
   rope.input_norm = {residual, hidden, static_cast<float>(config_.rms_norm_eps)};
   rope.qkv = buffers_.qkv.as<__nv_bfloat16>();
-  rope.qkv_bias = w.qkv_bias.empty() ? nullptr : w.qkv_bias.as<__nv_bfloat16>();
+  rope.qkv_bias = w.vector(TensorGroup::qkv_bias);
   rope.inv_freq = weights_.rope_inv_freq.as<float>();
   rope.positions = positions;
   rope.sequences = rows;
@@ -318,7 +318,7 @@ void ForwardPass::prefill_chunk(int row, int start, int tokens, cudaStream_t str
 }
 
 void ForwardPass::final_norm(int first_row, int rows, cudaStream_t stream) {
-  rms_norm(weights_.final_norm.as<__nv_bfloat16>(), first_row, rows, stream);
+  rms_norm(weights_.vector(TensorGroup::final_norm), first_row, rows, stream);
 }
 
 void ForwardPass::lm_head(int first_row, int rows, cudaStream_t stream) {
@@ -326,16 +326,16 @@ void ForwardPass::lm_head(int first_row, int rows, cudaStream_t stream) {
            "lm_head of " + std::to_string(rows) + " rows outside 1.." + std::to_string(buffers_.logits_rows));
   const auto* normed = buffers_.normed.as<__nv_bfloat16>() + static_cast<size_t>(first_row) * config_.hidden_size;
   if (!split()) {
-    gemm_.run_fp32_out(normed, weights_.lm_head_weights(), buffers_.logits.as<float>(), rows, config_.vocab_size,
-                       config_.hidden_size, stream);
+    gemm_.run_fp32_out(normed, lm_head_weight().bf16("the lm_head GEMM"), buffers_.logits.as<float>(), rows,
+                       config_.vocab_size, config_.hidden_size, stream);
     return;
   }
   // Each rank's vocabulary slice, gathered rank after rank ([ranks][rows][slice]); rank 0 then
   // lays the slices side by side into whole rows for the sampler and score().
   const dist::RankShard& shard = link_->shard;
   const size_t slice = shard.vocab_rows;
-  gemm_.run_fp32_out(normed, weights_.lm_head_weights(), buffers_.logits_slice.as<float>(), rows, shard.vocab_rows,
-                     config_.hidden_size, stream);
+  gemm_.run_fp32_out(normed, lm_head_weight().bf16("the lm_head GEMM"), buffers_.logits_slice.as<float>(), rows,
+                     shard.vocab_rows, config_.hidden_size, stream);
   dist::all_gather(link_->comm, buffers_.logits_slice.as<float>(), buffers_.logits_gathered.as<float>(),
                    static_cast<size_t>(rows) * slice, stream);
   if (!rank_zero()) return;
@@ -395,17 +395,13 @@ std::vector<GemmTuning> ForwardPass::tune_decode_gemms(cudaStream_t stream) {
   const int qkv_width = q_size + 2 * config_.kv_size();
   auto* residual = buffers_.residual.as<__nv_bfloat16>();
   auto* normed = buffers_.normed.as<__nv_bfloat16>();
-  std::vector<const __nv_bfloat16*> qkv, o_proj;
-  for (const GpuLayerWeights& w : weights_.layers) {
-    qkv.push_back(w.qkv.as<__nv_bfloat16>());
-    o_proj.push_back(w.o_proj.as<__nv_bfloat16>());
-  }
-  const GpuLayerWeights& first = weights_.layers.front();
-  const __nv_bfloat16* o_bias = first.o_bias.empty() ? nullptr : first.o_bias.as<__nv_bfloat16>();
-  const __nv_bfloat16* lm_head = weights_.lm_head_weights();
+  const auto qkv = weights_.layer_operands(TensorGroup::qkv, config_, "tuning the QKV GEMM");
+  const auto o_proj = weights_.layer_operands(TensorGroup::o_proj, config_, "tuning the o_proj GEMM");
+  const auto* o_bias = weights_.layers.front().vector(TensorGroup::o_bias);
+  const auto* lm_head = lm_head_weight().bf16("tuning the lm_head GEMM");
 
   std::vector<GemmTuning> out;
-  auto tune = [&](const char* op, const Operands& operands, std::span<const __nv_bfloat16* const> weights) {
+  auto tune = [&](const char* op, const Operands& operands, const auto& weights) {
     out.push_back(gemm_.tune(op, operands, weights, stream));
   };
   // The operands each bucket's decode_step() passes (unfused_qkv, output_projection, the MLP, lm_head).

@@ -186,6 +186,7 @@ class ForwardPass {
   bool split() const { return link_ != nullptr; }
   bool rank_zero() const { return !link_ || link_->shard.rank == 0; }
   int lm_head_rows() const { return split() ? link_->shard.vocab_rows : config_.vocab_size; }
+  LinearWeight lm_head_weight() const { return weights_.lm_head(lm_head_rows(), config_.hidden_size); }
 
   const ModelConfig& config_;
   const GpuWeights& weights_;

@@ -1,18 +1,23 @@
 // Model weights in the device layouts the decode and prefill steps read, made from a Hugging Face
 // checkpoint or from seeded random values (benchmarks of real shapes without files).
 //
-// Layouts (all bf16 unless noted):
-//   embed_tokens [V, H]; final_norm [H]; lm_head [V, H] (absent when tied: embed_tokens is used)
-//   per layer: input_norm [H]; qkv [q_size + 2 kv_size, H] = q_proj rows, then k_proj, then v_proj,
-//   so one GEMM yields the q | k | v row rope_kv_append expects; qkv_bias likewise merged (Qwen2,
-//   Llama attention_bias); o_proj [H, q_size]; o_bias [H]; post_attention_norm [H]; the MLP in
-//   the layouts of the variants the plan runs (WeightLayouts): fragment-packed for the fused
-//   kernel, row-major gate_up / down for cuBLASLt.
-//   Norms folded: the row-major qkv holds input_norm's weight in its columns and the row-major
-//   MLP post_attention_norm's in gate_up, so those paths need no norm launch (folded_norm.hpp).
-//   qkv_packed, o_proj_packed: fragment-packed copies for the decode kernels that stream them
-//   (the fused front, the o_proj GEMV), when the plan runs them; prefill reads the row-major
-//   copies with cuBLASLt.
+// Which tensors there are, their shapes, slices and the matrices they merge into come from the
+// model table (include/deepfuse/model_tensors.hpp); one loop (build_weights in gpu_weights.cpp)
+// serves checkpoints and random weights, one GPU and tensor-parallel ranks alike.
+//
+// Layouts (16-bit: linear weights in bf16, the one WeightFormat implemented; norms, biases and
+// the embedding table in bf16 in every format):
+//   groups: embed_tokens [V, H]; final_norm [H]; lm_head [V, H] (absent when tied: embed_tokens
+//   is used); per layer: input_norm [H]; qkv [q_size + 2 kv_size, H] = q_proj rows, then k_proj,
+//   then v_proj, so one GEMM yields the q | k | v row rope_kv_append expects; qkv_bias likewise
+//   merged (Qwen2, Llama attention_bias); o_proj [H, q_size]; o_bias [H]; post_attention_norm
+//   [H]; the MLP in the layouts of the variants the plan runs (WeightLayouts): fragment-packed
+//   for the fused kernel, row-major gate_up / down for cuBLASLt.
+//   Norms folded (bf16 only): the row-major qkv holds input_norm's weight in its columns and the
+//   row-major MLP post_attention_norm's in gate_up, so those paths need no norm launch
+//   (folded_norm.hpp; docs/design.md, "Weight formats", says why only in bf16).
+//   fragments: packed copies of qkv and o_proj for the decode kernels that stream them (the fused
+//   front, the o_proj GEMV), when the plan runs them; prefill reads the row-major copies.
 //   rope_inv_freq: fp32 [head_dim / 2], rope_inverse_frequencies (llama3 scaling included).
 //
 // Checkpoint tensors go straight to the device through two pinned staging buffers used in turn,
@@ -22,6 +27,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -30,8 +36,10 @@
 #include "deepfuse/engine.hpp"
 #include "deepfuse/mlp.hpp"
 #include "deepfuse/model_config.hpp"
+#include "deepfuse/model_tensors.hpp"
 #include "deepfuse/safetensors.hpp"
 #include "deepfuse/tensor.hpp"
+#include "deepfuse/weight_format.hpp"
 #include "dist/tensor_split.hpp"
 
 namespace deepfuse::runtime {
@@ -49,30 +57,43 @@ struct WeightLayouts {
   static WeightLayouts of(const DecodePlan& plan, int max_tokens);
 };
 
+// One device matrix or vector per group of the model table (include/deepfuse/model_tensors.hpp),
+// indexed by TensorGroup; a group the config or the layouts leave out stays empty.
+struct GroupBuffers {
+  std::array<DeviceBuffer, kTensorGroupCount> buffers;
+  DeviceBuffer& operator[](TensorGroup group) { return buffers[static_cast<int>(group)]; }
+  const DeviceBuffer& operator[](TensorGroup group) const { return buffers[static_cast<int>(group)]; }
+};
+
 struct GpuLayerWeights {
-  DeviceBuffer input_norm;
-  DeviceBuffer qkv;
-  DeviceBuffer qkv_bias;  // empty when the architecture has none
-  DeviceBuffer qkv_packed;  // fused decode path only (empty otherwise)
-  DeviceBuffer o_proj;
-  DeviceBuffer o_proj_packed;  // fused decode path only (empty otherwise)
-  DeviceBuffer o_bias;    // empty when the architecture has none
-  DeviceBuffer post_attention_norm;
+  WeightFormat format = WeightFormat::bf16;  // the linear weights' (the only one implemented)
+  GroupBuffers row_major;  // the block's norms, biases, qkv and o_proj; the MLP's groups are
+                           // only staged while loading, then packed into mlp_fused / mlp_unfused
+  GroupBuffers fragments;  // fragment-packed qkv and o_proj, when the plan runs their kernels
+  GroupBuffers scales;     // fp32 per output channel, for formats with channel_scales (none in bf16)
   std::unique_ptr<MlpLayer> mlp_fused;    // WeightLayouts::mlp_fused
   std::unique_ptr<MlpLayer> mlp_unfused;  // WeightLayouts::mlp_unfused
   MlpLayer& mlp(MlpChoice choice) const;  // the layout must be held
+
+  // A projection (a group of linear weights: qkv, o_proj) in `layout`, shaped by `config` (the
+  // rank's model); its data is null when the weights do not hold that layout.
+  LinearWeight linear(TensorGroup group, WeightLayout layout, const ModelConfig& config) const;
+  // A norm weight or bias: 16-bit in every weight format; null when the config has none.
+  const __nv_bfloat16* vector(TensorGroup group) const;
 };
 
 struct GpuWeights {
-  DeviceBuffer embed_tokens;
+  GroupBuffers groups;  // embed_tokens, final_norm, lm_head (empty when tied on one GPU)
   std::vector<GpuLayerWeights> layers;
-  DeviceBuffer final_norm;
-  DeviceBuffer lm_head;  // empty when tie_word_embeddings
   DeviceBuffer rope_inv_freq;
 
-  const __nv_bfloat16* lm_head_weights() const {
-    return lm_head.empty() ? embed_tokens.as<__nv_bfloat16>() : lm_head.as<__nv_bfloat16>();
-  }
+  const __nv_bfloat16* embedding() const;
+  const __nv_bfloat16* vector(TensorGroup group) const;  // final_norm
+  // The lm_head (its vocabulary slice under tensor parallelism: `rows` = shard.vocab_rows), or
+  // the embedding table when tied on one GPU.
+  LinearWeight lm_head(int rows, int hidden) const;
+  // Every layer's row-major bf16 `group` (cuBLASLt's operands, for tuning over all layers).
+  std::vector<const __nv_bfloat16*> layer_operands(TensorGroup group, const ModelConfig& config, const char* who) const;
 };
 
 // Bytes of every weight on the device (bf16) in these layouts, and the subset one decode step

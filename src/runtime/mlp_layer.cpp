@@ -172,15 +172,33 @@ int MlpLayer::launches_per_call(bool with_residual) const {
   return 0;
 }
 
+MlpHfWeights MlpHfWeights::bf16(const void* gate, const void* up, const void* down, MlpShape shape) {
+  const int H = shape.hidden, I = shape.intermediate;
+  auto row_major = [](const void* data, int rows, int columns) {
+    return LinearWeight{WeightFormat::bf16, WeightLayout::row_major, data, nullptr, nullptr, rows, columns};
+  };
+  return {row_major(gate, I, H), row_major(up, I, H), row_major(down, H, I)};
+}
+
 void MlpLayer::load_weights(const MlpHfWeights& w, cudaStream_t stream, const MlpNorm& norm) {
-  DF_CHECK(w.gate && w.up && w.down, "MlpLayer::load_weights: null weight pointer");
   Impl& s = *impl_;
   const size_t bytes = s.hi_bytes();
   const int H = s.shape.hidden, I = s.shape.intermediate;
+  DF_CHECK(w.gate.rows == I && w.gate.columns == H && w.up.rows == I && w.up.columns == H && w.down.rows == H &&
+               w.down.columns == I,
+           "MlpLayer::load_weights: weights shaped for another MLP than H " + std::to_string(H) + ", I " +
+               std::to_string(I));
+  // Every variant packs bf16 (the dispatch refuses other formats and null pointers here).
+  const __nv_bfloat16* gate = w.gate.bf16("packing the MLP's gate_proj");
+  const __nv_bfloat16* up = w.up.bf16("packing the MLP's up_proj");
+  const __nv_bfloat16* down = w.down.bf16("packing the MLP's down_proj");
   DF_CHECK(!norm.fold_into_weights || s.variant == MlpVariant::unfused,
            std::string("only the unfused MLP takes MlpNorm::fold_into_weights, not ") + mlp_variant_name(s.variant));
   s.normalize = norm.weight != nullptr;
-  s.norm_folded = s.normalize && (s.variant == MlpVariant::fused || norm.fold_into_weights);
+  // Folded only in a format that folds norms (bf16); the others apply the weight to x as they
+  // stage it (docs/design.md, "Weight formats").
+  s.norm_folded = s.normalize && format_info(w.gate.format).folds_norm &&
+                  (s.variant == MlpVariant::fused || norm.fold_into_weights);
   s.norm_eps = norm.eps;
   if (s.normalize && !s.norm_folded) {
     s.norm_weight = DeviceBuffer(static_cast<size_t>(H) * sizeof(__nv_bfloat16));
@@ -188,20 +206,20 @@ void MlpLayer::load_weights(const MlpHfWeights& w, cudaStream_t stream, const Ml
   }
   switch (s.variant) {
     case MlpVariant::naive:
-      DF_CHECK_CUDA(cudaMemcpyAsync(s.gate.data(), w.gate, bytes, cudaMemcpyDeviceToDevice, stream));
-      DF_CHECK_CUDA(cudaMemcpyAsync(s.up.data(), w.up, bytes, cudaMemcpyDeviceToDevice, stream));
-      DF_CHECK_CUDA(cudaMemcpyAsync(s.down.data(), w.down, bytes, cudaMemcpyDeviceToDevice, stream));
+      DF_CHECK_CUDA(cudaMemcpyAsync(s.gate.data(), gate, bytes, cudaMemcpyDeviceToDevice, stream));
+      DF_CHECK_CUDA(cudaMemcpyAsync(s.up.data(), up, bytes, cudaMemcpyDeviceToDevice, stream));
+      DF_CHECK_CUDA(cudaMemcpyAsync(s.down.data(), down, bytes, cudaMemcpyDeviceToDevice, stream));
       break;
     case MlpVariant::unfused:
-      DF_CHECK_CUDA(cudaMemcpyAsync(s.gate_up.data(), w.gate, bytes, cudaMemcpyDeviceToDevice, stream));
-      DF_CHECK_CUDA(cudaMemcpyAsync(s.gate_up.as<char>() + bytes, w.up, bytes, cudaMemcpyDeviceToDevice, stream));
-      DF_CHECK_CUDA(cudaMemcpyAsync(s.down.data(), w.down, bytes, cudaMemcpyDeviceToDevice, stream));
+      DF_CHECK_CUDA(cudaMemcpyAsync(s.gate_up.data(), gate, bytes, cudaMemcpyDeviceToDevice, stream));
+      DF_CHECK_CUDA(cudaMemcpyAsync(s.gate_up.as<char>() + bytes, up, bytes, cudaMemcpyDeviceToDevice, stream));
+      DF_CHECK_CUDA(cudaMemcpyAsync(s.down.data(), down, bytes, cudaMemcpyDeviceToDevice, stream));
       if (s.norm_folded)
         DF_CHECK_CUDA(kernels::launch_fold_norm_weight(s.gate_up.as<__nv_bfloat16>(), 2 * I, H, norm.weight, stream));
       break;
     case MlpVariant::fused:
-      DF_CHECK_CUDA(kernels::pack_swiglu_gate_up(w.gate, w.up, norm.weight, s.gate_up.as<uint4>(), H, I, stream));
-      DF_CHECK_CUDA(kernels::pack_swiglu_down(w.down, s.down.as<uint4>(), H, I, stream));
+      DF_CHECK_CUDA(kernels::pack_swiglu_gate_up(gate, up, norm.weight, s.gate_up.as<uint4>(), H, I, stream));
+      DF_CHECK_CUDA(kernels::pack_swiglu_down(down, s.down.as<uint4>(), H, I, stream));
       break;
   }
 }

@@ -70,8 +70,8 @@ RankCall make_rank_call(const Call& call, int rank, uint64_t seed, const std::ve
   r.down = DeviceBuffer::from_host(random_bits(rng, hi, 1.7f / std::sqrt(static_cast<float>(call.intermediate))));
   r.norm = DeviceBuffer::from_host(norm_weight);
   r.layer = std::make_unique<MlpLayer>(MlpVariant::fused, MlpShape{call.hidden, call.intermediate}, 32);
-  r.layer->load_weights({r.gate.as<__nv_bfloat16>(), r.up.as<__nv_bfloat16>(), r.down.as<__nv_bfloat16>()}, nullptr,
-                        MlpNorm{r.norm.as<__nv_bfloat16>(), 1e-5f});
+  r.layer->load_weights(MlpHfWeights::bf16(r.gate.data(), r.up.data(), r.down.data(), {call.hidden, call.intermediate}),
+                        nullptr, MlpNorm{r.norm.as<__nv_bfloat16>(), 1e-5f});
   DF_CHECK_CUDA(cudaDeviceSynchronize());
   return r;
 }

@@ -7,6 +7,8 @@
 #include "deepfuse/decode_plan.hpp"
 #include "deepfuse/engine.hpp"
 #include "deepfuse/error.hpp"
+#include "deepfuse/make_model.hpp"
+#include "deepfuse/model_tensors.hpp"
 #include "dist/tensor_split.hpp"
 #include "runtime/gpu_weights.hpp"
 
@@ -112,6 +114,70 @@ TEST(TensorSplit, WeightBytesOfARank) {
   const double split_part = static_cast<double>(rank - embedding) * 4;
   EXPECT_NEAR(split_part / static_cast<double>(whole - embedding), 1.0, 1e-3);
   EXPECT_EQ(runtime::decode_weight_bytes(local, s), rank - embedding);
+}
+
+// Every tensor of the model table, split by its row's TensorSplit: the ranks' slices cover each
+// split axis exactly once (key/value heads: ranks / kv_heads times when replicated), replicated
+// tensors are whole on every rank, and each slice has the shape of the rank's own model.
+void expect_slices_tile_the_table(const ModelConfig& model, int ranks) {
+  for (const TensorSpec& spec : kModelTensors) {
+    if (!spec.present(model)) continue;
+    const std::vector<int64_t> shape = tensor_shape(spec, model);
+    const bool by_rows = spec.split == TensorSplit::rows;
+    const size_t axis = static_cast<size_t>(spec.split == TensorSplit::columns ? shape.at(1) : shape[0]);
+    std::vector<int> covered(axis, 0);
+    for (int r = 0; r < ranks; ++r) {
+      const dist::RankShard shard = dist::shard_of(model, r, ranks);
+      const dist::TensorSlice slice = dist::slice_of(spec, model, shard);
+      const std::string where = std::string(spec.name) + " rank " + std::to_string(r) + "/" + std::to_string(ranks);
+      EXPECT_EQ(slice.row_length, static_cast<size_t>(shape.size() > 1 ? shape[1] : 1)) << where;
+      if (spec.split == TensorSplit::replicated) {
+        EXPECT_EQ(slice.rows, static_cast<size_t>(shape[0])) << where;
+        EXPECT_EQ(slice.columns, slice.row_length) << where;
+        continue;
+      }
+      const size_t begin = by_rows ? slice.row_begin : slice.column_begin;
+      const size_t count = by_rows ? slice.rows : slice.columns;
+      ASSERT_LE(begin + count, axis) << where;
+      for (size_t i = begin; i < begin + count; ++i) ++covered[i];
+      // The other axis whole; the split one as long as the rank's model says (lm_head: its rows
+      // inside the vocabulary).
+      EXPECT_EQ(by_rows ? slice.columns : slice.rows, static_cast<size_t>(by_rows ? slice.row_length : shape[0])) << where;
+      const ModelConfig local = dist::rank_config(model, shard);
+      const size_t local_extent = spec.rows == Extent::vocab
+                                      ? static_cast<size_t>(shard.vocab_real)
+                                      : static_cast<size_t>(extent_size(by_rows ? spec.rows : spec.columns, local));
+      EXPECT_EQ(count, local_extent) << where;
+    }
+    if (spec.split == TensorSplit::replicated) continue;
+    const Extent split_extent = by_rows ? spec.rows : spec.columns;
+    const int kv = model.num_key_value_heads;
+    const int copies = split_extent == Extent::kv && kv < ranks ? ranks / kv : 1;
+    for (size_t i = 0; i < axis; ++i) ASSERT_EQ(covered[i], copies) << spec.name << " index " << i << " tp " << ranks;
+  }
+}
+
+TEST(TensorSplit, EveryTableTensorSlicesOverTheRanks) {
+  expect_slices_tile_the_table(random_arch_config("llama3-70b"), 4);
+  expect_slices_tile_the_table(random_arch_config("llama3-70b"), 8);
+  ModelConfig qwen = model_preset("qwen2.5-7b");  // q/k/v biases, 4 key/value heads
+  qwen.vocab_size = 1001;                          // the last lm_head slice padded
+  expect_slices_tile_the_table(qwen, 2);
+  qwen.num_key_value_heads = 2;  // fewer than the ranks: replicated
+  expect_slices_tile_the_table(qwen, 4);
+  ModelConfig llama = model_preset("llama3.2-1b");  // tied
+  llama.qkv_bias = llama.o_proj_bias = true;         // Llama attention_bias
+  expect_slices_tile_the_table(llama, 2);
+}
+
+TEST(TensorSplit, OneGpuHoldsEveryTensorWhole) {
+  const ModelConfig c = model_preset("qwen2.5-7b");
+  for (const TensorSpec& spec : kModelTensors) {
+    const dist::TensorSlice slice = dist::slice_of(spec, c, dist::RankShard{});
+    const std::vector<int64_t> shape = tensor_shape(spec, c);
+    EXPECT_EQ(slice.row_begin + slice.column_begin, 0u) << spec.name;
+    EXPECT_EQ(slice.elements(), static_cast<size_t>(shape[0] * (shape.size() > 1 ? shape[1] : 1))) << spec.name;
+  }
 }
 
 TEST(PlanOverrides, AllReduce) {

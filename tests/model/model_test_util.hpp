@@ -8,6 +8,7 @@
 #include <fstream>
 #include <random>
 #include <span>
+#include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -66,14 +67,17 @@ void expect_error(Body body, std::initializer_list<std::string> parts) {
   }
 }
 
-// A checkpoint directory for `config` whose model.safetensors holds exactly `tensors`.
+// A checkpoint directory for `config` whose model.safetensors holds exactly `tensors`, in `dtype`
+// except those `dtype_of` names.
 inline void write_checkpoint_with(const std::filesystem::path& dir, const ModelConfig& config,
                            const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
-                           const std::string& dtype = "F32") {
+                           const std::string& all_dtype = "F32",
+                           const std::map<std::string, std::string>& dtype_of = {}) {
   nlohmann::json header = nlohmann::json::object();
   uint64_t offset = 0;
   for (const auto& [name, shape] : tensors) {
-    uint64_t bytes = dtype == "I32" || dtype == "F32" ? 4 : 2;
+    const std::string dtype = dtype_of.count(name) ? dtype_of.at(name) : all_dtype;
+    uint64_t bytes = dtype == "I32" || dtype == "F32" ? 4 : dtype.rfind("F8", 0) == 0 ? 1 : 2;
     for (int64_t e : shape) bytes *= e;
     header[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;

@@ -33,35 +33,26 @@ ModelConfig small_config(Architecture architecture) {
   return c;
 }
 
+// Every tensor the model table asks of `c`, in its shape: norms around 1, the embedding ±1,
+// the rest ±0.3.
 reference::DecoderWeights random_weights(const ModelConfig& c, std::mt19937_64& rng) {
-  const size_t h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), inter = c.intermediate_size;
-  auto norm = [&] {
-    auto w = testing::random_uniform(rng, h, 0.2f);
-    for (float& v : w) v += 1.0f;
+  auto draw = [&](const TensorSpec& spec) {
+    const std::vector<int64_t> shape = tensor_shape(spec, c);
+    const size_t count = static_cast<size_t>(shape[0] * (shape.size() > 1 ? shape[1] : 1));
+    const float scale = spec.init == TensorInit::norm ? 0.2f : spec.init == TensorInit::embedding ? 1.0f : 0.3f;
+    auto w = testing::random_uniform(rng, count, scale);
+    if (spec.init == TensorInit::norm)
+      for (float& v : w) v += 1.0f;
     return w;
   };
   reference::DecoderWeights w;
-  w.embed_tokens = testing::random_uniform(rng, c.vocab_size * h, 1.0f);
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    reference::LayerWeights layer;
-    layer.input_norm = norm();
-    layer.q_proj = testing::random_uniform(rng, q * h, 0.3f);
-    layer.k_proj = testing::random_uniform(rng, kv * h, 0.3f);
-    layer.v_proj = testing::random_uniform(rng, kv * h, 0.3f);
-    layer.o_proj = testing::random_uniform(rng, h * q, 0.3f);
-    if (c.qkv_bias) {
-      layer.q_bias = testing::random_uniform(rng, q, 0.3f);
-      layer.k_bias = testing::random_uniform(rng, kv, 0.3f);
-      layer.v_bias = testing::random_uniform(rng, kv, 0.3f);
-    }
-    layer.post_attention_norm = norm();
-    layer.gate_proj = testing::random_uniform(rng, inter * h, 0.3f);
-    layer.up_proj = testing::random_uniform(rng, inter * h, 0.3f);
-    layer.down_proj = testing::random_uniform(rng, h * inter, 0.3f);
-    w.layers.push_back(std::move(layer));
+  w.layers.resize(c.num_hidden_layers);
+  for (const TensorSpec& spec : kModelTensors) {
+    if (!spec.present(c)) continue;
+    if (spec.scope != TensorScope::layer) w.model[spec.role] = draw(spec);
+    else
+      for (auto& layer : w.layers) layer[spec.role] = draw(spec);
   }
-  w.final_norm = norm();
-  if (!c.tie_word_embeddings) w.lm_head = testing::random_uniform(rng, c.vocab_size * h, 0.3f);
   return w;
 }
 

@@ -46,7 +46,7 @@ struct MlpCase {
   }
 
   MlpHfWeights weights() const {
-    return {gate_dev.as<__nv_bfloat16>(), up_dev.as<__nv_bfloat16>(), down_dev.as<__nv_bfloat16>()};
+    return MlpHfWeights::bf16(gate_dev.data(), up_dev.data(), down_dev.data(), shape);
   }
 
   std::vector<double> reference(int tokens, bool with_residual) const {

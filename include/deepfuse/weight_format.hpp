@@ -1,0 +1,100 @@
+// How a linear weight is stored on the device: its element format (WeightFormat, one table of
+// what each format is) and a LinearWeight, the view of one projection that flows from the loader
+// through packing to the kernel dispatch. Only linear weights ([out, in] projections) have
+// formats; norm weights, biases and the embedding table stay 16-bit in every format.
+//
+//   bf16       one bfloat16 per element; no scales. Implemented.
+//   fp8_e4m3   one e4m3 byte per element, times a per-output-channel fp32 scale (scales[out]) and,
+//              when present, one per-tensor fp32 scale: w[o, i] = e4m3[o, i] * scales[o] * tensor.
+//              Declared so that shapes, byte counts and refusals can name it; no loader, packing
+//              or kernel takes it yet (issue 51): each refuses it with one line naming the format.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <vector_types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+namespace deepfuse {
+
+enum class WeightFormat : uint8_t { bf16, fp8_e4m3 };
+inline constexpr int kWeightFormatCount = 2;
+
+// One row per format: everything the rest of the code needs to know about it.
+struct WeightFormatInfo {
+  WeightFormat format;
+  const char* name;          // as printed and parsed ("bf16", "fp8_e4m3")
+  size_t element_bytes;      // bytes per weight element
+  bool channel_scales;       // an fp32 scale per output channel
+  // An RMSNorm's weight is multiplied into the input columns of the projection after it at load
+  // (folded_norm.hpp). Only where the product stays exact enough in the format: otherwise the
+  // norm weight is applied to the activations as the kernels stage them (docs/design.md).
+  bool folds_norm;
+  bool implemented;          // loader, packing and kernels take it
+};
+
+inline constexpr WeightFormatInfo kWeightFormats[kWeightFormatCount] = {
+    {WeightFormat::bf16, "bf16", 2, false, true, true},
+    {WeightFormat::fp8_e4m3, "fp8_e4m3", 1, true, false, false},
+};
+
+constexpr const WeightFormatInfo& format_info(WeightFormat format) { return kWeightFormats[static_cast<int>(format)]; }
+const char* weight_format_name(WeightFormat format);
+WeightFormat parse_weight_format(const std::string& name);  // throws deepfuse::Error naming the known ones
+
+// Bytes of a [rows, columns] linear weight in `format`: its elements plus its per-channel scales.
+size_t linear_weight_bytes(WeightFormat format, size_t rows, size_t columns);
+
+// Throws deepfuse::Error "<who>: weights in format <name> are not implemented yet" unless
+// `format` is implemented.
+void require_implemented(WeightFormat format, const std::string& who);
+
+// A set of formats (a model tensor's allowed formats).
+class WeightFormats {
+ public:
+  constexpr WeightFormats() = default;
+  constexpr WeightFormats(std::initializer_list<WeightFormat> formats) {
+    for (WeightFormat f : formats) bits_ |= bit(f);
+  }
+  constexpr bool has(WeightFormat format) const { return (bits_ & bit(format)) != 0; }
+
+ private:
+  static constexpr uint32_t bit(WeightFormat f) { return 1u << static_cast<int>(f); }
+  uint32_t bits_ = 0;
+};
+
+// How a linear weight's elements are ordered on the device.
+enum class WeightLayout : uint8_t {
+  row_major,        // [out, in] as Hugging Face stores it (cuBLASLt's operand)
+  fragments,        // 16x16 tiles in mma fragment order (the cluster GEMV stream: o_proj, QKV)
+  mlp_fragments,    // the fused MLP's gate/up and down tile orders (include/deepfuse/mlp.hpp)
+};
+
+// One projection's weight on the device: y[t, o] = sum_i x[t, i] * w[o, i].
+struct LinearWeight {
+  WeightFormat format = WeightFormat::bf16;
+  WeightLayout layout = WeightLayout::row_major;
+  const void* data = nullptr;           // rows x columns elements of `format`, in `layout`
+  const float* scales = nullptr;        // [rows] per output channel (formats with channel_scales)
+  const float* tensor_scale = nullptr;  // optional single scale (fp8), nullptr: 1
+  int rows = 0;                         // output channels
+  int columns = 0;                      // input features
+
+  bool empty() const { return data == nullptr; }
+  size_t bytes() const { return linear_weight_bytes(format, static_cast<size_t>(rows), static_cast<size_t>(columns)); }
+
+  // The dispatch's view for a kernel that reads bf16: the row-major elements (cuBLASLt), or the
+  // packed 16-byte tiles (the fused kernels). Throws deepfuse::Error naming `who` (the kernel or
+  // packing step) when the weight is in another format or layout, or absent, so a path no kernel
+  // serves yet refuses in one line instead of misreading the bytes.
+  const __nv_bfloat16* bf16(const char* who) const;
+  const uint4* bf16_tiles(const char* who) const;
+
+ private:
+  const void* checked(bool packed, const char* who) const;
+};
+
+}  // namespace deepfuse

@@ -1,0 +1,56 @@
+#include "deepfuse/weight_format.hpp"
+
+#include "deepfuse/error.hpp"
+
+namespace deepfuse {
+
+namespace {
+
+const char* layout_name(WeightLayout layout) {
+  switch (layout) {
+    case WeightLayout::row_major: return "row-major";
+    case WeightLayout::fragments: return "fragment-packed";
+    case WeightLayout::mlp_fragments: return "MLP fragment-packed";
+  }
+  return "unknown";
+}
+
+}  // namespace
+
+const char* weight_format_name(WeightFormat format) { return format_info(format).name; }
+
+WeightFormat parse_weight_format(const std::string& name) {
+  std::string known;
+  for (const WeightFormatInfo& info : kWeightFormats) {
+    if (name == info.name) return info.format;
+    known += (known.empty() ? "" : ", ") + std::string(info.name);
+  }
+  throw Error("unknown weight format '" + name + "' (known: " + known + ")");
+}
+
+size_t linear_weight_bytes(WeightFormat format, size_t rows, size_t columns) {
+  const WeightFormatInfo& info = format_info(format);
+  return rows * columns * info.element_bytes + (info.channel_scales ? rows * sizeof(float) : 0);
+}
+
+void require_implemented(WeightFormat format, const std::string& who) {
+  DF_CHECK(format_info(format).implemented,
+           who + ": weights in format " + weight_format_name(format) + " are not implemented yet");
+}
+
+const void* LinearWeight::checked(bool packed, const char* who) const {
+  DF_CHECK(format == WeightFormat::bf16, std::string(who) + " reads bf16 weights; these are " +
+                                             weight_format_name(format) + " (no kernel for them yet)");
+  DF_CHECK((layout != WeightLayout::row_major) == packed,
+           std::string(who) + " reads " + (packed ? "packed" : "row-major") + " weights; these are " + layout_name(layout));
+  DF_CHECK(data != nullptr, std::string(who) + ": the weights hold no " + layout_name(layout) + " copy");
+  return data;
+}
+
+const __nv_bfloat16* LinearWeight::bf16(const char* who) const {
+  return static_cast<const __nv_bfloat16*>(checked(false, who));
+}
+
+const uint4* LinearWeight::bf16_tiles(const char* who) const { return static_cast<const uint4*>(checked(true, who)); }
+
+}  // namespace deepfuse
