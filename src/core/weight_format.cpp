@@ -6,14 +6,10 @@ namespace deepfuse {
 
 namespace {
 
-const char* layout_name(WeightLayout layout) {
-  switch (layout) {
-    case WeightLayout::row_major: return "row-major";
-    case WeightLayout::fragments: return "fragment-packed";
-    case WeightLayout::mlp_fragments: return "MLP fragment-packed";
-  }
-  return "unknown";
-}
+// Indexed by WeightLayout.
+constexpr const char* kLayoutNames[] = {"row-major", "fragment-packed", "MLP fragment-packed"};
+
+const char* layout_name(WeightLayout layout) { return kLayoutNames[static_cast<int>(layout)]; }
 
 }  // namespace
 

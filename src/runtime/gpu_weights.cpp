@@ -55,24 +55,22 @@ MlpNorm post_attention_norm(const GpuLayerWeights& layer, const ModelConfig& con
 // qkv the unfused front and prefill read (bf16 only: docs/design.md, "Weight formats").
 void prepare_attention_weights(GpuLayerWeights& layer, const ModelConfig& config, const WeightLayouts& layouts,
                                cudaStream_t stream) {
-  require_implemented(layer.format, "packing the attention weights");
-  const int hidden = config.hidden_size;
-  const int qkv_rows = static_cast<int>(group_rows(TensorGroup::qkv, config));
-  DeviceBuffer& qkv = layer.row_major[TensorGroup::qkv];
-  DeviceBuffer& o_proj = layer.row_major[TensorGroup::o_proj];
+  const LinearWeight qkv = layer.linear(TensorGroup::qkv, WeightLayout::row_major, config);
+  const LinearWeight o_proj = layer.linear(TensorGroup::o_proj, WeightLayout::row_major, config);
   if (packed_in(TensorGroup::qkv, layouts)) {
     DeviceBuffer& packed = layer.fragments[TensorGroup::qkv] = DeviceBuffer(qkv.bytes());
-    DF_CHECK_CUDA(kernels::pack_qkv_weights(qkv.as<__nv_bfloat16>(), packed.as<uint4>(), qkv_rows, hidden, stream));
+    DF_CHECK_CUDA(kernels::pack_qkv_weights(qkv.bf16("packing the QKV fragments"), packed.as<uint4>(), qkv.rows,
+                                            qkv.columns, stream));
   }
   if (packed_in(TensorGroup::o_proj, layouts)) {
     DeviceBuffer& packed = layer.fragments[TensorGroup::o_proj] = DeviceBuffer(o_proj.bytes());
-    DF_CHECK_CUDA(kernels::pack_rows_fragments(o_proj.as<__nv_bfloat16>(), packed.as<uint4>(), hidden,
-                                               config.q_size(), stream));
+    DF_CHECK_CUDA(kernels::pack_rows_fragments(o_proj.bf16("packing the o_proj fragments"), packed.as<uint4>(),
+                                               o_proj.rows, o_proj.columns, stream));
   }
   // A format that does not fold norms applies the weight to x as its kernels stage it instead.
-  if (format_info(layer.format).folds_norm)
-    DF_CHECK_CUDA(kernels::launch_fold_norm_weight(qkv.as<__nv_bfloat16>(), qkv_rows, hidden,
-                                                   layer.vector(TensorGroup::input_norm), stream));
+  if (format_info(qkv.format).folds_norm)
+    DF_CHECK_CUDA(kernels::launch_fold_norm_weight(layer.row_major[TensorGroup::qkv].as<__nv_bfloat16>(), qkv.rows,
+                                                   qkv.columns, layer.vector(TensorGroup::input_norm), stream));
 }
 
 // One layer's gate, up and down in Hugging Face layout: what MlpLayer::load_weights copies or

@@ -169,14 +169,20 @@ class CheckpointSource final : public TensorSource {
 class RandomSource final : public TensorSource {
  public:
   RandomSource(const ModelConfig& model, uint64_t seed, cudaStream_t stream)
-      : model_(model), seed_(seed), stream_(stream) {}
+      : model_(model), seed_(seed), stream_(stream) {
+    size_t longest_norm = 0;
+    for (const TensorSpec& spec : kModelTensors)
+      if (spec.init == TensorInit::norm)
+        longest_norm = std::max(longest_norm, static_cast<size_t>(extent_size(spec.rows, model) *
+                                                                  extent_size(spec.columns, model)));
+    ones_.assign(longest_norm, float_to_bf16_bits(1.0f));
+  }
 
   void fill(const TensorSpec& spec, int, const dist::TensorSlice& slice, DeviceBuffer& destination,
             size_t offset) override {
     auto* out = destination.as<__nv_bfloat16>() + offset;
     if (spec.init == TensorInit::norm) {  // exactly 1 (and no numbers drawn)
-      ones_.resize(std::max(ones_.size(), slice.elements()), float_to_bf16_bits(1.0f));
-      // ones_ only grows between synchronisations: finish() waits before it is freed.
+      // ones_ never changes and outlives the copies (finish() synchronises).
       DF_CHECK_CUDA(cudaMemcpyAsync(out, ones_.data(), bf16_bytes(slice.elements()), cudaMemcpyHostToDevice, stream_));
       return;
     }
@@ -216,7 +222,7 @@ class RandomSource final : public TensorSource {
   uint64_t seed_;
   uint64_t tensors_ = 0;
   cudaStream_t stream_;
-  std::vector<uint16_t> ones_;
+  std::vector<uint16_t> ones_;  // bf16 1.0, as long as the longest norm weight
   DeviceBuffer whole_;
 };
 
