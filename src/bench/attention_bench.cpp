@@ -146,14 +146,17 @@ int run_gpu(const AttentionBenchOptions& o) {
 
   Table table({"batch x context", "q/kv heads", "d", "splits", "warps", "merge", "us graph", "TB/s", "%copy",
                "us stream", "%copy stream", "launches", "power-capped"});
-  nlohmann::json json = run_header(device.name, copy_bw);
+  nlohmann::json json = run_header(device, copy_bw);
   json["suite"] = "attention";
   json["power_cap_counter"] = gpu.power_cap.available();
   json["rows"] = nlohmann::json::array();
   int capped_rows = 0;
+  ImpossibleRows impossible("attention");
   for (const Row& r : rows) {
     if (power_capped_noteworthy(r.power_capped)) ++capped_rows;
     const double bytes = kv_bytes(r.shape, o);
+    const bool possible = impossible.check(gpu.possible(bytes, r.graph_us) && gpu.possible(bytes, r.stream_us),
+                                           case_name(r.shape));
     const double tbps = bytes / (r.graph_us * 1e-6) / 1e12;
     const double pct = 100.0 * tbps * 1e12 / copy_bw;
     const double pct_stream = 100.0 * bytes / (r.stream_us * 1e-6) / copy_bw;
@@ -169,12 +172,13 @@ int run_gpu(const AttentionBenchOptions& o) {
                             {"merge", merge_name(r.plan)},
                             {"kv_copies", r.kv_copies}, {"us", r.graph_us}, {"tbps", tbps}, {"pct_copy", pct},
                             {"us_stream", r.stream_us}, {"pct_copy_stream", pct_stream}, {"launches", launches},
-                            {"power_capped_fraction", power_capped_json(r.power_capped)}});
+                            {"power_capped_fraction", power_capped_json(r.power_capped)},
+                            {"physically_possible", possible}});
   }
   std::fputs(table.render().c_str(), stdout);
   print_power_capped_note(capped_rows);
   if (!o.json_path.empty()) write_json(o.json_path, json);
-  return 0;
+  return impossible.finish();
 }
 
 // No GPU: time the CPU reference (fp64 sums over fp32 K/V) so the command still shows what it

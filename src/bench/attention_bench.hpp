@@ -34,7 +34,8 @@ std::vector<AttentionBenchCase> default_attention_bench_cases();
 AttentionBenchCase parse_attention_bench_case(const std::string& text);
 
 // Runs on the GPU when one is present, otherwise times the CPU reference (rows say which).
-// Prints the table to stdout; returns 0.
+// Prints the table to stdout; returns 0, or 1 when a GPU row beats the physical floor
+// (ImpossibleRows, bench/timing.hpp).
 int run_attention_bench(const AttentionBenchOptions& options);
 
 }  // namespace deepfuse::bench

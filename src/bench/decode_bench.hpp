@@ -49,7 +49,8 @@ std::vector<int> default_decode_bench_ttft_prompts();
 
 // Needs a CUDA device (throws deepfuse::Error without one). One engine per architecture, built
 // for the largest batch and context; cases that do not fit its KV cache are skipped with the
-// reason printed. Prints the tables to stdout; returns 0.
+// reason printed. Prints the tables to stdout; returns 0, or 1 when a decode row (its ms per
+// step or its replay) beats the physical floor (core/roofline.hpp): a timing bug, never a result.
 int run_decode_bench(const DecodeBenchOptions& options);
 
 }  // namespace deepfuse::bench

@@ -120,14 +120,18 @@ int run_gpu(const MlpBenchOptions& options) {
   Table table({"shape", "M", "variant", "us", "TB/s", "%copy", "us graph", "%copy graph", "launches",
                "fused/unfused", "graph", "power-capped"});
   int capped_rows = 0;
-  nlohmann::json json = run_header(device.name, copy_bw);
+  nlohmann::json json = run_header(device, copy_bw);
   json["suite"] = "mlp";
   json["residual"] = options.residual;
   json["norm"] = options.norm;
   json["power_cap_counter"] = gpu.power_cap.available();
   json["rows"] = nlohmann::json::array();
+  ImpossibleRows impossible("mlp");
   for (const Row& r : rows) {
     const double bytes = static_cast<double>(r.shape.weight_bytes());
+    const bool possible =
+        impossible.check(gpu.possible(bytes, r.us) && gpu.possible(bytes, r.graph_us),
+                         shape_name(r.shape) + " M = " + std::to_string(r.tokens) + " " + r.variant);
     const double tbps = bytes / (r.us * 1e-6) / 1e12, graph_tbps = bytes / (r.graph_us * 1e-6) / 1e12;
     const double pct = 100.0 * tbps * 1e12 / copy_bw, graph_pct = 100.0 * graph_tbps * 1e12 / copy_bw;
     std::string speedup, graph_speedup;
@@ -142,6 +146,7 @@ int run_gpu(const MlpBenchOptions& options) {
       row["graph_speedup_vs_unfused"] = it->second->graph_us / r.graph_us;
     }
     row["power_capped_fraction"] = power_capped_json(r.power_capped);
+    row["physically_possible"] = possible;
     if (power_capped_noteworthy(r.power_capped)) ++capped_rows;
     table.add({shape_name(r.shape), std::to_string(r.tokens), r.variant, format_fixed(r.us, 1), format_fixed(tbps, 2),
                format_fixed(pct, 1), format_fixed(r.graph_us, 1), format_fixed(graph_pct, 1),
@@ -151,7 +156,7 @@ int run_gpu(const MlpBenchOptions& options) {
   std::fputs(table.render().c_str(), stdout);
   print_power_capped_note(capped_rows);
   if (!options.json_path.empty()) write_json(options.json_path, json);
-  return 0;
+  return impossible.finish();
 }
 
 // No GPU: time the fp32 CPU reference so the command still shows what it computes.

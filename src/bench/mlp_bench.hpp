@@ -34,7 +34,8 @@ std::vector<MlpShape> default_mlp_bench_shapes();
 std::vector<int> default_mlp_bench_tokens();
 
 // Runs on the GPU when one is present, otherwise times the CPU reference (rows say which).
-// Prints the table to stdout; returns 0.
+// Prints the table to stdout; returns 0, or 1 when a GPU row beats the physical floor
+// (ImpossibleRows, bench/timing.hpp).
 int run_mlp_bench(const MlpBenchOptions& options);
 
 }  // namespace deepfuse::bench

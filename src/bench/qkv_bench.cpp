@@ -41,11 +41,15 @@ struct Results {
   Table table{{"shape", "M", "variant", "us", "TB/s", "%copy", "launches", "fused/unfused", "power-capped"}};
   nlohmann::json rows = nlohmann::json::array();
   int capped_rows = 0;
+  ImpossibleRows impossible{"qkv"};
 
   // One row of the pair timed together (unfused or cuBLASLt, then fused) in one power-cap window.
-  void add(const std::string& shape, int tokens, const std::string& variant, double us, double bytes, double copy_bw,
-           int launches, double unfused_us, const std::optional<double>& power_capped, nlohmann::json json) {
-    const double tbps = bytes / (us * 1e-6) / 1e12, pct = 100.0 * tbps * 1e12 / copy_bw;
+  void add(const std::string& shape, int tokens, const std::string& variant, double us, double bytes,
+           const GpuBench& gpu, int launches, double unfused_us, const std::optional<double>& power_capped,
+           nlohmann::json json) {
+    const double tbps = bytes / (us * 1e-6) / 1e12, pct = 100.0 * tbps * 1e12 / gpu.copy_bw;
+    const bool possible =
+        impossible.check(gpu.possible(bytes, us), shape + " M = " + std::to_string(tokens) + " " + variant);
     const bool fused = variant == "fused";
     if (power_capped_noteworthy(power_capped)) ++capped_rows;
     table.add({shape, std::to_string(tokens), variant, format_fixed(us, 1), format_fixed(tbps, 2), format_fixed(pct, 1),
@@ -53,7 +57,7 @@ struct Results {
                power_capped_cell(power_capped)});
     json.update({{"shape", shape}, {"m", tokens}, {"variant", variant}, {"us", us}, {"tbps", tbps}, {"pct_copy", pct},
                  {"launches", launches}, {"speedup_vs_unfused", unfused_us / us},
-                 {"power_capped_fraction", power_capped_json(power_capped)}});
+                 {"power_capped_fraction", power_capped_json(power_capped)}, {"physically_possible", possible}});
     rows.push_back(json);
   }
 };
@@ -150,7 +154,7 @@ int run_shape(const QkvBenchShape& s, const QkvBenchOptions& options, const GpuB
                                   {"head_dim", s.head_dim}};
     for (const auto& [variant, us, launches] :
          {std::tuple{"unfused", unfused_us, 3}, std::tuple{"fused", fused_us, 1}})
-      out.add(s.name, tokens, variant, us, s.weight_bytes(), gpu.copy_bw, launches, unfused_us, power_capped, heads);
+      out.add(s.name, tokens, variant, us, s.weight_bytes(), gpu, launches, unfused_us, power_capped, heads);
   }
   return copies;
 }
@@ -199,7 +203,7 @@ void run_output_projection(const QkvBenchShape& s, const QkvBenchOptions& option
     const double fused_us = median_call_us(fused, options.warmup, options.repetitions, stream);
     const std::optional<double> power_capped = capped.fraction();
     for (const auto& [variant, us] : {std::pair{"cublaslt", unfused_us}, std::pair{"fused", fused_us}})
-      out.add(name, tokens, variant, us, static_cast<double>(bytes), gpu.copy_bw, 1, unfused_us, power_capped,
+      out.add(name, tokens, variant, us, static_cast<double>(bytes), gpu, 1, unfused_us, power_capped,
               nlohmann::json::object());
   }
 }
@@ -220,12 +224,12 @@ int run_qkv_bench(const QkvBenchOptions& options) {
   }
   std::fputs(out.table.render().c_str(), stdout);
   print_power_capped_note(out.capped_rows);
-  nlohmann::json json = run_header(gpu.device.name, gpu.copy_bw);
+  nlohmann::json json = run_header(gpu.device, gpu.copy_bw);
   json["suite"] = "qkv";
   json["power_cap_counter"] = gpu.power_cap.available();
   json["rows"] = out.rows;
   if (!options.json_path.empty()) write_json(options.json_path, json);
-  return 0;
+  return out.impossible.finish();
 }
 
 }  // namespace deepfuse::bench

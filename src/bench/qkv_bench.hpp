@@ -30,6 +30,8 @@ struct QkvBenchOptions {
 // Llama-3-8B, Llama-3.2-1B, Qwen2.5-7B, Llama-3-70B at TP8.
 std::vector<QkvBenchShape> default_qkv_bench_shapes();
 
+// Needs a CUDA device. Prints the table; returns 0, or 1 when a row beats the physical floor
+// (ImpossibleRows, bench/timing.hpp).
 int run_qkv_bench(const QkvBenchOptions& options);
 
 }  // namespace deepfuse::bench

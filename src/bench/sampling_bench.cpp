@@ -146,25 +146,34 @@ int run_gpu(const SamplingBenchOptions& o) {
   }
 
   Table table({"vocab", "batch", "mode", "us graph", "us stream", "us cold", "launches", "power-capped"});
-  nlohmann::json json = run_header(gpu.device.name, gpu.copy_bw);
+  nlohmann::json json = run_header(gpu.device, gpu.copy_bw);
   json["suite"] = "sampling";
   json["power_cap_counter"] = gpu.power_cap.available();
   json["rows"] = nlohmann::json::array();
   int capped_rows = 0;
+  ImpossibleRows impossible("sampling");
   for (const Row& r : rows) {
     if (power_capped_noteworthy(r.power_capped)) ++capped_rows;
+    // Only 'cold' reads its logits from HBM; 'graph' and 'stream' read them from L2, which the
+    // floor already counts as free.
+    const double logit_bytes = static_cast<double>(r.batch) * r.vocab * sizeof(float);
+    const bool possible = impossible.check(
+        gpu.possible(logit_bytes, r.cold_us) && gpu.possible(logit_bytes, r.graph_us) &&
+            gpu.possible(logit_bytes, r.stream_us),
+        "vocab " + std::to_string(r.vocab) + " batch " + std::to_string(r.batch) + " " + r.mode->name);
     table.add({std::to_string(r.vocab), std::to_string(r.batch), r.mode->name, format_fixed(r.graph_us, 1),
                format_fixed(r.stream_us, 1), format_fixed(r.cold_us, 1), "1", power_capped_cell(r.power_capped)});
     json["rows"].push_back({{"vocab", r.vocab}, {"batch", r.batch}, {"mode", r.mode->name},
                             {"temperature", r.mode->params.temperature}, {"top_k", r.mode->params.top_k},
                             {"top_p", r.mode->params.top_p}, {"min_p", r.mode->params.min_p}, {"us", r.graph_us},
                             {"us_stream", r.stream_us}, {"us_cold", r.cold_us}, {"launches", 1},
-                            {"power_capped_fraction", power_capped_json(r.power_capped)}});
+                            {"power_capped_fraction", power_capped_json(r.power_capped)},
+                            {"physically_possible", possible}});
   }
   std::fputs(table.render().c_str(), stdout);
   print_power_capped_note(capped_rows);
   if (!o.json_path.empty()) write_json(o.json_path, json);
-  return 0;
+  return impossible.finish();
 }
 
 // No GPU: the CPU reference on one thread, so the command still shows what it computes.

@@ -21,7 +21,8 @@ struct SamplingBenchOptions {
 std::vector<std::string> sampling_bench_modes();
 
 // Runs on the GPU when one is present, otherwise times the CPU reference (rows say which).
-// Prints the table to stdout; returns 0. Unknown modes or non-positive sizes: deepfuse::Error.
+// Prints the table to stdout; returns 0, or 1 when a GPU row beats the physical floor
+// (ImpossibleRows, bench/timing.hpp). Unknown modes or non-positive sizes: deepfuse::Error.
 int run_sampling_bench(const SamplingBenchOptions& options);
 
 }  // namespace deepfuse::bench

@@ -7,6 +7,7 @@
 
 #include "core/cuda_event.hpp"
 #include "core/graph_timing.hpp"
+#include "core/roofline.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/tensor.hpp"
 
@@ -24,8 +25,28 @@ double median(std::vector<double> values) {
 GpuBench::GpuBench() : device(query_device()) {
   DF_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   copy_bw = measure_copy_bandwidth(size_t{1} << 30, 20, stream);
-  std::printf("GPU: %s, %d SMs, L2 %.0f MB; measured copy bandwidth %.3f TB/s (read+write)\n", device.name.c_str(),
-              device.sm_count, device.l2_bytes / 1e6, copy_bw / 1e12);
+  std::printf("GPU: %s, %d SMs, L2 %.0f MB; measured copy bandwidth %.3f TB/s (read+write), DRAM peak %.3f TB/s\n",
+              device.name.c_str(), device.sm_count, device.l2_bytes / 1e6, copy_bw / 1e12,
+              dram_peak_bandwidth(device) / 1e12);
+}
+
+bool GpuBench::possible(double bytes, double us) const {
+  return physically_possible(bytes, us * 1e-6, read_ceiling(device, copy_bw), device.l2_bytes);
+}
+
+bool ImpossibleRows::check(bool possible, const std::string& label) {
+  if (!possible) labels_.push_back(label);
+  return possible;
+}
+
+int ImpossibleRows::finish() const {
+  if (labels_.empty()) return 0;
+  std::fprintf(stderr,
+               "error: bench %s: %zu row(s) took less time than reading their bytes can at the DRAM's peak, with "
+               "everything L2 holds free (a timing bug, not a result; JSON physically_possible false):\n",
+               suite_.c_str(), labels_.size());
+  for (const std::string& label : labels_) std::fprintf(stderr, "  %s\n", label.c_str());
+  return 1;
 }
 
 GpuBench::~GpuBench() {
@@ -150,8 +171,13 @@ std::string format_fixed(double value, int decimals) {
 
 const char* build_commit() { return DEEPFUSE_GIT_COMMIT; }
 
-nlohmann::json run_header(const std::string& device_name, double copy_bytes_per_s) {
-  return {{"gpu", device_name}, {"copy_tbps", copy_bytes_per_s / 1e12}, {"commit", build_commit()}};
+nlohmann::json run_header(const DeviceInfo& device, double copy_bytes_per_s) {
+  return {{"gpu", device.name},
+          {"copy_tbps", copy_bytes_per_s / 1e12},
+          {"dram_peak_tbps", dram_peak_bandwidth(device) / 1e12},
+          {"read_ceiling_tbps", read_ceiling(device, copy_bytes_per_s) / 1e12},
+          {"l2_bytes", device.l2_bytes},
+          {"commit", build_commit()}};
 }
 
 void write_json(const std::string& path, const nlohmann::json& document) {

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -19,17 +20,35 @@ namespace deepfuse::bench {
 
 // What every kernel benchmark starts from: the device, a non-blocking stream of its own
 // (destroyed with this object) and the copy bandwidth measured on that stream. The constructor
-// prints "GPU: <name>, <SMs> SMs, L2 <MB> MB; measured copy bandwidth <TB/s> TB/s (read+write)".
+// prints "GPU: <name>, <SMs> SMs, L2 <MB> MB; measured copy bandwidth <TB/s> TB/s (read+write),
+// DRAM peak <TB/s> TB/s".
 struct GpuBench {
   GpuBench();
   ~GpuBench();
   GpuBench(const GpuBench&) = delete;
   GpuBench& operator=(const GpuBench&) = delete;
 
+  // Whether a call that must read `bytes` can take `us` microseconds here (core/roofline.hpp).
+  bool possible(double bytes, double us) const;
+
   DeviceInfo device;
   cudaStream_t stream = nullptr;
   double copy_bw = 0.0;  // bytes/s, read + write
   PowerCapCounter power_cap;  // how much of each row's timing the power limit held the clocks down
+};
+
+// Counts a suite's rows the physical floor refuses (a row's JSON says "physically_possible").
+// finish() prints an error naming them and returns the suite's exit status: 1 when any.
+class ImpossibleRows {
+ public:
+  explicit ImpossibleRows(std::string suite) : suite_(std::move(suite)) {}
+  // Records the row under `label`; returns `possible`, for the row's JSON.
+  bool check(bool possible, const std::string& label);
+  int finish() const;
+
+ private:
+  std::string suite_;
+  std::vector<std::string> labels_;
 };
 
 // Device-to-device copies for kWarmUpTime, for a benchmark whose calls cannot simply repeat (a
@@ -88,8 +107,9 @@ std::string format_fixed(double value, int decimals);
 // The commit this binary was built from (configure time), "unknown" outside a git checkout.
 const char* build_commit();
 
-// Run-level facts every JSON result carries: GPU name, measured copy bandwidth, commit.
-nlohmann::json run_header(const std::string& device_name, double copy_bytes_per_s);
+// Run-level facts every JSON result carries: GPU name, measured copy bandwidth, the DRAM's peak
+// and L2 size (what physically_possible compares with), commit.
+nlohmann::json run_header(const DeviceInfo& device, double copy_bytes_per_s);
 
 void write_json(const std::string& path, const nlohmann::json& document);
 

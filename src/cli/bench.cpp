@@ -47,7 +47,7 @@ void register_bench_decode(CLI::App& bench, Action& action) {
   decode->add_option("--ttft-prompts", o.ttft_prompts, "prompt lengths for time to first token (default 512,4096)")
       ->delimiter(',');
   decode->add_flag("--no-ttft", args->no_ttft, "skip the time-to-first-token measurements");
-  decode->add_option("--steps", o.steps, "timed decode steps per case (median; default 32)")->check(CLI::PositiveNumber);
+  decode->add_option("--steps", o.steps, "timed decode steps per case (one interval over all of them; default 32)")->check(CLI::PositiveNumber);
   decode->add_option("--warmup", o.warmup, "untimed steps first (default 4)")->check(CLI::NonNegativeNumber);
   decode->add_option("--ttft-reps", o.ttft_repetitions, "timed first tokens per prompt length (default 3)")
       ->check(CLI::PositiveNumber);

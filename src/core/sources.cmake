@@ -8,4 +8,5 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/device.cpp
   ${CMAKE_CURRENT_LIST_DIR}/device_attributes.cpp
   ${CMAKE_CURRENT_LIST_DIR}/graph_timing.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/roofline.cpp
   ${CMAKE_CURRENT_LIST_DIR}/warm_up.cpp)

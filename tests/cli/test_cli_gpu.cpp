@@ -1,6 +1,7 @@
 // `deepfuse generate` and `score` on the cuda backend, end to end through the binary: score's
 // output and --json equal the reference backend's up to bf16 error, greedy generation follows the
 // reference, every engine flag runs, and cuda-only input problems are one-line errors (exit 2).
+// `bench decode` reports only physically possible step times.
 // The checkpoint comes from `deepfuse make-model` with head_dim 64 (the kernels' smallest).
 #include <gtest/gtest.h>
 
@@ -9,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_test_util.hpp"
+#include "core/roofline.hpp"
 #include "logits_check.hpp"
 #include "test_util.hpp"
 
@@ -141,6 +143,35 @@ TEST_F(CliCuda, RandomWeightsNeedNoFiles) {
   EXPECT_EQ(scored.exit_code, 0) << scored.err;
   expect_bad_input(run_cli(scratch_, "generate --random-weights --arch llama3.2-1b --prompt hello"),
                    {"--prompt", "no tokenizer", "--prompt-ids"});
+}
+
+// bench decode on random Llama-3.2-1B weights (~2.5 GB a step): every row's ms per step and
+// replay are above the physical floor (core/roofline.hpp), as the bench's JSON says and as the
+// floor recomputed here from the row's bytes says. Issue 55: a per-call "minimum" of 0.013 ms.
+TEST_F(CliCuda, BenchDecodeRowsArePhysicallyPossible) {
+  DF_REQUIRE_GPU();
+  const auto json_path = scratch_.path() / "decode.json";
+  const RunResult run = run_cli(scratch_, "bench decode --archs llama3.2-1b --batches 1,8 --contexts 512 --steps 16 "
+                                          "--no-ttft --kv-cache-mb 512 --json " + json_path.string());
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const auto doc = nlohmann::json::parse(read_text_file(json_path));
+  const double read_bw = doc.at("read_ceiling_tbps").get<double>() * 1e12;
+  const size_t l2_bytes = doc.at("l2_bytes").get<size_t>();
+  ASSERT_GE(read_bw, doc.at("copy_tbps").get<double>() * 1e12);
+  int rows = 0;
+  for (const auto& row : doc.at("rows")) {
+    if (row.at("kind") != "decode") continue;
+    ++rows;
+    ASSERT_FALSE(row.contains("skipped")) << row.dump();
+    const double bytes = row.at("weight_bytes").get<double>() + row.at("kv_bytes_per_step").get<double>();
+    EXPECT_GT(bytes, 2.0 * l2_bytes) << "the case must read more than L2 holds to check anything";
+    EXPECT_TRUE(row.at("physically_possible").get<bool>()) << row.dump();
+    EXPECT_TRUE(physically_possible(bytes, row.at("ms_per_step").get<double>() * 1e-3, read_bw, l2_bytes)) << row.dump();
+    EXPECT_TRUE(physically_possible(bytes, row.at("replay_ms_per_step").get<double>() * 1e-3, read_bw, l2_bytes))
+        << row.dump();
+    EXPECT_FALSE(row.contains("ms_per_step_min")) << "a per-call minimum is not a step time";
+  }
+  EXPECT_EQ(rows, 2);
 }
 
 TEST_F(CliCuda, CudaOnlyInputProblems) {
