@@ -12,12 +12,7 @@ namespace {
 
 // An H200 as the driver describes it: HBM3e at 3201 MHz on a 6144-bit bus, 50 MB of L2.
 DeviceInfo h200() {
-  DeviceInfo d;
-  d.name = "H200-like";
-  d.memory_clock_khz = 3201000;
-  d.memory_bus_bits = 6144;
-  d.l2_bytes = size_t{50} << 20;
-  return d;
+  return {.name = "H200-like", .l2_bytes = size_t{50} << 20, .memory_clock_khz = 3201000, .memory_bus_bits = 6144};
 }
 
 TEST(Roofline, DramPeakIsClockTimesBusTimesTwo) {
