@@ -6,7 +6,8 @@
 // Every function returns 0 on success, a cudaError_t code where a launcher returned one, or -1
 // where a deepfuse::Error (or another C++ exception) was thrown; df_last_error() then gives the
 // message. Nothing here allocates, synchronises or reads the environment: every call only
-// enqueues work on the given stream, so it can be captured in a CUDA graph.
+// enqueues work on the given stream, so it can be captured in a CUDA graph. The one exception is
+// the benchmark support at the end (python -m deepfuse.bench), which measures the device.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -14,6 +15,8 @@
 #include <exception>
 #include <string>
 
+#include "core/roofline.hpp"
+#include "deepfuse/device.hpp"
 #include "deepfuse/kernels/decode_attention.hpp"
 #include "deepfuse/kernels/paged_kv.hpp"
 #include "deepfuse/kernels/qkv_rope_fused.hpp"
@@ -91,7 +94,7 @@ deepfuse::kernels::DecodeAttentionPlan plan_from_ints(const int64_t* v) {
 }  // namespace
 
 DF_API const char* df_last_error() { return last_error.c_str(); }
-DF_API int df_abi_version() { return 1; }
+DF_API int df_abi_version() { return 2; }
 DF_API int df_plan_fields() { return kPlanFields; }
 DF_API int df_kv_page_size() { return deepfuse::kernels::kKvPageSize; }
 DF_API int df_qkv_fused_max_tokens() { return deepfuse::kernels::kQkvFusedMaxTokens; }
@@ -250,4 +253,39 @@ DF_API int df_sample(const void* logits, void* slots, void* ids, void* workspace
     p.vocab = vocab;
     return deepfuse::kernels::launch_sampling(p, as_stream(stream));
   });
+}
+
+// ---- Benchmark support: what `deepfuse bench` measures, so both report against one floor ----
+// The device-to-device copy bandwidth exactly as the C++ benchmarks measure it (a 1 GiB copy,
+// read + write counted, median of `repetitions`, core/device.cpp): allocates two buffers of
+// `bytes` and synchronises. Writes bytes/s to *out.
+DF_API int df_measure_copy_bandwidth(int64_t bytes, int repetitions, void* stream, double* out) {
+  return guarded([&] {
+    *out = deepfuse::measure_copy_bandwidth(static_cast<size_t>(bytes), repetitions, as_stream(stream));
+    return cudaSuccess;
+  });
+}
+
+// Device `ordinal`'s DRAM peak and the fastest any read goes there given the measured copy
+// bandwidth (bytes/s), and its L2 size: the inputs of df_physically_possible (core/roofline.hpp).
+DF_API int df_read_ceiling(int ordinal, double copy_bytes_per_s, double* dram_peak, double* read_ceiling,
+                           int64_t* l2_bytes) {
+  return guarded([&] {
+    const deepfuse::DeviceInfo device = deepfuse::query_device(ordinal);
+    *dram_peak = deepfuse::dram_peak_bandwidth(device);
+    *read_ceiling = deepfuse::read_ceiling(device, copy_bytes_per_s);
+    *l2_bytes = static_cast<int64_t>(device.l2_bytes);
+    return cudaSuccess;
+  });
+}
+
+// 1 when a call that must read `bytes` can take `seconds` (core/roofline.hpp), 0 when it cannot,
+// -1 for bad input (df_last_error says which). Pure: needs no device.
+DF_API int df_physically_possible(double bytes, double seconds, double read_bytes_per_s, int64_t l2_bytes) {
+  try {
+    return deepfuse::physically_possible(bytes, seconds, read_bytes_per_s, static_cast<size_t>(l2_bytes)) ? 1 : 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return -1;
+  }
 }

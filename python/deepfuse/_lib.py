@@ -40,9 +40,13 @@ _SIGNATURES = {
     "df_sampling_slot_bytes": (_I, []),
     "df_sampling_workspace_bytes": (ctypes.c_int64, [_I, _I]),
     "df_sample": (_I, [_P, _P, _P, _P, _I, _I, _P]),
+    "df_measure_copy_bandwidth": (_I, [ctypes.c_int64, _I, _P, ctypes.POINTER(ctypes.c_double)]),
+    "df_read_ceiling": (_I, [_I, ctypes.c_double, ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_double),
+                             _I64P]),
+    "df_physically_possible": (_I, [ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_int64]),
 }
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 
 class DeepfuseLibraryError(RuntimeError):

@@ -260,3 +260,96 @@ def test_decode_step_of_every_op_compiles_fullgraph_on_meta(backend):
     torch._dynamo.reset()
     ids = torch.compile(step, backend=backend, fullgraph=True)(t(T, H), t(T, H))
     assert ids.shape == (T,) and ids.dtype == torch.int32
+
+
+def test_physically_possible_on_constructed_numbers():
+    """The floor every benchmark figure is checked against (src/core/roofline.hpp, through the library):
+    an H200-like device, 4.92 TB/s DRAM peak and 50 MiB of L2."""
+    from deepfuse._timing import physically_possible
+
+    peak, l2 = 2 * 3.201e9 * 768, 50 << 20
+    llama_8b_step = 3.60e-3 * 4.16e12  # bytes a Llama-3-8B decode step reads (3.60 ms roofline at 4.16 TB/s)
+    assert not physically_possible(llama_8b_step, 1.28e-3, peak, l2)  # issue 55's bench decode minimum
+    assert physically_possible(llama_8b_step, 3.9e-3, peak, l2)
+    assert physically_possible(llama_8b_step, 3.4e-3, peak, l2)  # below the copy roofline: reads beat a copy
+    # The fused MLP at "156% of copy" against the 2.70 TB/s PyTorch copy: 4.2 TB/s, possible; at 130% of the
+    # peak it is not.
+    mlp = 3 * 4096 * 14336 * 2
+    assert physically_possible(mlp, mlp / 4.2e12, peak, l2)
+    assert not physically_possible(mlp, mlp / (1.3 * peak), peak, l2)
+    assert physically_possible(l2, 1e-9, peak, l2)  # what L2 holds is free
+    with pytest.raises(deepfuse.DeepfuseKernelError, match="bytes"):
+        physically_possible(-1.0, 1.0, peak, l2)
+
+
+def test_choose_fused_max_tokens():
+    """The patch fuses up to the last token count of the fused kernel's unbroken lead over the GEMMs."""
+    from deepfuse.patch import choose_fused_max_tokens
+
+    def timings(*pairs):
+        return [{"m": m, "fused_us": f, "gemms_us": g} for m, f, g in pairs]
+
+    assert choose_fused_max_tokens(timings((1, 85, 89), (2, 85, 89), (4, 86, 90), (8, 91, 90), (16, 100, 92))) == 4
+    assert choose_fused_max_tokens(timings((8, 88, 90), (1, 84, 89), (4, 85, 90))) == 8  # any order
+    assert choose_fused_max_tokens(timings((1, 84, 89), (2, 90, 89), (4, 85, 90))) == 1  # a later win is noise
+    assert choose_fused_max_tokens(timings((1, 90, 89), (2, 85, 89))) == 0
+    assert choose_fused_max_tokens(timings((1, 89, 89))) == 0  # a tie is no win
+    assert choose_fused_max_tokens([]) == 0
+
+
+def _meta_llama(transformers, layers: int = 2):
+    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=704, num_hidden_layers=layers,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
+                                      max_position_embeddings=512)
+    with torch.device("meta"):
+        return transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+
+
+def _compiled_graph_ops(model, batch: int, tokens: int) -> list:
+    """The call targets of the graph torch.compile(fullgraph=True) makes of `model` at this input size."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=backend, fullgraph=True)(
+            torch.zeros(batch, tokens, dtype=torch.long, device="meta"), use_cache=False)
+    assert len(graphs) == 1
+    return [str(n.target) for n in graphs[0].graph.nodes if n.op in ("call_function", "call_method")]
+
+
+def test_patch_dispatches_per_token_count_and_is_stock_above_it():
+    """With fused_max_tokens=2 the decode graph calls the fused op at 2 tokens; at 4 the patched model's
+    graph is the stock model's, op for op (the original norm and MLP modules run), so torch.compile
+    makes the same kernels of it. Without a GPU patch() falls back to the engine's rule."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    stock = _meta_llama(transformers)
+    stock_ops = _compiled_graph_ops(stock, batch=2, tokens=2)
+    deepfuse.patch(stock, fused_max_tokens=2)
+    assert deepfuse.dispatch_of(stock).fused_max_tokens == 2
+    fused_ops = _compiled_graph_ops(stock, batch=2, tokens=1)
+    assert sum("swiglu_fused" in op for op in fused_ops) == 2
+    assert _compiled_graph_ops(stock, batch=2, tokens=2) == stock_ops
+    deepfuse.unpatch(stock)
+    deepfuse.patch(stock)
+    dispatch = deepfuse.dispatch_of(stock)
+    assert dispatch.fused_max_tokens == deepfuse.FUSED_MLP_MAX_TOKENS and "engine" in dispatch.source
+    deepfuse.unpatch(stock)
+    with pytest.raises(ValueError, match="fused_max_tokens"):
+        deepfuse.patch(stock, fused_max_tokens=65)
+    with pytest.raises(ValueError, match="variant"):
+        deepfuse.patch(stock, variant="fastest")
+    assert not deepfuse.is_patched(stock)
+
+
+def test_bench_flags_impossible_cells_and_rotates_weights():
+    import deepfuse.bench as bench
+
+    rows = [{"hidden": 4096, "intermediate": 14336, "m": 1, "deepfuse_fused_physically_possible": True,
+             "torch_eager_physically_possible": False}]
+    assert bench.impossible_mlp_cells(rows) == ["mlp 4096x14336 M=1 torch_eager"]
+    assert bench._weight_copies(3 * 4096 * 14336 * 2, 50 << 20) == 2       # 352 MB: two copies already 14 L2s
+    assert bench._weight_copies(3 * 2048 * 8192 * 2, 50 << 20) == 3        # 100 MB: three for four L2s

@@ -7,6 +7,7 @@ import torch
 
 import deepfuse
 from conftest import gpu_skip_reason, rel_error
+from deepfuse.patch import DISPATCH_TOKENS, choose_fused_max_tokens
 
 if gpu_skip_reason() is not None:
     pytest.skip(gpu_skip_reason(), allow_module_level=True)
@@ -51,7 +52,7 @@ def test_patched_logits_match(seed, kind):
     ids = torch.randint(0, 1000, (3, 12), device="cuda")
     with torch.no_grad():
         ref = model(ids).logits.float()
-        deepfuse.patch(model)
+        deepfuse.patch(model, fused_max_tokens=8)  # not measured: tiny MLPs may never fuse
         assert deepfuse.is_patched(model)
         assert sum(isinstance(m, deepfuse.FusedSwiGLUMLP) for m in model.modules()) == 2
         prefill = model(ids).logits.float()  # 36 tokens: the unfused path
@@ -71,15 +72,28 @@ def test_generate_with_static_cache(seed):
     ids = torch.randint(0, 1000, (2, 7), device="cuda")
     with torch.no_grad():
         stock = model.generate(ids, max_new_tokens=6, do_sample=False, cache_implementation="static")
-        deepfuse.patch(model)
+        deepfuse.patch(model, fused_max_tokens=8)
         patched = model.generate(ids, max_new_tokens=6, do_sample=False, cache_implementation="static")
     assert patched.shape == stock.shape == (2, 13)
     assert torch.equal(patched[:, :7], ids)
 
 
+def test_patch_measures_its_dispatch(seed):
+    """patch() without fused_max_tokens times the fused kernel against the stock GEMMs at every
+    dispatch token count on this GPU and fuses up to the last count of its unbroken lead."""
+    model = tiny_model("llama")
+    deepfuse.patch(model)
+    dispatch = deepfuse.dispatch_of(model)
+    assert dispatch.source.startswith("measured on ")
+    assert [row["m"] for row in dispatch.timings] == list(DISPATCH_TOKENS)
+    assert all(row["fused_us"] > 0 and row["gemms_us"] > 0 for row in dispatch.timings)
+    assert dispatch.fused_max_tokens == choose_fused_max_tokens(dispatch.timings)
+    assert all(m.dispatch is dispatch for m in model.modules() if isinstance(m, deepfuse.FusedSwiGLUMLP))
+
+
 def test_compile_fullgraph_patched_decoder_layer(seed):
     model = tiny_model("qwen2")
-    deepfuse.patch(model)
+    deepfuse.patch(model, fused_max_tokens=8)
     layer = model.model.layers[0]
     torch._dynamo.reset()
     compiled = torch.compile(layer, fullgraph=True)
@@ -93,7 +107,7 @@ def test_compile_fullgraph_patched_decoder_layer(seed):
 
 def test_cuda_graph_capture_and_replay_of_patched_layer(seed):
     model = tiny_model("mistral")
-    deepfuse.patch(model)
+    deepfuse.patch(model, fused_max_tokens=8)
     layer = model.model.layers[1]
     with torch.no_grad():
         hidden, positions, pe = rotary_and_layer_input(model, 1, batch=4)
