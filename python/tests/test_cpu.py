@@ -353,3 +353,18 @@ def test_bench_flags_impossible_cells_and_rotates_weights():
     assert bench.impossible_mlp_cells(rows) == ["mlp 4096x14336 M=1 torch_eager"]
     assert bench._weight_copies(3 * 4096 * 14336 * 2, 50 << 20) == 2       # 352 MB: two copies already 14 L2s
     assert bench._weight_copies(3 * 2048 * 8192 * 2, 50 << 20) == 3        # 100 MB: three for four L2s
+
+
+def test_bench_patches_a_second_module_tree_over_the_same_weights():
+    """The hf suite keeps a stock and a patched model compiled side by side without a second copy of
+    the weights: the copy shares every parameter and buffer, and patching it leaves the stock one alone."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    import deepfuse.bench as bench
+
+    stock = _meta_llama(transformers)
+    patched = bench._sharing_weights(stock)
+    assert patched is not stock
+    assert all(a is b for a, b in zip(stock.parameters(), patched.parameters()))
+    assert all(a is b for a, b in zip(stock.buffers(), patched.buffers()))
+    deepfuse.patch(patched)
+    assert deepfuse.is_patched(patched) and not deepfuse.is_patched(stock)
