@@ -20,9 +20,10 @@ void send_error(httplib::Response& response, const ApiError& error) {
 }
 
 // SSE framing: one `data:` event per chunk.
-bool write_event(httplib::DataSink& sink, const std::string& data) {
-  const std::string event = "data: " + data + "\n\n";
-  return sink.write(event.data(), event.size());
+void append_event(std::string& events, const std::string& data) {
+  events += "data: ";
+  events += data;
+  events += "\n\n";
 }
 
 }  // namespace
@@ -40,6 +41,11 @@ HttpServer::HttpServer(HttpOptions options, Metrics& metrics)
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   });
   server_->set_keep_alive_max_count(1000);
+  // Responses go out as several small writes (the headers, then the body or each stream chunk).
+  // With Nagle's algorithm a write waits for the ACK of the one before, and a client on a
+  // kept-alive connection delays that ACK by up to 40 ms: the first token of a stream, or a
+  // whole small response, arrived that much later (docs/server.md, "First-token latency").
+  server_->set_tcp_nodelay(true);
   routes();
 }
 
@@ -131,18 +137,14 @@ void HttpServer::generate(Endpoint endpoint, const httplib::Request& request, ht
       [generation](size_t, httplib::DataSink& sink) {
         std::vector<json> chunks;
         const bool over = generation->next_chunks(std::chrono::milliseconds(1000), chunks);
-        // An SSE comment when nothing came for a second: a client that went away shows up as a
-        // failed write, and its sequences are cancelled.
-        if (chunks.empty() && !over) {
-          static const std::string keep_alive = ": keep-alive\n\n";
-          if (!sink.write(keep_alive.data(), keep_alive.size())) return false;
-        }
-        for (const json& chunk : chunks)
-          if (!write_event(sink, to_wire(chunk))) return false;
-        if (over) {
-          if (!write_event(sink, "[DONE]")) return false;
-          sink.done();
-        }
+        // Everything ready goes out in one write (one HTTP chunk, one segment). An SSE comment
+        // when nothing came for a second: a client that went away shows up as a failed write,
+        // and its sequences are cancelled.
+        std::string events = chunks.empty() && !over ? ": keep-alive\n\n" : "";
+        for (const json& chunk : chunks) append_event(events, to_wire(chunk));
+        if (over) append_event(events, "[DONE]");
+        if (!events.empty() && !sink.write(events.data(), events.size())) return false;
+        if (over) sink.done();
         return true;
       },
       [generation](bool success) {
