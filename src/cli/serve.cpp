@@ -21,6 +21,7 @@
 #include "deepfuse/reference_decoder.hpp"
 #include "deepfuse/safetensors.hpp"
 #include "deepfuse/tokenizer.hpp"
+#include "server/api/tool_calls.hpp"
 #include "server/batching/engine_backend.hpp"
 #include "server/batching/reference_backend.hpp"
 #include "server/http/http_server.hpp"
@@ -37,6 +38,7 @@ struct ServeArgs {
   std::string random_arch;
   std::string backend = "auto";
   std::string served_model_name;
+  std::string tool_call_parser = "auto";
   EngineArgs engine;
   server::HttpOptions http;
   int max_step_tokens = 512;
@@ -134,6 +136,12 @@ int run_serve(ServeArgs args) {
   model.vocab_size = loaded.config.vocab_size;
   model.max_context = loaded.backend->max_context();
   model.stop_ids = stop_ids(loaded.config, model.tokenizer);
+  if (model.chat_template) {
+    model.tool_format = args.tool_call_parser == "auto"
+                            ? server::detect_tool_call_format(model.tokenizer->chat_template())
+                            : server::tool_call_format_named(args.tool_call_parser);
+    model.tool_marker_ids = server::tool_call_marker_ids(model.tool_format, *model.tokenizer);
+  }
   const std::string backend_name = loaded.backend->name();
   server::ServingLoop loop(std::move(loaded.backend), metrics);
   http.set_ready(loop, model);
@@ -174,6 +182,17 @@ void register_serve(CLI::App& app, Action& action) {
   command->add_option("--backend", args->backend, "reference | cuda | auto (default auto: cuda when a GPU is present)");
   command->add_option("--served-model-name", args->served_model_name,
                       "the model name clients send (default: the directory's name, or the --arch)");
+  std::string parsers = "auto";
+  for (const server::ToolCallFormatInfo& info : server::tool_call_formats()) parsers += std::string(" | ") + info.name;
+  command->add_option("--tool-call-parser", args->tool_call_parser,
+                      "how the model writes tool calls: " + parsers +
+                          " (default auto: from the chat template; none refuses 'tools')")
+      ->check([](const std::string& name) {
+        if (name == "auto") return std::string();
+        for (const server::ToolCallFormatInfo& info : server::tool_call_formats())
+          if (name == info.name) return std::string();
+        return "unknown tool call parser '" + name + "'";
+      });
   command->add_option("--host", args->http.host, "address to listen on (default 127.0.0.1)");
   command->add_option("--port", args->http.port, "port (default 8000; 0: any free port, printed)")
       ->check(CLI::Range(0, 65535));

@@ -13,6 +13,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -22,6 +23,7 @@ import time
 import unittest
 
 import openai
+from openai.lib.streaming.chat import ChatCompletionStreamState
 
 ARGS = None
 TINY = None
@@ -35,11 +37,12 @@ def make_tiny_model():
 
 
 class Server:
-    """A `deepfuse serve` process on a free port, ready when its 'ready' line is printed."""
+    """A `deepfuse serve` process on a free port, ready when its 'ready' line is printed (or another
+    command's `ready` line)."""
 
-    def __init__(self, *extra):
+    def __init__(self, *extra, command=None, ready="ready:"):
         self.process = subprocess.Popen(
-            [ARGS.deepfuse, "serve", "--model", TINY, "--backend", "reference", "--port", "0", *extra],
+            command or [ARGS.deepfuse, "serve", "--model", TINY, "--backend", "reference", "--port", "0", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines = []
         deadline = time.time() + 60
@@ -52,7 +55,7 @@ class Server:
             m = re.search(r"listening on http://[\d.]+:(\d+)", line)
             if m:
                 self.port = int(m.group(1))
-            if "ready:" in line:
+            if ready in line:
                 break
         assert self.port, "no port line"
         # Keep draining the output so the server never blocks on a full pipe.
@@ -369,6 +372,8 @@ class MainServer(unittest.TestCase):
             ("temperature above 2", "/v1/completions", {"prompt": "x", "temperature": 2.5}, 400, "temperature"),
             ("stream_options without stream", "/v1/completions",
              {"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options"),
+            ("tools on a template that renders none", "/v1/chat/completions",
+             {"messages": [{"role": "user", "content": "x"}], "tools": [WEATHER_TOOL]}, 400, "tools"),
         ]
         for name, path, body, status, param in cases:
             with self.subTest(name):
@@ -391,6 +396,120 @@ class MainServer(unittest.TestCase):
         self.assertEqual(self.server.request("GET", "/health")[0], 200)
         self.assertEqual(greedy(self.client, "still here", max_tokens=3).usage.completion_tokens, 3)
         self.assertEqual(self.server.request("GET", "/nowhere")[0], 404)
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TIME_TOOL = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+def script(text):
+    """A user message that makes the scripted model answer `text`."""
+    return {"role": "user", "content": f"SCRIPT:{text}:END"}
+
+
+def hermes_call(name, arguments):
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+class ToolCalls(unittest.TestCase):
+    """Tool calls end to end with the `openai` client. The chat template is Qwen2.5's (Hermes
+    <tool_call> tags) on the tiny tokenizer; the model is tests/server/scripted_server.cpp, which
+    answers what the prompt's SCRIPT: ... :END says, so every call is well-formed (or malformed)
+    on purpose. The server code is deepfuse serve's: parsing, rendering, parsers, streaming."""
+
+    @classmethod
+    def setUpClass(cls):
+        model = os.path.join(ARGS.work_dir, "tiny-qwen-template")
+        os.makedirs(model, exist_ok=True)
+        with open(os.path.join(TINY, "tokenizer_config.json")) as f:
+            config = json.load(f)
+        with open(os.path.join(ARGS.fixtures, "tokenizers", "qwen2_bytelevel", "tokenizer_config.json")) as f:
+            config["chat_template"] = json.load(f)["chat_template"]
+        with open(os.path.join(model, "tokenizer_config.json"), "w") as f:
+            json.dump(config, f)
+        shutil.copy(os.path.join(TINY, "tokenizer.json"), model)
+        cls.server = Server(command=[ARGS.scripted_server, "--model", model, "--port", "0"], ready="listening on")
+        cls.client = cls.server.client()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def chat(self, messages, **kw):
+        return self.client.chat.completions.create(model="scripted", messages=messages, tools=[WEATHER_TOOL, TIME_TOOL],
+                                                   max_tokens=400, **kw)
+
+    def streamed(self, messages, **kw):
+        state = ChatCompletionStreamState()
+        chunks = 0
+        for chunk in self.chat(messages, stream=True, **kw):
+            state.handle_chunk(chunk)
+            chunks += 1
+        return state.get_final_completion(), chunks
+
+    def test_a_call_is_parsed_streamed_or_not(self):
+        messages = [script(hermes_call("get_weather", {"city": "Paris"}))]
+        whole = self.chat(messages)
+        streamed, chunks = self.streamed(messages)
+        self.assertGreater(chunks, 10)  # token by token
+        for r in (whole, streamed):
+            choice = r.choices[0]
+            self.assertEqual(choice.finish_reason, "tool_calls")
+            self.assertFalse(choice.message.content)
+            self.assertEqual(len(choice.message.tool_calls), 1)
+            call = choice.message.tool_calls[0]
+            self.assertEqual(call.type, "function")
+            self.assertEqual(call.function.name, "get_weather")
+            self.assertEqual(json.loads(call.function.arguments), {"city": "Paris"})
+            self.assertTrue(call.id.startswith("call_"), call.id)
+
+    def test_content_then_two_calls_and_parallel_off(self):
+        text = "Checking both. " + hermes_call("get_weather", {"city": "Paris"}) + "\n" + \
+            hermes_call("get_time", {"city": "Paris"})
+        for r in (self.chat([script(text)]), self.streamed([script(text)])[0]):
+            message = r.choices[0].message
+            self.assertEqual(message.content, "Checking both. ")
+            self.assertEqual([c.function.name for c in message.tool_calls], ["get_weather", "get_time"])
+            self.assertEqual(len({c.id for c in message.tool_calls}), 2)
+        for r in (self.chat([script(text)], parallel_tool_calls=False),
+                  self.streamed([script(text)], parallel_tool_calls=False)[0]):
+            self.assertEqual([c.function.name for c in r.choices[0].message.tool_calls], ["get_weather"])
+
+    def test_a_malformed_call_is_content(self):
+        text = '<tool_call>{"name": 3}</tool_call>'
+        for r in (self.chat([script(text)]), self.streamed([script(text)])[0]):
+            self.assertEqual(r.choices[0].finish_reason, "stop")
+            self.assertEqual(r.choices[0].message.content, text)
+            self.assertFalse(r.choices[0].message.tool_calls)
+
+    def test_tool_choice_none_and_no_tools_parse_nothing(self):
+        text = hermes_call("get_weather", {"city": "Paris"})
+        r = self.chat([script(text)], tool_choice="none")
+        self.assertEqual(r.choices[0].message.content, text)
+        r = self.client.chat.completions.create(model="scripted", messages=[script(text)], max_tokens=400)
+        self.assertEqual(r.choices[0].message.content, text)
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+
+    def test_required_and_named_choices_are_refused_until_constrained(self):
+        for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+            with self.assertRaises(openai.BadRequestError) as refused:
+                self.chat([script("x")], tool_choice=choice)
+            self.assertEqual(refused.exception.body["param"], "tool_choice")
+
+    def test_a_tool_loop_call_result_answer(self):
+        messages = [{"role": "system", "content": "You can look up the weather."},
+                    script(hermes_call("get_weather", {"city": "Paris"}))]
+        first = self.chat(messages)
+        call = first.choices[0].message.tool_calls[0]
+        messages.append(first.choices[0].message.model_dump(exclude_none=True))
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": "SCRIPT:It is 21 C in Paris.:END"})
+        second = self.chat(messages)
+        self.assertEqual(second.choices[0].finish_reason, "stop")
+        self.assertEqual(second.choices[0].message.content, "It is 21 C in Paris.")
+        self.assertGreater(second.usage.prompt_tokens, first.usage.prompt_tokens + 20)
 
 
 class PreemptionAndShutdown(unittest.TestCase):
@@ -449,6 +568,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--deepfuse", required=True)
     parser.add_argument("--work-dir", required=True)
+    parser.add_argument("--scripted-server", required=True, help="tests/server/scripted_server.cpp's binary")
+    parser.add_argument("--fixtures", required=True, help="tests/fixtures")
     ARGS, rest = parser.parse_known_args()
     os.makedirs(ARGS.work_dir, exist_ok=True)
     TINY = make_tiny_model()

@@ -163,6 +163,13 @@ TEST(ChatTemplateErrors, UnsupportedConstructsAreNamed) {
             std::string::npos);
   EXPECT_NE(error_of([&] { ChatTemplate("{{ messages is prime }}").render(messages, options); }).find("unsupported test 'prime'"),
             std::string::npos);
+  EXPECT_NE(error_of([&] { ChatTemplate("{{ 'x'.capitalize() }}").render(messages, options); })
+                .find("method 'capitalize' is not a supported function"),
+            std::string::npos);
+  // A missing attribute is undefined, as in Jinja (Mistral's template asks for content.content).
+  EXPECT_EQ(ChatTemplate("{{ messages[0].content.content is defined }}|{{ 'x'.y is defined }}|{{ messages[0].content.z }}")
+                .render(messages, options),
+            "False|False|");
   EXPECT_NE(error_of([] { ChatTemplate("line1\n{{ 'open "); }).find("unterminated string literal (line 2)"), std::string::npos);
   EXPECT_NE(error_of([] { ChatTemplate("{% if x %}never closed"); }).find("{% if %} without {% endif %}"), std::string::npos);
   EXPECT_NE(error_of([&] { ChatTemplate("{{ raise_exception('bad roles') }}").render(messages, options); }).find("bad roles"),

@@ -148,12 +148,13 @@ std::vector<int32_t> completion_prompt(const json& body, const ServedModel& mode
   return checked_ids(prompt, model, "prompt");
 }
 
-std::vector<int32_t> chat_prompt(const json& body, const ServedModel& model) {
+std::vector<int32_t> chat_prompt(const json& body, const ServedModel& model, const ToolRequest& tools) {
   const nlohmann::ordered_json messages = checked_chat_messages(body);
   if (!model.tokenizer || !model.chat_template)
     throw ApiError::bad_field("messages", "this model has no chat template: use /v1/completions");
   ChatRenderOptions options;
   options.add_generation_prompt = true;
+  if (!tools.tools.is_null()) options.extra_context["tools"] = tools.tools;
   options.bos_token = model.tokenizer->bos_token();
   options.eos_token = model.tokenizer->eos_token();
   std::string rendered;
@@ -221,16 +222,6 @@ void check_output_format(const Fields& fields) {
     if (type != "text") throw_not_one_of(f.param("type"), type, {"text", "json_object", "json_schema"});
     f.only({"type"});
   }
-  if (fields.get("tools")) {
-    checked_array(*fields.get("tools"), "tools");
-    throw_unsupported("tools", "is not supported yet (no tool calling)");
-  }
-  if (const json* choice = fields.get("tool_choice")) {
-    if (!choice->is_string() && !choice->is_object())
-      throw_invalid_type("tool_choice", "a string or an object", *choice);
-    throw_invalid_value("tool_choice", "'tool_choice' is only allowed when 'tools' are specified.");
-  }
-  fields.boolean("parallel_tool_calls", true);
 }
 
 }  // namespace
@@ -249,7 +240,14 @@ OpenAiRequest parse_openai_request(Endpoint endpoint, const std::string& text, c
                               model.name + "'", "model", "model_not_found");
   }
   GenerationSpec& spec = r.spec;
-  spec.prompt = chat ? chat_prompt(body, model) : completion_prompt(body, model);
+  if (chat) {
+    // Tool definitions reach the template with their keys in the client's order, as transformers
+    // renders them.
+    const bool tools = fields.get("tools") != nullptr;
+    r.tools = checked_tool_request(body, tools ? nlohmann::ordered_json::parse(text) : nlohmann::ordered_json(),
+                                   model.tool_format);
+  }
+  spec.prompt = chat ? chat_prompt(body, model, r.tools) : completion_prompt(body, model);
   const int prompt = static_cast<int>(spec.prompt.size());
   if (prompt == 0) throw ApiError::bad_field(chat ? "messages" : "prompt", "the prompt has no tokens");
   if (prompt >= model.max_context)

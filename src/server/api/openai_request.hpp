@@ -9,6 +9,8 @@
 
 #include "deepfuse/chat_template.hpp"
 #include "deepfuse/tokenizer.hpp"
+#include "server/api/tool_calls.hpp"
+#include "server/api/tool_request.hpp"
 #include "server/batching/serving_backend.hpp"
 
 namespace deepfuse::server {
@@ -23,6 +25,8 @@ struct ServedModel {
   int vocab_size = 0;
   int max_context = 0;
   std::vector<int32_t> stop_ids;            // EOS and the tokenizer's end markers
+  ToolCallFormat tool_format = ToolCallFormat::none;  // how the model writes tool calls (none: tools refused)
+  std::vector<int32_t> tool_marker_ids;     // special tokens that open a call, kept in the text
 };
 
 struct OpenAiRequest {
@@ -33,6 +37,7 @@ struct OpenAiRequest {
   bool stream = false;
   bool include_usage = false;               // stream_options.include_usage
   bool logprobs = false;
+  ToolRequest tools;                        // chat: the tools rendered, and whether calls are parsed
 };
 
 OpenAiRequest parse_openai_request(Endpoint endpoint, const std::string& body, const ServedModel& model);

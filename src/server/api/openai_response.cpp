@@ -62,14 +62,28 @@ json usage_json(const Usage& usage) {
           {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens}}}};
 }
 
+json tool_calls_json(const std::vector<ToolCall>& calls, int first, bool delta) {
+  json out = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json call = {{"id", calls[i].id},
+                 {"type", "function"},
+                 {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (delta) call["index"] = first + static_cast<int>(i);
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
 json choice_json(Endpoint endpoint, int index, const std::string& text, const json& logprobs,
-                 const std::string& finish_reason) {
+                 const std::string& finish_reason, const json& tool_calls) {
   if (endpoint == Endpoint::completions)
     return {{"index", index}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish_reason}};
-  return {{"index", index},
-          {"message", {{"role", "assistant"}, {"content", text}}},
-          {"logprobs", logprobs},
-          {"finish_reason", finish_reason}};
+  json message = {{"role", "assistant"}, {"content", text}};
+  if (!tool_calls.is_null()) {
+    if (text.empty()) message["content"] = nullptr;
+    message["tool_calls"] = tool_calls;
+  }
+  return {{"index", index}, {"message", std::move(message)}, {"logprobs", logprobs}, {"finish_reason", finish_reason}};
 }
 
 json response_json(const ResponseHeader& header, json choices, const Usage& usage) {
@@ -83,13 +97,15 @@ json response_json(const ResponseHeader& header, json choices, const Usage& usag
 }
 
 json chunk_json(const ResponseHeader& header, int index, const std::optional<std::string>& text, bool role,
-                const json& logprobs, const std::optional<std::string>& finish_reason, bool usage_field) {
+                const json& logprobs, const std::optional<std::string>& finish_reason, bool usage_field,
+                const json& tool_calls) {
   const bool chat = header.endpoint == Endpoint::chat_completions;
   json choice = {{"index", index}};
   if (chat) {
     json delta = json::object();
     if (role) delta["role"] = "assistant";
     if (text) delta["content"] = *text;
+    if (!tool_calls.is_null()) delta["tool_calls"] = tool_calls;
     choice["delta"] = delta;
   } else {
     choice["text"] = text.value_or("");

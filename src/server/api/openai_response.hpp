@@ -11,6 +11,7 @@
 
 #include "deepfuse/tokenizer.hpp"
 #include "server/api/openai_request.hpp"
+#include "server/api/tool_calls.hpp"
 
 namespace deepfuse::server {
 
@@ -54,15 +55,22 @@ struct Usage {
 };
 json usage_json(const Usage& usage);
 
-// One choice of a whole (non-streamed) response.
+// Tool calls as a message lists them (`delta` false), or as a stream delta does: each with its
+// `index` in the choice's calls, counted from `first`.
+json tool_calls_json(const std::vector<ToolCall>& calls, int first, bool delta);
+
+// One choice of a whole (non-streamed) response. Chat: with `tool_calls` (not null), an empty
+// text is content null, as OpenAI sends it.
 json choice_json(Endpoint endpoint, int index, const std::string& text, const json& logprobs,
-                 const std::string& finish_reason);
+                 const std::string& finish_reason, const json& tool_calls = nullptr);
 json response_json(const ResponseHeader& header, json choices, const Usage& usage);
 
 // A stream chunk for one choice: `text` (chat: the delta's content; `role` adds the assistant
-// role), its logprobs (null when not asked) and the finish reason (null while running).
+// role), its logprobs (null when not asked) and the finish reason (null while running); chat's
+// delta carries `tool_calls` when not null.
 json chunk_json(const ResponseHeader& header, int index, const std::optional<std::string>& text, bool role,
-                const json& logprobs, const std::optional<std::string>& finish_reason, bool usage_field);
+                const json& logprobs, const std::optional<std::string>& finish_reason, bool usage_field,
+                const json& tool_calls = nullptr);
 // The last chunk when stream_options.include_usage: no choices, the usage.
 json usage_chunk_json(const ResponseHeader& header, const Usage& usage);
 

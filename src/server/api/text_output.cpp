@@ -4,16 +4,24 @@
 
 namespace deepfuse::server {
 
-TextOutput::TextOutput(const Tokenizer* tokenizer, std::vector<std::string> stop_strings)
-    : stops_(std::move(stop_strings)) {
+TextOutput::TextOutput(const Tokenizer* tokenizer, std::vector<std::string> stop_strings,
+                       std::vector<int32_t> kept_specials)
+    : tokenizer_(tokenizer), stops_(std::move(stop_strings)), kept_specials_(std::move(kept_specials)) {
   if (tokenizer) decoder_.emplace(*tokenizer, /*skip_special_tokens=*/true);
   std::erase_if(stops_, [](const std::string& s) { return s.empty(); });
 }
 
 std::string TextOutput::push(int32_t id) {
   if (stopped_) return {};
-  if (decoder_) pending_ += decoder_->push(id);
-  else pending_ += (any_token_ ? " " : "") + std::to_string(id);
+  if (decoder_) {
+    pending_ += decoder_->push(id);
+    // The decoder skips a kept special (it is special) and keeps its window going; its text goes
+    // in after what the decoder released.
+    if (std::find(kept_specials_.begin(), kept_specials_.end(), id) != kept_specials_.end())
+      pending_ += tokenizer_->decode({id});
+  } else {
+    pending_ += (any_token_ ? " " : "") + std::to_string(id);
+  }
   any_token_ = true;
   return release(false);
 }

@@ -16,7 +16,10 @@ namespace deepfuse::server {
 
 class TextOutput {
  public:
-  TextOutput(const Tokenizer* tokenizer, std::vector<std::string> stop_strings);
+  // `kept_specials`: special tokens whose text is kept (a tool call format's marker, such as
+  // Mistral's [TOOL_CALLS]); every other special token is left out.
+  TextOutput(const Tokenizer* tokenizer, std::vector<std::string> stop_strings,
+             std::vector<int32_t> kept_specials = {});
 
   // The text that is safe to send after this token (may be empty). After a stop string matched,
   // stopped() is true and nothing more comes out.
@@ -31,8 +34,10 @@ class TextOutput {
   // Emits what of pending_ is safe, keeping back a tail that may start a stop string.
   std::string release(bool at_end);
 
+  const Tokenizer* tokenizer_;
   std::optional<StreamDecoder> decoder_;
   std::vector<std::string> stops_;
+  std::vector<int32_t> kept_specials_;
   std::string pending_;
   std::string text_;
   bool stopped_ = false;

@@ -10,9 +10,14 @@ Generation::Generation(ServingLoop& loop, OpenAiRequest request, const ServedMod
     : loop_(loop), request_(std::move(request)), header_(make_response_header(request_.endpoint, model.name)),
       live_(live) {
   ++live_;
-  for (int i = 0; i < request_.n; ++i)
-    choices_.push_back({loop_.new_key(), TextOutput(model.tokenizer, request_.stop_strings),
-                        LogprobsBuilder(request_.endpoint, model.tokenizer), 0, 0, std::nullopt, {}, false});
+  for (int i = 0; i < request_.n; ++i) {
+    choices_.push_back({loop_.new_key(),
+                        TextOutput(model.tokenizer, request_.stop_strings,
+                                   request_.tools.parse ? model.tool_marker_ids : std::vector<int32_t>()),
+                        LogprobsBuilder(request_.endpoint, model.tokenizer), 0, 0, std::nullopt, {}, false,
+                        std::nullopt, 0});
+    if (request_.tools.parse) choices_.back().tools.emplace(model.tool_format);
+  }
   for (int i = 0; i < request_.n; ++i) {
     GenerationSpec spec = request_.spec;
     spec.sampling.seed += static_cast<uint64_t>(i);  // n samples of one request differ
@@ -55,14 +60,41 @@ json Generation::logprobs_json(Choice& choice, bool take) {
   return request_.logprobs ? choice.logprobs.build(take) : json(nullptr);
 }
 
+void Generation::push_calls(Choice& choice, int index, std::vector<ToolCall> calls, std::vector<json>& chunks) {
+  if (!request_.tools.parallel) calls.resize(std::min<size_t>(calls.size(), choice.calls_sent > 0 ? 0 : 1));
+  if (calls.empty()) return;
+  chunks.push_back(chunk_json(header_, index, std::nullopt, false, nullptr, std::nullopt, request_.include_usage,
+                              tool_calls_json(calls, choice.calls_sent, /*delta=*/true)));
+  choice.calls_sent += static_cast<int>(calls.size());
+}
+
+void Generation::push_text(Choice& choice, int index, const std::string& piece, std::vector<json>& chunks) {
+  if (!choice.tools) {
+    chunks.push_back(chunk_json(header_, index, piece, false, logprobs_json(choice, true), std::nullopt,
+                                request_.include_usage));
+    return;
+  }
+  ToolCallParser::Output out = choice.tools->push(piece);
+  chunks.push_back(chunk_json(header_, index, out.content, false, logprobs_json(choice, true), std::nullopt,
+                              request_.include_usage));
+  push_calls(choice, index, std::move(out.calls), chunks);
+}
+
 void Generation::finish_choice(Choice& choice, int index, const std::string& reason, std::vector<json>* chunks) {
   if (choice.finish) return;
   choice.finish = reason;
   if (!chunks) return;
-  const std::string rest = reason == "stop" && choice.text.stopped() ? "" : choice.text.finish();
+  std::string rest = reason == "stop" && choice.text.stopped() ? "" : choice.text.finish();
+  if (choice.tools) {
+    // What the parser still held: content, or the calls it completes.
+    ToolCallParser::Output out = choice.tools->finish(rest);
+    rest = out.content;
+    push_calls(choice, index, std::move(out.calls), *chunks);
+    if (choice.calls_sent > 0 && reason == "stop") choice.finish = "tool_calls";
+  }
   const bool chat = request_.endpoint == Endpoint::chat_completions;
   chunks->push_back(chunk_json(header_, index, chat && rest.empty() ? std::nullopt : std::optional(rest), false,
-                               logprobs_json(choice, true), reason, request_.include_usage));
+                               logprobs_json(choice, true), *choice.finish, request_.include_usage));
 }
 
 void Generation::apply(Choice& choice, int index, const SequenceEvent& event, std::vector<json>* chunks) {
@@ -86,16 +118,12 @@ void Generation::handle(Choice& choice, int index, const SequenceEvent& event, s
     const size_t offset = choice.text.text().size();
     const std::string piece = choice.text.push(event.id);
     if (request_.logprobs) choice.logprobs.add(event, offset);
-    // One chunk per token, even when its text is held back (part of a character, or maybe the
-    // start of a stop string): clients and benchmarks count tokens by chunks.
-    if (chunks && !choice.text.stopped())
-      chunks->push_back(chunk_json(header_, index, piece, false, logprobs_json(choice, true), std::nullopt,
-                                   request_.include_usage));
+    // One chunk per token, even when its text is held back (part of a character, maybe the start
+    // of a stop string or of a tool call): clients and benchmarks count tokens by chunks. After a
+    // stop string, the text before it is the last piece.
+    if (chunks && (!choice.text.stopped() || !piece.empty())) push_text(choice, index, piece, *chunks);
     if (choice.text.stopped()) {
-      // A stop string: the text before it is the last piece; the sequence is not needed any more.
-      if (chunks && !piece.empty())
-        chunks->push_back(chunk_json(header_, index, piece, false, logprobs_json(choice, true), std::nullopt,
-                                     request_.include_usage));
+      // The sequence is not needed any more.
       if (event.end == SequenceEnd::none) loop_.cancel(choice.key, SequenceEnd::stop_token);
       finish_choice(choice, index, "stop", chunks);
       return;
@@ -141,7 +169,19 @@ json Generation::complete() {
     if (!c.error.empty())
       throw ApiError(500, "generation failed: " + c.error, std::nullopt, std::nullopt, "server_error");
     if (*c.finish != "stop" || !c.text.stopped()) c.text.finish();
-    choices.push_back(choice_json(request_.endpoint, static_cast<int>(i), c.text.text(), logprobs_json(c, false), *c.finish));
+    std::string content = c.text.text(), finish = *c.finish;
+    json calls = nullptr;
+    if (c.tools) {
+      ToolCallParser::Output out = c.tools->finish(content);
+      content = out.content;
+      if (!request_.tools.parallel && out.calls.size() > 1) out.calls.resize(1);
+      if (!out.calls.empty()) {
+        calls = tool_calls_json(out.calls, 0, /*delta=*/false);
+        if (finish == "stop") finish = "tool_calls";
+      }
+    }
+    choices.push_back(
+        choice_json(request_.endpoint, static_cast<int>(i), content, logprobs_json(c, false), finish, calls));
   }
   return response_json(header_, std::move(choices), usage());
 }

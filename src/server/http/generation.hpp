@@ -44,14 +44,19 @@ class Generation {
     LogprobsBuilder logprobs;
     int tokens = 0;
     int cached_tokens = 0;
-    std::optional<std::string> finish;   // "stop", "length", "abort"
+    std::optional<std::string> finish;   // "stop", "length", "tool_calls", "abort"
     std::string error;
     bool role_sent = false;
+    std::optional<ToolCallParser> tools;  // when the answer is parsed into tool calls
+    int calls_sent = 0;
   };
   // Applies one event; appends its stream chunks when streaming.
   void apply(Choice& choice, int index, const SequenceEvent& event, std::vector<json>* chunks);
   void handle(Choice& choice, int index, const SequenceEvent& event, std::vector<json>* chunks);
   void finish_choice(Choice& choice, int index, const std::string& reason, std::vector<json>* chunks);
+  // A piece of a choice's text as stream chunks: its content, then any tool calls it completed.
+  void push_text(Choice& choice, int index, const std::string& piece, std::vector<json>& chunks);
+  void push_calls(Choice& choice, int index, std::vector<ToolCall> calls, std::vector<json>& chunks);
   bool all_finished() const;
   Usage usage() const;
   json logprobs_json(Choice& choice, bool take);

@@ -204,9 +204,11 @@ Value get_member(const Value& object, const std::string& name, int line) {
       return string_method([](const std::string& s, const CallArgs& a) {
         return Value(replace_all(s, a.positional.at(0).as_string(), a.positional.at(1).as_string()));
       });
-    fail_at("unsupported string method '" + name + "'", line);
   }
-  fail_at(std::string("unsupported attribute '") + name + "' of a " + object.type_name(), line);
+  // As in Jinja, a missing attribute is undefined (`message.content.content is defined` on a
+  // string content, in Mistral's template); calling it fails, naming the method.
+  (void)line;
+  return Value();
 }
 
 Value get_item(const Value& object, const Value& index, int line) {

@@ -199,7 +199,9 @@ CallArgs Evaluator::eval_arguments(const Arguments& arguments) {
 Value Evaluator::eval_call(const Expr& expr) {
   const Value callee = eval(*expr.object);
   if (callee.kind() != Value::Kind::Function) {
-    const std::string what = expr.object->kind == Expr::Kind::Name ? "'" + expr.object->name + "'" : "this value";
+    const std::string what = expr.object->kind == Expr::Kind::Name        ? "'" + expr.object->name + "'"
+                             : expr.object->kind == Expr::Kind::Attribute ? "method '" + expr.object->name + "'"
+                                                                          : "this value";
     fail_at(what + " is not a supported function", expr.line);
   }
   return callee.as_function()(eval_arguments(expr.arguments));
