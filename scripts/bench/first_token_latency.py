@@ -201,7 +201,7 @@ def main():
                 times = run_openai(args.base_url, args.model, prompts, args)
             elif name == "curl":
                 if not shutil.which("curl"):
-                    raise RuntimeError("curl is not on PATH")
+                    raise ImportError("curl is not on PATH")
                 times = [first_token_curl(url, body(args, p, True)) for p in prompts]
             else:
                 raise SystemExit(f"unknown client {name}")

@@ -3,7 +3,10 @@
 #   smoke  scripts/device/serve_smoke.py through HTTP (API, concurrency, cancellation, errors)
 #   bench  scripts/bench/bench_serve.py: one stream, 16 streams, Poisson arrivals and the agentic
 #          shared-prefix mix; then `bench decode` at batch 1 and 16 for comparison, on the same GPU
-# usage: scripts/device/serve-gpu.sh OUT BUILD_DIR [smoke] [bench]
+#   ttft   scripts/bench/first_token_latency.py: one stream's first token, 512 ids in, as a kept-alive
+#          client (aiohttp's pattern), fresh connections (urllib's), aiohttp / openai / curl where
+#          present; then `bench decode`'s isolated 512-token prefill on the same GPU (issue 53)
+# usage: scripts/device/serve-gpu.sh OUT BUILD_DIR [smoke] [bench] [ttft]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -73,6 +76,14 @@ for step in "$@"; do
       stop_server
       "$bin/deepfuse" bench decode --archs "$arch" --batches 1,16 --contexts 576 --ttft-prompts 512,8064 \
         --json "$out/decode.json" 2>&1 | tee "$out/decode.txt" ;;
+    ttft)
+      start_server --max-batch 64 --max-context 4608
+      python3 scripts/bench/first_token_latency.py --base-url "http://127.0.0.1:$port" --model "$arch" \
+        --input-len 512 --output-len 2 --requests 50 --vocab 128000 --json "$out/ttft.json" 2>&1 |
+        tee "$out/ttft.txt"
+      stop_server
+      "$bin/deepfuse" bench decode --archs "$arch" --batches 1 --contexts 576 --ttft-prompts 512 2>&1 |
+        tee -a "$out/ttft.txt" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

@@ -118,5 +118,11 @@ status, err = post({**body, "prompt": [1, 2, 10 ** 7]})
 check(status == 400 and set(err["error"]) == {"message", "type", "param", "code"}, "token id out of range: 400")
 status, err = post({**body, "max_tokens": 10 ** 6})
 check(status == 400, "max_tokens beyond the context: 400")
+# Validation (issue 53): a misspelt field, a value out of range and an unimplemented field are
+# refused by name, never ignored.
+for bad, param in [({"temprature": 0.5}, "temprature"), ({"temperature": 3}, "temperature"),
+                   ({"logit_bias": {"5": 1}}, "logit_bias")]:
+    status, err = post({**body, **bad})
+    check(status == 400 and err["error"]["param"] == param, f"{bad}: 400 naming '{param}' ({err['error']['message']})")
 check(m["deepfuse_generation_tokens_total"] > 0, f"metrics: {m['deepfuse_generation_tokens_total']} tokens")
 print("serve smoke: all passed", flush=True)

@@ -131,17 +131,11 @@ int run_serve(ServeArgs args) {
                                                           : fs::path(args.model_dir).lexically_normal().filename().string();
   server::ServedModel model;
   model.name = name.empty() ? "model" : name;
-  model.tokenizer = loaded.tokenizer ? &*loaded.tokenizer : nullptr;
-  model.chat_template = loaded.chat_template ? &*loaded.chat_template : nullptr;
+  server::set_chat_side(model, loaded.tokenizer ? &*loaded.tokenizer : nullptr,
+                        loaded.chat_template ? &*loaded.chat_template : nullptr, args.tool_call_parser);
   model.vocab_size = loaded.config.vocab_size;
   model.max_context = loaded.backend->max_context();
   model.stop_ids = stop_ids(loaded.config, model.tokenizer);
-  if (model.chat_template) {
-    model.tool_format = args.tool_call_parser == "auto"
-                            ? server::detect_tool_call_format(model.tokenizer->chat_template())
-                            : server::tool_call_format_named(args.tool_call_parser);
-    model.tool_marker_ids = server::tool_call_marker_ids(model.tool_format, *model.tokenizer);
-  }
   const std::string backend_name = loaded.backend->name();
   server::ServingLoop loop(std::move(loaded.backend), metrics);
   http.set_ready(loop, model);

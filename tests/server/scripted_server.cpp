@@ -105,13 +105,10 @@ int run(int argc, char** argv) {
   http.start();
   ServedModel model;
   model.name = "scripted";
-  model.tokenizer = &tokenizer;
-  model.chat_template = &chat_template;
+  set_chat_side(model, &tokenizer, &chat_template);
   model.vocab_size = static_cast<int>(tokenizer.vocab_size());
   model.max_context = 1 << 16;
   model.stop_ids = tokenizer.stop_ids();
-  model.tool_format = detect_tool_call_format(tokenizer.chat_template());
-  model.tool_marker_ids = tool_call_marker_ids(model.tool_format, tokenizer);
   ServingLoop loop(std::make_unique<ScriptedBackend>(tokenizer), metrics);
   http.set_ready(loop, model);
   std::printf("scripted_server: listening on http://127.0.0.1:%d (tool calls: %s)\n", http.bound_port(),

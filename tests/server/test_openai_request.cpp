@@ -114,8 +114,7 @@ struct TinyChatModel {
     model = model_without_tokenizer();
     model.vocab_size = 300;
     model.max_context = 512;
-    model.tokenizer = &*tokenizer;
-    model.chat_template = &*chat_template;
+    set_chat_side(model, &*tokenizer, &*chat_template);
   }
   std::optional<Tokenizer> tokenizer;
   std::optional<ChatTemplate> chat_template;
@@ -345,13 +344,10 @@ TEST(OpenAiRequest, ToolRequestsRenderAsTransformersDoes) {
     SCOPED_TRACE(c["tokenizer"].get<std::string>() + ": " + c["request"].dump());
     const Tokenizer tokenizer = Tokenizer::from_directory(deepfuse::testing::tokenizer_fixture_dir(c["tokenizer"]));
     const ChatTemplate chat_template(tokenizer.chat_template());
-    ServedModel model;
-    model.name = "fixture";
-    model.tokenizer = &tokenizer;
-    model.chat_template = &chat_template;
+    ServedModel model = model_without_tokenizer();
+    set_chat_side(model, &tokenizer, &chat_template);
     model.vocab_size = static_cast<int>(tokenizer.vocab_size());
     model.max_context = 1 << 16;
-    model.tool_format = detect_tool_call_format(tokenizer.chat_template());
     const OpenAiRequest r = parse_openai_request(kChat, c["request"].dump(), model);
     EXPECT_EQ(r.spec.prompt, tokenizer.encode_rendered_chat(c["expected"].get<std::string>()));
     EXPECT_EQ(r.tools.parse, c["request"].value("tool_choice", "auto") != "none");

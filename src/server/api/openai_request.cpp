@@ -226,6 +226,18 @@ void check_output_format(const Fields& fields) {
 
 }  // namespace
 
+void set_chat_side(ServedModel& model, const Tokenizer* tokenizer, const ChatTemplate* chat_template,
+                   const std::string& tool_call_parser) {
+  model.tokenizer = tokenizer;
+  model.chat_template = chat_template;
+  model.tool_format = ToolCallFormat::none;
+  model.tool_marker_ids.clear();
+  if (!tokenizer || !chat_template) return;
+  model.tool_format = tool_call_parser == "auto" ? detect_tool_call_format(tokenizer->chat_template())
+                                                 : tool_call_format_named(tool_call_parser);
+  model.tool_marker_ids = tool_call_marker_ids(model.tool_format, *tokenizer);
+}
+
 OpenAiRequest parse_openai_request(Endpoint endpoint, const std::string& text, const ServedModel& model) {
   const json body = parse_body(text);
   const bool chat = endpoint == Endpoint::chat_completions;

@@ -29,6 +29,12 @@ struct ServedModel {
   std::vector<int32_t> tool_marker_ids;     // special tokens that open a call, kept in the text
 };
 
+// Fills the chat side of `model` from the checkpoint's tokenizer and chat template (either may be
+// null): the tool call format (`tool_call_parser` "auto": the one the template renders) and the
+// special tokens that open a call.
+void set_chat_side(ServedModel& model, const Tokenizer* tokenizer, const ChatTemplate* chat_template,
+                   const std::string& tool_call_parser = "auto");
+
 struct OpenAiRequest {
   Endpoint endpoint = Endpoint::completions;
   GenerationSpec spec;                      // choice i samples with seed spec.sampling.seed + i
