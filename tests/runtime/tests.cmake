@@ -5,3 +5,4 @@ deepfuse_test(test_runtime_gpu ${CMAKE_CURRENT_LIST_DIR}/test_runtime_gpu.cpp GP
 deepfuse_test(test_decode_buckets ${CMAKE_CURRENT_LIST_DIR}/test_decode_buckets.cpp)
 deepfuse_test(test_kv_block_pool ${CMAKE_CURRENT_LIST_DIR}/test_kv_block_pool.cpp)
 deepfuse_test(test_rank_threads ${CMAKE_CURRENT_LIST_DIR}/test_rank_threads.cpp)
+deepfuse_test(test_gpu_weights_gpu ${CMAKE_CURRENT_LIST_DIR}/test_gpu_weights_gpu.cpp GPU)
