@@ -116,12 +116,15 @@ inline constexpr TensorSpec kModelTensors[kTensorRoleCount] = {
      TensorSplit::rows, tensor_presence::untied, TensorGroup::lm_head, TensorInit::linear, kLinearFormats},
 };
 
-constexpr bool roles_index_the_table() {
-  for (int i = 0; i < kTensorRoleCount; ++i)
-    if (static_cast<int>(kModelTensors[i].role) != i) return false;
+constexpr bool table_is_consistent() {
+  for (int i = 0; i < kTensorRoleCount; ++i) {
+    if (static_cast<int>(kModelTensors[i].role) != i) return false;            // roles index the rows
+    if (static_cast<int>(kModelTensors[i].group) >= kTensorGroupCount) return false;  // a group past the count
+  }
   return true;
 }
-static_assert(roles_index_the_table(), "kModelTensors must list the roles in TensorRole's order");
+static_assert(table_is_consistent(),
+              "kModelTensors must list the roles in TensorRole's order, and kTensorGroupCount count every group");
 
 constexpr const TensorSpec& tensor_spec(TensorRole role) { return kModelTensors[static_cast<int>(role)]; }
 
