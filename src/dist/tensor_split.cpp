@@ -36,7 +36,7 @@ Range rank_range(Extent extent, const ModelConfig& c, const RankShard& s) {
 TensorSlice slice_of(const TensorSpec& spec, const ModelConfig& model, const RankShard& shard) {
   const size_t rows = static_cast<size_t>(extent_size(spec.rows, model));
   const size_t columns = static_cast<size_t>(extent_size(spec.columns, model));
-  TensorSlice slice{0, rows, 0, columns, columns};
+  TensorSlice slice{0, rows, 0, columns, columns, rows};
   if (!shard.split() || spec.split == TensorSplit::replicated) return slice;
   if (spec.split == TensorSplit::rows) {
     const Range r = rank_range(spec.rows, model, shard);

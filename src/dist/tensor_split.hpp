@@ -43,9 +43,11 @@ RankShard shard_of(const ModelConfig& config, int rank, int ranks);
 struct TensorSlice {
   size_t row_begin = 0, rows = 0;
   size_t column_begin = 0, columns = 0;
-  size_t row_length = 0;  // the whole tensor's columns
+  size_t row_length = 0;   // the whole tensor's columns
+  size_t tensor_rows = 0;  // the whole tensor's rows
 
   size_t elements() const { return rows * columns; }
+  bool whole() const { return rows == tensor_rows && columns == row_length; }
 };
 
 // The slice of `spec` (a row of the model table) that `shard`'s rank holds, by the table's

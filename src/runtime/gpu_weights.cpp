@@ -141,8 +141,10 @@ GpuWeights build_weights(const ModelConfig& model, const WeightLayouts& layouts,
       DeviceBuffer& destination = staged && is_mlp(spec->group) ? (*staged)[spec->group] : groups[spec->group];
       if (destination.empty()) destination = DeviceBuffer(bf16_bytes(group_elements(spec->group, config)));
       const dist::TensorSlice slice = dist::slice_of(*spec, model, shard);
-      if (slice.elements() > 0)
-        source.fill(*spec, layer, slice, destination, static_cast<size_t>(row_in_group(*spec, config)) * slice.columns);
+      const size_t offset = static_cast<size_t>(row_in_group(*spec, config)) * slice.columns;
+      DF_CHECK(bf16_bytes(offset + slice.elements()) <= destination.bytes(),
+               "internal: " + tensor_name(*spec, layer) + "'s slice overruns its group on the device");
+      if (slice.elements() > 0) source.fill(*spec, layer, slice, destination, offset);
     }
   };
 

@@ -20,10 +20,6 @@ namespace {
 
 size_t bf16_bytes(size_t elements) { return elements * sizeof(__nv_bfloat16); }
 
-bool whole(const dist::TensorSlice& slice) {
-  return slice.row_begin == 0 && slice.column_begin == 0 && slice.columns == slice.row_length;
-}
-
 // ---- checkpoint -> device
 
 // n elements of `dtype` (BF16, F16 or F32, possibly unaligned in the mapping) -> bf16 bits.
@@ -151,7 +147,7 @@ class CheckpointSource final : public TensorSource {
       : stream_(stream), uploader_(checkpoint, total_bytes, stream, progress) {}
   void fill(const TensorSpec& spec, int layer, const dist::TensorSlice& slice, DeviceBuffer& destination,
             size_t offset) override {
-    if (whole(slice)) uploader_.upload(tensor_name(spec, layer), destination, offset);
+    if (slice.whole()) uploader_.upload(tensor_name(spec, layer), destination, offset);
     else uploader_.upload(tensor_name(spec, layer), destination, offset, slice);
   }
   void finish() override {
@@ -186,9 +182,9 @@ class RandomSource final : public TensorSource {
       DF_CHECK_CUDA(cudaMemcpyAsync(out, ones_.data(), bf16_bytes(slice.elements()), cudaMemcpyHostToDevice, stream_));
       return;
     }
-    const size_t elements = static_cast<size_t>(extent_size(spec.rows, model_)) * slice.row_length;
+    const size_t elements = slice.tensor_rows * slice.row_length;
     const uint64_t tensor_seed = seed_ + (++tensors_) * 0x9e3779b97f4a7c15ull;
-    if (whole(slice)) {
+    if (slice.whole()) {
       DF_CHECK_CUDA(kernels::fill_uniform_bf16(out, elements, tensor_seed, scale(spec, slice), stream_));
       return;
     }

@@ -131,11 +131,16 @@ void expect_slices_tile_the_table(const ModelConfig& model, int ranks) {
       const dist::TensorSlice slice = dist::slice_of(spec, model, shard);
       const std::string where = std::string(spec.name) + " rank " + std::to_string(r) + "/" + std::to_string(ranks);
       EXPECT_EQ(slice.row_length, static_cast<size_t>(shape.size() > 1 ? shape[1] : 1)) << where;
+      EXPECT_EQ(slice.tensor_rows, static_cast<size_t>(shape[0])) << where;
       if (spec.split == TensorSplit::replicated) {
         EXPECT_EQ(slice.rows, static_cast<size_t>(shape[0])) << where;
         EXPECT_EQ(slice.columns, slice.row_length) << where;
+        EXPECT_TRUE(slice.whole()) << where;
         continue;
       }
+      // A rank's part of a split tensor is never taken for the whole (rank 0's rows start at 0),
+      // unless it is the whole (a single key/value head every rank shares).
+      EXPECT_EQ(slice.whole(), slice.elements() == static_cast<size_t>(shape[0]) * slice.row_length) << where;
       const size_t begin = by_rows ? slice.row_begin : slice.column_begin;
       const size_t count = by_rows ? slice.rows : slice.columns;
       ASSERT_LE(begin + count, axis) << where;
@@ -176,6 +181,7 @@ TEST(TensorSplit, OneGpuHoldsEveryTensorWhole) {
     const dist::TensorSlice slice = dist::slice_of(spec, c, dist::RankShard{});
     const std::vector<int64_t> shape = tensor_shape(spec, c);
     EXPECT_EQ(slice.row_begin + slice.column_begin, 0u) << spec.name;
+    EXPECT_TRUE(slice.whole()) << spec.name;
     EXPECT_EQ(slice.elements(), static_cast<size_t>(shape[0] * (shape.size() > 1 ? shape[1] : 1))) << spec.name;
   }
 }
