@@ -410,6 +410,20 @@ def script(text):
     return {"role": "user", "content": f"SCRIPT:{text}:END"}
 
 
+def scripted_server(fixture):
+    """tests/server/scripted_server.cpp on the tiny tokenizer with the chat template of a fixture."""
+    model = os.path.join(ARGS.work_dir, "tiny-template-" + fixture)
+    os.makedirs(model, exist_ok=True)
+    with open(os.path.join(TINY, "tokenizer_config.json")) as f:
+        config = json.load(f)
+    with open(os.path.join(ARGS.fixtures, "tokenizers", fixture, "tokenizer_config.json")) as f:
+        config["chat_template"] = json.load(f)["chat_template"]
+    with open(os.path.join(model, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f)
+    shutil.copy(os.path.join(TINY, "tokenizer.json"), model)
+    return Server(command=[ARGS.scripted_server, "--model", model, "--port", "0"], ready="listening on")
+
+
 def hermes_call(name, arguments):
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
@@ -422,16 +436,7 @@ class ToolCalls(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        model = os.path.join(ARGS.work_dir, "tiny-qwen-template")
-        os.makedirs(model, exist_ok=True)
-        with open(os.path.join(TINY, "tokenizer_config.json")) as f:
-            config = json.load(f)
-        with open(os.path.join(ARGS.fixtures, "tokenizers", "qwen2_bytelevel", "tokenizer_config.json")) as f:
-            config["chat_template"] = json.load(f)["chat_template"]
-        with open(os.path.join(model, "tokenizer_config.json"), "w") as f:
-            json.dump(config, f)
-        shutil.copy(os.path.join(TINY, "tokenizer.json"), model)
-        cls.server = Server(command=[ARGS.scripted_server, "--model", model, "--port", "0"], ready="listening on")
+        cls.server = scripted_server("qwen2_bytelevel")
         cls.client = cls.server.client()
 
     @classmethod
@@ -510,6 +515,48 @@ class ToolCalls(unittest.TestCase):
         self.assertEqual(second.choices[0].finish_reason, "stop")
         self.assertEqual(second.choices[0].message.content, "It is 21 C in Paris.")
         self.assertGreater(second.usage.prompt_tokens, first.usage.prompt_tokens + 20)
+
+
+class ToolLoopsOnMistralAndLlamaTemplates(unittest.TestCase):
+    """A tool loop (call, result, answer) in the Mistral and Llama 3.1 formats: each call parsed,
+    then sent back and rendered by its template (Mistral's demands 9-character call ids)."""
+
+    def loop(self, fixture, call_text, id_length):
+        server = scripted_server(fixture)
+        try:
+            client = server.client()
+            messages = [script(call_text)]
+            calls = []
+            for stream in (False, True):
+                kw = dict(model="scripted", messages=messages, tools=[WEATHER_TOOL], max_tokens=400)
+                if stream:
+                    state = ChatCompletionStreamState()
+                    for chunk in client.chat.completions.create(stream=True, **kw):
+                        state.handle_chunk(chunk)
+                    r = state.get_final_completion()
+                else:
+                    r = client.chat.completions.create(**kw)
+                self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+                call = r.choices[0].message.tool_calls[0]
+                self.assertEqual((call.function.name, json.loads(call.function.arguments)),
+                                 ("get_weather", {"city": "Paris"}))
+                self.assertEqual(len(call.id), id_length)
+                calls.append(r)
+            messages.append(calls[0].choices[0].message.model_dump(exclude_none=True))
+            messages.append({"role": "tool", "tool_call_id": calls[0].choices[0].message.tool_calls[0].id,
+                             "content": "SCRIPT:It is 21 C in Paris.:END"})
+            answer = client.chat.completions.create(model="scripted", messages=messages, tools=[WEATHER_TOOL],
+                                                    max_tokens=400)
+            self.assertEqual(answer.choices[0].message.content, "It is 21 C in Paris.")
+            self.assertEqual(answer.choices[0].finish_reason, "stop")
+        finally:
+            server.stop()
+
+    def test_mistral(self):
+        self.loop("mistral_metaspace", '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]', 9)
+
+    def test_llama3(self):
+        self.loop("llama3_bytelevel", '{"name": "get_weather", "parameters": {"city": "Paris"}}', 29)
 
 
 class PreemptionAndShutdown(unittest.TestCase):
