@@ -58,7 +58,7 @@ class StagedUploader {
   }
   // Pending copies read the staging buffers: let them finish before the buffers are freed.
   ~StagedUploader() { cudaStreamSynchronize(stream_); }
-  // Every tensor uploaded: the progress reaches its total (a split rank's total is an estimate).
+  // Every tensor uploaded: the progress reaches its total.
   void finish() {
     if (progress_) progress_(total_, total_);
   }
@@ -124,7 +124,7 @@ class StagedUploader {
   }
 
  private:
-  // Below the total until finish(), so an estimated total is neither reached early nor missed.
+  // Below the total until finish(): done only when every copy is enqueued and the stream synchronised.
   void report() const {
     if (progress_) progress_(std::min(done_, total_ > 0 ? total_ - 1 : 0), total_);
   }
@@ -165,7 +165,7 @@ class CheckpointSource final : public TensorSource {
 class RandomSource final : public TensorSource {
  public:
   RandomSource(const ModelConfig& model, uint64_t seed, cudaStream_t stream)
-      : model_(model), seed_(seed), stream_(stream) {
+      : seed_(seed), stream_(stream) {
     size_t longest_norm = 0;
     for (const TensorSpec& spec : kModelTensors)
       if (spec.init == TensorInit::norm)
@@ -214,7 +214,6 @@ class RandomSource final : public TensorSource {
     throw Error("internal: norm weights are not drawn");
   }
 
-  const ModelConfig& model_;
   uint64_t seed_;
   uint64_t tensors_ = 0;
   cudaStream_t stream_;
