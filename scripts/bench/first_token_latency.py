@@ -4,7 +4,7 @@ clients see it (issue 53: an aiohttp client saw p50 41.5 ms where urllib saw 16.
 
 Clients, each sending the same streamed completion (random prompt ids, greedy, --output-len out):
   keepalive  one kept-alive connection for every request, the request in one write, TCP_NODELAY
-             on, the stream read as it comes: the pattern of aiohttp and httpx (standard library)
+             on, the stream read as it comes: aiohttp's pattern (standard library)
   fresh      a new connection per request (urllib's pattern; standard library)
   aiohttp    aiohttp.ClientSession, when aiohttp is installed
   openai     the `openai` client (httpx), when installed

@@ -306,7 +306,7 @@ class MainServer(unittest.TestCase):
         self.assertGreater(self.server.metrics().get(key, 0), before, "no stream was cancelled in 6 tries")
 
     def test_first_token_is_not_held_back_on_a_kept_alive_connection(self):
-        """aiohttp and httpx keep connections alive; the client then delays its ACKs, and with
+        """aiohttp keeps connections alive; the client then delays its ACKs, and with
         Nagle's algorithm on, the server's second small write (the first token after the headers,
         or a whole response's body) waited for that ACK: ~40 ms. TCP_NODELAY removes the wait, so a
         kept-alive connection is as quick as a fresh one (urllib's pattern)."""
