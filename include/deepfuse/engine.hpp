@@ -4,10 +4,12 @@
 // (src/server, `deepfuse serve`) drive it.
 //
 // Life of a sequence: add_sequence() checks and queues the prompt (nothing runs yet); step()
-// prefills every queued sequence (chunked) and then runs one decode step for all running ones,
-// returning the token each produced. A sequence finishes on a stop id, at its max_new_tokens,
-// at the model's context length, or when the KV cache has no page left for it (that sequence
-// alone ends, with its reason; the others continue). Sequences may be added between steps.
+// prefills what the step scheduler admits (chunked) and then runs one decode step for all running
+// ones, returning the token each produced. A sequence finishes on a stop id, at its
+// max_new_tokens, or at the model's context length. When the KV cache has no page left for a
+// step, the youngest running sequence is preempted: it gives its pages back and waits in the
+// queue, then recomputes what it had (prompt and tokens generated) and carries on; its tokens
+// are the same as if it had run through. Sequences may be added between steps.
 #pragma once
 
 #include <cstdint>
@@ -19,11 +21,13 @@
 #include <vector>
 
 #include "deepfuse/decode_plan.hpp"
+#include "deepfuse/finish_reason.hpp"
 #include "deepfuse/gemm_tuning.hpp"
 #include "deepfuse/logprobs.hpp"
 #include "deepfuse/mlp.hpp"
 #include "deepfuse/model_config.hpp"
 #include "deepfuse/sampling_params.hpp"
+#include "deepfuse/scheduling_stats.hpp"
 
 namespace deepfuse {
 
@@ -49,7 +53,7 @@ struct EngineOptions {
   // Prompt tokens prefilled per step() at most, over all sequences (0: every admitted prompt is
   // prefilled whole in the step that admits it). A prompt longer than what is left is continued in
   // the next steps while the running sequences keep decoding, so a long prompt never stalls them
-  // for its whole prefill (the server's chunked prefill).
+  // for its whole prefill (the server's chunked prefill; the step scheduler, src/batching).
   int prefill_tokens_per_step = 0;
   // Share the KV pages of full 16-token prompt blocks across sequences: a prompt that starts with
   // blocks an earlier prompt computed takes their pages (reference counted; unreferenced ones stay
@@ -82,10 +86,6 @@ struct EngineOptions {
 // Called while weights load: bytes done, bytes total.
 using LoadProgress = std::function<void(size_t done, size_t total)>;
 
-// kv_cache_full: when a step's tokens need more KV pages than are free, the youngest decoding
-// sequence ends so (its pages go back; a server requeues it to recompute later).
-enum class FinishReason { none, stop_token, max_tokens, context_length, kv_cache_full };
-const char* finish_reason_name(FinishReason reason);
 
 struct SequenceRequest {
   std::vector<int32_t> prompt;           // at least one id
@@ -101,9 +101,10 @@ struct SequenceRequest {
   // alternatives (deepfuse/logprobs.hpp: of the penalized logits, before temperature and the
   // other filters). Costs a copy of the row's logits to the host and a pass over them per token.
   int top_logprobs = -1;
-  // A sequence resumed after kv_cache_full (a server recomputing it): the last `prior_generated`
-  // ids of `prompt` are tokens it generated before. They count for the penalties, and its first
-  // sampling draw is draw prior_generated (reference::sample's step), not 0.
+  // A sequence resumed by its caller (prompt + the tokens an earlier run generated): the last
+  // `prior_generated` ids of `prompt` are tokens it generated before. They count for the
+  // penalties, and its first sampling draw is draw prior_generated (reference::sample's step), not
+  // 0. (A sequence the engine preempts resumes so by itself.)
   int prior_generated = 0;
 };
 
@@ -112,8 +113,7 @@ using SequenceId = int64_t;
 // What one step produced for one sequence.
 struct StepToken {
   SequenceId sequence = 0;
-  int32_t id = 0;                        // the sampled token (not produced when finish is kv_cache_full
-                                         // before sampling: then id is -1)
+  int32_t id = 0;                        // the sampled token
   FinishReason finish = FinishReason::none;  // none: the sequence keeps running
   int cached_tokens = -1;                // with a sequence's first token: prompt tokens whose KV pages came
                                          // from the prefix cache (EngineOptions::prefix_caching); else -1
@@ -182,13 +182,14 @@ class Engine {
   void remove_sequence(SequenceId sequence);
   // Sequences added and not yet finished, queued ones included: step() while this is > 0.
   int running_sequences() const;
+  SchedulingStats scheduling_stats() const;
 
-  // Prefills queued sequences, then one decode step for every running sequence. Finished
-  // sequences are reported once and then removed automatically. A sequence prefilled in this
-  // step reports its first token (sampled from the prefill) and, unless that finished it, its
-  // second from the decode step, in this call, or in the next one when the step read back now
-  // was launched ahead before it joined (overlap_steps). At most max_batch sequences run;
-  // the rest wait in the queue (first in, first out).
+  // Prefills what the scheduler admits or continues, then one decode step for every running
+  // sequence. Finished sequences are reported once and then removed automatically. A sequence
+  // prefilled in this step reports its first token (sampled from the prefill) and, unless that
+  // finished it, its second from the decode step, in this call, or in the next one when the step
+  // read back now was launched ahead before it joined (overlap_steps). At most max_batch
+  // sequences run; the rest wait in the queue (first in, first out).
   std::vector<StepToken> step();
 
   // Teacher forcing, for tests and `score`: runs `ids` through a fresh sequence (prefill of

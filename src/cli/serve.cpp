@@ -92,7 +92,7 @@ LoadedServe load(const ServeArgs& args) {
     const Checkpoint checkpoint(args.model_dir);
     auto decoder = std::make_unique<reference::Decoder>(config, load_reference_weights(checkpoint, config));
     server::ReferenceBackendOptions ref;
-    ref.scheduler = {options.max_batch, args.max_step_tokens, max_context};
+    ref.scheduler = {options.max_batch, max_context, args.max_step_tokens};
     ref.kv_pages = args.kv_pages;
     ref.prefix_caching = !args.no_prefix_cache;
     loaded.backend = std::make_unique<server::ReferenceBackend>(std::move(decoder), ref);
@@ -196,8 +196,8 @@ void register_serve(CLI::App& app, Action& action) {
   command->add_option("--max-body-mb", args->max_body_mb, "largest request body in MiB (default 8; larger: 413)")
       ->check(CLI::PositiveNumber);
   command->add_option("--max-step-tokens", args->max_step_tokens,
-                      "tokens computed per step (default 512): decode rows and prefill chunks together on the reference "
-                      "backend, prompt tokens prefilled per step on the cuda backend")
+                      "prompt tokens prefilled per step over all requests (default 512); a longer prompt continues "
+                      "over the next steps while the others decode")
       ->check(CLI::PositiveNumber);
   command->add_option("--kv-pages", args->kv_pages,
                       "KV pages of 16 tokens (reference backend; default max-batch x max-context)")

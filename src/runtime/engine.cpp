@@ -1,6 +1,6 @@
 // Engine: construction (weights, workspaces, KV cache sized from what memory is left), request
-// validation, and the step loop: prefill queued sequences chunk by chunk, then one decode step
-// for every running sequence through the bucket's CUDA graph. Scoring lives in score.cpp.
+// validation, and the sequences handed to the step scheduler. The step itself lives in step.cpp,
+// scoring in score.cpp.
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -18,8 +18,7 @@
 
 namespace deepfuse {
 
-using runtime::KvPageTable;
-using runtime::Sequence;
+using batching::KvBlockPool;
 
 namespace {
 
@@ -165,7 +164,7 @@ void Engine::Impl::fit_plan_to_memory() {
   if (!(layouts.mlp_fused && layouts.mlp_unfused)) return;
   size_t free_bytes = 0, total_bytes = 0;
   DF_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const size_t one_sequence = static_cast<size_t>(KvPageTable::pages_for(options.max_context)) * kv_geometry().page_bytes();
+  const size_t one_sequence = static_cast<size_t>(KvBlockPool::pages_for(options.max_context)) * kv_geometry().page_bytes();
   const size_t kv_first = options.keep_mlp_copy ? 0 : one_sequence * options.max_batch;
   if (runtime::fits_with_kv(config, layouts, free_bytes, kv_first + kMemoryReserve, link.shard)) return;
   const scheduler::PlanShape shape = scheduler::PlanShape::of(config);
@@ -225,7 +224,6 @@ void Engine::Impl::prepare_setup() {
   prefill_host = PinnedBuffer(3 * static_cast<size_t>(max_tokens()) * sizeof(int32_t));
   slot_host = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(kernels::SamplingSlot));
   penalty_host = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(kernels::PenaltySlot));
-  running.reserve(max_batch);
   if (link.shard.split()) {
     // The partial sums the all-reduces read: the peer-visible buffers where the one-shot
     // all-reduce exists, else two of this rank's own.
@@ -242,7 +240,7 @@ void Engine::Impl::prepare_setup() {
 int Engine::Impl::affordable_kv_pages() {
   // The KV cache takes what is left: never more pages than max_batch sequences at max_context use.
   const runtime::KvGeometry geometry = kv_geometry();
-  const size_t useful_pages = static_cast<size_t>(options.max_batch) * KvPageTable::pages_for(options.max_context);
+  const size_t useful_pages = static_cast<size_t>(options.max_batch) * KvBlockPool::pages_for(options.max_context);
   DF_CHECK_CUDA(cudaStreamSynchronize(stream()));
   size_t free_bytes = 0, total_bytes = 0;
   DF_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -266,7 +264,11 @@ int Engine::Impl::affordable_kv_pages() {
 
 void Engine::Impl::complete_setup(int kv_pages) {
   kv = std::make_unique<runtime::KvCache>(kv_geometry(), kv_pages, options.max_batch,
-                                          KvPageTable::pages_for(options.max_context), stream(), options.prefix_caching);
+                                          KvBlockPool::pages_for(options.max_context), stream());
+  pool = std::make_unique<batching::KvBlockPool>(kv_pages, options.prefix_caching);
+  scheduler = std::make_unique<batching::StepScheduler>(
+      batching::SchedulerOptions{options.max_batch, options.max_context, options.prefill_tokens_per_step}, *pool);
+  scheduler->on_row_move([this](int from, int to) { move_row(from, to); });
   forward = std::make_unique<runtime::ForwardPass>(config, *weights, *kv, *buffers, *gemm, plan, &link);
   if (options.tune_gemms) gemm_tunings = forward->tune_decode_gemms(stream());
   DF_CHECK_CUDA(cudaStreamSynchronize(stream()));
@@ -318,9 +320,9 @@ EngineStats Engine::stats(int decode_batch) const {
   stats.weight_bytes = runtime::decode_weight_bytes(s.config, s.link.shard);
   stats.gpu_weight_bytes = runtime::gpu_weight_bytes(s.config, s.layouts, s.link.shard);
   stats.kv_cache_bytes = s.kv->pool_bytes();
-  stats.kv_pages_total = s.kv->table().total_pages();
-  stats.kv_pages_free = s.kv->table().free_pages();
-  stats.kv_pages_cached = s.kv->table().pool().cached_pages();
+  stats.kv_pages_total = s.pool->total_pages();
+  stats.kv_pages_free = s.pool->available_pages();
+  stats.kv_pages_cached = s.pool->cached_pages();
   size_t free_bytes = 0, total_bytes = 0;
   DF_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
   stats.gpu_memory_used = total_bytes - free_bytes;
@@ -353,11 +355,11 @@ void Engine::Impl::validate_request(const SequenceRequest& r) const {
                " exceeds max_context " + std::to_string(options.max_context) +
                " (the model's max_position_embeddings is " + std::to_string(config.max_position_embeddings) + ")");
   // The last sampled token is never fed back, so the cache holds prompt + max_new_tokens - 1 positions.
-  const int pages = KvPageTable::pages_for(prompt + r.max_new_tokens - 1);
-  DF_CHECK(pages <= kv->table().total_pages(),
+  const int pages = KvBlockPool::pages_for(prompt + r.max_new_tokens - 1);
+  DF_CHECK(pages <= pool->total_pages(),
            "prompt + max_new_tokens need " + std::to_string(pages) + " KV pages of " +
                std::to_string(kernels::kKvPageSize) + " tokens, the whole cache holds " +
-               std::to_string(kv->table().total_pages()));
+               std::to_string(pool->total_pages()));
   const SamplingParams& p = r.sampling;
   DF_CHECK(p.repetition_penalty == 1.0f, "repetition_penalty " + std::to_string(p.repetition_penalty) +
                                              " is not supported by the GPU engine (it must be 1)");
@@ -376,18 +378,12 @@ void Engine::Impl::validate_request(const SequenceRequest& r) const {
 SequenceId Engine::add_sequence(const SequenceRequest& request) {
   ranks_->lead().validate_request(request);  // every rank would say the same: once, before any rank changes
   ranks_->run([&](Impl& s) {
-    Sequence sequence;
-    sequence.id = s.next_id++;
-    sequence.prompt = request.prompt;
-    sequence.sampling = request.sampling;
-    sequence.max_new_tokens = request.max_new_tokens;
-    sequence.stop_ids = request.stop_ids;
-    sequence.penalties = {request.presence_penalty, request.frequency_penalty};
-    sequence.top_logprobs = request.top_logprobs;
-    sequence.prior_generated = request.prior_generated;
-    s.queued.push_back(std::move(sequence));
+    const SequenceId id = s.next_id++;  // the same on every rank
+    s.settings[id] = {request.sampling, {request.presence_penalty, request.frequency_penalty}, request.top_logprobs};
+    s.scheduler->add(static_cast<batching::SequenceKey>(id),
+                     {request.prompt, request.max_new_tokens, request.stop_ids, request.prior_generated});
   });
-  return ranks_->lead().queued.back().id;
+  return ranks_->lead().next_id - 1;
 }
 
 void Engine::remove_sequence(SequenceId sequence) {
@@ -396,19 +392,16 @@ void Engine::remove_sequence(SequenceId sequence) {
   DF_CHECK(sequence >= 1 && sequence < lead.next_id, "unknown sequence id " + std::to_string(sequence));
   ranks_->run([&](Impl& s) {
     s.activate_device();
-    for (size_t row = 0; row < s.running.size(); ++row)
-      if (s.running[row].id == sequence) return s.remove_running(static_cast<int>(row));
-    for (auto it = s.queued.begin(); it != s.queued.end(); ++it)
-      if (it->id == sequence) {
-        s.queued.erase(it);
-        return;
-      }
+    s.scheduler->cancel(static_cast<batching::SequenceKey>(sequence));  // its row's state moves on the stream
+    s.settings.erase(sequence);
   });
 }
 
 int Engine::running_sequences() const {
   const Impl& s = ranks_->lead();
-  return static_cast<int>(s.queued.size() + s.running.size());
+  return s.scheduler->running() + s.scheduler->waiting();
 }
+
+SchedulingStats Engine::scheduling_stats() const { return ranks_->lead().scheduler->stats(); }
 
 }  // namespace deepfuse

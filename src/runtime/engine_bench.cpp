@@ -26,22 +26,19 @@ SequenceId EngineBench::add_prefilled(Engine::Impl& s, int context, int max_new_
   DF_CHECK(static_cast<int64_t>(context) + 1 + max_new_tokens <= s.options.max_context,
            "benchmark context " + std::to_string(context) + " + 1 pending token + max_new_tokens " +
                std::to_string(max_new_tokens) + " exceeds max_context " + std::to_string(s.options.max_context));
-  DF_CHECK(static_cast<int>(s.running.size()) < s.options.max_batch,
+  DF_CHECK(s.scheduler->running() < s.options.max_batch,
            "all " + std::to_string(s.options.max_batch) + " decode rows (max_batch) are running");
-  const int pages = KvPageTable::pages_for(context + 1);
-  DF_CHECK(pages <= s.kv->table().free_pages(), "benchmark context " + std::to_string(context) + " needs " +
-                                                    std::to_string(pages) + " KV pages, " +
-                                                    std::to_string(s.kv->table().free_pages()) + " are free");
-  Sequence sequence;
-  sequence.id = s.next_id++;
-  sequence.max_new_tokens = max_new_tokens;
-  sequence.context = context;
-  sequence.next_token = 0;
-  const int row = s.kv->add_row();
-  s.kv->reserve(row, context);
-  s.upload_slot(row, sequence.sampling);  // default SamplingParams: greedy
-  s.running.push_back(std::move(sequence));
-  return s.running.back().id;
+  const int pages = batching::KvBlockPool::pages_for(context + 1);
+  DF_CHECK(pages <= s.pool->available_pages(), "benchmark context " + std::to_string(context) + " needs " +
+                                                   std::to_string(pages) + " KV pages, " +
+                                                   std::to_string(s.pool->available_pages()) + " are free");
+  const SequenceId id = s.next_id++;
+  const batching::Sequence& sequence = s.scheduler->add_prefilled(static_cast<batching::SequenceKey>(id), context,
+                                                                 max_new_tokens);
+  s.settings[id] = {};  // greedy
+  s.kv->set_row(sequence.row, sequence.pages);
+  s.upload_slot(sequence.row, SamplingParams{});
+  return id;
 }
 
 double EngineBench::decode_replay_ms(Engine& engine, int replays) {
@@ -61,17 +58,18 @@ const std::vector<AllReduceTiming>& EngineBench::all_reduce_timings(const Engine
 double EngineBench::decode_replay_ms(Engine::Impl& s, int replays) {
   s.activate_device();
   DF_CHECK(replays >= 1, "replays is " + std::to_string(replays) + "; it must be at least 1");
-  if (s.running.empty()) return 0.0;
-  const int bucket = s.lanes[0].graphs->bucket_index(static_cast<int>(s.running.size()));
+  const int running = s.scheduler->running();
+  if (running == 0) return 0.0;
+  const int bucket = s.lanes[0].graphs->bucket_index(running);
   const StepLane* lane = s.lane_with_graph(bucket);
   if (!lane) return 0.0;  // no step() of this bucket yet, or graphs off
   // The replays feed their own samples: keep the ids the next step() feeds, on the device and
   // in the lane's host buffer (a step in flight may not have been read back yet).
-  const size_t id_bytes = s.running.size() * sizeof(int32_t);
+  const size_t id_bytes = running * sizeof(int32_t);
   DeviceBuffer saved_ids(id_bytes);
   DF_CHECK_CUDA(cudaMemcpyAsync(saved_ids.data(), s.buffers->decode_ids(), id_bytes, cudaMemcpyDeviceToDevice, s.stream()));
   DF_CHECK_CUDA(cudaStreamSynchronize(s.stream()));
-  const std::vector<int32_t> saved_sampled(lane->sampled.as<int32_t>(), lane->sampled.as<int32_t>() + s.running.size());
+  const std::vector<int32_t> saved_sampled(lane->sampled.as<int32_t>(), lane->sampled.as<int32_t>() + running);
   CudaEvent start, stop;
   start.record(s.stream());
   for (int r = 0; r < replays; ++r) DF_CHECK_CUDA(lane->graphs->replay(bucket, s.stream()));

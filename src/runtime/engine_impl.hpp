@@ -1,10 +1,11 @@
 // The Engine's state and the steps it is built from (include/deepfuse/engine.hpp is the contract).
 //
-// Sequences live in two places: `queued` (added, nothing run yet, no pages) and `running`, where
-// index i is block-table row i and decode-batch entry i (kept compact by KvCache::remove_row).
-// A running sequence has `context` positions in the KV cache and one sampled token not yet fed
-// (`next_token`), as far as the host has read back; `in_flight` decode steps launched for it
-// have not been read back yet (step.cpp: steps run one ahead of the host).
+// Which sequences run in a step, and how many prompt tokens each gets, is the step scheduler's
+// (src/batching, the same one the CPU backend runs): it owns the sequences, their KV pages and
+// their rows (block-table row i is decode-batch entry i). This file's steps execute its plans:
+// uploads, prefill chunks, decode steps through the lanes and graphs, and the read-backs whose
+// tokens they report to it. Decode steps run one ahead of the host (step.cpp), so a sequence may
+// have samples in flight, which the scheduler counts.
 //
 // Host/device traffic: every per-step input goes through pinned buffers, each rewritten only
 // once the copy or step that last read it has run (after the step's one stream synchronisation,
@@ -20,8 +21,11 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
+#include "batching/kv_block_pool.hpp"
+#include "batching/step_scheduler.hpp"
 #include "deepfuse/engine.hpp"
 #include "deepfuse/kernels/decode_attention.hpp"
 #include "deepfuse/kernels/cublaslt_gemm.hpp"
@@ -38,31 +42,11 @@ namespace deepfuse {
 
 namespace runtime {
 
-struct Sequence {
-  SequenceId id = 0;
-  std::vector<int32_t> prompt;
+// How a sequence samples (SequenceRequest); the scheduler holds the rest of it.
+struct SequenceSettings {
   SamplingParams sampling;
-  int max_new_tokens = 0;
-  std::vector<int32_t> stop_ids;
-  kernels::PenaltySlot penalties;  // presence / frequency (SequenceRequest)
-  int top_logprobs = -1;    // -1: no logprobs reported
-  int prior_generated = 0;  // the prompt's last ids that an earlier run generated (SequenceRequest)
-  int context = 0;          // positions whose keys and values are in the cache (read back)
-  int prefilled = 0;        // prompt positions prefilled; < prompt.size(): still prefilling, sits out decode
-  int cached = 0;           // prompt positions whose pages came from the prefix cache
-  int generated = 0;        // tokens sampled so far (read back)
-  int32_t next_token = -1;  // the latest sampled token read back
-  int in_flight = 0;        // decode steps launched for it and not read back yet (0..2)
-  // Whether its row of decode_ids on the device holds the id its next step feeds: written there
-  // by the sampler of the last step it took part in, or of its prefill. A row that sat a step out
-  // was overwritten by that step's padding; the host then feeds next_token itself.
-  bool id_on_device = false;
-  // Chosen to give its pages back (the youngest while the cache is short): sits steps out until
-  // nothing is in flight for it, then ends with kv_cache_full (step.cpp, preempt_youngest).
-  bool preempting = false;
-  // Prefix caching: the tokens sampled so far, read back (their full blocks are registered for
-  // later prompts when the sequence finishes).
-  std::vector<int32_t> generated_ids;
+  kernels::PenaltySlot penalties;  // presence / frequency
+  int top_logprobs = -1;           // -1: no logprobs reported
 };
 
 // One decode step's host side: its inputs, the ids it samples, and which sequence each row fed.
@@ -137,15 +121,18 @@ struct Engine::Impl {
   void validate_request(const SequenceRequest& request) const;
   void validate_ids(std::span<const int32_t> ids, const std::string& what) const;
 
-  // ---- steps (engine.cpp)
-  void prefill_queued(std::vector<StepToken>& out);
+  // ---- steps (step.cpp)
+  // The scheduler's prefill phase: admissions and prompt chunks, then their first tokens read back.
+  void prefill_step(std::vector<StepToken>& out);
   // Launches steps ahead as overlap_steps asks, then reads back the oldest one in flight.
   void decode_running(std::vector<StepToken>& out);
-  void launch_decode(std::vector<StepToken>& out);
-  // While the step's tokens need more KV pages than are free, the youngest decoding sequence
-  // gives its pages back (ends with kv_cache_full; the server requeues it to recompute).
-  void preempt_youngest(std::vector<StepToken>& out);
+  // The scheduler's decode phase (which may preempt the youngest), launched; nothing when it is empty.
+  void launch_decode();
   void read_back_oldest(std::vector<StepToken>& out);
+  // Hands the sequence's sampled `id` to the scheduler and reports it (logprobs from row
+  // `logits_row` of `logits`).
+  void report(batching::Sequence& sequence, int32_t id, const runtime::PinnedBuffer& logits, int logits_row,
+              std::vector<StepToken>& out);
   // With no sequence running: waits for the steps in flight and drops them (their sequences are gone).
   void forget_launched_steps();
   // Runs `ids` through the sequence on block-table row `row` from position `start`, in chunks of
@@ -165,16 +152,15 @@ struct Engine::Impl {
                    std::span<const int32_t> counted = {});
   // `buffer` (a lane's logits or prefill_logits), allocated as fp32 [max_batch, vocab] on first use.
   runtime::PinnedBuffer& logits_host(runtime::PinnedBuffer& buffer);
-  // With a sequence that asked for logprobs (on the rank that samples), `token`'s from `logits` row `row`.
-  void attach_logprobs(StepToken& token, const runtime::Sequence& sequence, const runtime::PinnedBuffer& logits,
-                       int row) const;
+  // With top_logprobs >= 0 (on the rank that samples), `token`'s from `logits` row `row`.
+  void attach_logprobs(StepToken& token, int top_logprobs, const runtime::PinnedBuffer& logits, int row) const;
   // Whether this rank holds whole logits rows (tensor parallel: rank 0, which samples).
   bool samples_here() const { return link.shard.rank == 0; }
   // The lane whose graphs hold bucket `index` (stats and benchmark replays), or null: none yet.
   const runtime::StepLane* lane_with_graph(int bucket_index) const;
-  void remove_running(int row);
-  void remove_finished(std::vector<int> rows);  // remove_running for each row, highest first
-  FinishReason finish_reason(const runtime::Sequence& sequence) const;
+  // The scheduler moved the sequence on the last row `from` into the hole at `to`: its block-table
+  // row, sampling and penalty slots, counts and next id on the device follow.
+  void move_row(int from, int to);
 
   // ---- scoring (score.cpp)
   std::vector<std::vector<float>> score_batch(const std::vector<std::vector<int32_t>>& sequences,
@@ -202,6 +188,8 @@ struct Engine::Impl {
   std::unique_ptr<runtime::StepBuffers> buffers;
   DeviceBuffer partials;  // tensor parallel without peer access: link.partial's two buffers
   std::unique_ptr<runtime::KvCache> kv;
+  std::unique_ptr<batching::KvBlockPool> pool;        // the KV pages and the prefix cache
+  std::unique_ptr<batching::StepScheduler> scheduler;  // decides every step; owns the sequences
   std::unique_ptr<runtime::ForwardPass> forward;
 
   std::array<runtime::StepLane, 2> lanes;
@@ -216,8 +204,7 @@ struct Engine::Impl {
   runtime::PinnedBuffer counts_host;   // int32 [vocab]: a resumed sequence's first counts (on first use)
   runtime::CopyEvent slot_host_read;   // after the last upload from any of the three
 
-  std::deque<runtime::Sequence> queued;
-  std::vector<runtime::Sequence> running;
+  std::unordered_map<SequenceId, runtime::SequenceSettings> settings;  // of every sequence the scheduler holds
   SequenceId next_id = 1;
 };
 

@@ -87,7 +87,7 @@ double EngineTuning::time_bucket(Engine& engine, const BucketPlan& bucket, int c
 int EngineTuning::longest_timed_context(const Engine& engine, int batch, int limit) {
   const Engine::Impl& s = engine.ranks_->lead();
   constexpr int kSpare = 16;  // the timed steps' own tokens, and a page boundary's worth
-  const int pages_each = s.kv->table().free_pages() / std::max(batch, 1);
+  const int pages_each = s.pool->available_pages() / std::max(batch, 1);
   const int fits = pages_each * kernels::kKvPageSize - kSpare;
   return std::max(0, std::min({limit, fits, s.options.max_context - kSpare}));
 }

@@ -1,6 +1,8 @@
 #include "runtime/kv_cache.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "deepfuse/error.hpp"
 
@@ -14,15 +16,19 @@ size_t KvGeometry::page_bytes() const {
   return size_t{2} * layers * pool_elements(1) * sizeof(__nv_bfloat16);
 }
 
-KvCache::KvCache(const KvGeometry& geometry, int pages, int max_rows, int max_pages_per_row, cudaStream_t stream,
-                 bool prefix_caching)
+KvCache::KvCache(const KvGeometry& geometry, int pages, int max_rows, int max_pages_per_row, cudaStream_t stream)
     : geometry_(geometry),
       pages_(pages),
+      max_rows_(max_rows),
+      max_pages_per_row_(max_pages_per_row),
       stream_(stream),
       pool_(static_cast<size_t>(pages) * geometry.page_bytes()),
       block_table_(static_cast<size_t>(max_rows) * max_pages_per_row * sizeof(int32_t)),
-      table_(pages, max_rows, max_pages_per_row, prefix_caching),
+      entries_(static_cast<size_t>(max_rows) * max_pages_per_row, -1),
+      row_pages_(max_rows, 0),
       staging_(block_table_.bytes()) {
+  DF_CHECK(pages >= 1 && max_rows >= 1 && max_pages_per_row >= 1,
+           "KV cache needs at least one page, one row and one page per row");
   pool_.zero(stream_);
   // Entries past a row's pages are never read (lengths bound every kernel), but -1 everywhere
   // makes a stray read an obvious out-of-range page rather than a plausible one.
@@ -36,46 +42,47 @@ kernels::PagedKv KvCache::layer(int layer) const {
   kv.k_pages = pool_.as<__nv_bfloat16>() + (2 * static_cast<size_t>(layer)) * pool;
   kv.v_pages = pool_.as<__nv_bfloat16>() + (2 * static_cast<size_t>(layer) + 1) * pool;
   kv.block_table = block_table_.as<int32_t>();
-  kv.max_pages_per_seq = table_.max_pages_per_row();
+  kv.max_pages_per_seq = max_pages_per_row_;
   kv.kv_heads = geometry_.kv_heads;
   kv.head_dim = geometry_.head_dim;
   return kv;
 }
 
-bool KvCache::reserve(int row, int tokens) {
-  const int before = table_.pages_in_row(row);
-  if (!table_.reserve(row, tokens)) return false;
-  upload_entries(row, before, table_.pages_in_row(row) - before);
-  return true;
+void KvCache::check_row(int row) const {
+  DF_CHECK(row >= 0 && row < max_rows_, "internal: KV cache has no block-table row " + std::to_string(row));
 }
 
-int KvCache::adopt_prefix(int row, std::span<const int32_t> tokens, int max_blocks) {
-  const int positions = table_.adopt_prefix(row, tokens, max_blocks);
-  upload_entries(row, 0, table_.pages_in_row(row));
-  return positions;
-}
-
-void KvCache::upload_entries(int row, int first_page, int pages) {
-  if (pages <= 0) return;
+void KvCache::set_row(int row, std::span<const int32_t> pages) {
+  check_row(row);
+  DF_CHECK(static_cast<int>(pages.size()) <= max_pages_per_row_,
+           "internal: " + std::to_string(pages.size()) + " KV pages for one sequence, a row holds at most " +
+               std::to_string(max_pages_per_row_));
+  int32_t* mirror = entries_.data() + static_cast<size_t>(row) * max_pages_per_row_;
+  int first = 0;
+  while (first < row_pages_[row] && first < static_cast<int>(pages.size()) && mirror[first] == pages[first]) ++first;
+  row_pages_[row] = static_cast<int>(pages.size());
+  const int count = static_cast<int>(pages.size()) - first;
+  if (count <= 0) return;
+  std::copy(pages.begin() + first, pages.end(), mirror + first);
   // The staging bytes of these entries may still be the source of an earlier, not yet executed
   // copy (a row freed and refilled within one step): wait for the last upload before rewriting.
   staging_read_.wait();
-  const size_t first = static_cast<size_t>(row) * table_.max_pages_per_row() + first_page;
-  const size_t count = static_cast<size_t>(pages);
-  std::memcpy(staging_.as<int32_t>() + first, table_.entries().data() + first, count * sizeof(int32_t));
-  DF_CHECK_CUDA(cudaMemcpyAsync(block_table_.as<int32_t>() + first, staging_.as<int32_t>() + first,
+  const size_t offset = static_cast<size_t>(row) * max_pages_per_row_ + first;
+  std::memcpy(staging_.as<int32_t>() + offset, mirror + first, count * sizeof(int32_t));
+  DF_CHECK_CUDA(cudaMemcpyAsync(block_table_.as<int32_t>() + offset, staging_.as<int32_t>() + offset,
                                 count * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   staging_read_.record(stream_);
 }
 
-int KvCache::remove_row(int row) {
-  const int moved_from = table_.remove_row(row);
-  if (moved_from >= 0 && table_.pages_in_row(row) > 0) {
-    const size_t stride = table_.max_pages_per_row();
-    DF_CHECK_CUDA(cudaMemcpyAsync(block_table_.as<int32_t>() + row * stride, block_table_.as<int32_t>() + moved_from * stride,
-                                  table_.pages_in_row(row) * sizeof(int32_t), cudaMemcpyDeviceToDevice, stream_));
-  }
-  return moved_from;
+void KvCache::move_row(int from, int to) {
+  check_row(from);
+  check_row(to);
+  const size_t stride = max_pages_per_row_;
+  std::copy_n(entries_.begin() + from * stride, row_pages_[from], entries_.begin() + to * stride);
+  row_pages_[to] = row_pages_[from];
+  if (row_pages_[to] > 0)
+    DF_CHECK_CUDA(cudaMemcpyAsync(block_table_.as<int32_t>() + to * stride, block_table_.as<int32_t>() + from * stride,
+                                  row_pages_[to] * sizeof(int32_t), cudaMemcpyDeviceToDevice, stream_));
 }
 
 }  // namespace deepfuse::runtime

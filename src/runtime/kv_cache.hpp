@@ -1,8 +1,11 @@
 // The paged KV cache on the device: one allocation holding every layer's key and value pools
-// (layout: include/deepfuse/kernels/paged_kv.hpp), the device block table, and the host
-// KvPageTable whose changes it mirrors to the device with small stream-ordered copies:
-//   - a row gains pages: only the new entries are copied up (from pinned staging);
-//   - a row is removed: the last row is moved into the hole device-to-device.
+// (layout: include/deepfuse/kernels/paged_kv.hpp) and the device block table. Which page holds
+// which positions is the step scheduler's (src/batching: each running sequence's pages, its row);
+// the block table mirrors it with small stream-ordered copies, against a host copy of what the
+// device holds:
+//   - a row's pages change (admission, growth): only the entries that differ are copied up (from
+//     pinned staging);
+//   - a sequence moves from the last row into a hole: its row is copied device-to-device.
 // Whole tables are never uploaded per step. The pools are zeroed once, so pages that were never
 // written (benchmark contexts) hold finite values.
 #pragma once
@@ -11,10 +14,10 @@
 
 #include <cstddef>
 #include <span>
+#include <vector>
 
 #include "deepfuse/tensor.hpp"
 #include "deepfuse/kernels/paged_kv.hpp"
-#include "runtime/kv_page_table.hpp"
 #include "runtime/pinned_buffer.hpp"
 
 namespace deepfuse::runtime {
@@ -32,36 +35,32 @@ struct KvGeometry {
 
 class KvCache {
  public:
-  KvCache(const KvGeometry& geometry, int pages, int max_rows, int max_pages_per_row, cudaStream_t stream,
-          bool prefix_caching = false);
+  KvCache(const KvGeometry& geometry, int pages, int max_rows, int max_pages_per_row, cudaStream_t stream);
 
   // Layer `layer`'s pools and the shared block table, as the kernels take them.
   kernels::PagedKv layer(int layer) const;
 
-  const KvPageTable& table() const { return table_; }
+  int pages() const { return pages_; }
   size_t pool_bytes() const { return pool_.bytes(); }
+  int max_pages_per_row() const { return max_pages_per_row_; }
 
-  int add_row() { return table_.add_row(); }
-  // KvPageTable::reserve, with the row's new entries copied to the device block table.
-  bool reserve(int row, int tokens);
-  // KvPageTable::remove_row, with the moved row copied device-to-device; returns where it came from.
-  int remove_row(int row);
-  // KvPageTable::adopt_prefix, with the adopted entries copied to the device block table.
-  int adopt_prefix(int row, std::span<const int32_t> tokens, int max_blocks);
-  void register_prompt_blocks(int row, std::span<const int32_t> tokens, int computed) {
-    table_.register_prompt_blocks(row, tokens, computed);
-  }
+  // Makes block-table row `row` list `pages` (page ids in position order) on the device.
+  void set_row(int row, std::span<const int32_t> pages);
+  // Row `to` takes row `from`'s entries (a sequence moved rows).
+  void move_row(int from, int to);
 
  private:
-  // Copies entries [first, first + count) of `row` up to the device block table.
-  void upload_entries(int row, int first, int count);
+  void check_row(int row) const;
 
   KvGeometry geometry_;
   int pages_;
+  int max_rows_;
+  int max_pages_per_row_;
   cudaStream_t stream_;
   DeviceBuffer pool_;              // [layer][K, V][pages][kv_heads][kKvPageSize][head_dim] bf16
   DeviceBuffer block_table_;       // int32 [max_rows, max_pages_per_row]
-  KvPageTable table_;
+  std::vector<int32_t> entries_;   // what block_table_ holds (or will, once the copies run)
+  std::vector<int> row_pages_;     // per row: entries of it that are meaningful
   PinnedBuffer staging_;           // int32 [max_rows, max_pages_per_row]: source of entry uploads
   CopyEvent staging_read_;         // recorded after the last upload from staging_
 };

@@ -10,7 +10,6 @@
 
 namespace deepfuse {
 
-using runtime::KvPageTable;
 
 std::vector<float> Engine::score(std::span<const int32_t> ids, int prefill_tokens) {
   std::vector<std::vector<float>> logits = score_batch({std::vector<int32_t>(ids.begin(), ids.end())}, {prefill_tokens});
@@ -45,7 +44,7 @@ void Engine::Impl::logits_of_chunk(int tokens, float* out) {
 
 std::vector<std::vector<float>> Engine::Impl::score_batch(const std::vector<std::vector<int32_t>>& sequences,
                                                           const std::vector<int>& prefill_tokens) {
-  DF_CHECK(running.empty(), "score needs an engine with no running sequences (" + std::to_string(running.size()) +
+  DF_CHECK(scheduler->running() == 0, "score needs an engine with no running sequences (" + std::to_string(scheduler->running()) +
                                 " are running: step them to the end or remove them first)");
   forget_launched_steps();  // steps launched ahead for sequences since finished
   const int count = static_cast<int>(sequences.size());
@@ -65,30 +64,31 @@ std::vector<std::vector<float>> Engine::Impl::score_batch(const std::vector<std:
     DF_CHECK(prefill_tokens[i] >= 1 && prefill_tokens[i] <= length,
              what + ": prefill_tokens " + std::to_string(prefill_tokens[i]) + " is outside 1.." +
                  std::to_string(length));
-    pages += KvPageTable::pages_for(length);
+    pages += batching::KvBlockPool::pages_for(length);
   }
-  DF_CHECK(pages <= kv->table().free_pages(), "score needs " + std::to_string(pages) + " KV pages, " +
-                                                  std::to_string(kv->table().free_pages()) + " are free");
+  DF_CHECK(pages <= pool->available_pages(), "score needs " + std::to_string(pages) + " KV pages, " +
+                                                 std::to_string(pool->available_pages()) + " are free");
 
-  // Rows 0..count-1 for the duration of the call; removing the last row first moves nothing, so
-  // the guard frees them without touching the device on any exit path.
-  struct RowsGuard {
-    runtime::KvCache& kv;
-    int rows = 0;
-    ~RowsGuard() {
-      while (rows > 0) kv.remove_row(--rows);
+  // Rows 0..count-1 for the duration of the call (nothing else runs), with pages taken from the
+  // pool and given back on any exit path.
+  struct PagesGuard {
+    batching::KvBlockPool& pool;
+    std::vector<batching::PageId> pages;
+    ~PagesGuard() {
+      for (const batching::PageId page : pages) pool.release(page);
     }
-  } guard{*kv};
+  } guard{*pool, {}};
   const size_t vocab = config.vocab_size;
   // Tensor parallel: only rank 0 holds whole logits rows; the others run the same passes (their
   // collectives must take part) and keep nothing, so no rank but 0 holds a host copy.
   const bool keep = samples_here();
   std::vector<std::vector<float>> logits(count);
   for (int i = 0; i < count; ++i) {
-    const int row = kv->add_row();
-    ++guard.rows;
-    kv->reserve(row, static_cast<int>(sequences[i].size()));  // every position, checked above
-    upload_slot(row, SamplingParams{});             // sampled ids are ignored: greedy
+    std::vector<batching::PageId> row_pages;  // every position, checked above
+    while (static_cast<int>(row_pages.size()) < batching::KvBlockPool::pages_for(static_cast<int>(sequences[i].size())))
+      row_pages.push_back(guard.pages.emplace_back(*pool->allocate()));
+    kv->set_row(i, row_pages);
+    upload_slot(i, SamplingParams{});  // sampled ids are ignored: greedy
     if (keep) logits[i].resize(sequences[i].size() * vocab);
   }
   for (int i = 0; i < count; ++i) {

@@ -1,6 +1,4 @@
 list(APPEND DEEPFUSE_SOURCES
-  ${CMAKE_CURRENT_LIST_DIR}/kv_block_pool.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/kv_page_table.cpp
   ${CMAKE_CURRENT_LIST_DIR}/kv_cache.cpp
   ${CMAKE_CURRENT_LIST_DIR}/mlp_layer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/weight_sources.cpp

@@ -717,7 +717,7 @@ TEST_P(EngineVsReference, PenaltiesAndLogprobsFollowReference) {
   EXPECT_GT(changed, 0) << "the penalties never changed a greedy pick: nothing was tested";
 }
 
-// A sequence resumed after kv_cache_full, as the server requeues one (prompt + its tokens,
+// A sequence resumed by its caller (prompt + its tokens, as the scheduler resumes a preempted one:
 // SequenceRequest::prior_generated): the tokens it generated before count for its penalties.
 TEST_P(EngineVsReference, ResumedSequenceKeepsItsPenaltyCounts) {
   DF_REQUIRE_GPU();

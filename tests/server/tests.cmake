@@ -1,6 +1,6 @@
 # src/server: unit tests of its parts, then the whole server end to end (CPU, the reference
 # backend on a tiny model) driven by the `openai` Python client from a venv of its own, and curl.
-foreach(name batch_scheduler text_output openai_request tool_calls)
+foreach(name text_output openai_request tool_calls)
   deepfuse_test(test_${name} ${CMAKE_CURRENT_LIST_DIR}/test_${name}.cpp)
   target_link_libraries(test_${name} PRIVATE deepfuse_server)
 endforeach()

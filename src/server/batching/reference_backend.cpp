@@ -9,11 +9,21 @@
 
 namespace deepfuse::server {
 
+using batching::KvBlockPool;
+
 namespace {
 
-int default_pages(const SchedulerOptions& s) {
+int default_pages(const batching::SchedulerOptions& s) {
   return s.max_batch * KvBlockPool::pages_for(s.max_context);
 }
+
+// One unit of a step: tokens[first, first + count) of a sequence, the last one sampled or not.
+struct Work {
+  batching::Sequence* sequence;
+  int first;
+  int count;
+  bool samples;
+};
 
 }  // namespace
 
@@ -38,14 +48,18 @@ void ReferenceBackend::check(const GenerationSpec& spec) const {
                                                 std::to_string(pool_.total_pages() * KvBlockPool::block_tokens()));
 }
 
-void ReferenceBackend::add(SequenceKey key, GenerationSpec spec) { scheduler_.add(key, std::move(spec)); }
+void ReferenceBackend::add(SequenceKey key, GenerationSpec spec) {
+  scheduler_.add(key, {spec.prompt, spec.max_new_tokens, spec.stop_ids, 0});
+  specs_.emplace(key, std::move(spec));
+}
 
 void ReferenceBackend::cancel(SequenceKey key) {
   scheduler_.cancel(key);
+  specs_.erase(key);
   caches_.erase(key);
 }
 
-void ReferenceBackend::restore_cache(const ScheduledSequence& sequence, int first) {
+void ReferenceBackend::restore_cache(const batching::Sequence& sequence, int first) {
   reference::KvCache& cache = caches_.try_emplace(sequence.key, decoder_->new_cache()).first->second;
   if (cache.length == first) return;
   if (cache.length > first) cache = decoder_->new_cache();  // preempted: its pages went back
@@ -64,11 +78,12 @@ void ReferenceBackend::restore_cache(const ScheduledSequence& sequence, int firs
   cache.length = first;
 }
 
-void ReferenceBackend::store_block(const ScheduledSequence& sequence, int block_index) {
-  const reference::KvCache& cache = caches_.at(sequence.key);
+void ReferenceBackend::store_block(const batching::RegisteredBlock& block) {
+  const reference::KvCache& cache = caches_.at(block.key);
   const ModelConfig& c = decoder_->config();
   const size_t block_floats = static_cast<size_t>(KvBlockPool::block_tokens()) * c.num_key_value_heads * c.head_dim;
-  std::vector<float>& stored = stored_blocks_[sequence.pages[block_index]];
+  const size_t block_index = block.block;
+  std::vector<float>& stored = stored_blocks_[block.page];
   stored.resize(2 * c.num_hidden_layers * block_floats);
   for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
     const size_t from = block_index * block_floats;
@@ -78,52 +93,50 @@ void ReferenceBackend::store_block(const ScheduledSequence& sequence, int block_
 }
 
 std::vector<SequenceEvent> ReferenceBackend::step() {
-  const std::vector<StepWork> works = scheduler_.plan();
-  for (const StepWork& work : works) restore_cache(*work.sequence, work.first);
+  const batching::StepPlan plan = scheduler_.schedule(batching::Phase::both);
+  std::vector<Work> works;
+  for (const batching::PrefillChunk& c : plan.prefill) works.push_back({c.sequence, c.first, c.count, c.samples});
+  for (const batching::DecodeRow& d : plan.decode) works.push_back({d.sequence, d.position, 1, true});
+  for (const Work& work : works) restore_cache(*work.sequence, work.first);
   // Each sequence on its own cache: the forward passes are independent and run side by side.
   std::vector<std::vector<float>> logits(works.size());
   std::vector<reference::KvCache*> caches;
-  for (const StepWork& work : works) caches.push_back(&caches_.at(work.sequence->key));
+  for (const Work& work : works) caches.push_back(&caches_.at(work.sequence->key));
   reference::parallel_for(works.size(), [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
-      const StepWork& w = works[i];
+      const Work& w = works[i];
       logits[i] = decoder_->forward(std::span(w.sequence->tokens).subspan(w.first, w.count), *caches[i]);
     }
   });
+  for (const batching::RegisteredBlock& block : scheduler_.complete(plan)) store_block(block);
 
   std::vector<SequenceEvent> events;
   const size_t vocab = decoder_->config().vocab_size;
   for (size_t i = 0; i < works.size(); ++i) {
-    ScheduledSequence& s = *works[i].sequence;
-    for (const int block : scheduler_.commit(works[i])) store_block(s, block);
     if (!works[i].samples) continue;
+    batching::Sequence& s = *works[i].sequence;
+    const GenerationSpec& spec = specs_.at(s.key);
     const std::span<float> last(logits[i].data() + logits[i].size() - vocab, vocab);
-    const std::span<const int32_t> generated(s.tokens.data() + s.spec.prompt.size(), s.generated);
-    const TokenChoice choice = choose_token(last, s.spec, s.tokens, generated, static_cast<uint64_t>(s.generated));
+    const std::span<const int32_t> generated(s.tokens.data() + s.first_generated, s.generated());
+    const TokenChoice choice = choose_token(last, spec, s.tokens, generated, static_cast<uint64_t>(s.generated()));
     SequenceEvent event;
     event.key = s.key;
     event.id = choice.id;
     event.logprob = choice.logprob;
     event.top = choice.top;
-    if (s.generated == 0) event.cached_tokens = s.cached_tokens;
-    event.end = scheduler_.append(s, choice.id);  // may destroy s
-    if (event.end != SequenceEnd::none) caches_.erase(event.key);
+    const batching::Report report = scheduler_.report(s, choice.id);  // may destroy s
+    for (const batching::RegisteredBlock& block : report.registered) store_block(block);
+    event.cached_tokens = report.cached_tokens;
+    event.end = end_of(report.finish);
+    if (event.end != SequenceEnd::none) {
+      caches_.erase(event.key);
+      specs_.erase(event.key);
+    }
     events.push_back(std::move(event));
   }
   return events;
 }
 
-BackendGauges ReferenceBackend::gauges() const {
-  BackendGauges g;
-  g.running = scheduler_.running();
-  g.waiting = scheduler_.waiting();
-  g.kv_pages_total = pool_.total_pages();
-  g.kv_pages_used = pool_.used_pages();
-  g.kv_pages_cached = pool_.cached_pages();
-  g.preemptions = scheduler_.preemptions();
-  g.prefix_cache_queried_tokens = scheduler_.prefix_queried_tokens();
-  g.prefix_cache_hit_tokens = scheduler_.prefix_hit_tokens();
-  return g;
-}
+BackendGauges ReferenceBackend::gauges() const { return scheduler_.stats(); }
 
 }  // namespace deepfuse::server

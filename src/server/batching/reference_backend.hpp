@@ -1,5 +1,6 @@
 // The CPU backend of the server: the reference decoder (fp32, src/reference) serving many
-// sequences at once. BatchScheduler decides each step; the step's sequences run their tokens in
+// sequences at once. The step scheduler the CUDA engine runs (batching::StepScheduler) decides
+// each step, prefill and decode phases planned together; the step's sequences run their tokens in
 // parallel across the cores, each on its own contiguous reference::KvCache; the KV pages of the
 // scheduler are the accounting unit, exactly as on the GPU, so preemption and the prefix cache
 // behave here as they would there. A page the prefix cache takes keeps a copy of its block's
@@ -14,14 +15,14 @@
 #include <vector>
 
 #include "deepfuse/reference_decoder.hpp"
-#include "server/batching/batch_scheduler.hpp"
-#include "runtime/kv_block_pool.hpp"
+#include "batching/kv_block_pool.hpp"
+#include "batching/step_scheduler.hpp"
 #include "server/batching/serving_backend.hpp"
 
 namespace deepfuse::server {
 
 struct ReferenceBackendOptions {
-  SchedulerOptions scheduler;
+  batching::SchedulerOptions scheduler;
   int kv_pages = 0;            // 0: enough for max_batch sequences of max_context tokens
   bool prefix_caching = true;
 };
@@ -43,14 +44,15 @@ class ReferenceBackend final : public ServingBackend {
  private:
   // Makes the sequence's cache hold exactly positions [0, first): trims what a preemption
   // discarded, and copies blocks the prefix cache matched.
-  void restore_cache(const ScheduledSequence& sequence, int first);
-  // Keeps a copy of block `block` of the sequence's cache in its page's slot.
-  void store_block(const ScheduledSequence& sequence, int block);
+  void restore_cache(const batching::Sequence& sequence, int first);
+  // Keeps a copy of the block's keys and values (from its sequence's cache) in its page's slot.
+  void store_block(const batching::RegisteredBlock& block);
 
   std::unique_ptr<reference::Decoder> decoder_;
   ReferenceBackendOptions options_;
-  KvBlockPool pool_;
-  BatchScheduler scheduler_;
+  batching::KvBlockPool pool_;
+  batching::StepScheduler scheduler_;
+  std::unordered_map<SequenceKey, GenerationSpec> specs_;  // how each sequence samples
   std::unordered_map<SequenceKey, reference::KvCache> caches_;
   // Per page: the keys and values of the block the prefix cache holds there, every layer,
   // [layer][keys | values][block positions x kv_heads x head_dim].

@@ -1,16 +1,18 @@
 // What the serving loop asks of a backend: take sequences, drop them, run one step at a time.
 //
-// Two backends implement it: ReferenceBackend (the CPU reference decoder, scheduled here in
-// src/server/batching with chunked prefill, preemption and the prefix cache) and EngineBackend
-// (the CUDA engine, which schedules its own steps). The serving loop calls every method from its one
-// thread, except check(), which request threads call before they submit.
+// Two backends implement it: ReferenceBackend (the CPU reference decoder) and EngineBackend (the
+// CUDA engine). Both run the same step scheduler (src/batching: chunked prefill, preemption, the
+// prefix cache). The serving loop calls every method from its one thread, except check(), which
+// request threads call before they submit.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "deepfuse/finish_reason.hpp"
 #include "deepfuse/logprobs.hpp"
+#include "deepfuse/scheduling_stats.hpp"
 #include "deepfuse/sampling_params.hpp"
 
 namespace deepfuse::server {
@@ -31,6 +33,18 @@ struct GenerationSpec {
 
 enum class SequenceEnd { none, stop_token, max_tokens, context_length, cancelled, failed };
 
+// How the scheduler's finish reads here.
+inline SequenceEnd end_of(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::none: return SequenceEnd::none;
+    case FinishReason::stop_token: return SequenceEnd::stop_token;
+    case FinishReason::max_tokens: return SequenceEnd::max_tokens;
+    case FinishReason::context_length: return SequenceEnd::context_length;
+    case FinishReason::kv_cache_full: break;  // never reported: the scheduler preempts and requeues
+  }
+  return SequenceEnd::failed;
+}
+
 using TokenLogprob = deepfuse::TokenLogprob;  // an alternative token and its logprob
 
 // What one step produced for one sequence.
@@ -44,17 +58,8 @@ struct SequenceEvent {
   std::string error;                  // with SequenceEnd::failed
 };
 
-// Gauges and counters the backend keeps, for /metrics.
-struct BackendGauges {
-  int running = 0;                    // sequences holding a decode row (prefilling or decoding)
-  int waiting = 0;                    // queued or preempted, waiting for a row and pages
-  int kv_pages_total = 0;
-  int kv_pages_used = 0;              // referenced by some sequence
-  int kv_pages_cached = 0;            // kept by the prefix cache, evictable
-  uint64_t preemptions = 0;
-  uint64_t prefix_cache_queried_tokens = 0;  // prompt tokens looked up in the prefix cache
-  uint64_t prefix_cache_hit_tokens = 0;      // of those, served from it
-};
+// Gauges and counters the backend keeps, for /metrics: its step scheduler's.
+using BackendGauges = SchedulingStats;
 
 class ServingBackend {
  public:

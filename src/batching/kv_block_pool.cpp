@@ -1,4 +1,4 @@
-#include "runtime/kv_block_pool.hpp"
+#include "batching/kv_block_pool.hpp"
 
 #include <algorithm>
 #include <string>
@@ -6,7 +6,7 @@
 #include "deepfuse/error.hpp"
 #include "deepfuse/kernels/paged_kv.hpp"
 
-namespace deepfuse::runtime {
+namespace deepfuse::batching {
 
 KvBlockPool::KvBlockPool(int total_pages, bool prefix_caching)
     : total_pages_(total_pages), prefix_caching_(prefix_caching), pages_(total_pages) {
@@ -112,4 +112,4 @@ bool KvBlockPool::register_block(PageId page, BlockHash hash, std::span<const in
   return true;
 }
 
-}  // namespace deepfuse::runtime
+}  // namespace deepfuse::batching

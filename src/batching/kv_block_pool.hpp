@@ -23,7 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace deepfuse::runtime {
+namespace deepfuse::batching {
 
 using PageId = int32_t;
 using BlockHash = uint64_t;
@@ -82,4 +82,4 @@ class KvBlockPool {
   std::unordered_map<BlockHash, PageId> by_hash_;
 };
 
-}  // namespace deepfuse::runtime
+}  // namespace deepfuse::batching

@@ -4,9 +4,9 @@
 
 #include <numeric>
 
-#include "runtime/kv_block_pool.hpp"
+#include "batching/kv_block_pool.hpp"
 
-namespace deepfuse::runtime {
+namespace deepfuse::batching {
 namespace {
 
 std::vector<int32_t> iota_tokens(int count, int start = 0) {
@@ -101,4 +101,4 @@ TEST(KvBlockPool, WithoutPrefixCachingNothingIsShared) {
 }
 
 }  // namespace
-}  // namespace deepfuse::runtime
+}  // namespace deepfuse::batching

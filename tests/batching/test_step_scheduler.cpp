@@ -1,0 +1,435 @@
+// The step scheduler both backends run: FIFO admission up to max_batch, the prefill token budget
+// and chunking, preemption of the youngest with requeue, prefix-cache matching, rows kept compact.
+//
+// Beyond the unit cases, two simulated backends drive it on a fake model whose next token hashes
+// every key/value slot the sequence reads through its block table: the CPU backend's pattern (one
+// plan per step, run and reported at once) and the CUDA engine's (prefill, then decode steps
+// launched ahead of their read-back, each row's sample kept where its next step reads it, padded
+// rows clobbering the samples of rows a step leaves out). A wrong page, a block shared before it
+// was written, a stale sample or a recompute from the wrong tokens changes some output, so every
+// sequence's tokens must equal those it gets alone.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <deque>
+#include <map>
+#include <numeric>
+#include <random>
+
+#include "batching/step_scheduler.hpp"
+#include "test_util.hpp"
+
+namespace deepfuse::batching {
+namespace {
+
+constexpr int kBlock = 16;
+
+SequenceSpec spec_of(int prompt_tokens, int max_new, int first_id = 1) {
+  SequenceSpec spec;
+  spec.prompt.resize(prompt_tokens);
+  std::iota(spec.prompt.begin(), spec.prompt.end(), first_id);
+  spec.max_new_tokens = max_new;
+  return spec;
+}
+
+// Runs a plan as the CPU backend does: every sample is token 7.
+StepPlan run_step(StepScheduler& scheduler, std::vector<FinishReason>* finishes = nullptr) {
+  StepPlan plan = scheduler.schedule(Phase::both);
+  const StepPlan seen = plan;
+  scheduler.complete(plan);
+  std::vector<Sequence*> sampling;
+  for (const PrefillChunk& c : plan.prefill)
+    if (c.samples) sampling.push_back(c.sequence);
+  for (const DecodeRow& d : plan.decode) sampling.push_back(d.sequence);
+  for (Sequence* s : sampling) {
+    const FinishReason finish = scheduler.report(*s, 7).finish;
+    if (finishes) finishes->push_back(finish);
+  }
+  return seen;
+}
+
+TEST(StepScheduler, ChunksAPromptUnderThePrefillBudgetWhileOthersDecode) {
+  KvBlockPool pool(64, false);
+  StepScheduler scheduler({4, 512, 32}, pool);
+  scheduler.add(1, spec_of(10, 100));
+  run_step(scheduler);  // prefills 1 entirely, samples its first token
+  scheduler.add(2, spec_of(100, 100));
+  StepPlan plan = scheduler.schedule(Phase::both);
+  ASSERT_EQ(plan.prefill.size(), 1u);
+  EXPECT_EQ(plan.prefill[0].sequence->key, 2u);
+  EXPECT_EQ(plan.prefill[0].count, 32);  // the budget counts prompt tokens
+  EXPECT_FALSE(plan.prefill[0].samples);
+  ASSERT_EQ(plan.decode.size(), 1u);
+  EXPECT_EQ(plan.decode[0].sequence->key, 1u);
+  EXPECT_EQ(plan.decode[0].position, 10);
+  EXPECT_FALSE(plan.decode[0].feeds_sample_in_flight());
+  EXPECT_EQ(pool.used_pages(), 1 + 7) << "pages for the whole prompt at admission";
+}
+
+TEST(StepScheduler, AdmitsFirstInFirstOutUpToMaxBatch) {
+  KvBlockPool pool(64, false);
+  StepScheduler scheduler({2, 512, 0}, pool);
+  for (SequenceKey k = 1; k <= 3; ++k) scheduler.add(k, spec_of(4, 3));
+  const StepPlan plan = run_step(scheduler);
+  ASSERT_EQ(plan.prefill.size(), 2u);
+  EXPECT_EQ(scheduler.running(), 2);
+  EXPECT_EQ(scheduler.waiting(), 1);
+  EXPECT_EQ(scheduler.at_row(0).key, 1u);
+  EXPECT_EQ(scheduler.at_row(1).key, 2u);
+  for (int i = 0; i < 10 && scheduler.has_work(); ++i) run_step(scheduler);
+  EXPECT_FALSE(scheduler.has_work());
+  EXPECT_EQ(pool.used_pages(), 0);
+}
+
+TEST(StepScheduler, AWaitingPromptThatDoesNotFitHoldsBackTheQueue) {
+  KvBlockPool pool(4, false);
+  StepScheduler scheduler({4, 512, 0}, pool);
+  scheduler.add(1, spec_of(40, 5));  // 3 pages
+  scheduler.add(2, spec_of(30, 5));  // 2 pages: waits
+  scheduler.add(3, spec_of(4, 5));   // 1 page would fit, but the queue is first in first out
+  const StepPlan plan = scheduler.schedule(Phase::prefill);
+  ASSERT_EQ(plan.prefill.size(), 1u);
+  EXPECT_EQ(scheduler.waiting(), 2);
+}
+
+TEST(StepScheduler, PreemptsTheYoungestAndRequeuesItWithItsTokens) {
+  KvBlockPool pool(4, false);  // 64 positions
+  StepScheduler scheduler({4, 512, 0}, pool);
+  scheduler.add(1, spec_of(16, 40));  // 55 positions: four pages
+  scheduler.add(2, spec_of(16, 40));
+  std::vector<FinishReason> finishes;
+  // Both hold two pages after 16 decode steps; the next step needs a third for each.
+  for (int i = 0; i < 17; ++i) run_step(scheduler, &finishes);
+  EXPECT_EQ(scheduler.preemptions(), 0u);
+  run_step(scheduler, &finishes);
+  EXPECT_EQ(scheduler.preemptions(), 1u);
+  ASSERT_EQ(scheduler.waiting(), 1);
+  const Sequence* waiting = scheduler.find(2);
+  ASSERT_NE(waiting, nullptr);
+  EXPECT_EQ(waiting->row, -1);
+  EXPECT_TRUE(waiting->pages.empty());
+  EXPECT_EQ(waiting->computed, 0);
+  EXPECT_EQ(static_cast<int>(waiting->tokens.size()), 16 + 17) << "the prompt and every token it generated";
+  EXPECT_EQ(scheduler.at_row(0).key, 1u);
+  for (int i = 0; i < 200 && scheduler.has_work(); ++i) run_step(scheduler, &finishes);
+  EXPECT_FALSE(scheduler.has_work());
+  EXPECT_EQ(std::count(finishes.begin(), finishes.end(), FinishReason::max_tokens), 2);
+  EXPECT_EQ(pool.used_pages(), 0);
+}
+
+TEST(StepScheduler, TakesTheCachedPrefixAtAdmissionButComputesTheLastPosition) {
+  KvBlockPool pool(64, true);
+  StepScheduler scheduler({4, 512, 0}, pool);
+  scheduler.add(1, spec_of(40, 1));
+  run_step(scheduler);  // 2 full blocks registered, then the sequence ends
+  EXPECT_EQ(pool.used_pages(), 0);
+  EXPECT_EQ(pool.cached_pages(), 2);
+  scheduler.add(2, spec_of(40, 1));
+  StepPlan plan = scheduler.schedule(Phase::both);
+  ASSERT_EQ(plan.prefill.size(), 1u);
+  EXPECT_EQ(plan.prefill[0].first, 32);
+  EXPECT_EQ(plan.prefill[0].count, 8);
+  EXPECT_EQ(plan.prefill[0].sequence->cached_tokens, 32);
+  // A prompt of exactly two blocks keeps its last block to compute.
+  scheduler.cancel(2);
+  scheduler.add(3, spec_of(32, 1));
+  plan = scheduler.schedule(Phase::both);
+  ASSERT_EQ(plan.prefill.size(), 1u);
+  EXPECT_EQ(plan.prefill[0].first, 16);
+  EXPECT_EQ(scheduler.prefix_hit_tokens(), 48u);
+}
+
+TEST(StepScheduler, CancelReleasesPagesAndMovesTheLastRowIntoTheHole) {
+  KvBlockPool pool(16, false);
+  StepScheduler scheduler({3, 512, 0}, pool);
+  std::vector<std::pair<int, int>> moves;
+  scheduler.on_row_move([&](int from, int to) { moves.emplace_back(from, to); });
+  for (SequenceKey k = 1; k <= 4; ++k) scheduler.add(k, spec_of(20, 10));
+  run_step(scheduler);
+  EXPECT_GT(pool.used_pages(), 0);
+  EXPECT_TRUE(scheduler.cancel(1));
+  ASSERT_EQ(moves.size(), 1u);
+  EXPECT_EQ(moves[0], std::make_pair(2, 0));
+  EXPECT_EQ(scheduler.at_row(0).key, 3u);
+  EXPECT_EQ(scheduler.at_row(0).row, 0);
+  EXPECT_TRUE(scheduler.cancel(4));  // waiting: holds no pages, no row
+  EXPECT_EQ(moves.size(), 1u);
+  EXPECT_TRUE(scheduler.cancel(3));
+  EXPECT_TRUE(scheduler.cancel(2));
+  EXPECT_FALSE(scheduler.cancel(1));
+  EXPECT_EQ(pool.used_pages(), 0);
+  EXPECT_FALSE(scheduler.has_work());
+}
+
+TEST(StepScheduler, EndsOnStopIdsAndAtTheContextLength) {
+  KvBlockPool pool(16, false);
+  StepScheduler scheduler({2, 12, 0}, pool);
+  SequenceSpec stops = spec_of(4, 100);
+  stops.stop_ids = {7};
+  scheduler.add(1, stops);
+  scheduler.add(2, spec_of(10, 100));
+  std::vector<FinishReason> finishes;
+  for (int i = 0; i < 10 && scheduler.has_work(); ++i) run_step(scheduler, &finishes);
+  EXPECT_EQ(std::count(finishes.begin(), finishes.end(), FinishReason::stop_token), 1);
+  EXPECT_EQ(std::count(finishes.begin(), finishes.end(), FinishReason::context_length), 1);
+}
+
+TEST(StepScheduler, DecodeRowsFeedSamplesInFlightOnlyWhileTheRowKeepsThem) {
+  KvBlockPool pool(16, false);
+  StepScheduler scheduler({2, 512, 0}, pool);
+  scheduler.add(1, spec_of(5, 10));
+  StepPlan prefill = scheduler.schedule(Phase::prefill);
+  scheduler.complete(prefill);
+  scheduler.report(*prefill.prefill[0].sequence, 3);
+  const StepPlan first = scheduler.schedule(Phase::decode);  // feeds the reported token
+  ASSERT_EQ(first.decode.size(), 1u);
+  EXPECT_FALSE(first.decode[0].feeds_sample_in_flight());
+  const StepPlan ahead = scheduler.schedule(Phase::decode);  // launched before `first` is read back
+  ASSERT_EQ(ahead.decode.size(), 1u);
+  EXPECT_EQ(ahead.decode[0].position, 6);
+  EXPECT_TRUE(ahead.decode[0].feeds_sample_in_flight());
+  Sequence& s = *scheduler.find(1);
+  EXPECT_EQ(s.in_flight, 2);
+  scheduler.add(2, spec_of(5, 10));
+  StepPlan other = scheduler.schedule(Phase::prefill);
+  scheduler.complete(other);
+  scheduler.report(*other.prefill[0].sequence, 3);
+  // A step that leaves sequence 1 out (pretend it had no page) overwrites its row's sample: it
+  // feeds again only once the host has read its samples back.
+  s.preempting = true;
+  ASSERT_EQ(scheduler.schedule(Phase::decode).decode.size(), 1u);
+  s.preempting = false;
+  EXPECT_FALSE(s.sample_in_row);
+  EXPECT_TRUE(scheduler.schedule(Phase::decode).decode.size() == 1u) << "only sequence 2";
+  scheduler.report(s, 4);
+  scheduler.report(s, 5);
+  EXPECT_EQ(s.computed, 7);
+  EXPECT_EQ(s.tokens.size(), 8u);
+  const StepPlan again = scheduler.schedule(Phase::decode);
+  ASSERT_EQ(again.decode.size(), 2u) << "both sequences";
+  EXPECT_EQ(again.decode[0].sequence, &s);
+  EXPECT_FALSE(again.decode[0].feeds_sample_in_flight()) << "the host feeds what it read back";
+  EXPECT_TRUE(again.decode[1].feeds_sample_in_flight());
+}
+
+TEST(StepScheduler, BenchmarkContextsDecodeFromTheirLength) {
+  KvBlockPool pool(16, true);
+  StepScheduler scheduler({2, 512, 0}, pool);
+  Sequence& s = scheduler.add_prefilled(9, 40, 2);
+  EXPECT_EQ(s.row, 0);
+  EXPECT_EQ(pool.used_pages(), 3);
+  const StepPlan plan = scheduler.schedule(Phase::both);
+  ASSERT_EQ(plan.decode.size(), 1u);
+  EXPECT_EQ(plan.decode[0].position, 40);
+  scheduler.complete(plan);
+  EXPECT_EQ(scheduler.report(s, 1).finish, FinishReason::none);
+  EXPECT_EQ(pool.cached_pages(), 0) << "benchmark ids are never shared";
+}
+
+// ---- simulated backends on a fake model
+
+// Key/value slots as the device would hold them: the token each position was computed from.
+// The fake model's next token hashes every slot the sequence reads through its block table.
+class FakeModel {
+ public:
+  FakeModel(int pages, int max_batch) : slots_(pages), row_samples_(max_batch, -1) {
+    for (auto& page : slots_) page.fill(-1);
+  }
+  int32_t run(const Sequence& s, int position, int32_t token, bool samples) {
+    EXPECT_GE(token, 0) << "sequence " << s.key << " fed a lost sample at position " << position;
+    slots_[s.pages.at(position / kBlock)][position % kBlock] = token;
+    if (!samples) return -1;
+    uint64_t h = 1469598103934665603ull;
+    for (int q = 0; q <= position; ++q) {
+      h ^= static_cast<uint64_t>(slots_[s.pages[q / kBlock]][q % kBlock] + 2);
+      h *= 1099511628211ull;
+    }
+    return static_cast<int32_t>(h % kVocab);
+  }
+  // The engine's per-row sample: where the next step reads its id.
+  std::vector<int32_t>& row_samples() { return row_samples_; }
+  static constexpr int kVocab = 40;
+
+ private:
+  std::vector<std::array<int32_t, kBlock>> slots_;
+  std::vector<int32_t> row_samples_;
+};
+
+using Outputs = std::map<SequenceKey, std::vector<int32_t>>;
+
+struct Workload {
+  std::vector<SequenceSpec> specs;
+  int max_batch = 4;
+  int max_context = 200;
+  int budget = 0;
+  int pages = 64;
+  bool prefix_caching = true;
+};
+
+void record(Outputs& out, SequenceKey key, int32_t id, const Report& report, std::map<SequenceKey, FinishReason>& ends) {
+  out[key].push_back(id);
+  if (report.finish != FinishReason::none) ends[key] = report.finish;
+}
+
+// The CPU backend's pattern: one plan per step, prefill chunks and decode rows run and reported.
+Outputs run_like_cpu_backend(const Workload& w, uint64_t* preemptions = nullptr) {
+  KvBlockPool pool(w.pages, w.prefix_caching);
+  StepScheduler scheduler({w.max_batch, w.max_context, w.budget}, pool);
+  FakeModel model(w.pages, w.max_batch);
+  for (size_t i = 0; i < w.specs.size(); ++i) scheduler.add(i + 1, w.specs[i]);
+  Outputs out;
+  std::map<SequenceKey, FinishReason> ends;
+  for (int step = 0; scheduler.has_work(); ++step) {
+    if (step == 5000) {
+      ADD_FAILURE() << "still running after 5000 steps";
+      break;
+    }
+    const StepPlan plan = scheduler.schedule(Phase::both);
+    std::vector<std::pair<Sequence*, int32_t>> samples;
+    for (const PrefillChunk& c : plan.prefill)
+      for (int p = c.first; p < c.first + c.count; ++p) {
+        const int32_t id = model.run(*c.sequence, p, c.sequence->tokens[p], c.samples && p + 1 == c.first + c.count);
+        if (id >= 0) samples.emplace_back(c.sequence, id);
+      }
+    for (const DecodeRow& d : plan.decode) {
+      EXPECT_FALSE(d.feeds_sample_in_flight());
+      samples.emplace_back(d.sequence, model.run(*d.sequence, d.position, d.sequence->tokens[d.position], true));
+    }
+    scheduler.complete(plan);
+    for (auto [s, id] : samples) {
+      const SequenceKey key = s->key;
+      record(out, key, id, scheduler.report(*s, id), ends);
+    }
+  }
+  EXPECT_EQ(pool.used_pages(), 0) << "pages leaked";
+  EXPECT_EQ(ends.size(), w.specs.size());
+  if (preemptions) *preemptions = scheduler.preemptions();
+  return out;
+}
+
+// The CUDA engine's pattern (src/runtime/step.cpp): prefill, read its first tokens back, then
+// decode steps launched ahead (overlap: one stays in flight), the oldest read back per step.
+Outputs run_like_engine(const Workload& w, bool overlap, uint64_t* preemptions = nullptr) {
+  KvBlockPool pool(w.pages, w.prefix_caching);
+  StepScheduler scheduler({w.max_batch, w.max_context, w.budget}, pool);
+  FakeModel model(w.pages, w.max_batch);
+  scheduler.on_row_move([&](int from, int to) { model.row_samples()[to] = model.row_samples()[from]; });
+  for (size_t i = 0; i < w.specs.size(); ++i) scheduler.add(i + 1, w.specs[i]);
+  Outputs out;
+  std::map<SequenceKey, FinishReason> ends;
+  std::deque<std::vector<std::pair<SequenceKey, int32_t>>> launched;  // per step: fed key, its sample
+  auto launch_decode = [&] {
+    const StepPlan plan = scheduler.schedule(Phase::decode);
+    if (plan.decode.empty()) return;
+    std::vector<int32_t> next(w.max_batch, -1);  // padded rows sample garbage: -1 here
+    std::vector<std::pair<SequenceKey, int32_t>> lane;
+    for (const DecodeRow& d : plan.decode) {
+      const Sequence& s = *d.sequence;
+      const int32_t token = d.feeds_sample_in_flight() ? model.row_samples()[s.row] : s.tokens[d.position];
+      next[s.row] = model.run(s, d.position, token, true);
+      lane.emplace_back(s.key, next[s.row]);
+    }
+    model.row_samples() = next;
+    scheduler.complete(plan);
+    launched.push_back(std::move(lane));
+  };
+  auto read_back_oldest = [&] {
+    for (auto [key, id] : launched.front())
+      if (Sequence* s = scheduler.find(key)) record(out, key, id, scheduler.report(*s, id), ends);
+    launched.pop_front();
+  };
+  for (int step = 0; scheduler.has_work(); ++step) {
+    if (step == 5000) {
+      ADD_FAILURE() << "still running after 5000 steps";
+      break;
+    }
+    const StepPlan plan = scheduler.schedule(Phase::prefill);
+    std::vector<std::pair<Sequence*, int32_t>> firsts;
+    for (const PrefillChunk& c : plan.prefill)
+      for (int p = c.first; p < c.first + c.count; ++p) {
+        const bool samples = c.samples && p + 1 == c.first + c.count;
+        const int32_t id = model.run(*c.sequence, p, c.sequence->tokens[p], samples);
+        if (samples) {
+          model.row_samples()[c.sequence->row] = id;
+          firsts.emplace_back(c.sequence, id);
+        }
+      }
+    scheduler.complete(plan);
+    for (auto [s, id] : firsts) {
+      const SequenceKey key = s->key;
+      record(out, key, id, scheduler.report(*s, id), ends);
+    }
+    if (launched.empty()) launch_decode();
+    if (overlap) launch_decode();
+    if (!launched.empty()) read_back_oldest();
+  }
+  while (!launched.empty()) read_back_oldest();  // steps for sequences gone since: dropped
+  EXPECT_EQ(pool.used_pages(), 0) << "pages leaked";
+  EXPECT_EQ(ends.size(), w.specs.size());
+  if (preemptions) *preemptions = scheduler.preemptions();
+  return out;
+}
+
+// Each sequence alone, on a cache with room to spare: the outputs every schedule must give.
+Outputs solo(const Workload& w) {
+  Outputs out;
+  for (size_t i = 0; i < w.specs.size(); ++i) {
+    Workload one = w;
+    one.specs = {w.specs[i]};
+    one.pages = 64;
+    one.prefix_caching = false;
+    out[i + 1] = run_like_cpu_backend(one)[1];
+  }
+  return out;
+}
+
+// Prompts that share prefixes (the prefix cache matches them), stop ids, and more sequences
+// than rows; a tight cache makes the scheduler preempt.
+Workload random_workload(std::mt19937_64& rng, int sequences, int pages) {
+  Workload w;
+  w.pages = pages;
+  w.budget = 24;
+  std::vector<int32_t> shared(40);
+  for (int32_t& id : shared) id = static_cast<int32_t>(rng() % FakeModel::kVocab);
+  for (int i = 0; i < sequences; ++i) {
+    SequenceSpec spec;
+    spec.prompt.assign(shared.begin(), shared.begin() + static_cast<int>(rng() % 41));
+    const int own = 1 + static_cast<int>(rng() % 30);
+    for (int t = 0; t < own; ++t) spec.prompt.push_back(static_cast<int32_t>(rng() % FakeModel::kVocab));
+    spec.max_new_tokens = 1 + static_cast<int>(rng() % 60);
+    if (i % 3 == 0) spec.stop_ids = {static_cast<int32_t>(rng() % FakeModel::kVocab)};
+    w.specs.push_back(std::move(spec));
+  }
+  return w;
+}
+
+TEST(StepScheduler, CpuBackendPatternGivesEverySequenceItsSoloOutput) {
+  auto rng = testing::make_rng(501);
+  uint64_t preemptions = 0;
+  for (int round = 0; round < 20; ++round) {
+    const Workload w = random_workload(rng, 10, 12);
+    uint64_t p = 0;
+    EXPECT_EQ(run_like_cpu_backend(w, &p), solo(w)) << "round " << round;
+    preemptions += p;
+  }
+  EXPECT_GT(preemptions, 0u) << "the cache was meant to be tight enough to preempt";
+}
+
+TEST(StepScheduler, EnginePatternGivesEverySequenceItsSoloOutput) {
+  auto rng = testing::make_rng(502);
+  for (const bool overlap : {true, false}) {
+    uint64_t preemptions = 0;
+    for (int round = 0; round < 20; ++round) {
+      Workload w = random_workload(rng, 10, 12);
+      w.prefix_caching = round % 2 == 0;
+      uint64_t p = 0;
+      EXPECT_EQ(run_like_engine(w, overlap, &p), solo(w)) << "round " << round << " overlap " << overlap;
+      preemptions += p;
+    }
+    EXPECT_GT(preemptions, 0u) << "overlap " << overlap << ": the cache was meant to be tight enough to preempt";
+  }
+}
+
+}  // namespace
+}  // namespace deepfuse::batching
