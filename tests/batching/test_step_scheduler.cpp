@@ -260,64 +260,93 @@ using Outputs = std::map<SequenceKey, std::vector<int32_t>>;
 
 struct Workload {
   std::vector<SequenceSpec> specs;
-  int max_batch = 4;
-  int max_context = 200;
-  int budget = 0;
   int pages = 64;
   bool prefix_caching = true;
+  int max_batch = 4, max_context = 200, budget = 0;  // the scheduler's options
 };
 
-void record(Outputs& out, SequenceKey key, int32_t id, const Report& report, std::map<SequenceKey, FinishReason>& ends) {
-  out[key].push_back(id);
-  if (report.finish != FinishReason::none) ends[key] = report.finish;
-}
+// A backend on the fake model: the scheduler, its pool, and what each sequence produced.
+class SimulatedBackend {
+ public:
+  explicit SimulatedBackend(const Workload& w)
+      : w_(w), pool_(w.pages, w.prefix_caching), scheduler_({w.max_batch, w.max_context, w.budget}, pool_),
+        model_(w.pages, w.max_batch) {
+    scheduler_.on_row_move([&](int from, int to) { model_.row_samples()[to] = model_.row_samples()[from]; });
+    for (size_t i = 0; i < w.specs.size(); ++i) scheduler_.add(i + 1, w.specs[i]);
+  }
 
-// The CPU backend's pattern: one plan per step, prefill chunks and decode rows run and reported.
-Outputs run_like_cpu_backend(const Workload& w, uint64_t* preemptions = nullptr) {
-  KvBlockPool pool(w.pages, w.prefix_caching);
-  StepScheduler scheduler({w.max_batch, w.max_context, w.budget}, pool);
-  FakeModel model(w.pages, w.max_batch);
-  for (size_t i = 0; i < w.specs.size(); ++i) scheduler.add(i + 1, w.specs[i]);
-  Outputs out;
-  std::map<SequenceKey, FinishReason> ends;
-  for (int step = 0; scheduler.has_work(); ++step) {
-    if (step == 5000) {
-      ADD_FAILURE() << "still running after 5000 steps";
-      break;
+  // Steps until every sequence ended; then checks that each did and that no page leaked.
+  template <typename Step>
+  Outputs run(Step&& step, uint64_t* preemptions) {
+    for (int i = 0; scheduler_.has_work(); ++i) {
+      if (i == 5000) {
+        ADD_FAILURE() << "still running after 5000 steps";
+        break;
+      }
+      step();
     }
-    const StepPlan plan = scheduler.schedule(Phase::both);
+    EXPECT_EQ(pool_.used_pages(), 0) << "pages leaked";
+    EXPECT_EQ(ends_.size(), w_.specs.size());
+    if (preemptions) *preemptions = scheduler_.preemptions();
+    return out_;
+  }
+
+  // Runs the plan's prefill chunks; returns the samples of those that end a prompt. `keep`: the
+  // sample also goes where the row's next step reads it (the engine's decode slot).
+  std::vector<std::pair<Sequence*, int32_t>> prefill(const StepPlan& plan, bool keep) {
     std::vector<std::pair<Sequence*, int32_t>> samples;
     for (const PrefillChunk& c : plan.prefill)
       for (int p = c.first; p < c.first + c.count; ++p) {
-        const int32_t id = model.run(*c.sequence, p, c.sequence->tokens[p], c.samples && p + 1 == c.first + c.count);
-        if (id >= 0) samples.emplace_back(c.sequence, id);
+        const bool samples_here = c.samples && p + 1 == c.first + c.count;
+        const int32_t id = model_.run(*c.sequence, p, c.sequence->tokens[p], samples_here);
+        if (!samples_here) continue;
+        samples.emplace_back(c.sequence, id);
+        if (keep) model_.row_samples()[c.sequence->row] = id;
       }
+    return samples;
+  }
+
+  void report(Sequence& s, int32_t id) {
+    const SequenceKey key = s.key;
+    const Report report = scheduler_.report(s, id);  // may end s
+    out_[key].push_back(id);
+    if (report.finish != FinishReason::none) ends_[key] = report.finish;
+  }
+
+  StepScheduler& scheduler() { return scheduler_; }
+  FakeModel& model() { return model_; }
+
+ private:
+  Workload w_;
+  KvBlockPool pool_;
+  StepScheduler scheduler_;
+  FakeModel model_;
+  Outputs out_;
+  std::map<SequenceKey, FinishReason> ends_;
+};
+
+// The CPU backend's pattern: one plan per step, prefill chunks and decode rows run and reported.
+Outputs run_like_cpu_backend(const Workload& w, uint64_t* preemptions = nullptr) {
+  SimulatedBackend backend(w);
+  StepScheduler& scheduler = backend.scheduler();
+  return backend.run([&] {
+    const StepPlan plan = scheduler.schedule(Phase::both);
+    std::vector<std::pair<Sequence*, int32_t>> samples = backend.prefill(plan, false);
     for (const DecodeRow& d : plan.decode) {
       EXPECT_FALSE(d.feeds_sample_in_flight());
-      samples.emplace_back(d.sequence, model.run(*d.sequence, d.position, d.sequence->tokens[d.position], true));
+      samples.emplace_back(d.sequence, backend.model().run(*d.sequence, d.position, d.sequence->tokens[d.position], true));
     }
     scheduler.complete(plan);
-    for (auto [s, id] : samples) {
-      const SequenceKey key = s->key;
-      record(out, key, id, scheduler.report(*s, id), ends);
-    }
-  }
-  EXPECT_EQ(pool.used_pages(), 0) << "pages leaked";
-  EXPECT_EQ(ends.size(), w.specs.size());
-  if (preemptions) *preemptions = scheduler.preemptions();
-  return out;
+    for (auto [s, id] : samples) backend.report(*s, id);
+  }, preemptions);
 }
 
 // The CUDA engine's pattern (src/runtime/step.cpp): prefill, read its first tokens back, then
 // decode steps launched ahead (overlap: one stays in flight), the oldest read back per step.
 Outputs run_like_engine(const Workload& w, bool overlap, uint64_t* preemptions = nullptr) {
-  KvBlockPool pool(w.pages, w.prefix_caching);
-  StepScheduler scheduler({w.max_batch, w.max_context, w.budget}, pool);
-  FakeModel model(w.pages, w.max_batch);
-  scheduler.on_row_move([&](int from, int to) { model.row_samples()[to] = model.row_samples()[from]; });
-  for (size_t i = 0; i < w.specs.size(); ++i) scheduler.add(i + 1, w.specs[i]);
-  Outputs out;
-  std::map<SequenceKey, FinishReason> ends;
+  SimulatedBackend backend(w);
+  StepScheduler& scheduler = backend.scheduler();
+  FakeModel& model = backend.model();
   std::deque<std::vector<std::pair<SequenceKey, int32_t>>> launched;  // per step: fed key, its sample
   auto launch_decode = [&] {
     const StepPlan plan = scheduler.schedule(Phase::decode);
@@ -336,39 +365,18 @@ Outputs run_like_engine(const Workload& w, bool overlap, uint64_t* preemptions =
   };
   auto read_back_oldest = [&] {
     for (auto [key, id] : launched.front())
-      if (Sequence* s = scheduler.find(key)) record(out, key, id, scheduler.report(*s, id), ends);
+      if (Sequence* s = scheduler.find(key)) backend.report(*s, id);  // else: ended since, dropped
     launched.pop_front();
   };
-  for (int step = 0; scheduler.has_work(); ++step) {
-    if (step == 5000) {
-      ADD_FAILURE() << "still running after 5000 steps";
-      break;
-    }
+  return backend.run([&] {
     const StepPlan plan = scheduler.schedule(Phase::prefill);
-    std::vector<std::pair<Sequence*, int32_t>> firsts;
-    for (const PrefillChunk& c : plan.prefill)
-      for (int p = c.first; p < c.first + c.count; ++p) {
-        const bool samples = c.samples && p + 1 == c.first + c.count;
-        const int32_t id = model.run(*c.sequence, p, c.sequence->tokens[p], samples);
-        if (samples) {
-          model.row_samples()[c.sequence->row] = id;
-          firsts.emplace_back(c.sequence, id);
-        }
-      }
+    const std::vector<std::pair<Sequence*, int32_t>> firsts = backend.prefill(plan, true);
     scheduler.complete(plan);
-    for (auto [s, id] : firsts) {
-      const SequenceKey key = s->key;
-      record(out, key, id, scheduler.report(*s, id), ends);
-    }
+    for (auto [s, id] : firsts) backend.report(*s, id);
     if (launched.empty()) launch_decode();
     if (overlap) launch_decode();
     if (!launched.empty()) read_back_oldest();
-  }
-  while (!launched.empty()) read_back_oldest();  // steps for sequences gone since: dropped
-  EXPECT_EQ(pool.used_pages(), 0) << "pages leaked";
-  EXPECT_EQ(ends.size(), w.specs.size());
-  if (preemptions) *preemptions = scheduler.preemptions();
-  return out;
+  }, preemptions);  // steps still in flight at the end feed sequences that ended: dropped
 }
 
 // Each sequence alone, on a cache with room to spare: the outputs every schedule must give.
