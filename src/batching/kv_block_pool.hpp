@@ -1,4 +1,4 @@
-// The KV pages of the serving scheduler, and the prefix cache that lets requests share them.
+// The KV pages the step scheduler hands out, and the prefix cache that lets sequences share them.
 //
 // A page holds kKvPageSize positions of one sequence (the same 16-token pages the CUDA engine's
 // paged cache uses). Pages are reference counted: a sequence holds one reference to each page of
@@ -12,8 +12,9 @@
 // tokens)), so a block matches only under the same prefix. The tokens are kept with the page and
 // compared on every hit, so a hash collision can never hand out the wrong keys and values.
 //
-// Host bookkeeping only. KvPageTable hands out the CUDA engine's pages through it; the server's CPU
-// backend (src/server/batching) keeps a copy of each registered block's keys and values.
+// Host bookkeeping only. The step scheduler (step_scheduler.hpp) takes every sequence's pages from
+// it, for both backends: the CUDA engine's block table mirrors them, and the server's CPU backend
+// (src/server/batching) keeps a copy of each registered block's keys and values.
 #pragma once
 
 #include <cstdint>
