@@ -52,17 +52,21 @@ void KvCache::check_row(int row) const {
   DF_CHECK(row >= 0 && row < max_rows_, "internal: KV cache has no block-table row " + std::to_string(row));
 }
 
-void KvCache::set_row(int row, std::span<const int32_t> pages) {
+void KvCache::grow_row(int row, std::span<const int32_t> pages) {
+  check_row(row);
+  DF_CHECK(static_cast<int>(pages.size()) >= row_pages_[row], "internal: a KV block-table row only grows");
+  upload(row, pages, row_pages_[row]);
+}
+
+void KvCache::upload(int row, std::span<const int32_t> pages, int first) {
   check_row(row);
   DF_CHECK(static_cast<int>(pages.size()) <= max_pages_per_row_,
            "internal: " + std::to_string(pages.size()) + " KV pages for one sequence, a row holds at most " +
                std::to_string(max_pages_per_row_));
-  int32_t* mirror = entries_.data() + static_cast<size_t>(row) * max_pages_per_row_;
-  int first = 0;
-  while (first < row_pages_[row] && first < static_cast<int>(pages.size()) && mirror[first] == pages[first]) ++first;
   row_pages_[row] = static_cast<int>(pages.size());
   const int count = static_cast<int>(pages.size()) - first;
   if (count <= 0) return;
+  int32_t* mirror = entries_.data() + static_cast<size_t>(row) * max_pages_per_row_;
   std::copy(pages.begin() + first, pages.end(), mirror + first);
   // The staging bytes of these entries may still be the source of an earlier, not yet executed
   // copy (a row freed and refilled within one step): wait for the last upload before rewriting.

@@ -44,13 +44,18 @@ class KvCache {
   size_t pool_bytes() const { return pool_.bytes(); }
   int max_pages_per_row() const { return max_pages_per_row_; }
 
-  // Makes block-table row `row` list `pages` (page ids in position order) on the device.
-  void set_row(int row, std::span<const int32_t> pages);
+  // Makes block-table row `row` list `pages` (page ids in position order) on the device: a
+  // sequence newly on the row.
+  void set_row(int row, std::span<const int32_t> pages) { upload(row, pages, 0); }
+  // The row's sequence grew: only its new pages (past those the row lists) are copied up.
+  void grow_row(int row, std::span<const int32_t> pages);
   // Row `to` takes row `from`'s entries (a sequence moved rows).
   void move_row(int from, int to);
 
  private:
   void check_row(int row) const;
+  // Entries [first, pages.size()) of the row copied up; the row then lists `pages`.
+  void upload(int row, std::span<const int32_t> pages, int first);
 
   KvGeometry geometry_;
   int pages_;

@@ -170,8 +170,8 @@ void Engine::Impl::prefill_step(std::vector<StepToken>& out) {
     batching::Sequence& sequence = *chunk.sequence;
     const int row = sequence.row;
     const runtime::SequenceSettings& set = settings.at(static_cast<SequenceId>(sequence.key));
-    kv->set_row(row, sequence.pages);
     if (chunk.admits) {
+      kv->set_row(row, sequence.pages);  // its whole prompt's pages, adopted ones first
       const std::span<const int32_t> generated(sequence.tokens.begin() + sequence.first_generated, sequence.tokens.end());
       upload_slot(row, set.sampling, set.penalties, generated);
     }
@@ -268,7 +268,7 @@ void Engine::Impl::launch_decode() {
   for (const batching::DecodeRow& decode : plan.decode) {
     const int row = decode.sequence->row;
     fed[row] = &decode;
-    kv->set_row(row, decode.sequence->pages);  // a page for the new position
+    kv->grow_row(row, decode.sequence->pages);  // a page for the new position, every 16 steps
     const runtime::SequenceSettings& set = settings.at(static_cast<SequenceId>(decode.sequence->key));
     penalties |= kernels::penalized(set.penalties);
     if (set.top_logprobs >= 0 && samples_here()) logprob_rows.push_back(row);
