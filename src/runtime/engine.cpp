@@ -266,9 +266,9 @@ void Engine::Impl::complete_setup(int kv_pages) {
   kv = std::make_unique<runtime::KvCache>(kv_geometry(), kv_pages, options.max_batch,
                                           KvBlockPool::pages_for(options.max_context), stream());
   pool = std::make_unique<batching::KvBlockPool>(kv_pages, options.prefix_caching);
-  scheduler = std::make_unique<batching::StepScheduler>(
+  step_scheduler = std::make_unique<batching::StepScheduler>(
       batching::SchedulerOptions{options.max_batch, options.max_context, options.prefill_tokens_per_step}, *pool);
-  scheduler->on_row_move([this](int from, int to) { move_row(from, to); });
+  step_scheduler->on_row_move([this](int from, int to) { move_row(from, to); });
   forward = std::make_unique<runtime::ForwardPass>(config, *weights, *kv, *buffers, *gemm, plan, &link);
   if (options.tune_gemms) gemm_tunings = forward->tune_decode_gemms(stream());
   DF_CHECK_CUDA(cudaStreamSynchronize(stream()));
@@ -380,7 +380,7 @@ SequenceId Engine::add_sequence(const SequenceRequest& request) {
   ranks_->run([&](Impl& s) {
     const SequenceId id = s.next_id++;  // the same on every rank
     s.settings[id] = {request.sampling, {request.presence_penalty, request.frequency_penalty}, request.top_logprobs};
-    s.scheduler->add(static_cast<batching::SequenceKey>(id),
+    s.step_scheduler->add(static_cast<batching::SequenceKey>(id),
                      {request.prompt, request.max_new_tokens, request.stop_ids, request.prior_generated});
   });
   return ranks_->lead().next_id - 1;
@@ -392,16 +392,16 @@ void Engine::remove_sequence(SequenceId sequence) {
   DF_CHECK(sequence >= 1 && sequence < lead.next_id, "unknown sequence id " + std::to_string(sequence));
   ranks_->run([&](Impl& s) {
     s.activate_device();
-    s.scheduler->cancel(static_cast<batching::SequenceKey>(sequence));  // its row's state moves on the stream
+    s.step_scheduler->cancel(static_cast<batching::SequenceKey>(sequence));  // its row's state moves on the stream
     s.settings.erase(sequence);
   });
 }
 
 int Engine::running_sequences() const {
   const Impl& s = ranks_->lead();
-  return s.scheduler->running() + s.scheduler->waiting();
+  return s.step_scheduler->running() + s.step_scheduler->waiting();
 }
 
-SchedulingStats Engine::scheduling_stats() const { return ranks_->lead().scheduler->stats(); }
+SchedulingStats Engine::scheduling_stats() const { return ranks_->lead().step_scheduler->stats(); }
 
 }  // namespace deepfuse

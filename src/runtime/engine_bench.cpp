@@ -26,14 +26,14 @@ SequenceId EngineBench::add_prefilled(Engine::Impl& s, int context, int max_new_
   DF_CHECK(static_cast<int64_t>(context) + 1 + max_new_tokens <= s.options.max_context,
            "benchmark context " + std::to_string(context) + " + 1 pending token + max_new_tokens " +
                std::to_string(max_new_tokens) + " exceeds max_context " + std::to_string(s.options.max_context));
-  DF_CHECK(s.scheduler->running() < s.options.max_batch,
+  DF_CHECK(s.step_scheduler->running() < s.options.max_batch,
            "all " + std::to_string(s.options.max_batch) + " decode rows (max_batch) are running");
   const int pages = batching::KvBlockPool::pages_for(context + 1);
   DF_CHECK(pages <= s.pool->available_pages(), "benchmark context " + std::to_string(context) + " needs " +
                                                    std::to_string(pages) + " KV pages, " +
                                                    std::to_string(s.pool->available_pages()) + " are free");
   const SequenceId id = s.next_id++;
-  const batching::Sequence& sequence = s.scheduler->add_prefilled(static_cast<batching::SequenceKey>(id), context,
+  const batching::Sequence& sequence = s.step_scheduler->add_prefilled(static_cast<batching::SequenceKey>(id), context,
                                                                  max_new_tokens);
   s.settings[id] = {};  // greedy
   s.kv->set_row(sequence.row, sequence.pages);
@@ -58,7 +58,7 @@ const std::vector<AllReduceTiming>& EngineBench::all_reduce_timings(const Engine
 double EngineBench::decode_replay_ms(Engine::Impl& s, int replays) {
   s.activate_device();
   DF_CHECK(replays >= 1, "replays is " + std::to_string(replays) + "; it must be at least 1");
-  const int running = s.scheduler->running();
+  const int running = s.step_scheduler->running();
   if (running == 0) return 0.0;
   const int bucket = s.lanes[0].graphs->bucket_index(running);
   const StepLane* lane = s.lane_with_graph(bucket);

@@ -189,7 +189,7 @@ struct Engine::Impl {
   DeviceBuffer partials;  // tensor parallel without peer access: link.partial's two buffers
   std::unique_ptr<runtime::KvCache> kv;
   std::unique_ptr<batching::KvBlockPool> pool;        // the KV pages and the prefix cache
-  std::unique_ptr<batching::StepScheduler> scheduler;  // decides every step; owns the sequences
+  std::unique_ptr<batching::StepScheduler> step_scheduler;  // decides every step; owns the sequences
   std::unique_ptr<runtime::ForwardPass> forward;
 
   std::array<runtime::StepLane, 2> lanes;

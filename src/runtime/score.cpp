@@ -44,8 +44,9 @@ void Engine::Impl::logits_of_chunk(int tokens, float* out) {
 
 std::vector<std::vector<float>> Engine::Impl::score_batch(const std::vector<std::vector<int32_t>>& sequences,
                                                           const std::vector<int>& prefill_tokens) {
-  DF_CHECK(scheduler->running() == 0, "score needs an engine with no running sequences (" + std::to_string(scheduler->running()) +
-                                " are running: step them to the end or remove them first)");
+  const int running = step_scheduler->running();
+  DF_CHECK(running == 0, "score needs an engine with no running sequences (" + std::to_string(running) +
+                         " are running: step them to the end or remove them first)");
   forget_launched_steps();  // steps launched ahead for sequences since finished
   const int count = static_cast<int>(sequences.size());
   DF_CHECK(count >= 1 && count <= options.max_batch, "score_batch of " + std::to_string(count) +

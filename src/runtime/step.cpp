@@ -107,7 +107,7 @@ void Engine::Impl::report(batching::Sequence& sequence, int32_t id, const runtim
                           int logits_row, std::vector<StepToken>& out) {
   const SequenceId key = static_cast<SequenceId>(sequence.key);
   const int top_logprobs = settings.at(key).top_logprobs;
-  const batching::Report report = scheduler->report(sequence, id);  // may end it: `sequence` is gone then
+  const batching::Report report = step_scheduler->report(sequence, id);  // may end it: `sequence` is gone then
   out.push_back({key, id, report.finish, report.cached_tokens});
   attach_logprobs(out.back(), top_logprobs, logits, logits_row);
   if (report.finish != FinishReason::none) settings.erase(key);
@@ -127,7 +127,7 @@ void Engine::Impl::move_row(int from, int to) {
                                 cudaMemcpyDeviceToDevice, stream()));
   DF_CHECK_CUDA(cudaMemcpyAsync(buffers->penalties() + to, buffers->penalties() + from, sizeof(kernels::PenaltySlot),
                                 cudaMemcpyDeviceToDevice, stream()));
-  const SequenceId moved = static_cast<SequenceId>(scheduler->at_row(to).key);
+  const SequenceId moved = static_cast<SequenceId>(step_scheduler->at_row(to).key);
   if (kernels::penalized(settings.at(moved).penalties) && !buffers->penalty_counts.empty())
     DF_CHECK_CUDA(cudaMemcpyAsync(buffers->counts_row(to), buffers->counts_row(from),
                                   static_cast<size_t>(config.vocab_size) * sizeof(int32_t), cudaMemcpyDeviceToDevice,
@@ -162,7 +162,7 @@ void Engine::Impl::prefill(int row, std::span<const int32_t> ids, int start,
 // runs, and a chunk that ends a prompt samples its first token into the row's decode slot. One
 // download reads those tokens back.
 void Engine::Impl::prefill_step(std::vector<StepToken>& out) {
-  const batching::StepPlan plan = scheduler->schedule(batching::Phase::prefill);
+  const batching::StepPlan plan = step_scheduler->schedule(batching::Phase::prefill);
   if (plan.prefill.empty()) return;
   const size_t vocab = config.vocab_size;
   std::vector<std::pair<batching::Sequence*, int>> sampled;  // and its row
@@ -187,11 +187,11 @@ void Engine::Impl::prefill_step(std::vector<StepToken>& out) {
     });
     if (chunk.samples) sampled.emplace_back(&sequence, row);
   }
-  scheduler->complete(plan);  // full prompt blocks, for later prompts to share
+  step_scheduler->complete(plan);  // full prompt blocks, for later prompts to share
   if (sampled.empty()) return;
   // Its own buffer: a decode step in flight downloads into its lane's.
-  DF_CHECK_CUDA(cudaMemcpyAsync(prefill_sampled.data(), buffers->decode_ids(), scheduler->running() * sizeof(int32_t),
-                                cudaMemcpyDeviceToHost, stream()));
+  DF_CHECK_CUDA(cudaMemcpyAsync(prefill_sampled.data(), buffers->decode_ids(),
+                                step_scheduler->running() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream()));
   DF_CHECK_CUDA(cudaStreamSynchronize(stream()));
   // Rows as they were at the download: a report that ends a sequence moves another's row.
   for (auto [sequence, row] : sampled) report(*sequence, prefill_sampled.as<int32_t>()[row], prefill_logits, row, out);
@@ -259,9 +259,9 @@ void Engine::Impl::run_decode_step(StepLane& lane, int sequences,
 // Launches a decode step for the rows the scheduler's decode phase feeds (the others sit it out
 // as padded rows); nothing when it feeds none.
 void Engine::Impl::launch_decode() {
-  const batching::StepPlan plan = scheduler->schedule(batching::Phase::decode);  // may preempt: rows move
+  const batching::StepPlan plan = step_scheduler->schedule(batching::Phase::decode);  // may preempt: rows move
   if (plan.decode.empty()) return;
-  const int sequences = scheduler->running();
+  const int sequences = step_scheduler->running();
   std::vector<const batching::DecodeRow*> fed(sequences, nullptr);
   bool penalties = false;
   std::vector<int> logprob_rows;
@@ -288,7 +288,7 @@ void Engine::Impl::launch_decode() {
   lane.rows.assign(sequences, 0);
   for (const batching::DecodeRow& decode : plan.decode)
     lane.rows[decode.sequence->row] = static_cast<SequenceId>(decode.sequence->key);
-  scheduler->complete(plan);
+  step_scheduler->complete(plan);
   launched.push_back(lane_index);
 }
 
@@ -300,7 +300,7 @@ void Engine::Impl::read_back_oldest(std::vector<StepToken>& out) {
   lane.step_done.wait();
   for (int fed_row = 0; fed_row < static_cast<int>(lane.rows.size()); ++fed_row) {
     if (lane.rows[fed_row] == 0) continue;
-    batching::Sequence* sequence = scheduler->find(static_cast<batching::SequenceKey>(lane.rows[fed_row]));
+    batching::Sequence* sequence = step_scheduler->find(static_cast<batching::SequenceKey>(lane.rows[fed_row]));
     if (!sequence || sequence->row < 0) continue;
     report(*sequence, lane.sampled.as<int32_t>()[fed_row], lane.logits, fed_row, out);
   }
@@ -311,7 +311,8 @@ void Engine::Impl::decode_running(std::vector<StepToken>& out) {
   // since) would report nothing: wait for it and drop it, so this call launches its own.
   auto feeds_someone = [&](const StepLane& lane) {
     return std::any_of(lane.rows.begin(), lane.rows.end(), [&](SequenceId key) {
-      const batching::Sequence* sequence = key == 0 ? nullptr : scheduler->find(static_cast<batching::SequenceKey>(key));
+      if (key == 0) return false;
+      const batching::Sequence* sequence = step_scheduler->find(static_cast<batching::SequenceKey>(key));
       return sequence && sequence->row >= 0;
     });
   };
@@ -322,7 +323,7 @@ void Engine::Impl::decode_running(std::vector<StepToken>& out) {
 }
 
 void Engine::Impl::forget_launched_steps() {
-  DF_CHECK(scheduler->running() == 0, "internal: steps in flight are dropped only with no sequence running");
+  DF_CHECK(step_scheduler->running() == 0, "internal: steps in flight are dropped only with no sequence running");
   DF_CHECK_CUDA(cudaStreamSynchronize(stream()));
   launched.clear();
 }
