@@ -2,7 +2,8 @@
 // what launch parameters. The forward pass, graph capture, launch accounting and weight packing all
 // read it; nothing else decides. A plan comes from the built-in rules of the GPU's class, from the
 // tuning cache (`deepfuse tune` measured it on this GPU), and from explicit overrides, in that
-// order; `source` says which.
+// order; `source` says which. Each choice's values, names and what they run are its table in
+// deepfuse/plan_choices.hpp.
 #pragma once
 
 #include <optional>
@@ -10,38 +11,15 @@
 #include <string_view>
 #include <vector>
 
-namespace deepfuse {
+#include "deepfuse/plan_choices.hpp"
 
-// The SwiGLU MLP: the DeepFusion kernel (one launch, fragment-packed weights) or cuBLASLt GEMMs
-// around silu_and_mul (row-major weights).
-enum class MlpChoice { fused, unfused };
-// The front half of a block: input RMSNorm + QKV (+bias) + RoPE + KV append as one kernel over
-// fragment-packed weights, or a cuBLASLt GEMM (norm folded into its weights) + rope_kv_append.
-enum class FrontChoice { fused, unfused };
-// o_proj + residual: the cluster GEMV (needs the fused front, which adds a deferred MLP sum the
-// GEMV also clears) or cuBLASLt with the residual in its epilogue.
-enum class OProjChoice { gemv, cublaslt };
-// Tensor parallel: how each block's two sums over the ranks run: NCCL's all-reduce, or the
-// one-shot all-reduce over NVLink peer memory (deepfuse/kernels/one_shot_all_reduce.hpp), which
-// needs peer access between the GPUs: with a flag after the data, with flags in the data, or
-// (one_shot) whichever of the two its built-in size rule picks; or (epilogue) the fused MLP sums
-// its output over the ranks in its own finish, with flags in the data
-// (deepfuse/kernels/line_exchange.hpp), and the block's other sum (and an unfused MLP's) is the
-// one-shot kernel with flags in the data; or (in_mlp) the fused MLP also sums the attention
-// block's partials at its start, so a block that runs it launches no all-reduce kernel (an unfused
-// MLP's block: the one-shot kernel with flags in the data, twice). A TP engine times NCCL and both
-// protocols per bucket at start and keeps the fastest, or, at 2 and 4 ranks, takes epilogue where
-// flags in the data are the one-shot's size rule and the bucket runs the fused MLP (in_mlp at 2
-// ranks and one token of hidden 4096). One GPU: unused.
-enum class AllReduceChoice { nccl, one_shot, one_shot_flag, one_shot_lines, epilogue, in_mlp };
-// Where the decode attention's splits merge (kernels::SplitMerge).
-enum class MergeChoice { automatic, workspace, cluster };
+namespace deepfuse {
 
 // Decode attention launch parameters; 0 / automatic: the planner's choice for the GPU and context.
 struct AttentionChoice {
   int splits = 0;  // splits per sequence
   int warps = 0;   // 4 or 8 warps per block
-  MergeChoice merge = MergeChoice::automatic;
+  kernels::SplitMerge merge = kernels::SplitMerge::automatic;
   bool short_context = true;  // also capture the cluster-merged plan for short sequences
 
   bool operator==(const AttentionChoice&) const = default;
@@ -79,21 +57,15 @@ struct DecodePlan {
   bool uses(OProjChoice o_proj) const;
 };
 
-const char* choice_name(MlpChoice choice);
-const char* choice_name(FrontChoice choice);
-const char* choice_name(OProjChoice choice);
-const char* choice_name(MergeChoice choice);
-const char* choice_name(AllReduceChoice choice);
 // Tensor parallel: how many of a block's two sums over the ranks the MLP does itself under
 // `all_reduce` (the fused MLP only: epilogue its output, in_mlp its input too); all-reduce kernels
 // do the others. The engine does them only where its peer buffers hold the message.
 int sums_in_mlp(MlpChoice mlp, AllReduceChoice all_reduce);
 
 // One override, as `--plan-override` takes it: OP[@BUCKET]=VALUE, e.g. `mlp=unfused` (every
-// bucket and prefill), `mlp@16=unfused`, `front@32=fused`, `o_proj=cublaslt`,
-// `attention.splits@1=8`, `attention.warps=4`, `attention.merge=workspace`,
-// `attention.short_context=off`, `prefill.mlp=fused`, `all_reduce=one_shot` (tensor parallel:
-// `nccl` or `one_shot`). Several are separated by commas.
+// bucket and prefill), `mlp@16=unfused`, `attention.splits@1=8`, `attention.short_context=off`,
+// `prefill.mlp=fused`, `all_reduce=one_shot` (tensor parallel). Several are separated by commas.
+// plan_override_help() lists every op and the values it takes.
 struct PlanOverride {
   std::string op;             // mlp, front, o_proj, attention.splits, attention.warps,
                               // attention.merge, attention.short_context, prefill.mlp, all_reduce
@@ -101,6 +73,20 @@ struct PlanOverride {
   std::string value;
   std::string text;           // as written, for messages and `source`
 };
+
+// An override's value as `Choice`, as apply_overrides reads every choice op; overrides usually come
+// from parse_plan_overrides, but a caller may build one by hand, so an unknown value is an error
+// here too (naming the override and the values), never a default.
+template <typename Choice>
+Choice override_choice(const PlanOverride& o) {
+  if (const std::optional<Choice> choice = parse_choice<Choice>(o.value)) return *choice;
+  throw Error("plan override '" + o.text + "': bad value '" + o.value + "' for " + o.op + " (" +
+              choice_names<Choice>() + ")");
+}
+
+// "mlp=fused|unfused, ...": every op `--plan-override` takes with its values, from the choices'
+// tables, for the command line's help.
+std::string plan_override_help();
 
 // Throws deepfuse::Error with a one-line message naming the bad part (unknown op, bad value,
 // malformed text).

@@ -61,8 +61,9 @@ void add_plan_options(CLI::App& command, EngineArgs& args) {
   const std::string group = "CUDA backend";
   command
       .add_option("--plan-override", args.plan_overrides,
-                  "OP[@BUCKET]=VARIANT[,...]: override the decode plan, e.g. mlp=unfused, mlp@16=unfused, "
-                  "front@32=fused, o_proj=cublaslt, attention.splits@1=8, attention.merge=workspace, prefill.mlp=fused")
+                  "OP[@BUCKET]=VARIANT[,...]: override the decode plan (all buckets and prefill, or one bucket: "
+                  "mlp@16=unfused): " +
+                      plan_override_help())
       ->group(group);
   command
       .add_option("--tuning-cache", args.tuning_cache,

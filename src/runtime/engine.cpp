@@ -176,18 +176,16 @@ void Engine::Impl::fit_plan_to_memory() {
 }
 
 kernels::DecodeAttentionPlan Engine::Impl::decode_attention_plan(int batch, const AttentionChoice& choice) const {
-  const auto merge = choice.merge == MergeChoice::workspace ? kernels::SplitMerge::workspace
-                     : choice.merge == MergeChoice::cluster ? kernels::SplitMerge::cluster
-                                                            : kernels::SplitMerge::automatic;
   return kernels::plan_decode_attention(batch, config.num_attention_heads, config.num_key_value_heads, config.head_dim,
-                                        options.max_context, gpu.sms, choice.splits, choice.warps, merge);
+                                        options.max_context, gpu.sms, choice.splits, choice.warps, choice.merge);
 }
 
 void Engine::Impl::plan_attention(int index) {
   const AttentionChoice& choice = plan.buckets[index].attention;
   decode_plans[index] = decode_attention_plan(plan.buckets[index].batch, choice);
   // Short sequences: a cluster-merged plan of their own where the bucket leaves the shape to the planner.
-  const bool planner_shape = choice.splits == 0 && choice.warps == 0 && choice.merge == MergeChoice::automatic;
+  const bool planner_shape =
+      choice.splits == 0 && choice.warps == 0 && choice.merge == kernels::SplitMerge::automatic;
   short_context_plans[index] =
       planner_shape && choice.short_context
           ? kernels::plan_short_context_decode_attention(decode_plans[index], gpu.sms,

@@ -211,14 +211,11 @@ kernels::LineExchange ForwardPass::line_exchange(int slot, int tokens) const {
 void ForwardPass::all_reduce(int slot, int tokens, AllReduceChoice choice, cudaStream_t stream) {
   const size_t elements = static_cast<size_t>(tokens) * config_.hidden_size;
   auto* residual = buffers_.residual.as<__nv_bfloat16>();
-  if (choice != AllReduceChoice::nccl && link_->one_shot && elements <= link_->one_shot->exchange_elements()) {
+  // The choice's one-shot protocol (epilogue and in_mlp: of the sums the fused MLP does not do).
+  const std::optional<kernels::OneShotProtocol> protocol = choice_row(choice).protocol;
+  if (protocol && link_->one_shot && elements <= link_->one_shot->exchange_elements()) {
     kernels::OneShotAllReduceParams p = link_->one_shot->params(link_->shard.rank, slot, elements, residual);
-    // epilogue and in_mlp: the all-reduces the fused MLP does not do itself, in its protocol.
-    p.protocol = choice == AllReduceChoice::one_shot_flag ? kernels::OneShotProtocol::flag_after_data
-                 : choice == AllReduceChoice::one_shot_lines || choice == AllReduceChoice::epilogue ||
-                           choice == AllReduceChoice::in_mlp
-                     ? kernels::OneShotProtocol::flags_in_data
-                     : kernels::OneShotProtocol::automatic;
+    p.protocol = *protocol;
     DF_CHECK_CUDA(kernels::launch_one_shot_all_reduce(p, stream));
     return;
   }

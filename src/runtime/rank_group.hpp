@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,13 +55,12 @@ struct AllReduceTiming {
   // epilogue and in_mlp: the one-shot kernel with flags in the data they run where the fused MLP
   // does not sum).
   double us(AllReduceChoice choice) const {
-    switch (choice) {
-      case AllReduceChoice::nccl: return nccl_us;
-      case AllReduceChoice::one_shot_flag: return flag_us;
-      case AllReduceChoice::one_shot_lines:
-      case AllReduceChoice::epilogue:
-      case AllReduceChoice::in_mlp: return lines_us;
-      case AllReduceChoice::one_shot: return 0.0;
+    const std::optional<kernels::OneShotProtocol> protocol = choice_row(choice).protocol;
+    if (!protocol) return nccl_us;
+    switch (*protocol) {
+      case kernels::OneShotProtocol::flag_after_data: return flag_us;
+      case kernels::OneShotProtocol::flags_in_data: return lines_us;
+      case kernels::OneShotProtocol::automatic: return 0.0;
     }
     return 0.0;
   }

@@ -1,11 +1,10 @@
-// The decode plan's own helpers: bucket lookup, which layouts the weights must hold, choice names,
-// and the parser of `--plan-override`. What a choice supports lives in variants.cpp; here only
+// The decode plan's own helpers: bucket lookup, which layouts the weights must hold, and the parser
+// of `--plan-override` (the values of each op from its choice's table). What a choice supports lives in variants.cpp; here only
 // the text is checked, so a typo fails before any model or GPU is touched.
 #include "deepfuse/decode_plan.hpp"
 
 #include <algorithm>
 #include <charconv>
-#include <initializer_list>
 
 #include "deepfuse/error.hpp"
 
@@ -36,31 +35,8 @@ bool DecodePlan::uses(OProjChoice o_proj) const {
          std::any_of(buckets.begin(), buckets.end(), [&](const BucketPlan& b) { return b.o_proj == o_proj; });
 }
 
-const char* choice_name(MlpChoice choice) { return choice == MlpChoice::fused ? "fused" : "unfused"; }
-const char* choice_name(FrontChoice choice) { return choice == FrontChoice::fused ? "fused" : "unfused"; }
-const char* choice_name(OProjChoice choice) { return choice == OProjChoice::gemv ? "gemv" : "cublaslt"; }
-const char* choice_name(AllReduceChoice choice) {
-  switch (choice) {
-    case AllReduceChoice::nccl: return "nccl";
-    case AllReduceChoice::one_shot: return "one_shot";
-    case AllReduceChoice::one_shot_flag: return "one_shot_flag";
-    case AllReduceChoice::one_shot_lines: return "one_shot_lines";
-    case AllReduceChoice::epilogue: return "epilogue";
-    case AllReduceChoice::in_mlp: return "in_mlp";
-  }
-  return "?";
-}
 int sums_in_mlp(MlpChoice mlp, AllReduceChoice all_reduce) {
-  if (mlp != MlpChoice::fused) return 0;
-  return all_reduce == AllReduceChoice::in_mlp ? 2 : all_reduce == AllReduceChoice::epilogue ? 1 : 0;
-}
-const char* choice_name(MergeChoice choice) {
-  switch (choice) {
-    case MergeChoice::automatic: return "automatic";
-    case MergeChoice::workspace: return "workspace";
-    case MergeChoice::cluster: return "cluster";
-  }
-  return "?";
+  return choice_row(mlp).sums_over_ranks ? choice_row(all_reduce).mlp_sums : 0;
 }
 
 namespace {
@@ -78,27 +54,55 @@ std::optional<int> parse_int(std::string_view text) {
   return value;
 }
 
-bool one_of(std::string_view value, std::initializer_list<std::string_view> allowed) {
-  return std::find(allowed.begin(), allowed.end(), value) != allowed.end();
+// Each op's check of its value: "" when `value` is one of its values, else the values as a
+// message lists them.
+template <typename Choice>
+std::string bad_choice(std::string_view value) {
+  return parse_choice<Choice>(value) ? "" : choice_names<Choice>();
+}
+std::string bad_count(std::string_view value) {
+  if (value == "auto") return "";
+  const std::optional<int> count = parse_int(value);
+  return count && *count >= 0 ? "" : "auto or a count of splits (0: the planner's)";
+}
+std::string bad_warps(std::string_view value) {
+  return value == "auto" || value == "0" || value == "4" || value == "8" ? "" : "auto, 4 or 8";
+}
+std::string bad_switch(std::string_view value) { return value == "on" || value == "off" ? "" : "on or off"; }
+
+template <typename Choice>
+std::string help_names() {
+  return choice_names<Choice>("|", "|");
 }
 
-// The values each op takes, as the message lists them; empty when `value` is one.
-std::string bad_value(const std::string& op, std::string_view value) {
-  if (op == "mlp" || op == "front" || op == "prefill.mlp")
-    return one_of(value, {"fused", "unfused"}) ? "" : "fused or unfused";
-  if (op == "o_proj") return one_of(value, {"gemv", "cublaslt"}) ? "" : "gemv or cublaslt";
-  if (op == "attention.merge")
-    return one_of(value, {"automatic", "workspace", "cluster"}) ? "" : "automatic, workspace or cluster";
-  if (op == "attention.short_context") return one_of(value, {"on", "off"}) ? "" : "on or off";
-  if (op == "all_reduce")
-    return one_of(value, {"nccl", "one_shot", "one_shot_flag", "one_shot_lines", "epilogue", "in_mlp"})
-               ? ""
-               : "nccl, one_shot, one_shot_flag, one_shot_lines, epilogue or in_mlp";
-  if (op == "attention.warps") return one_of(value, {"auto", "0", "4", "8"}) ? "" : "auto, 4 or 8";
-  // attention.splits
-  if (value == "auto") return "";
-  const std::optional<int> splits = parse_int(value);
-  return splits && *splits >= 0 ? "" : "auto or a count of splits (0: the planner's)";
+// The ops `--plan-override` takes (plan_checks.cpp applies them).
+struct OverrideOp {
+  std::string_view name;
+  std::string (*bad_value)(std::string_view value);
+  std::string (*values)();  // for the help
+};
+const OverrideOp kOverrideOps[] = {
+    {"mlp", bad_choice<MlpChoice>, help_names<MlpChoice>},
+    {"front", bad_choice<FrontChoice>, help_names<FrontChoice>},
+    {"o_proj", bad_choice<OProjChoice>, help_names<OProjChoice>},
+    {"attention.splits", bad_count, [] { return std::string("auto|N"); }},
+    {"attention.warps", bad_warps, [] { return std::string("auto|4|8"); }},
+    {"attention.merge", bad_choice<kernels::SplitMerge>, help_names<kernels::SplitMerge>},
+    {"attention.short_context", bad_switch, [] { return std::string("on|off"); }},
+    {"prefill.mlp", bad_choice<MlpChoice>, help_names<MlpChoice>},
+    {"all_reduce", bad_choice<AllReduceChoice>, help_names<AllReduceChoice>},
+};
+
+const OverrideOp* find_op(std::string_view name) {
+  for (const OverrideOp& op : kOverrideOps)
+    if (op.name == name) return &op;
+  return nullptr;
+}
+
+std::string op_names() {
+  std::string text;
+  for (const OverrideOp& op : kOverrideOps) text += (text.empty() ? "" : ", ") + std::string(op.name);
+  return text;
 }
 
 PlanOverride parse_one(std::string_view text) {
@@ -121,18 +125,22 @@ PlanOverride parse_one(std::string_view text) {
     target = trim(target.substr(0, at));
   }
   result.op = std::string(target);
-  if (!one_of(result.op, {"mlp", "front", "o_proj", "attention.splits", "attention.warps", "attention.merge",
-                          "attention.short_context", "prefill.mlp", "all_reduce"}))
-    fail("unknown op '" + result.op +
-         "' (mlp, front, o_proj, attention.splits, attention.warps, attention.merge, attention.short_context, "
-         "prefill.mlp, all_reduce)");
+  const OverrideOp* op = find_op(result.op);
+  if (op == nullptr) fail("unknown op '" + result.op + "' (" + op_names() + ")");
   if (result.op == "prefill.mlp" && result.bucket) fail("prefill.mlp has no decode bucket");
-  if (const std::string allowed = bad_value(result.op, value); !allowed.empty())
+  if (const std::string allowed = op->bad_value(value); !allowed.empty())
     fail("bad value '" + result.value + "' for " + result.op + " (" + allowed + ")");
   return result;
 }
 
 }  // namespace
+
+std::string plan_override_help() {
+  std::string text;
+  for (const OverrideOp& op : kOverrideOps)
+    text += (text.empty() ? "" : ", ") + std::string(op.name) + "=" + op.values();
+  return text;
+}
 
 std::vector<PlanOverride> parse_plan_overrides(std::string_view text) {
   std::vector<PlanOverride> overrides;

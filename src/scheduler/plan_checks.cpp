@@ -2,7 +2,7 @@
 // a plan from the cache, a file or the command line is refused with one line naming the bucket,
 // the op and the reason before the engine loads a weight.
 #include <charconv>
-#include <initializer_list>
+#include <optional>
 #include <string>
 
 #include "deepfuse/error.hpp"
@@ -38,15 +38,6 @@ std::string bucket_list(const DecodePlan& plan) {
   return text;
 }
 
-// An override's value as a choice; overrides usually come from parse_plan_overrides, but a caller
-// may build one by hand, so an unknown value is an error here too, never a default.
-template <typename Choice>
-Choice choice_of(const PlanOverride& o, std::initializer_list<Choice> choices) {
-  for (Choice choice : choices)
-    if (o.value == choice_name(choice)) return choice;
-  throw Error("plan override '" + o.text + "': bad value '" + o.value + "' for " + o.op);
-}
-
 int count_of(const PlanOverride& o) {
   if (o.value == "auto") return 0;
   int value = 0;
@@ -56,33 +47,29 @@ int count_of(const PlanOverride& o) {
   return value;
 }
 
-MlpChoice mlp_of(const PlanOverride& o) { return choice_of(o, {MlpChoice::fused, MlpChoice::unfused}); }
-
 // Sets one op of one bucket from an override.
 void set_choice(BucketPlan& bucket, const PlanOverride& o) {
   if (o.op == "mlp") {
-    bucket.mlp = mlp_of(o);
+    bucket.mlp = override_choice<MlpChoice>(o);
   } else if (o.op == "front") {
-    bucket.front = choice_of(o, {FrontChoice::fused, FrontChoice::unfused});
+    bucket.front = override_choice<FrontChoice>(o);
     // The GEMV cannot run without the fused front, so asking for the unfused front asks for
     // cuBLASLt o_proj too; the other way round stays an error (below), never a silent change.
     if (bucket.front == FrontChoice::unfused) bucket.o_proj = OProjChoice::cublaslt;
   } else if (o.op == "o_proj") {
-    bucket.o_proj = choice_of(o, {OProjChoice::gemv, OProjChoice::cublaslt});
+    bucket.o_proj = override_choice<OProjChoice>(o);
   } else if (o.op == "attention.splits") {
     bucket.attention.splits = count_of(o);
   } else if (o.op == "attention.warps") {
     bucket.attention.warps = count_of(o);
   } else if (o.op == "attention.merge") {
-    bucket.attention.merge = choice_of(o, {MergeChoice::automatic, MergeChoice::workspace, MergeChoice::cluster});
+    bucket.attention.merge = override_choice<kernels::SplitMerge>(o);
   } else if (o.op == "attention.short_context") {
     if (o.value != "on" && o.value != "off")
       throw Error("plan override '" + o.text + "': bad value '" + o.value + "' for " + o.op);
     bucket.attention.short_context = o.value == "on";
   } else if (o.op == "all_reduce") {
-    bucket.all_reduce = choice_of(o, {AllReduceChoice::nccl, AllReduceChoice::one_shot, AllReduceChoice::one_shot_flag,
-                                      AllReduceChoice::one_shot_lines, AllReduceChoice::epilogue,
-                                      AllReduceChoice::in_mlp});
+    bucket.all_reduce = override_choice<AllReduceChoice>(o);
   } else {
     throw Error("plan override '" + o.text + "': unknown op '" + o.op + "'");
   }
@@ -113,7 +100,7 @@ DecodePlan apply_overrides(DecodePlan plan, const std::vector<PlanOverride>& ove
     auto fail = [&](const std::string& why) { throw Error("plan override '" + o.text + "': " + why); };
     applied += (applied.empty() ? "" : ",") + o.text;
     if (o.op == "prefill.mlp") {
-      plan.prefill_mlp = mlp_of(o);
+      plan.prefill_mlp = override_choice<MlpChoice>(o);
       if (std::string why = why_unsupported(plan.prefill_mlp, shape, kPrefillTokens, gpu); !why.empty())
         fail("prefill: " + why);
       continue;
@@ -130,7 +117,7 @@ DecodePlan apply_overrides(DecodePlan plan, const std::vector<PlanOverride>& ove
     if (!matched) fail(std::to_string(*o.bucket) + " is not one of the plan's buckets (" + bucket_list(plan) + ")");
     // `mlp=` without a bucket covers prefill too, as the command line's help says.
     if (o.op == "mlp" && !o.bucket) {
-      plan.prefill_mlp = mlp_of(o);
+      plan.prefill_mlp = override_choice<MlpChoice>(o);
       if (std::string why = why_unsupported(plan.prefill_mlp, shape, kPrefillTokens, gpu); !why.empty())
         fail("prefill: " + why);
     }

@@ -13,17 +13,6 @@ namespace {
 
 using nlohmann::json;
 
-template <typename Choice>
-Choice choice_from(const json& value, const char* field, std::initializer_list<Choice> choices) {
-  DF_CHECK(value.is_string(), std::string("decode plan JSON: ") + field + " is not a string");
-  const std::string name = value.get<std::string>();
-  for (Choice choice : choices)
-    if (name == choice_name(choice)) return choice;
-  std::string known;
-  for (Choice choice : choices) known += (known.empty() ? "" : ", ") + std::string(choice_name(choice));
-  throw Error("decode plan JSON: unknown " + std::string(field) + " '" + name + "' (" + known + ")");
-}
-
 const json& field(const json& object, const char* name, const char* where) {
   DF_CHECK(object.contains(name), std::string("decode plan JSON: ") + where + " has no '" + name + "'");
   return object.at(name);
@@ -71,8 +60,7 @@ DecodePlan plan_from_json_value(const nlohmann::json& j) {
   const json& source = field(j, "source", "the plan");
   DF_CHECK(source.is_string(), "decode plan JSON: source is not a string");
   plan.source = source.get<std::string>();
-  plan.prefill_mlp = choice_from(field(j, "prefill_mlp", "the plan"), "prefill_mlp",
-                                 {MlpChoice::fused, MlpChoice::unfused});
+  plan.prefill_mlp = choice_from_json<MlpChoice>(field(j, "prefill_mlp", "the plan"), "prefill_mlp");
   if (j.contains("tensor_parallel")) plan.tensor_parallel = int_from(j["tensor_parallel"], "tensor_parallel");
   const json& buckets = field(j, "buckets", "the plan");
   DF_CHECK(buckets.is_array(), "decode plan JSON: buckets is not an array");
@@ -80,23 +68,19 @@ DecodePlan plan_from_json_value(const nlohmann::json& j) {
     only_keys(b, {"batch", "mlp", "front", "o_proj", "attention", "all_reduce"}, "a bucket");
     BucketPlan bucket;
     bucket.batch = int_from(field(b, "batch", "a bucket"), "batch");
-    bucket.mlp = choice_from(field(b, "mlp", "a bucket"), "mlp", {MlpChoice::fused, MlpChoice::unfused});
-    bucket.front = choice_from(field(b, "front", "a bucket"), "front", {FrontChoice::fused, FrontChoice::unfused});
-    bucket.o_proj = choice_from(field(b, "o_proj", "a bucket"), "o_proj", {OProjChoice::gemv, OProjChoice::cublaslt});
+    bucket.mlp = choice_from_json<MlpChoice>(field(b, "mlp", "a bucket"), "mlp");
+    bucket.front = choice_from_json<FrontChoice>(field(b, "front", "a bucket"), "front");
+    bucket.o_proj = choice_from_json<OProjChoice>(field(b, "o_proj", "a bucket"), "o_proj");
     const json& a = field(b, "attention", "a bucket");
     only_keys(a, {"splits", "warps", "merge", "short_context"}, "a bucket's attention");
     bucket.attention.splits = int_from(field(a, "splits", "attention"), "attention.splits");
     bucket.attention.warps = int_from(field(a, "warps", "attention"), "attention.warps");
-    bucket.attention.merge = choice_from(field(a, "merge", "attention"), "attention.merge",
-                                         {MergeChoice::automatic, MergeChoice::workspace, MergeChoice::cluster});
+    bucket.attention.merge = choice_from_json<kernels::SplitMerge>(field(a, "merge", "attention"), "attention.merge");
     const json& short_context = field(a, "short_context", "attention");
     DF_CHECK(short_context.is_boolean(), "decode plan JSON: attention.short_context is not true or false");
     bucket.attention.short_context = short_context.get<bool>();
     if (b.contains("all_reduce"))
-      bucket.all_reduce =
-          choice_from(b["all_reduce"], "all_reduce",
-                      {AllReduceChoice::nccl, AllReduceChoice::one_shot, AllReduceChoice::one_shot_flag,
-                       AllReduceChoice::one_shot_lines, AllReduceChoice::epilogue, AllReduceChoice::in_mlp});
+      bucket.all_reduce = choice_from_json<AllReduceChoice>(b["all_reduce"], "all_reduce");
     plan.buckets.push_back(bucket);
   }
   return plan;

@@ -146,7 +146,7 @@ std::string why_unsupported(const AttentionChoice& choice, const PlanShape& shap
   if (choice.splits < 0 || choice.splits > kMaxSplits)
     return "attention splits must be 0 (the planner's) to " + std::to_string(kMaxSplits);
   if (choice.warps != 0 && choice.warps != 4 && choice.warps != 8) return "attention warps must be 4 or 8";
-  if (choice.merge == MergeChoice::cluster) {
+  if (choice.merge == kernels::SplitMerge::cluster) {
     if (!gpu.clusters()) return "the attention cluster merge needs thread-block clusters (sm_90)";
     if (choice.warps == 4) return "the attention cluster merge needs blocks of 8 warps";
     if (choice.splits > kClusterMergeMaxSplits)
@@ -171,9 +171,17 @@ std::string why_unsupported(const AttentionChoice& choice, const PlanShape& shap
   return "";
 }
 
-std::vector<MlpChoice> mlp_candidates() { return {MlpChoice::fused, MlpChoice::unfused}; }
-std::vector<FrontChoice> front_candidates() { return {FrontChoice::fused, FrontChoice::unfused}; }
-std::vector<OProjChoice> o_proj_candidates() { return {OProjChoice::gemv, OProjChoice::cublaslt}; }
+namespace {
+template <typename Choice>
+std::vector<Choice> every() {
+  const auto values = all_choices<Choice>();
+  return {values.begin(), values.end()};
+}
+}  // namespace
+
+std::vector<MlpChoice> mlp_candidates() { return every<MlpChoice>(); }
+std::vector<FrontChoice> front_candidates() { return every<FrontChoice>(); }
+std::vector<OProjChoice> o_proj_candidates() { return every<OProjChoice>(); }
 
 std::vector<AttentionChoice> attention_candidates(const PlanShape& shape, int batch, const GpuInfo& gpu) {
   return attention_candidates(shape, batch, gpu, 0);
@@ -195,7 +203,7 @@ std::vector<AttentionChoice> attention_candidates(const PlanShape& shape, int ba
   // "Blocks of 8 warps for one sequence": faster at batch 1, mixed at 2-8): time both shapes.
   with([](AttentionChoice& c) { c.warps = 4; });
   with([](AttentionChoice& c) { c.warps = 8; });
-  with([](AttentionChoice& c) { c.merge = MergeChoice::cluster; });
+  with([](AttentionChoice& c) { c.merge = kernels::SplitMerge::cluster; });
   // Around the planner's split count ("Fewer splits than slots, measured and not adopted"). The
   // planner refuses shapes the kernel cannot run; those have nothing to time anyway.
   const bool plannable = (shape.head_dim == 64 || shape.head_dim == 128) && shape.kv_heads >= 1 &&

@@ -67,7 +67,7 @@ TEST(BuiltinPlan, OlderGpusKeepTheRulesTheyCanRun) {
         EXPECT_EQ(b.front, FrontChoice::unfused);
         EXPECT_EQ(b.o_proj, OProjChoice::cublaslt);
         EXPECT_FALSE(b.attention.short_context);
-        EXPECT_EQ(b.attention.merge, MergeChoice::automatic);
+        EXPECT_EQ(b.attention.merge, kernels::SplitMerge::automatic);
         const bool fused_mlp = b.batch <= 8 && why_unsupported(MlpChoice::fused, shape, b.batch, gpu).empty();
         EXPECT_EQ(b.mlp, fused_mlp ? MlpChoice::fused : MlpChoice::unfused);
       }

@@ -53,9 +53,9 @@ TEST(DecodePlan, ChoiceNames) {
   EXPECT_STREQ(choice_name(FrontChoice::unfused), "unfused");
   EXPECT_STREQ(choice_name(OProjChoice::gemv), "gemv");
   EXPECT_STREQ(choice_name(OProjChoice::cublaslt), "cublaslt");
-  EXPECT_STREQ(choice_name(MergeChoice::workspace), "workspace");
-  EXPECT_STREQ(choice_name(MergeChoice::cluster), "cluster");
-  EXPECT_STREQ(choice_name(MergeChoice::automatic), "automatic");
+  EXPECT_STREQ(choice_name(kernels::SplitMerge::workspace), "workspace");
+  EXPECT_STREQ(choice_name(kernels::SplitMerge::cluster), "cluster");
+  EXPECT_STREQ(choice_name(kernels::SplitMerge::automatic), "automatic");
 }
 
 TEST(PlanOverrides, ParsesEveryForm) {
@@ -237,14 +237,14 @@ TEST(SchedulerVariants, AttentionRules) {
   const PlanShape llama = testing::model_shapes()[0].shape;
   const GpuInfo h100 = testing::h100(), a100 = testing::a100();
   AttentionChoice cluster;
-  cluster.merge = MergeChoice::cluster;
+  cluster.merge = kernels::SplitMerge::cluster;
   EXPECT_EQ(why_unsupported(cluster, llama, 1, h100), "");
   EXPECT_NE(why_unsupported(cluster, llama, 1, a100), "");
   cluster.splits = 9;
   EXPECT_NE(why_unsupported(cluster, llama, 1, h100).find("at most 8 splits"), std::string::npos);
   PlanShape wide_group = llama;
   wide_group.kv_heads = 2;  // 16 query heads per kv head
-  EXPECT_NE(why_unsupported(AttentionChoice{.merge = MergeChoice::cluster}, wide_group, 1, h100)
+  EXPECT_NE(why_unsupported(AttentionChoice{.merge = kernels::SplitMerge::cluster}, wide_group, 1, h100)
                 .find("at most 8 query heads"),
             std::string::npos);
   const AttentionChoice splits40{.splits = 40};
@@ -277,7 +277,7 @@ TEST(SchedulerVariants, AttentionCandidatesSurroundThePlanner) {
   // Without the context: no split candidates; without clusters: no cluster merge or short plan.
   for (const AttentionChoice& c : attention_candidates(llama, 1, h100)) EXPECT_EQ(c.splits, 0);
   for (const AttentionChoice& c : attention_candidates(llama, 1, testing::a100(), 8192)) {
-    EXPECT_NE(c.merge, MergeChoice::cluster);
+    EXPECT_NE(c.merge, kernels::SplitMerge::cluster);
     EXPECT_FALSE(c.short_context);
   }
 }

@@ -29,7 +29,7 @@ TuningKey key(const std::string& model = "h4096-i14336-q32-kv8-d128-l32-v128256"
 DecodePlan tuned_plan() {
   DecodePlan plan = builtin_plan(testing::model_shapes()[0].shape, testing::h100(), testing::buckets());
   plan.buckets[4].mlp = MlpChoice::fused;
-  plan.buckets[0].attention = {.splits = 12, .warps = 4, .merge = MergeChoice::workspace, .short_context = false};
+  plan.buckets[0].attention = {.splits = 12, .warps = 4, .merge = kernels::SplitMerge::workspace, .short_context = false};
   plan.source = "tuned 2026-11-27T21:40:00Z (NVIDIA H100 80GB HBM3)";
   return plan;
 }
