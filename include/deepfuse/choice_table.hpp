@@ -20,6 +20,14 @@ namespace deepfuse {
 template <typename Choice>
 struct ChoiceTable;  // specialised per choice: static constexpr std::array<Row, N> rows
 
+// The row of a choice that maps to nothing else (a choice with more columns has its own row type).
+template <typename Choice>
+struct ChoiceRow {
+  Choice value;
+  const char* name;
+  const char* about;
+};
+
 template <typename Choice>
 constexpr const auto& choice_rows() {
   return ChoiceTable<Choice>::rows;

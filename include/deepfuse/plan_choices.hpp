@@ -35,34 +35,24 @@ struct ChoiceTable<MlpChoice> {
 
 // The front half of a block: input RMSNorm + QKV (+bias) + RoPE + KV append.
 enum class FrontChoice { fused, unfused };
-struct FrontChoiceRow {
-  FrontChoice value;
-  const char* name;
-  const char* about;
-};
 template <>
 struct ChoiceTable<FrontChoice> {
   static constexpr std::array rows{
-      FrontChoiceRow{FrontChoice::fused, "fused", "qkv_rope_fused: one kernel over fragment-packed weights"},
-      FrontChoiceRow{FrontChoice::unfused, "unfused",
+      ChoiceRow<FrontChoice>{FrontChoice::fused, "fused", "qkv_rope_fused: one kernel over fragment-packed weights"},
+      ChoiceRow<FrontChoice>{FrontChoice::unfused, "unfused",
                      "a cuBLASLt GEMM (the norm folded into its weights), then rope_kv_append"},
   };
 };
 
 // o_proj + residual.
 enum class OProjChoice { gemv, cublaslt };
-struct OProjChoiceRow {
-  OProjChoice value;
-  const char* name;
-  const char* about;
-};
 template <>
 struct ChoiceTable<OProjChoice> {
   static constexpr std::array rows{
-      OProjChoiceRow{OProjChoice::gemv, "gemv",
+      ChoiceRow<OProjChoice>{OProjChoice::gemv, "gemv",
                      "gemv_residual, the cluster GEMV (needs the fused front, which adds a deferred MLP sum the "
                      "GEMV also clears)"},
-      OProjChoiceRow{OProjChoice::cublaslt, "cublaslt", "cuBLASLt with the residual in its epilogue"},
+      ChoiceRow<OProjChoice>{OProjChoice::cublaslt, "cublaslt", "cuBLASLt with the residual in its epilogue"},
   };
 };
 
@@ -104,17 +94,12 @@ struct ChoiceTable<AllReduceChoice> {
 };
 
 // Where the decode attention's splits merge: the kernel's own enum (kernels::SplitMerge).
-struct SplitMergeRow {
-  kernels::SplitMerge value;
-  const char* name;
-  const char* about;
-};
 template <>
 struct ChoiceTable<kernels::SplitMerge> {
   static constexpr std::array rows{
-      SplitMergeRow{kernels::SplitMerge::automatic, "automatic", "the planner's choice"},
-      SplitMergeRow{kernels::SplitMerge::workspace, "workspace", "in L2, the last split to finish merges"},
-      SplitMergeRow{kernels::SplitMerge::cluster, "cluster", "in a thread-block cluster's shared memory (sm_90)"},
+      ChoiceRow<kernels::SplitMerge>{kernels::SplitMerge::automatic, "automatic", "the planner's choice"},
+      ChoiceRow<kernels::SplitMerge>{kernels::SplitMerge::workspace, "workspace", "in L2, the last split to finish merges"},
+      ChoiceRow<kernels::SplitMerge>{kernels::SplitMerge::cluster, "cluster", "in a thread-block cluster's shared memory (sm_90)"},
   };
 };
 

@@ -16,20 +16,15 @@
 // enum with the value a third MLP kernel would add).
 namespace deepfuse::testing {
 enum class FakeMlp { fused, unfused, fp8_fused };
-struct FakeMlpRow {
-  FakeMlp value;
-  const char* name;
-  const char* about;
-};
 }  // namespace deepfuse::testing
 
 template <>
 struct deepfuse::ChoiceTable<deepfuse::testing::FakeMlp> {
   using F = deepfuse::testing::FakeMlp;
   static constexpr std::array rows{
-      testing::FakeMlpRow{F::fused, "fused", "one launch"},
-      testing::FakeMlpRow{F::unfused, "unfused", "cuBLASLt"},
-      testing::FakeMlpRow{F::fp8_fused, "fp8_fused", "one launch over fp8 weights"},
+      ChoiceRow<F>{F::fused, "fused", "one launch"},
+      ChoiceRow<F>{F::unfused, "unfused", "cuBLASLt"},
+      ChoiceRow<F>{F::fp8_fused, "fp8_fused", "one launch over fp8 weights"},
   };
 };
 static_assert(deepfuse::choice_table_well_formed<deepfuse::testing::FakeMlp>());
