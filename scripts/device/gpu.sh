@@ -14,7 +14,7 @@ usage: scripts/device/gpu.sh OUT [--bin DIR] [steps...]
              binaries built elsewhere and carried here). Without it the tree is built first into
              build-gpu/ (Release, every core), with the packages of .debs/ (scripts/device/fetch-debs.sh,
              run beforehand where apt works) unpacked into .deps/: nothing is fetched from a network.
-  steps      any of (default: all five, in this order)
+  steps      any of (default: all six, in this order)
                tests      every GPU test binary (and the kernels' host-side checks: *_checks,
                           *_params, *_plan), gtest XML and a log each in OUT/tests/; after a build
                           also the CPU tests (ctest -L cpu)
@@ -22,6 +22,9 @@ usage: scripts/device/gpu.sh OUT [--bin DIR] [steps...]
                           engine test, and `deepfuse generate` on a tiny model (graphs and eager)
                racecheck  compute-sanitizer racecheck over the GPU kernel tests (the MLP's up to 9 min)
                parity     scripts/parity/compare_hf_cuda.py: the cuda backend against transformers
+               first-model  the first-run model (scripts/first_model/, trained here unless
+                          build/first-model/<hash> came along): 64 greedy tokens per prompt on
+                          the cuda backend equal transformers' (scripts/first_model/parity.py)
                bench      deepfuse bench mlp (plain and --norm), decode per model, attention, qkv,
                           sampling
              `build` alone builds and runs nothing else.
@@ -34,11 +37,12 @@ environment:
   DEEPFUSE_CMAKE_ARGS         extra CMake configure arguments (e.g. -DDEEPFUSE_CUDA_ARCHS=90a)
   DEEPFUSE_BENCH_ARGS         extra arguments to `deepfuse bench mlp` (e.g. --fused-tunings b1c8,b2c4)
   DEEPFUSE_DECODE_BENCH_ARGS  extra arguments to each `deepfuse bench decode` (e.g. --batches 1)
-  DEEPFUSE_PYTHON             the Python with torch and transformers for parity (default python3)
+  DEEPFUSE_PYTHON             the Python with torch and transformers for parity and first-model
+                              (default python3)
   DEEPFUSE_COMMIT             commit stamped into the build (default: git rev-parse HEAD)
 
 examples:
-  scripts/device/gpu.sh out                                  build, then all five steps
+  scripts/device/gpu.sh out                                  build, then all six steps
   scripts/device/gpu.sh out --bin bin tests memcheck         prebuilt binaries, two steps
   DEEPFUSE_GPU_TESTS=mlp scripts/device/gpu.sh out --bin bin racecheck
 EOF
@@ -50,13 +54,13 @@ cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PATH=/usr/local/cuda/bin:$PATH
 
-all_steps=(tests memcheck racecheck parity bench)
+all_steps=(tests memcheck racecheck parity first-model bench)
 out="" bin="" steps=()
 while (($#)); do
   case $1 in
     -h | --help) usage; exit 0 ;;
     --bin) bin=${2:?--bin needs a directory}; shift ;;
-    build | tests | memcheck | racecheck | parity | bench) steps+=("$1") ;;
+    build | tests | memcheck | racecheck | parity | first-model | bench) steps+=("$1") ;;
     -*) usage >&2; exit 2 ;;
     *) if [[ -z $out ]]; then out=$1; else echo "gpu.sh: unknown step '$1'" >&2; usage >&2; exit 2; fi ;;
   esac
@@ -256,6 +260,22 @@ step_parity() {
     --json "$out/parity-hf-cuda.json" >"$out/parity/compare_hf_cuda.txt" 2>&1 || rc=$?
   tee -a "$step_log" <"$out/parity/compare_hf_cuda.txt"
   say "parity, cuda backend vs transformers: rc=$rc"
+  ((rc == 0)) || failed=1
+}
+
+# ---- the first-run model ----------------------------------------------------------------------
+step_first-model() {
+  local python=${DEEPFUSE_PYTHON:-python3} model rc=0
+  if ! model=$(bash scripts/first_model/build.sh --python "$python" 2>"$out/first-model/train.log"); then
+    failed=1
+    say "first-model: training failed, last lines of $out/first-model/train.log:"
+    tail -n 20 "$out/first-model/train.log" | tee -a "$step_log"
+    return
+  fi
+  timeout 300 "$python" scripts/first_model/parity.py --deepfuse "$bin/deepfuse" --model "$model" --backend cuda \
+    --json "$out/first-model-cuda.json" >"$out/first-model/parity.txt" 2>&1 || rc=$?
+  tee -a "$step_log" <"$out/first-model/parity.txt"
+  say "first-model ($model), cuda backend vs transformers, 64 greedy tokens per prompt: rc=$rc"
   ((rc == 0)) || failed=1
 }
 

@@ -14,6 +14,7 @@ using Action = std::function<int()>;
 // Each register_* adds its subcommand to `app` and stores its action into `action` when chosen.
 void register_bench(CLI::App& app, Action& action);
 void register_generate(CLI::App& app, Action& action);
+void register_chat(CLI::App& app, Action& action);
 void register_score(CLI::App& app, Action& action);
 void register_inspect(CLI::App& app, Action& action);
 void register_make_model(CLI::App& app, Action& action);

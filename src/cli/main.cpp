@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   deepfuse::cli::Action action;
   deepfuse::cli::register_bench(app, action);
   deepfuse::cli::register_generate(app, action);
+  deepfuse::cli::register_chat(app, action);
   deepfuse::cli::register_score(app, action);
   deepfuse::cli::register_inspect(app, action);
   deepfuse::cli::register_make_model(app, action);

@@ -99,33 +99,35 @@ std::vector<int64_t> prompt_to_ids(const ModelArgs& args, const std::optional<To
 
 }  // namespace
 
-void add_model_options(CLI::App& command, ModelArgs& args) {
+void add_checkpoint_options(CLI::App& command, ModelArgs& args) {
   command.add_option("--model", args.model_dir, "checkpoint directory (config.json + safetensors)");
+  command.add_option("--backend", args.backend, "reference | cuda | auto (default auto: cuda when a GPU is present)");
+  add_engine_options(command, args.engine);
+}
+
+void add_model_options(CLI::App& command, ModelArgs& args) {
+  add_checkpoint_options(command, args);
   command.add_flag("--random-weights", args.random_weights,
                    "no checkpoint: seeded random weights made on the GPU (cuda backend), with --arch");
   command.add_option("--arch", args.random_arch, "the architecture preset for --random-weights (" +
                                                      join(random_arch_names()) + ")");
-  command.add_option("--backend", args.backend, "reference | cuda | auto (default auto: cuda when a GPU is present)");
   command.add_option("--prompt-ids", args.prompt_ids, "prompt token ids, e.g. 1,2,3")->delimiter(',');
   command.add_option("--prompt", args.prompt_text, "prompt text, tokenized with the model's tokenizer.json");
   command.add_option("--chat", args.chat_messages,
                      "chat messages (JSON array of {role, content} or 'role: text' lines; - reads stdin), "
                      "rendered with the chat template");
-  add_engine_options(command, args.engine);
 }
 
-LoadedModel prepare_model(const ModelArgs& args, std::vector<int32_t>& prompt, TokenizerUse use) {
+LoadedModel resolve_model(const ModelArgs& args) {
   check_model_source(args);
   LoadedModel model;
   model.backend = choose_backend(args);
   const EngineOptions engine_flags = engine_options(args.engine);  // bad flag values fail here, before any work
-  const std::string flag = prompt_flag(args);
   model.config = args.random_weights ? random_arch_config(args.random_arch) : load_model_config(args.model_dir);
   const ModelConfig& config = model.config;
   // auto on a GPU: models the kernels cannot run fall back to the reference backend.
-  const std::string unsupported =
-      args.backend == "auto" && model.backend == Backend::cuda ? cuda_unsupported_reason(config) : "";
-  if (!unsupported.empty()) model.backend = Backend::reference;
+  if (args.backend == "auto" && model.backend == Backend::cuda) model.cuda_fallback = cuda_unsupported_reason(config);
+  if (!model.cuda_fallback.empty()) model.backend = Backend::reference;
   if (engine_flags.tensor_parallel > 1) {
     DF_CHECK(model.backend == Backend::cuda, "--tp " + std::to_string(engine_flags.tensor_parallel) +
                                                  " needs the cuda backend (the reference backend runs on one CPU)");
@@ -133,19 +135,31 @@ LoadedModel prepare_model(const ModelArgs& args, std::vector<int32_t>& prompt, T
     DF_CHECK(why.empty(), "cannot split " + config_source(args) + " over --tp " +
                               std::to_string(engine_flags.tensor_parallel) + " GPUs: " + why);
   }
+  model.max_context = config.max_position_embeddings;
+  if (model.backend == Backend::cuda && engine_flags.max_context > 0)
+    model.max_context = std::min(model.max_context, engine_flags.max_context);
+  return model;
+}
+
+void print_backend_fallback(const LoadedModel& model) {
+  if (!model.cuda_fallback.empty())
+    std::fprintf(stderr, "note: %s has no CUDA kernels; running on the reference backend\n",
+                 model.cuda_fallback.c_str());
+}
+
+LoadedModel prepare_model(const ModelArgs& args, std::vector<int32_t>& prompt, TokenizerUse use) {
+  LoadedModel model = resolve_model(args);
+  const std::string flag = prompt_flag(args);
+  const ModelConfig& config = model.config;
   model.tokenizer = load_tokenizer(args, flag, use);
   const std::vector<int64_t> ids = prompt_to_ids(args, model.tokenizer);
   DF_CHECK(!ids.empty(), flag + ": the prompt has no tokens");
   DF_CHECK(ids.size() <= static_cast<size_t>(config.max_position_embeddings),
            flag + ": prompt of " + std::to_string(ids.size()) + " tokens is longer than max_position_embeddings (" +
                std::to_string(config.max_position_embeddings) + ") in " + config_source(args));
-  model.max_context = config.max_position_embeddings;
-  if (model.backend == Backend::cuda && engine_flags.max_context > 0) {
-    model.max_context = std::min(model.max_context, engine_flags.max_context);
-    DF_CHECK(ids.size() <= static_cast<size_t>(model.max_context),
-             flag + ": prompt of " + std::to_string(ids.size()) + " tokens is longer than --max-context (" +
-                 std::to_string(model.max_context) + ")");
-  }
+  DF_CHECK(ids.size() <= static_cast<size_t>(model.max_context),
+           flag + ": prompt of " + std::to_string(ids.size()) + " tokens is longer than --max-context (" +
+               std::to_string(model.max_context) + ")");
   prompt.clear();
   for (int64_t id : ids) {
     DF_CHECK(id >= 0 && id < config.vocab_size, flag + ": token id " + std::to_string(id) +
@@ -154,8 +168,7 @@ LoadedModel prepare_model(const ModelArgs& args, std::vector<int32_t>& prompt, T
     prompt.push_back(static_cast<int32_t>(id));
   }
   // Said only now that every input passed, so an input error stays the one line on stderr.
-  if (!unsupported.empty())
-    std::fprintf(stderr, "note: %s has no CUDA kernels; running on the reference backend\n", unsupported.c_str());
+  print_backend_fallback(model);
   return model;
 }
 

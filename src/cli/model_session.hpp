@@ -37,6 +37,9 @@ struct ModelArgs {
 // --chat) and the CUDA engine's flags to `command`.
 void add_model_options(CLI::App& command, ModelArgs& args);
 
+// Adds --model, --backend and the CUDA engine's flags alone (chat: a checkpoint, no prompt flags).
+void add_checkpoint_options(CLI::App& command, ModelArgs& args);
+
 // A model ready to run: its config, its tokenizer when loaded, the backend, and once the
 // weights are loaded, that backend's decoder (reference) or engine (cuda).
 struct LoadedModel {
@@ -46,6 +49,9 @@ struct LoadedModel {
   int max_context = 0;  // longest sequence the backend runs, prompt and generated tokens together
   std::unique_ptr<reference::Decoder> decoder;
   std::unique_ptr<Engine> engine;
+  // Under --backend auto on a GPU, why the kernels cannot run this model (it then runs on the
+  // reference backend); empty otherwise.
+  std::string cuda_fallback;
 };
 
 // Whether an ids-only prompt still loads the tokenizer (when the directory has one): generate
@@ -56,6 +62,13 @@ enum class TokenizerUse { when_prompt_is_text, whenever_present };
 // and checks them (length, id range), so every input error surfaces before any work or output.
 LoadedModel prepare_model(const ModelArgs& args, std::vector<int32_t>& prompt,
                           TokenizerUse use = TokenizerUse::when_prompt_is_text);
+
+// Step 1 without a prompt: the model source checked, the backend resolved, the config read and
+// the tensor-parallel split checked (prepare_model's first part; chat loads the tokenizer itself).
+LoadedModel resolve_model(const ModelArgs& args);
+
+// The note on stderr when --backend auto fell back to the reference backend (model.cuda_fallback).
+void print_backend_fallback(const LoadedModel& model);
 
 // Step 2: loads the weights onto the backend prepare_model chose (the CUDA engine draws a
 // progress bar on a terminal's stderr while it loads).

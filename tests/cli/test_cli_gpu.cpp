@@ -1,4 +1,4 @@
-// `deepfuse generate` and `score` on the cuda backend, end to end through the binary: score's
+// `deepfuse generate`, `score` and `chat` on the cuda backend, end to end through the binary: score's
 // output and --json equal the reference backend's up to bf16 error, greedy generation follows the
 // reference, every engine flag runs, and cuda-only input problems are one-line errors (exit 2).
 // `bench decode` reports only physically possible step times.
@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/chat_check.hpp"
 #include "cli/cli_test_util.hpp"
 #include "core/roofline.hpp"
 #include "logits_check.hpp"
@@ -129,6 +130,12 @@ TEST_F(CliCuda, TextPromptsStreamTextAndMaxContextCapsGeneration) {
                             " --max-tokens 10 --ignore-eos");
   ASSERT_EQ(capped.exit_code, 0) << capped.err;
   EXPECT_EQ(testing::stats_line(capped).rfind("prompt tokens: 40, generated tokens: 4,", 0), 0u) << capped.out;
+}
+
+TEST_F(CliCuda, ChatTurnsFollowGenerateOnTheSameConversation) {
+  DF_REQUIRE_GPU();
+  ASSERT_NO_FATAL_FAILURE(make_model());
+  testing::expect_chat_follows_generate(scratch_, kCuda + model() + " --max-tokens 8", 8);
 }
 
 TEST_F(CliCuda, RandomWeightsNeedNoFiles) {
