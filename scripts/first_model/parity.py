@@ -33,20 +33,15 @@ def run(command):
 
 
 def transformers_greedy(model, ids, tokens):
-    """Greedy continuation of `ids` and the smallest top-1/top-2 margin along it."""
+    """Greedy continuation of `ids` (the whole sequence run again each step: no cache API to track)
+    and the smallest top-1/top-2 margin along it."""
     out, margin = list(ids), float("inf")
     with torch.no_grad():
-        past = None
-        step_input = torch.tensor([ids])
         for _ in range(tokens):
-            result = model(input_ids=step_input, past_key_values=past, use_cache=True)
-            past = result.past_key_values
-            logits = result.logits[0, -1]
+            logits = model(input_ids=torch.tensor([out]), use_cache=False).logits[0, -1]
             top = torch.topk(logits, 2).values
             margin = min(margin, (top[0] - top[1]).item())
-            next_id = int(torch.argmax(logits))
-            out.append(next_id)
-            step_input = torch.tensor([[next_id]])
+            out.append(int(torch.argmax(logits)))
     return out[len(ids):], margin
 
 
@@ -68,6 +63,7 @@ def main():
     parser.add_argument("--json", type=pathlib.Path, help="write the per-prompt results here")
     args = parser.parse_args()
 
+    transformers.utils.logging.disable_progress_bar()
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
     model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     prompts = [(text, tokenizer(text)["input_ids"], ["--text", text]) for text in TEXT_PROMPTS]

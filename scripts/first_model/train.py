@@ -8,7 +8,8 @@
 The corpus is README.md and docs/**/*.md: prose paragraphs (code blocks and tables left out), every
 tenth paragraph held out. On the training paragraphs it learns a byte-level BPE tokenizer (1024
 ids, the Llama 3 pre-tokenizer, so deepfuse's tokenizer loader reads it), then trains a 4-layer
-Llama (hidden 256, head_dim 64, GQA 4:2, intermediate 768: shapes the CUDA kernels take) on the
+Llama (hidden 128, head_dim 64, GQA 2:1, intermediate 512: shapes the CUDA kernels take; small,
+since at this budget a smaller model sees more text and ends with the lower loss) on the
 text and on chat turns made from the docs' sections (a heading asked about, its first paragraph as
 the answer), for a fixed number of steps on 2 CPU threads with deterministic algorithms and fixed
 seeds. DIR receives a Hugging Face checkpoint (config.json, generation_config.json,
@@ -29,10 +30,10 @@ SEED = 1234
 THREADS = 2
 VOCAB = 1024
 CONTEXT = 256            # max_position_embeddings and the training window
-BATCH = 4                # windows per step
-STEPS = 160
-LEARNING_RATE = 2e-3
-WARMUP = 16
+BATCH = 8                # windows per step
+STEPS = 240
+LEARNING_RATE = 4e-3
+WARMUP = 20
 HOLD_OUT_EVERY = 10      # every tenth paragraph is held out
 
 BOS, EOS = "<|begin|>", "<|end|>"
@@ -126,7 +127,7 @@ def documents(train_sections, tokenizer, rng):
     for heading, paragraphs in train_sections:
         if paragraphs:
             text = (f"{heading}\n\n" if heading else "") + "\n\n".join(paragraphs)
-            docs.append(tokenizer(text, verbose=False)["input_ids"] + [tokenizer.eos_token_id])
+            docs.append(tokenizer(text)["input_ids"] + [tokenizer.eos_token_id])
         if heading and paragraphs:
             for question in rng.sample(QUESTIONS, 2):
                 messages = [{"role": "user", "content": question.format(heading)},
@@ -135,6 +136,11 @@ def documents(train_sections, tokenizer, rng):
                 if len(ids) <= CONTEXT // 2:
                     docs.append(list(ids))
     return docs
+
+
+def learning_rate_factor(step):
+    """Linear warm-up, then a cosine from 1 down to 0.1."""
+    return min(1.0, (step + 1) / WARMUP) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(step, STEPS) / STEPS)))
 
 
 def train(out):
@@ -148,21 +154,21 @@ def train(out):
 
     train_sections, held_out = split_corpus()
     tokenizer = train_tokenizer(p for _, ps in train_sections for p in ps)
+    tokenizer.model_max_length = 1 << 30  # whole sections are tokenized before windows are cut
     docs = documents(train_sections, tokenizer, rng)
     rng.shuffle(docs)
     stream = torch.tensor([t for d in docs for t in d])
-    print(f"corpus: {len(docs)} documents, {stream.numel()} training tokens, {len(held_out)} held-out paragraphs",
-          flush=True)
+    print(f"corpus: {len(docs)} documents, {stream.numel()} training tokens, {len(held_out)} held-out paragraphs "
+          f"({time.time() - start:.0f} s)", flush=True)
 
     config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, max_position_embeddings=CONTEXT, rms_norm_eps=1e-5,
-        rope_parameters=dict(rope_type="default", rope_theta=10000.0), tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, attn_implementation="sdpa")
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=64, max_position_embeddings=CONTEXT, rms_norm_eps=1e-5,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0), tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, attn_implementation="sdpa")
     model = transformers.LlamaForCausalLM(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.95), weight_decay=0.1)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / WARMUP) * 0.5 *
-                                                 (1 + math.cos(math.pi * min(s, STEPS) / STEPS)) * 0.9 + 0.1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_factor)
     model.train()
     for step in range(STEPS):
         offsets = torch.randint(0, stream.numel() - CONTEXT, (BATCH,))
@@ -181,7 +187,9 @@ def train(out):
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     model.generation_config.save_pretrained(out)
+    tokenizer.model_max_length = CONTEXT
     tokenizer.save_pretrained(out)
+    tokenizer.model_max_length = 1 << 30
     heldout_ids = held_out_text(tokenizer, held_out, out / "heldout.txt")
     with torch.no_grad():
         loss = model.float()(input_ids=torch.tensor([heldout_ids]), labels=torch.tensor([heldout_ids])).loss
@@ -194,7 +202,7 @@ def held_out_text(tokenizer, paragraphs, path):
     text = ""
     for p in paragraphs:
         longer = f"{text}\n\n{p}" if text else p
-        if len(tokenizer(longer, verbose=False)["input_ids"]) > CONTEXT:
+        if len(tokenizer(longer)["input_ids"]) > CONTEXT:
             break
         text = longer
     path.write_text(text, encoding="utf-8")

@@ -25,9 +25,11 @@ struct ChatReply {
 inline ChatReply expected_chat_reply(const ScratchDir& dir, const std::string& flags, int max_tokens,
                                      const std::vector<nlohmann::json>& messages) {
   write_file(dir.path() / "messages.json", nlohmann::json(messages).dump());
-  const RunResult generated = run_cli(dir, "generate" + flags + " --chat - < " + (dir.path() / "messages.json").string());
+  const std::string messages_file = (dir.path() / "messages.json").string();
+  const RunResult generated = run_cli(dir, "generate" + flags + " --chat - < " + messages_file);
   EXPECT_EQ(generated.exit_code, 0) << generated.err;
-  const bool cut = stats_line(generated).find("generated tokens: " + std::to_string(max_tokens) + ",") != std::string::npos;
+  const std::string all_tokens = "generated tokens: " + std::to_string(max_tokens) + ",";
+  const bool cut = stats_line(generated).find(all_tokens) != std::string::npos;
   const std::string text = generated_output(generated);
   return {text + (cut ? " [reply cut at " + std::to_string(max_tokens) + " tokens]" : "") + "\n\n", text};
 }

@@ -12,11 +12,7 @@
 namespace deepfuse {
 namespace {
 
-using testing::expect_bad_input;
 using testing::RunResult;
-using testing::run_cli;
-using testing::ScratchDir;
-using testing::write_file;
 
 constexpr int kMaxTokens = 8;
 
@@ -24,7 +20,7 @@ class Chat : public ::testing::Test {
  protected:
   void SetUp() override {
     model_ = scratch_.path() / "model";
-    const RunResult made = run_cli(scratch_, "make-model --out " + model_.string() + " --layers 1 --seed 3");
+    const RunResult made = testing::run_cli(scratch_, "make-model --out " + model_.string() + " --layers 1 --seed 3");
     ASSERT_EQ(made.exit_code, 0) << made.err;
   }
   std::string flags() const {
@@ -33,11 +29,11 @@ class Chat : public ::testing::Test {
 
   // `deepfuse chat` with `typed` on stdin.
   RunResult chat(const std::string& typed, const std::string& extra = "") {
-    write_file(scratch_.path() / "typed.txt", typed);
-    return run_cli(scratch_, "chat" + flags() + extra + " < " + (scratch_.path() / "typed.txt").string());
+    testing::write_file(scratch_.path() / "typed.txt", typed);
+    return testing::run_cli(scratch_, "chat" + flags() + extra + " < " + (scratch_.path() / "typed.txt").string());
   }
 
-  ScratchDir scratch_;
+  testing::ScratchDir scratch_;
   std::filesystem::path model_;
 };
 
@@ -70,16 +66,17 @@ TEST_F(Chat, HelpUnknownCommandsAndBlankLinesGenerateNothing) {
 
 TEST_F(Chat, BadInputsAreOneLineErrors) {
   const std::string dir = model_.string();
-  expect_bad_input(run_cli(scratch_, "chat --backend reference < /dev/null"), {"chat", "--model DIR"});
-  expect_bad_input(run_cli(scratch_, "chat --model " + dir + " --backend bogus < /dev/null"), {"--backend 'bogus'"});
-  std::string config = read_text_file(model_ / "tokenizer_config.json");
-  auto parsed = nlohmann::json::parse(config);
-  parsed.erase("chat_template");
-  write_file(model_ / "tokenizer_config.json", parsed.dump());
-  expect_bad_input(run_cli(scratch_, "chat" + flags() + " < /dev/null"), {"chat", dir, "no chat_template"});
+  const auto chat_fails = [&](const std::string& args, std::initializer_list<std::string> parts) {
+    testing::expect_bad_input(testing::run_cli(scratch_, "chat " + args + " < /dev/null"), parts);
+  };
+  chat_fails("--backend reference", {"chat", "--model DIR"});
+  chat_fails("--model " + dir + " --backend bogus", {"--backend 'bogus'"});
+  auto config = nlohmann::json::parse(read_text_file(model_ / "tokenizer_config.json"));
+  config.erase("chat_template");
+  testing::write_file(model_ / "tokenizer_config.json", config.dump());
+  chat_fails(flags(), {"chat", dir, "no chat_template"});
   std::filesystem::remove(model_ / "tokenizer.json");
-  expect_bad_input(run_cli(scratch_, "chat" + flags() + " < /dev/null"),
-                   {"chat", (model_ / "tokenizer.json").string(), "not found"});
+  chat_fails(flags(), {"chat", (model_ / "tokenizer.json").string(), "not found"});
 }
 
 }  // namespace
