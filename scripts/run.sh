@@ -14,7 +14,7 @@ deepfuse=./$build_dir/deepfuse
 
 if model=$(bash scripts/first_model/build.sh); then
   echo "== the first-run model ($model, trained on this repository's docs): generate"
-  "$deepfuse" generate --model "$model" --prompt "The decode step" --max-tokens 96
+  "$deepfuse" generate --model "$model" --prompt "A decode step reads" --max-tokens 64
   echo "== its perplexity on held-out paragraphs of the docs: score"
   "$deepfuse" score --model "$model" --prompt "$(cat "$model/heldout.txt")" | tail -n 1
   echo "== chat with it: $deepfuse chat --model $model"
