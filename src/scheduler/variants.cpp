@@ -1,7 +1,7 @@
-// The variant registry's rules: what each kernel's launcher accepts, restated on the host so a plan
-// never names a variant that would fail at its first launch. Each rule names the code it comes
-// from; when a launcher's limits change, its rule here must change with it (tests/scheduler checks
-// the built-in plans against these rules, not against the kernels).
+// The variant registry's rules: what each kernel's launcher accepts, asked of the kernel's public
+// header (each exports its limits and an `..._unsupported` function its launcher or planner checks
+// too), so a plan never names a variant that would fail at its first launch and no limit is
+// written here. The registry adds only the GPU's facts (GpuInfo) and the runtime's pairings.
 //
 // Shape limits every CUDA variant shares (head_dim 64 or 128, hidden and intermediate multiples of
 // 64, at most 16 query heads per kv head) are the engine's to refuse before it asks for a plan
@@ -10,12 +10,15 @@
 #include "scheduler/variants.hpp"
 
 #include <algorithm>
+#include <limits>
 
 #include "deepfuse/error.hpp"
+#include "deepfuse/kernels/cluster_gemv.hpp"
 #include "deepfuse/kernels/decode_attention.hpp"
 #include "deepfuse/kernels/gemv_residual.hpp"
 #include "deepfuse/kernels/paged_kv.hpp"
 #include "deepfuse/kernels/qkv_rope_fused.hpp"
+#include "deepfuse/kernels/swiglu_fused.hpp"
 
 namespace deepfuse::scheduler {
 
@@ -50,78 +53,44 @@ namespace {
 
 constexpr int KiB = 1024;
 
-// Shared memory a block may opt into, and an SM's total, by compute capability (CUDA C++
-// Programming Guide, "Technical Specifications per Compute Capability"). Unlisted GPUs get the
-// smallest of the recent ones, so a rule errs towards the unfused fallback.
-int shared_per_block_optin(const GpuInfo& gpu) {
-  if ((gpu.major == 9 && gpu.minor == 0) || gpu.major == 10) return 227 * KiB;
-  if (gpu.major == 8 && (gpu.minor == 0 || gpu.minor == 7)) return 163 * KiB;
-  return 99 * KiB;
-}
-int shared_per_sm(const GpuInfo& gpu) {
-  if ((gpu.major == 9 && gpu.minor == 0) || gpu.major == 10) return 228 * KiB;
-  if (gpu.major == 8 && (gpu.minor == 0 || gpu.minor == 7)) return 164 * KiB;
-  return 100 * KiB;
-}
+std::string gpu_name(const GpuInfo& gpu) { return "sm_" + std::to_string(gpu.major) + std::to_string(gpu.minor); }
 
-// The cluster GEMV stream (the fused front and the o_proj GEMV) sets every instance's dynamic
-// shared memory limit to 200 KB before its first launch (kernels/common/cluster_gemv.cuh,
-// kMaxSharedBytes); cudaFuncSetAttribute refuses that where a block may not opt into as much, so
-// the launch fails on sm_80 (163 KB) and sm_86/sm_89 (99 KB), whatever the shape.
-constexpr int kClusterGemvSharedBytes = 200 * KiB;
-
+// The cluster GEMV stream (the fused front and the o_proj GEMV) needs its shared memory limit
+// (kernels/cluster_gemv.hpp) whatever the shape: on sm_80 and sm_86/sm_89 its launch fails.
 std::string cluster_gemv_unsupported(const char* what, const GpuInfo& gpu) {
-  if (shared_per_block_optin(gpu) >= kClusterGemvSharedBytes) return "";
-  return std::string(what) + " asks for 200 KB of shared memory per block, more than sm_" + std::to_string(gpu.major) +
-         std::to_string(gpu.minor) + " allows (" + std::to_string(shared_per_block_optin(gpu) / KiB) + " KB)";
+  const std::string why = kernels::cluster_gemv_unsupported(gpu.shared_bytes_per_block());
+  return why.empty() ? "" : std::string(what) + " " + why + " on " + gpu_name(gpu);
 }
-
-// The fused MLP's blocks each own at most 6 tiles of 16 rows of I per 8 warps
-// (swiglu_fused.cu, FusedConfig::kMaxTilesPerBlock), and its grid never exceeds the blocks
-// resident at once; so I / 16 must fit 6 tiles per 8 warps resident. With clusters (sm_90) the
-// instances hold 16 warps per SM (two 8-warp blocks or one of 16): at most 12 tiles per SM.
-// Without clusters every instance is one 8-warp block (C = 1) of sizeof(SharedStorage<NT, 1>):
-// about 90.8 KB at up to 8 tokens, 89.4 KB at 9-16, 80.5 KB in 32-token passes (summed from the
-// struct's members), plus the 1 KB the runtime reserves per block, at most 2 per SM.
-int fused_mlp_tiles_per_sm(const GpuInfo& gpu, int tokens) {
-  if (gpu.clusters()) return 12;
-  const int storage = tokens <= 8 ? 90800 : tokens <= 16 ? 89424 : 80528;
-  const int blocks = std::min(2, shared_per_sm(gpu) / (storage + KiB));
-  return 6 * blocks;
-}
-
-// Query heads per kv head the cluster merge's blocks hold (decode_attention.hpp, SplitMerge), and
-// the most splits it and the planner take (decode_attention.cu, kMaxClusterSplits, kMaxSplits).
-constexpr int kClusterMergeMaxGroup = 8;
-constexpr int kClusterMergeMaxSplits = 8;
-constexpr int kMaxSplits = 256;
 
 }  // namespace
 
+// Shared memory a block may opt into, and an SM's total, by compute capability (CUDA C++
+// Programming Guide, "Technical Specifications per Compute Capability"). Unlisted GPUs get the
+// smallest of the recent ones, so a rule errs towards the unfused fallback.
+int GpuInfo::shared_bytes_per_block() const {
+  if ((major == 9 && minor == 0) || major == 10) return 227 * KiB;
+  if (major == 8 && (minor == 0 || minor == 7)) return 163 * KiB;
+  return 99 * KiB;
+}
+int GpuInfo::shared_bytes_per_sm() const {
+  if ((major == 9 && minor == 0) || major == 10) return 228 * KiB;
+  if (major == 8 && (minor == 0 || minor == 7)) return 164 * KiB;
+  return 100 * KiB;
+}
+
+// Each rule asks the kernel's public header (its `..._unsupported` function, which its launcher or
+// planner checks too); only the pairing rules of the runtime are the registry's own.
 std::string why_unsupported(MlpChoice choice, const PlanShape& shape, int tokens, const GpuInfo& gpu) {
   if (choice == MlpChoice::unfused) return "";
-  // validate_mlp_shape (runtime/mlp_layer.cpp) and the launcher's valid_shape (swiglu_fused.cu).
-  // Any token count runs: the kernel takes passes of 8, 16 or 32 tokens.
-  if (shape.hidden < 64 || shape.hidden % 64 != 0 || shape.intermediate < 64 || shape.intermediate % 64 != 0)
-    return "the fused MLP needs hidden and intermediate sizes that are multiples of 64";
-  if (tokens < 1) return "the fused MLP needs at least one token";
-  const int tiles_per_sm = fused_mlp_tiles_per_sm(gpu, tokens);
-  if (gpu.sms > 0 && shape.intermediate / 16 > tiles_per_sm * gpu.sms)
-    return "the fused MLP's resident blocks hold at most " + std::to_string(16 * tiles_per_sm * gpu.sms) +
-           " intermediate rows on this GPU at " + std::to_string(tokens) + " tokens";
-  return "";
+  return kernels::swiglu_fused_unsupported(shape.hidden, shape.intermediate, tokens,
+                                           {gpu.sms, gpu.clusters(), gpu.shared_bytes_per_sm()});
 }
 
 std::string why_unsupported(FrontChoice choice, const PlanShape& shape, int tokens, const GpuInfo& gpu) {
   if (choice == FrontChoice::unfused) return "";
-  // launch_qkv_rope_fused's checks (qkv/qkv_rope_fused.cu).
-  if (tokens < 1 || tokens > kernels::kQkvFusedMaxTokens)
-    return "the fused front takes at most " + std::to_string(kernels::kQkvFusedMaxTokens) + " tokens";
-  if (shape.head_dim != 64 && shape.head_dim != 128) return "the fused front needs head_dim 64 or 128";
-  if (shape.hidden < 64 || shape.hidden % 64 != 0)
-    return "the fused front needs a hidden size that is a multiple of 64";
-  if (shape.kv_heads < 1 || shape.q_heads % shape.kv_heads != 0)
-    return "the fused front needs q_heads a multiple of kv_heads";
+  const std::string why =
+      kernels::qkv_rope_fused_unsupported({tokens, shape.hidden, shape.q_heads, shape.kv_heads, shape.head_dim});
+  if (!why.empty()) return "the fused front " + why;
   return cluster_gemv_unsupported("the fused front", gpu);
 }
 
@@ -131,30 +100,21 @@ std::string why_unsupported(OProjChoice choice, FrontChoice front, const PlanSha
   // The fused MLP leaves its sum for the next block's fused front and o_proj GEMV, and the GEMV
   // clears it (runtime/forward.cpp, ForwardPass::layer): the runtime pairs them.
   if (front != FrontChoice::fused) return "the o_proj GEMV needs the fused front";
-  // launch_gemv_residual's checks (gemv/gemv_residual.cu): rows = hidden, inner = q_heads x head_dim.
-  if (tokens < 1 || tokens > kernels::kGemvResidualMaxTokens)
-    return "the o_proj GEMV takes at most " + std::to_string(kernels::kGemvResidualMaxTokens) + " tokens";
-  const int inner = shape.q_heads * shape.head_dim;
-  if (shape.hidden < 64 || shape.hidden % 64 != 0 || inner < 64 || inner % 64 != 0)
-    return "the o_proj GEMV needs hidden and q_heads x head_dim multiples of 64";
+  // rows = hidden, inner = q_heads x head_dim.
+  const std::string why = kernels::gemv_residual_unsupported(tokens, shape.hidden, shape.q_heads * shape.head_dim);
+  if (!why.empty()) return "the o_proj GEMV " + why;
   return cluster_gemv_unsupported("the o_proj GEMV", gpu);
 }
 
 std::string why_unsupported(const AttentionChoice& choice, const PlanShape& shape, int batch, const GpuInfo& gpu) {
-  // plan_decode_attention's checks on forced parameters (attention/decode_attention.cu).
   if (batch < 1) return "attention needs a batch of at least one sequence";
-  if (choice.splits < 0 || choice.splits > kMaxSplits)
-    return "attention splits must be 0 (the planner's) to " + std::to_string(kMaxSplits);
-  if (choice.warps != 0 && choice.warps != 4 && choice.warps != 8) return "attention warps must be 4 or 8";
-  if (choice.merge == kernels::SplitMerge::cluster) {
-    if (!gpu.clusters()) return "the attention cluster merge needs thread-block clusters (sm_90)";
-    if (choice.warps == 4) return "the attention cluster merge needs blocks of 8 warps";
-    if (choice.splits > kClusterMergeMaxSplits)
-      return "the attention cluster merge takes at most " + std::to_string(kClusterMergeMaxSplits) + " splits";
-    if (shape.kv_heads < 1 || shape.q_heads / shape.kv_heads > kClusterMergeMaxGroup)
-      return "the attention cluster merge takes at most " + std::to_string(kClusterMergeMaxGroup) +
-             " query heads per kv head";
-  }
+  // Without clusters the kernel would fall back to the workspace: a plan saying cluster would lie.
+  if (choice.merge == kernels::SplitMerge::cluster && !gpu.clusters())
+    return "the attention cluster merge needs thread-block clusters (sm_90)";
+  // No kv heads: no group a cluster could hold.
+  const int group = shape.kv_heads >= 1 ? shape.q_heads / shape.kv_heads : std::numeric_limits<int>::max();
+  const std::string why = kernels::decode_attention_forced_unsupported(choice.splits, choice.warps, choice.merge, group);
+  if (!why.empty()) return "attention " + why;
   // The short-context plan merges its splits in clusters (plan_short_context_decode_attention).
   if (choice.short_context && !gpu.clusters())
     return "the short-context attention plan needs thread-block clusters (sm_90)";

@@ -18,6 +18,8 @@ struct GpuInfo {
   int sms = 0;
   size_t memory_bytes = 0;
   bool clusters() const { return major >= 9; }  // thread-block clusters (sm_90)
+  int shared_bytes_per_block() const;           // what a block may opt into
+  int shared_bytes_per_sm() const;
 };
 
 // The model facts the choices depend on.

@@ -30,3 +30,5 @@ deepfuse_test(test_rope_kv_append_gpu ${kernel_tests}/rope_kv/test_rope_kv_appen
 deepfuse_test(test_sampling_checks ${kernel_tests}/sampling/test_sampling_checks.cpp)
 deepfuse_test(test_sampling_gpu ${kernel_tests}/sampling/test_sampling_gpu.cpp GPU)
 deepfuse_test(test_token_penalties_gpu ${kernel_tests}/sampling/test_token_penalties_gpu.cpp GPU)
+
+deepfuse_test(test_kernel_limits ${kernel_tests}/test_kernel_limits.cpp)

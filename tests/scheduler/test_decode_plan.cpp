@@ -4,9 +4,11 @@
 
 #include <algorithm>
 
+#include "deepfuse/kernels/cluster_gemv.hpp"
 #include "deepfuse/kernels/decode_attention.hpp"
 #include "deepfuse/kernels/gemv_residual.hpp"
 #include "deepfuse/kernels/qkv_rope_fused.hpp"
+#include "deepfuse/kernels/swiglu_fused.hpp"
 #include "model/model_test_util.hpp"
 #include "scheduler/builtin_plans.hpp"
 #include "scheduler/scheduler_test_util.hpp"
@@ -212,6 +214,44 @@ TEST(SchedulerVariants, RulesRestateTheLaunchersLimits) {
       EXPECT_EQ(why_unsupported(FrontChoice::unfused, shape, 64, gpu), "") << name;
       EXPECT_EQ(why_unsupported(OProjChoice::cublaslt, FrontChoice::unfused, shape, 64, gpu), "") << name;
     }
+}
+
+// The registry's answers are the kernels' own (their public headers' `..._unsupported`), over the
+// README models, an odd shape, every token count a bucket or prefill chunk takes and each GPU class.
+TEST(SchedulerVariants, RulesAreTheKernelsAnswers) {
+  std::vector<PlanShape> shapes;
+  for (const auto& named : testing::model_shapes()) shapes.push_back(named.shape);
+  PlanShape odd = shapes[0];
+  odd.intermediate += 32, odd.hidden += 16, odd.kv_heads = 5;
+  shapes.push_back(odd);
+  for (const PlanShape& shape : shapes)
+    for (const GpuInfo& gpu : testing::gpus())
+      for (int tokens : {0, 1, 8, 9, 16, 17, 32, 33, 64, 1024}) {
+        const std::string where = shape.signature() + " " + gpu.name + " tokens " + std::to_string(tokens);
+        const std::string gemv_gpu = kernels::cluster_gemv_unsupported(gpu.shared_bytes_per_block());
+        const bool front = kernels::qkv_rope_fused_unsupported(
+                               {tokens, shape.hidden, shape.q_heads, shape.kv_heads, shape.head_dim})
+                               .empty() &&
+                           gemv_gpu.empty();
+        EXPECT_EQ(why_unsupported(FrontChoice::fused, shape, tokens, gpu).empty(), front) << where;
+        const bool gemv =
+            kernels::gemv_residual_unsupported(tokens, shape.hidden, shape.q_heads * shape.head_dim).empty() &&
+            gemv_gpu.empty();
+        EXPECT_EQ(why_unsupported(OProjChoice::gemv, FrontChoice::fused, shape, tokens, gpu).empty(), gemv) << where;
+        const bool mlp = kernels::swiglu_fused_unsupported(shape.hidden, shape.intermediate, tokens,
+                                                           {gpu.sms, gpu.clusters(), gpu.shared_bytes_per_sm()})
+                             .empty();
+        EXPECT_EQ(why_unsupported(MlpChoice::fused, shape, tokens, gpu).empty(), mlp) << where;
+      }
+  const PlanShape llama = shapes[0];
+  for (int splits : {0, 1, 8, 9, 256, 257})
+    for (int warps : {0, 4, 8})
+      for (kernels::SplitMerge merge : all_choices<kernels::SplitMerge>()) {
+        const AttentionChoice choice{.splits = splits, .warps = warps, .merge = merge};
+        EXPECT_EQ(why_unsupported(choice, llama, 1, testing::h100()).empty(),
+                  kernels::decode_attention_forced_unsupported(splits, warps, merge, 4).empty())
+            << describe(choice);
+      }
 }
 
 TEST(SchedulerVariants, ClusterGemvKernelsNeedSm90SharedMemory) {

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "deepfuse/kernels/paged_kv.hpp"
 
@@ -29,6 +30,19 @@ enum class SplitMerge {
               // to its first block (sm_90; at most 8 splits, blocks of 8 warps, at most 8 query
               // heads per kv head; other devices fall back to the workspace)
 };
+
+// The kernel's limits: query heads per kv head (two 8-wide n-tiles), splits per sequence, and for
+// the cluster merge the portable cluster size (the H200 holds 15 clusters of 8 one-per-SM blocks at
+// once, 7 of 16) and one 8-head n-tile.
+inline constexpr int kDecodeAttentionMaxGroup = 16;
+inline constexpr int kDecodeAttentionMaxSplits = 256;
+inline constexpr int kDecodeAttentionMaxClusterSplits = 8;
+inline constexpr int kDecodeAttentionMaxClusterGroup = 8;
+
+// Why plan_decode_attention refuses these forced parameters (its forced_splits, forced_warps and
+// merge) for `group` query heads per kv head (empty: it takes them). The planner checks exactly
+// this; the scheduler plans by it.
+std::string decode_attention_forced_unsupported(int forced_splits, int forced_warps, SplitMerge merge, int group);
 
 // Fixed launch shape for a batch bucket, from sizes known when the graph is captured.
 struct DecodeAttentionPlan {

@@ -7,10 +7,22 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 namespace deepfuse::kernels {
 
 inline constexpr int kGemvResidualMaxTokens = 32;
+
+// Why launch_gemv_residual refuses `tokens` rows of x against a [rows, inner] weight (empty: it runs
+// them; it also needs a GPU that allows cluster_gemv.hpp's shared memory): the launcher's own
+// check, which the scheduler plans by.
+inline std::string gemv_residual_unsupported(int tokens, int rows, int inner) {
+  if (tokens < 1 || tokens > kGemvResidualMaxTokens)
+    return "takes at most " + std::to_string(kGemvResidualMaxTokens) + " tokens";
+  if (rows < 64 || rows % 64 != 0 || inner < 64 || inner % 64 != 0)
+    return "needs rows and inner sizes that are multiples of 64";
+  return "";
+}
 
 struct GemvResidualParams {
   const __nv_bfloat16* x = nullptr;         // [tokens, inner]; must not alias y

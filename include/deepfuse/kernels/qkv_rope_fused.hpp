@@ -9,12 +9,29 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "deepfuse/kernels/paged_kv.hpp"
 
 namespace deepfuse::kernels {
 
 inline constexpr int kQkvFusedMaxTokens = 32;
+
+// The sizes launch_qkv_rope_fused takes.
+struct QkvRopeFusedShape {
+  int tokens = 0, hidden = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+};
+
+// Why launch_qkv_rope_fused refuses `shape` (empty: it runs it; it also needs a GPU that allows
+// cluster_gemv.hpp's shared memory): the launcher's own check, which the scheduler plans by.
+inline std::string qkv_rope_fused_unsupported(const QkvRopeFusedShape& s) {
+  if (s.tokens < 1 || s.tokens > kQkvFusedMaxTokens)
+    return "takes at most " + std::to_string(kQkvFusedMaxTokens) + " tokens";
+  if (s.head_dim != 64 && s.head_dim != 128) return "needs head_dim 64 or 128";
+  if (s.hidden < 64 || s.hidden % 64 != 0) return "needs a hidden size that is a multiple of 64";
+  if (s.q_heads < 1 || s.kv_heads < 1 || s.q_heads % s.kv_heads != 0) return "needs q_heads a multiple of kv_heads";
+  return "";
+}
 
 struct QkvRopeFusedParams {
   const __nv_bfloat16* x = nullptr;            // [tokens, hidden] residual stream (not normalised)

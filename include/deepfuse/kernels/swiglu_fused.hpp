@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "deepfuse/kernels/line_exchange.hpp"
 
@@ -65,6 +66,19 @@ struct SwigluFusedParams {
 };
 
 inline constexpr int kSwigluFusedCounters = 2;
+
+// The GPU facts the fused MLP's grid depends on, for a planner without the GPU at hand.
+struct SwigluFusedDevice {
+  int sms = 0;                   // 0: unknown (the residency rule is not checked)
+  bool clusters = false;         // thread-block clusters (sm_90)
+  int shared_bytes_per_sm = 0;
+};
+
+// Why launch_swiglu_fused refuses (or cannot place) `tokens` tokens of a hidden x intermediate MLP
+// on `device` (empty: it runs them): the shape its launcher takes, and the rows of the
+// intermediate dimension its resident blocks hold, from its own block configuration and shared
+// memory. The scheduler plans by it.
+std::string swiglu_fused_unsupported(int hidden, int intermediate, int tokens, const SwigluFusedDevice& device);
 
 // fp32 partial-sum buffer size in floats.
 size_t swiglu_fused_accumulator_floats(int hidden, int max_tokens);

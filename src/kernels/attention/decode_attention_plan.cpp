@@ -92,6 +92,21 @@ bool plan_is_consistent(const DecodeAttentionPlan& plan) {
 
 using namespace decode_attention_detail;
 
+std::string decode_attention_forced_unsupported(int forced_splits, int forced_warps, SplitMerge merge, int group) {
+  if (forced_splits < 0 || forced_splits > kMaxSplits)
+    return "splits must be 0 (the planner's) to " + std::to_string(kMaxSplits);
+  if (forced_warps != 0 && forced_warps != 4 && forced_warps != 8) return "warps must be 4 or 8";
+  if (merge == SplitMerge::cluster) {
+    if (forced_warps == 4) return "cluster merge needs blocks of 8 warps";
+    if (forced_splits > kMaxClusterSplits)
+      return "cluster merge takes at most " + std::to_string(kMaxClusterSplits) + " splits";
+    if (group > kDecodeAttentionMaxClusterGroup)
+      return "cluster merge takes at most " + std::to_string(kDecodeAttentionMaxClusterGroup) +
+             " query heads per kv head";
+  }
+  return "";
+}
+
 DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, int head_dim, int max_context,
                                           int num_sms, int forced_splits, int forced_warps, SplitMerge merge) {
   auto text = [](int v) { return std::to_string(v); };
@@ -104,14 +119,9 @@ DecodeAttentionPlan plan_decode_attention(int batch, int q_heads, int kv_heads, 
   DF_CHECK(head_dim == 64 || head_dim == 128, "decode attention: head_dim " + text(head_dim) + " (64 or 128 supported)");
   DF_CHECK(max_context >= 1, "decode attention: max_context " + text(max_context) + " must be at least 1");
   DF_CHECK(num_sms >= 1, "decode attention: num_sms " + text(num_sms) + " must be at least 1");
-  DF_CHECK(forced_splits >= 0 && forced_splits <= kMaxSplits,
-           "decode attention: forced_splits " + text(forced_splits) + " is outside [0, " + text(kMaxSplits) + "]");
-  DF_CHECK(forced_warps == 0 || forced_warps == 4 || forced_warps == 8,
-           "decode attention: forced_warps " + text(forced_warps) + " (0, 4 or 8 supported)");
   const int group = q_heads / kv_heads;
-  DF_CHECK(merge != SplitMerge::cluster || (group <= 8 && forced_warps != 4 && forced_splits <= kMaxClusterSplits),
-           "decode attention: a cluster merge needs blocks of 8 warps, at most 8 query heads per kv head and at most " +
-               text(kMaxClusterSplits) + " splits");
+  const std::string forced = decode_attention_forced_unsupported(forced_splits, forced_warps, merge, group);
+  DF_CHECK(forced.empty(), "decode attention: " + forced);
   const int max_pages = pages_for(max_context);
   const bool cluster = merge == SplitMerge::cluster;
 

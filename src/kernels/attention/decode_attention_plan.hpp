@@ -8,11 +8,10 @@
 
 namespace deepfuse::kernels::decode_attention_detail {
 
-constexpr int kMaxGroup = 16;  // query heads per kv head: two 8-wide n-tiles
-constexpr int kMaxSplits = 256;
-// Merging in a cluster (plan.cluster_merge): at most 8 splits, the portable cluster size (the
-// H200 holds 15 clusters of 8 one-per-SM blocks at once, 7 of 16).
-constexpr int kMaxClusterSplits = 8;
+// The public limits (decode_attention.hpp) under the names the kernel and planner use.
+constexpr int kMaxGroup = kDecodeAttentionMaxGroup;
+constexpr int kMaxSplits = kDecodeAttentionMaxSplits;
+constexpr int kMaxClusterSplits = kDecodeAttentionMaxClusterSplits;
 
 // Workspace: [counters (batch*kv_heads u32)] [lse (pairs*splits*G f32)] [partial O (pairs*splits*G*D bf16)]
 struct WorkspaceLayout {

@@ -36,6 +36,7 @@
 #include "kernels/common/dependent_launch.cuh"
 #include "kernels/common/residual_sum.cuh"
 #include "kernels/common/trace.cuh"
+#include "deepfuse/kernels/cluster_gemv.hpp"
 #include "deepfuse/kernels/gemv_packing.hpp"
 #include "kernels/common/fragment.cuh"
 
@@ -45,7 +46,7 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMaxTokens = 32;
 constexpr int kMaxCluster = 8;
-constexpr int kMaxSharedBytes = 200 * 1024;
+constexpr int kMaxSharedBytes = kClusterGemvSharedBytes;
 
 // cp.async ring depth per thread (16 B per stage). 10 stages keep a block of up to 8 tokens
 // under 56 KB, so 4 fit an SM and all 48 clusters of Llama-3-8B's QKV (48 heads) run in one wave

@@ -86,8 +86,8 @@ cudaError_t launch_for_unit(const GemvResidualParams& p, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t launch_gemv_residual(const GemvResidualParams& p, cudaStream_t stream) {
-  if (!p.x || !p.weights || !p.y || p.tokens < 1 || p.tokens > kGemvResidualMaxTokens || p.rows < 64 ||
-      p.rows % 64 != 0 || p.inner < 64 || p.inner % 64 != 0 || static_cast<const void*>(p.x) == p.y ||
+  if (!p.x || !p.weights || !p.y || !gemv_residual_unsupported(p.tokens, p.rows, p.inner).empty() ||
+      static_cast<const void*>(p.x) == p.y ||
       (p.pending && !p.residual))
     return cudaErrorInvalidValue;
   trace::attach_unit();

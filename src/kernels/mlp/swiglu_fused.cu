@@ -56,6 +56,7 @@ namespace deepfuse::kernels {
 namespace {
 
 constexpr int kMaxFinishers = 16;
+constexpr int kSharedReservedPerBlock = 1024;  // the runtime's own shared memory per block
 
 template <int NT, int C>  // NT: n-tiles of 8 tokens per pass; C: cluster size
 struct FusedConfig {
@@ -71,7 +72,7 @@ struct FusedConfig {
   static constexpr int kBlocksPerSm = 16 / kWarps;
   static constexpr int kMaxTilesPerBlock = 6 * kWarps / 8;  // 16-row tiles of I one block owns
   // 228 KB of shared memory per SM, 1 KB of it reserved per block.
-  static constexpr size_t kMaxSharedBytes = 227 * 1024 / kBlocksPerSm - 1024;
+  static constexpr size_t kMaxSharedBytes = 227 * 1024 / kBlocksPerSm - kSharedReservedPerBlock;
   static constexpr int kRowTiles = NT == 1 ? 4 : NT == 2 ? 2 : 1;  // phase-2 output row tiles per warp item
   // The load ring: kStages stages per thread, each kSteps k-steps deep (see ring_run below).
   // A fifth stage pays only where one 16-warp block per SM has room for it, at up to 8 tokens
@@ -728,6 +729,34 @@ bool valid_shape(int hidden, int intermediate) {
 }
 
 }  // namespace
+
+namespace {
+
+// 16-row tiles of I an SM's resident blocks own at once in passes of 8 NT tokens: with clusters
+// every instance holds 16 warps an SM (one 16-warp block or two of 8); without, 8-warp blocks (C =
+// 1), as many as the SM's shared memory holds, at most the configuration's.
+template <int NT>
+int resident_tiles_per_sm(const SwigluFusedDevice& device) {
+  if (device.clusters) return FusedConfig<NT, 4>::kMaxTilesPerBlock * FusedConfig<NT, 4>::kBlocksPerSm;
+  using Config = FusedConfig<NT, 1>;
+  const int block_bytes = static_cast<int>(sizeof(SharedStorage<NT, 1>)) + kSharedReservedPerBlock;
+  return Config::kMaxTilesPerBlock * std::min(Config::kBlocksPerSm, device.shared_bytes_per_sm / block_bytes);
+}
+
+}  // namespace
+
+std::string swiglu_fused_unsupported(int hidden, int intermediate, int tokens, const SwigluFusedDevice& device) {
+  if (!valid_shape(hidden, intermediate))
+    return "the fused MLP needs hidden and intermediate sizes that are multiples of 64";
+  if (tokens < 1) return "the fused MLP needs at least one token";
+  const int tiles = tokens <= 8    ? resident_tiles_per_sm<1>(device)
+                    : tokens <= 16 ? resident_tiles_per_sm<2>(device)
+                                   : resident_tiles_per_sm<4>(device);
+  if (device.sms > 0 && intermediate / 16 > tiles * device.sms)
+    return "the fused MLP's resident blocks hold at most " + std::to_string(16 * tiles * device.sms) +
+           " intermediate rows on this GPU at " + std::to_string(tokens) + " tokens";
+  return "";
+}
 
 size_t swiglu_fused_accumulator_floats(int hidden, int max_tokens) {
   return static_cast<size_t>(hidden) * max_tokens;

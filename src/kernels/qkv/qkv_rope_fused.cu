@@ -140,9 +140,8 @@ cudaError_t launch_for_head_dim(const QkvRopeFusedParams& p, int units, cudaStre
 cudaError_t launch_qkv_rope_fused(const QkvRopeFusedParams& p, cudaStream_t stream) {
   const int head_dim = p.kv.head_dim;
   if (!p.x || !p.norm_weight || !p.weights || !p.inv_freq || !p.positions || !p.sequences || !p.q_out ||
-      !p.kv.k_pages || !p.kv.v_pages || !p.kv.block_table || p.tokens < 1 || p.tokens > kQkvFusedMaxTokens ||
-      p.hidden < 64 || p.hidden % 64 != 0 || p.q_heads < 1 || p.kv.kv_heads < 1 || p.q_heads % p.kv.kv_heads != 0 ||
-      (head_dim != 64 && head_dim != 128))
+      !p.kv.k_pages || !p.kv.v_pages || !p.kv.block_table ||
+      !qkv_rope_fused_unsupported({p.tokens, p.hidden, p.q_heads, p.kv.kv_heads, head_dim}).empty())
     return cudaErrorInvalidValue;
   const int units = p.q_heads + 2 * p.kv.kv_heads;
   trace::attach_unit();
