@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "deepfuse/quantization.hpp"
 #include "deepfuse/rope.hpp"
 
 namespace deepfuse {
@@ -48,6 +49,7 @@ struct ModelConfig {
   std::vector<int32_t> eos_token_ids;
   std::optional<int32_t> bos_token_id;
   std::string torch_dtype;      // as written, e.g. "bfloat16" (informational)
+  WeightQuantization quantization;  // quantization_config; method none: 16/32-bit weights
   GenerationDefaults generation;
 
   int q_size() const { return num_attention_heads * head_dim; }

@@ -63,7 +63,7 @@ struct TensorSpec {
   bool (*present)(const ModelConfig&);
   TensorGroup group;
   TensorInit init;
-  WeightFormats formats;  // linear weights: bf16 and fp8; vectors and the embedding: bf16 only
+  WeightFormats formats;  // linear weights: bf16 and the fp8 formats; vectors and the embedding: bf16 only
 };
 
 namespace tensor_presence {
@@ -74,7 +74,7 @@ inline bool untied(const ModelConfig& c) { return !c.tie_word_embeddings; }
 }  // namespace tensor_presence
 
 inline constexpr WeightFormats kVectorFormats{WeightFormat::bf16};
-inline constexpr WeightFormats kLinearFormats{WeightFormat::bf16, WeightFormat::fp8_e4m3};
+inline constexpr WeightFormats kLinearFormats{WeightFormat::bf16, WeightFormat::fp8_e4m3, WeightFormat::fp8_e4m3_block128};
 
 // In checkpoint (model) order. Roles index it: kModelTensors[int(role)].role == role.
 inline constexpr TensorSpec kModelTensors[kTensorRoleCount] = {

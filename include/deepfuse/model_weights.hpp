@@ -26,20 +26,34 @@ struct ExpectedTensor {
 // config asks for, the block's rows once per layer.
 std::vector<ExpectedTensor> expected_tensors(const ModelConfig& config);
 
-// The device weight format a checkpoint dtype loads as (BF16, F16, F32: bf16; F8_E4M3: fp8_e4m3),
-// or none for a dtype no weight may have.
-std::optional<WeightFormat> checkpoint_weight_format(SafetensorsDType dtype);
+// The format `tensor` is stored in: config.quantization's format where the method quantizes the
+// module and the model table allows the format for it; bf16 (BF16, F16 or F32 bytes) otherwise.
+WeightFormat stored_weight_format(const ModelConfig& config, const ExpectedTensor& tensor);
 
-// Throws deepfuse::Error naming the first missing, unexpected, mis-shaped or non-float tensor, and any
-// tensor in a format the table does not allow it or no loader implements yet (fp8).
-// Tolerated extras: rotary_emb.inv_freq buffers some exports keep, and lm_head.weight in a tied
-// checkpoint (ignored: the embedding is used, as transformers does).
+// Throws deepfuse::Error naming the first missing, unexpected, mis-shaped or non-float tensor, any
+// tensor whose dtype is not its stored format's (an FP8 weight without quantization_config, a
+// quantized one in 16 bits, F8_E5M2), and an FP8 weight's scale tensor missing, mis-shaped or
+// non-finite, or its shape not whole 128x128 blocks. Tolerated extras: rotary_emb.inv_freq
+// buffers some exports keep, and lm_head.weight in a tied checkpoint (ignored: the embedding is
+// used, as transformers does).
 void validate_checkpoint(const Checkpoint& checkpoint, const ModelConfig& config);
 
-// BF16, F16 or F32 bytes -> fp32.
+// BF16, F16, F32, F8_E4M3 or F8_E5M2 bytes -> fp32 (8-bit values unscaled).
 std::vector<float> to_float32(std::span<const std::byte> data, SafetensorsDType dtype);
 
-// Validates, then converts every tensor to fp32 in the reference decoder's layout.
-reference::DecoderWeights load_reference_weights(const Checkpoint& checkpoint, const ModelConfig& config);
+// How the reference backend loads weights beyond what the checkpoint stores.
+struct WeightLoadOptions {
+  // fp8_e4m3: round every 16-bit linear weight through FP8 with per-output-channel absmax scales
+  // (--quantize fp8), lm_head too only with quantize_lm_head. bf16: as stored.
+  WeightFormat quantize = WeightFormat::bf16;
+  bool quantize_lm_head = false;
+};
+
+// Validates, then converts every tensor to fp32 in the reference decoder's layout: FP8 weights
+// dequantized with their scales (the oracle for the FP8 kernels), 16-bit ones as stored or
+// quantized as `options` asks. Throws deepfuse::Error for a --quantize the checkpoint cannot
+// take (already quantized; a tied lm_head, which is the 16-bit embedding).
+reference::DecoderWeights load_reference_weights(const Checkpoint& checkpoint, const ModelConfig& config,
+                                                 const WeightLoadOptions& options = {});
 
 }  // namespace deepfuse

@@ -6,8 +6,12 @@
 //   bf16       one bfloat16 per element; no scales. Implemented.
 //   fp8_e4m3   one e4m3 byte per element, times a per-output-channel fp32 scale (scales[out]) and,
 //              when present, one per-tensor fp32 scale: w[o, i] = e4m3[o, i] * scales[o] * tensor.
-//              Declared so that shapes, byte counts and refusals can name it; no loader, packing
-//              or kernel takes it yet (issue 51): each refuses it with one line naming the format.
+//              (compressed-tensors FP8; a per-tensor checkpoint scale is every channel's.)
+//   fp8_e4m3_block128
+//              one e4m3 byte per element, times one fp32 scale per 128x128 block:
+//              w[o, i] = e4m3[o, i] * scales[o / 128][i / 128] (DeepSeek/Qwen-style `fp8`).
+//   The model layer loads both (checks, dequantizes for the reference backend); no CUDA packing
+//   or kernel takes them yet (issue 51): the CUDA backend refuses them in one line.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -20,32 +24,60 @@
 
 namespace deepfuse {
 
-enum class WeightFormat : uint8_t { bf16, fp8_e4m3 };
-inline constexpr int kWeightFormatCount = 2;
+enum class WeightFormat : uint8_t { bf16, fp8_e4m3, fp8_e4m3_block128 };
+inline constexpr int kWeightFormatCount = 3;
+
+// Which elements share one fp32 scale.
+enum class ScaleGranularity : uint8_t {
+  none,     // no scales
+  channel,  // one per output channel (row)
+  block,    // one per square block of scale_block x scale_block elements
+};
 
 // One row per format: everything the rest of the code needs to know about it.
 struct WeightFormatInfo {
   WeightFormat format;
   const char* name;          // as printed and parsed ("bf16", "fp8_e4m3")
   size_t element_bytes;      // bytes per weight element
-  bool channel_scales;       // an fp32 scale per output channel
+  ScaleGranularity scales;   // which elements share an fp32 scale
+  int scale_block;           // block: the side of a scale's square block (it must divide the shape)
   // An RMSNorm's weight is multiplied into the input columns of the projection after it at load
   // (folded_norm.hpp). Only where the product stays exact enough in the format: otherwise the
   // norm weight is applied to the activations as the kernels stage them (docs/design.md).
   bool folds_norm;
-  bool implemented;          // loader, packing and kernels take it
+  bool implemented;          // the CUDA backend's packing and kernels take it (the loader and the
+                             // reference backend take every format)
 };
 
 inline constexpr WeightFormatInfo kWeightFormats[kWeightFormatCount] = {
-    {WeightFormat::bf16, "bf16", 2, false, true, true},
-    {WeightFormat::fp8_e4m3, "fp8_e4m3", 1, true, false, false},
+    {WeightFormat::bf16, "bf16", 2, ScaleGranularity::none, 0, true, true},
+    {WeightFormat::fp8_e4m3, "fp8_e4m3", 1, ScaleGranularity::channel, 0, false, false},
+    {WeightFormat::fp8_e4m3_block128, "fp8_e4m3_block128", 1, ScaleGranularity::block, 128, false, false},
 };
 
 constexpr const WeightFormatInfo& format_info(WeightFormat format) { return kWeightFormats[static_cast<int>(format)]; }
 const char* weight_format_name(WeightFormat format);
 WeightFormat parse_weight_format(const std::string& name);  // throws deepfuse::Error naming the known ones
 
-// Bytes of a [rows, columns] linear weight in `format`: its elements plus its per-channel scales.
+constexpr bool weight_formats_are_consistent() {
+  for (int i = 0; i < kWeightFormatCount; ++i) {
+    const WeightFormatInfo& info = kWeightFormats[i];
+    if (static_cast<int>(info.format) != i) return false;
+    if ((info.scales == ScaleGranularity::block) != (info.scale_block > 0)) return false;
+  }
+  return true;
+}
+static_assert(weight_formats_are_consistent(),
+              "kWeightFormats lists the formats in WeightFormat's order; only block scales have a block side");
+
+// [rows, columns] of the fp32 scales of a [rows, columns] weight in `format` ({0, 0}: none; a
+// block format's side must divide both, which the loader checks first).
+struct ScaleShape {
+  size_t rows = 0, columns = 0;
+};
+ScaleShape scale_shape(WeightFormat format, size_t rows, size_t columns);
+
+// Bytes of a [rows, columns] linear weight in `format`: its elements plus its fp32 scales.
 size_t linear_weight_bytes(WeightFormat format, size_t rows, size_t columns);
 
 // Throws deepfuse::Error "<who>: weights in format <name> are not implemented yet" unless
@@ -78,7 +110,7 @@ struct LinearWeight {
   WeightFormat format = WeightFormat::bf16;
   WeightLayout layout = WeightLayout::row_major;
   const void* data = nullptr;           // rows x columns elements of `format`, in `layout`
-  const float* scales = nullptr;        // [rows] per output channel (formats with channel_scales)
+  const float* scales = nullptr;        // scale_shape(format, rows, columns), row-major
   const float* tensor_scale = nullptr;  // optional single scale (fp8), nullptr: 1
   int rows = 0;                         // output channels
   int columns = 0;                      // input features

@@ -24,9 +24,22 @@ WeightFormat parse_weight_format(const std::string& name) {
   throw Error("unknown weight format '" + name + "' (known: " + known + ")");
 }
 
-size_t linear_weight_bytes(WeightFormat format, size_t rows, size_t columns) {
+ScaleShape scale_shape(WeightFormat format, size_t rows, size_t columns) {
   const WeightFormatInfo& info = format_info(format);
-  return rows * columns * info.element_bytes + (info.channel_scales ? rows * sizeof(float) : 0);
+  switch (info.scales) {
+    case ScaleGranularity::none: return {};
+    case ScaleGranularity::channel: return {rows, 1};
+    case ScaleGranularity::block: {
+      const size_t side = static_cast<size_t>(info.scale_block);
+      return {(rows + side - 1) / side, (columns + side - 1) / side};
+    }
+  }
+  throw Error("internal: unknown scale granularity");
+}
+
+size_t linear_weight_bytes(WeightFormat format, size_t rows, size_t columns) {
+  const ScaleShape scales = scale_shape(format, rows, columns);
+  return rows * columns * format_info(format).element_bytes + scales.rows * scales.columns * sizeof(float);
 }
 
 void require_implemented(WeightFormat format, const std::string& who) {

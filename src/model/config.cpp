@@ -9,6 +9,7 @@
 
 #include "deepfuse/error.hpp"
 #include "deepfuse/model_config.hpp"
+#include "model/quantization.hpp"
 
 namespace deepfuse {
 
@@ -231,6 +232,8 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   config.eos_token_ids = fields.token_ids("eos_token_id");
   if (fields.has("bos_token_id")) config.bos_token_id = fields.integer("bos_token_id", 0, 0, INT32_MAX);
   config.torch_dtype = fields.string("torch_dtype", fields.string("dtype", ""));
+  if (fields.has("quantization_config"))
+    config.quantization = parse_quantization_config(fields.at("quantization_config"), source);
   return config;
 }
 

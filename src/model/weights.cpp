@@ -7,6 +7,8 @@
 #include "deepfuse/error.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "model/float16.hpp"
+#include "model/float8.hpp"
+#include "model/fp8_weights.hpp"
 
 namespace deepfuse {
 
@@ -24,14 +26,11 @@ bool ends_with(const std::string& text, const std::string& suffix) {
 
 }  // namespace
 
-std::optional<WeightFormat> checkpoint_weight_format(SafetensorsDType dtype) {
-  switch (dtype) {
-    case SafetensorsDType::BF16:
-    case SafetensorsDType::F16:
-    case SafetensorsDType::F32: return WeightFormat::bf16;  // 16-bit on the device
-    case SafetensorsDType::F8_E4M3: return WeightFormat::fp8_e4m3;
-    default: return std::nullopt;
-  }
+WeightFormat stored_weight_format(const ModelConfig& config, const ExpectedTensor& tensor) {
+  const WeightQuantization& q = config.quantization;
+  const std::string module = tensor.name.substr(0, tensor.name.size() - std::string(".weight").size());
+  if (!tensor.spec->formats.has(q.format) || !quantizes_module(q, module)) return WeightFormat::bf16;
+  return q.format;
 }
 
 std::vector<ExpectedTensor> expected_tensors(const ModelConfig& config) {
@@ -55,12 +54,8 @@ void validate_checkpoint(const Checkpoint& checkpoint, const ModelConfig& config
     const std::string where = entry->file->path().string() + ": tensor '" + expected.name + "'";
     DF_CHECK(entry->info->shape == expected.shape, where + " has shape " + shape_text(entry->info->shape) +
                                                        ", the config implies " + shape_text(expected.shape));
-    const SafetensorsDType dtype = entry->info->dtype;
-    const std::optional<WeightFormat> format = checkpoint_weight_format(dtype);
-    DF_CHECK(format.has_value(), where + " has dtype " + dtype_name(dtype) + " (supported: BF16, F16, F32)");
-    DF_CHECK(expected.spec->formats.has(*format),
-             where + " has dtype " + dtype_name(dtype) + ", which this tensor cannot have (" + weight_format_name(*format) + ")");
-    require_implemented(*format, where);
+    check_stored_weight(checkpoint, config, expected);
+    if (const std::optional<ExpectedScale> scale = expected_scale(config, expected)) expected_names.insert(scale->name);
   }
   for (const auto& [name, entry] : checkpoint.tensors()) {
     if (expected_names.count(name) || ends_with(name, "rotary_emb.inv_freq")) continue;
@@ -85,20 +80,46 @@ std::vector<float> to_float32(std::span<const std::byte> data, SafetensorsDType 
         out[i] = dtype == SafetensorsDType::BF16 ? bf16_bits_to_float(bits) : half_bits_to_float(bits);
       }
       break;
+    case SafetensorsDType::F8_E4M3:
+    case SafetensorsDType::F8_E5M2:
+      for (size_t i = 0; i < count; ++i) {
+        const uint8_t bits = std::to_integer<uint8_t>(data[i]);
+        out[i] = dtype == SafetensorsDType::F8_E4M3 ? float8_e4m3_to_float(bits) : float8_e5m2_to_float(bits);
+      }
+      break;
     default:
       throw Error(std::string("cannot convert dtype ") + dtype_name(dtype) + " to fp32");
   }
   return out;
 }
 
-reference::DecoderWeights load_reference_weights(const Checkpoint& checkpoint, const ModelConfig& config) {
+reference::DecoderWeights load_reference_weights(const Checkpoint& checkpoint, const ModelConfig& config,
+                                                 const WeightLoadOptions& options) {
   validate_checkpoint(checkpoint, config);
+  const bool quantize = options.quantize != WeightFormat::bf16;
+  if (quantize) {
+    DF_CHECK(options.quantize == WeightFormat::fp8_e4m3, std::string("--quantize ") +
+                                                             weight_format_name(options.quantize) +
+                                                             ": only fp8 (fp8_e4m3, per-channel scales) is made at load");
+    DF_CHECK(!config.quantization.quantized(), std::string("--quantize fp8: the checkpoint is already quantized (") +
+                                                   quantization_method_name(config.quantization.method) + ")");
+    DF_CHECK(!options.quantize_lm_head || !config.tie_word_embeddings,
+             "--quantize-lm-head: this model ties its lm_head to the embedding, which stays 16-bit");
+  }
   reference::DecoderWeights weights;
   weights.layers.resize(config.num_hidden_layers);
   for (const ExpectedTensor& tensor : expected_tensors(config)) {
     const Checkpoint::Entry* entry = checkpoint.find(tensor.name);
     reference::TensorSet& set = tensor.spec->scope == TensorScope::layer ? weights.layers[tensor.layer] : weights.model;
-    set[tensor.spec->role] = to_float32(checkpoint.data(*entry), entry->info->dtype);
+    std::vector<float>& values = set[tensor.spec->role];
+    if (stored_weight_format(config, tensor) != WeightFormat::bf16) {
+      values = dequantize_fp8(checkpoint, config, tensor);
+      continue;
+    }
+    values = to_float32(checkpoint.data(*entry), entry->info->dtype);
+    const bool lm_head = tensor.spec->role == TensorRole::lm_head;
+    if (quantize && tensor.spec->formats.has(options.quantize) && (!lm_head || options.quantize_lm_head))
+      quantize_rows_fp8(values, tensor.shape[0], tensor.shape[1]);
   }
   return weights;
 }

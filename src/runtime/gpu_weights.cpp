@@ -260,6 +260,9 @@ GpuWeights load_checkpoint_weights(const Checkpoint& checkpoint, const ModelConf
                                    const WeightLayouts& layouts, cudaStream_t stream, const LoadProgress& progress,
                                    const dist::RankShard& shard) {
   validate_checkpoint(checkpoint, model);
+  // FP8 checkpoints load on the reference backend; the CUDA packing and kernels are issue 51's.
+  require_implemented(model.quantization.format, "the CUDA backend (" + std::string(
+      quantization_method_name(model.quantization.method)) + " checkpoint; use --backend reference)");
   const std::unique_ptr<TensorSource> source = checkpoint_source(checkpoint, model, shard, stream, progress);
   return build_weights(model, layouts, shard, *source, stream);
 }

@@ -1,0 +1,399 @@
+// FP8 checkpoints: the e4m3 codec against the OCP spec, quantization_config parsing and its
+// refusals, FP8 checkpoints (compressed-tensors per channel / per tensor, fp8 128x128 blocks)
+// loading on the reference backend exactly as their dequantized F32 twins, every bad FP8 input as
+// one line naming the tensor, and FP8 quantization at load.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "deepfuse/bf16.hpp"
+#include "deepfuse/make_model.hpp"
+#include "deepfuse/model_weights.hpp"
+#include "deepfuse/reference_decoder.hpp"
+#include "model/float8.hpp"
+#include "model/fp8_weights.hpp"
+#include "model/model_test_util.hpp"
+
+namespace deepfuse {
+namespace {
+
+using testing::expect_error;
+
+TEST(Float8, E4m3DecodesTheSpecValues) {
+  EXPECT_EQ(float8_e4m3_to_float(0x00), 0.0f);
+  EXPECT_TRUE(std::signbit(float8_e4m3_to_float(0x80)));
+  EXPECT_EQ(float8_e4m3_to_float(0x38), 1.0f);                     // exponent 7 = bias
+  EXPECT_EQ(float8_e4m3_to_float(0x7e), 448.0f);                   // largest finite: 1.75 * 2^8
+  EXPECT_EQ(float8_e4m3_to_float(0xfe), -448.0f);
+  EXPECT_TRUE(std::isnan(float8_e4m3_to_float(0x7f)));             // the only NaNs, no infinities
+  EXPECT_TRUE(std::isnan(float8_e4m3_to_float(0xff)));
+  EXPECT_EQ(float8_e4m3_to_float(0x78), 256.0f);                   // exponent 15 is finite in e4m3
+  EXPECT_EQ(float8_e4m3_to_float(0x08), std::ldexp(1.0f, -6));     // smallest normal
+  EXPECT_EQ(float8_e4m3_to_float(0x01), std::ldexp(1.0f, -9));     // smallest subnormal
+  EXPECT_EQ(float8_e4m3_to_float(0x07), 7 * std::ldexp(1.0f, -9));  // largest subnormal
+  EXPECT_EQ(float8_e4m3_to_float(0x3b), 1.375f);
+}
+
+TEST(Float8, E4m3EncodeRoundsToNearestEvenAndSaturates) {
+  for (int bits = 0; bits < 256; ++bits) {
+    if ((bits & 0x7f) == 0x7f) continue;
+    ASSERT_EQ(float_to_float8_e4m3(float8_e4m3_to_float(static_cast<uint8_t>(bits))), bits) << bits;
+  }
+  EXPECT_EQ(float_to_float8_e4m3(1.0625f), 0x38);   // tie between 1 and 1.125 -> even (down)
+  EXPECT_EQ(float_to_float8_e4m3(1.1875f), 0x3a);   // tie between 1.125 and 1.25 -> even (up)
+  EXPECT_EQ(float_to_float8_e4m3(1.07f), 0x39);
+  EXPECT_EQ(float_to_float8_e4m3(15.5f * std::ldexp(1.0f, -9)), 0x10);   // tie of 2^-9 steps -> even 16: 2^-5
+  EXPECT_EQ(float_to_float8_e4m3(std::ldexp(1.0f, -10)), 0x00);          // half the smallest subnormal -> even 0
+  EXPECT_EQ(float_to_float8_e4m3(3 * std::ldexp(1.0f, -10)), 0x02);      // 1.5 steps -> even 2
+  EXPECT_EQ(float_to_float8_e4m3(7.5f * std::ldexp(1.0f, -9)), 0x08);    // rounds up into the normals
+  EXPECT_EQ(float_to_float8_e4m3(464.0f), 0x7e);                         // past 448: saturate
+  EXPECT_EQ(float_to_float8_e4m3(1e9f), 0x7e);
+  EXPECT_EQ(float_to_float8_e4m3(-std::numeric_limits<float>::infinity()), 0xfe);
+  EXPECT_EQ(float_to_float8_e4m3(std::numeric_limits<float>::quiet_NaN()), 0x7f);
+  EXPECT_EQ(float_to_float8_e4m3(-std::numeric_limits<float>::quiet_NaN()), 0xff);
+}
+
+TEST(Float8, E5m2DecodesTheSpecValues) {
+  EXPECT_EQ(float8_e5m2_to_float(0x3c), 1.0f);
+  EXPECT_EQ(float8_e5m2_to_float(0x7b), 57344.0f);
+  EXPECT_EQ(float8_e5m2_to_float(0x01), std::ldexp(1.0f, -16));
+  EXPECT_TRUE(std::isinf(float8_e5m2_to_float(0x7c)));
+  EXPECT_TRUE(std::isnan(float8_e5m2_to_float(0x7d)));
+}
+
+TEST(Float8, QuantizeRowsKeepsEachRowsAbsmaxExactly) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<float> w(4 * 64);
+  for (float& v : w) v = normal(rng);
+  std::fill(w.begin() + 64, w.begin() + 128, 0.0f);  // an all-zero row
+  const std::vector<float> original = w;
+  quantize_rows_fp8(w, 4, 64);
+  for (int r = 0; r < 4; ++r) {
+    float absmax = 0;
+    for (int c = 0; c < 64; ++c) absmax = std::max(absmax, std::fabs(original[r * 64 + c]));
+    for (int c = 0; c < 64; ++c) {
+      const float v = original[r * 64 + c], q = w[r * 64 + c];
+      if (std::fabs(v) == absmax) EXPECT_FLOAT_EQ(q, v);
+      // Half an e4m3 step: 2^-4 relative for normals, 2^-10 of the row's absmax for subnormals.
+      EXPECT_LE(std::fabs(q - v), std::max(std::fabs(v) / 16, absmax / 448 * std::ldexp(1.0f, -10)) * 1.0001f);
+    }
+  }
+}
+
+// --- quantization_config --------------------------------------------------------------------
+
+ModelConfig parse_with(const std::string& quantization_config) {
+  const std::string base = model_config_json(model_preset("tiny"), SafetensorsDType::BF16);
+  nlohmann::json config = nlohmann::json::parse(base);
+  config["quantization_config"] = nlohmann::json::parse(quantization_config);
+  return parse_model_config(config.dump(), "config.json");
+}
+
+std::string compressed_tensors(const std::string& weights, const std::string& extra = "",
+                               const std::string& input = R"({"num_bits": 8, "type": "float", "strategy": "token",
+                                                              "dynamic": true, "symmetric": true})") {
+  return R"({"quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+             "config_groups": {"group_0": {"targets": ["Linear"], "weights": )" +
+         weights + R"(, "input_activations": )" + input + R"(}}, "ignore": ["lm_head"], "kv_cache_scheme": null)" +
+         extra + "}";
+}
+
+const std::string kChannelWeights =
+    R"({"num_bits": 8, "type": "float", "strategy": "channel", "dynamic": false, "symmetric": true})";
+
+TEST(QuantizationConfig, CompressedTensorsAndBlockFp8Parse) {
+  const WeightQuantization channel = parse_with(compressed_tensors(kChannelWeights)).quantization;
+  EXPECT_EQ(channel.method, QuantizationMethod::compressed_tensors);
+  EXPECT_EQ(channel.format, WeightFormat::fp8_e4m3);
+  EXPECT_EQ(channel.scale_scope, ScaleScope::channel);
+  EXPECT_EQ(channel.scale_name, "weight_scale");
+  EXPECT_FALSE(quantizes_module(channel, "lm_head"));
+  EXPECT_TRUE(quantizes_module(channel, "model.layers.0.mlp.down_proj"));
+  const WeightQuantization tensor =
+      parse_with(compressed_tensors(R"({"num_bits": 8, "type": "float", "strategy": "tensor"})", "", "null")).quantization;
+  EXPECT_EQ(tensor.scale_scope, ScaleScope::tensor);
+  const WeightQuantization block = parse_with(R"({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                                  "weight_block_size": [128, 128],
+                                                  "modules_to_not_convert": ["lm_head", "down_proj"]})")
+                                       .quantization;
+  EXPECT_EQ(block.format, WeightFormat::fp8_e4m3_block128);
+  EXPECT_EQ(block.scale_name, "weight_scale_inv");
+  EXPECT_FALSE(quantizes_module(block, "model.layers.3.mlp.down_proj"));  // HF matches substrings
+  EXPECT_TRUE(quantizes_module(block, "model.layers.3.mlp.up_proj"));
+  // compressed-tensors' "re:" entries match from the start of the module name.
+  WeightQuantization regex = channel;
+  regex.ignore = {"re:.*mlp\\.down_proj$"};
+  EXPECT_FALSE(quantizes_module(regex, "model.layers.0.mlp.down_proj"));
+  EXPECT_TRUE(quantizes_module(regex, "model.layers.0.mlp.up_proj"));
+  // fp8 without a block size: per-tensor weight_scale (AutoFP8's checkpoints).
+  EXPECT_EQ(parse_with(R"({"quant_method": "fp8"})").quantization.scale_scope, ScaleScope::tensor);
+}
+
+TEST(QuantizationConfig, EverythingElseIsRefusedNamingTheField) {
+  const std::string qc = "field 'quantization_config.";
+  for (const char* method : {"awq", "gptq", "bitsandbytes", "marlin"})
+    expect_error([&] { parse_with(std::string(R"({"quant_method": ")") + method + R"(", "bits": 4})"); },
+                 {"config.json", qc + "quant_method'", method});
+  expect_error([&] { parse_with(R"({"load_in_4bit": true})"); }, {qc + "quant_method' is missing"});
+  expect_error([&] { parse_with(compressed_tensors(R"({"num_bits": 8, "type": "int", "strategy": "channel"})")); },
+               {qc + "config_groups.group_0.weights.type'", "int"});
+  expect_error([&] { parse_with(compressed_tensors(R"({"num_bits": 4, "type": "float"})")); },
+               {qc + "config_groups.group_0.weights.num_bits'"});
+  expect_error([&] { parse_with(compressed_tensors(R"({"num_bits": 8, "type": "float", "strategy": "group", "group_size": 128})")); },
+               {qc + "config_groups.group_0.weights.group_size'"});
+  expect_error([&] {
+    parse_with(compressed_tensors(kChannelWeights, "", R"({"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": false})"));
+  }, {qc + "config_groups.group_0.input_activations.dynamic'", "input_scale"});
+  expect_error([&] { parse_with(compressed_tensors(kChannelWeights, R"(, "format": "pack-quantized")")); },
+               {qc + "format'"});
+  std::string kv = compressed_tensors(kChannelWeights);
+  kv.replace(kv.find("\"kv_cache_scheme\": null"), 23, R"("kv_cache_scheme": {"num_bits": 8, "type": "float"})");
+  expect_error([&] { parse_with(kv); }, {qc + "kv_cache_scheme'"});
+  expect_error([&] { parse_with(R"({"quant_method": "fp8", "weight_block_size": [64, 64]})"); },
+               {qc + "weight_block_size'", "128x128"});
+  expect_error([&] { parse_with(R"({"quant_method": "fp8", "activation_scheme": "static"})"); },
+               {qc + "activation_scheme'"});
+  expect_error([&] { parse_with(R"({"quant_method": "fp8", "fmt": "e5m2"})"); }, {qc + "fmt'"});
+}
+
+// --- FP8 checkpoints ------------------------------------------------------------------------
+
+// A model whose every projection is a whole number of 128x128 blocks (lm_head: 40 rows, kept 16-bit).
+ModelConfig block_friendly() {
+  ModelConfig c = model_preset("tiny");
+  c.num_hidden_layers = 1;
+  c.vocab_size = 40;
+  c.hidden_size = 128;
+  c.intermediate_size = 256;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 2;
+  c.head_dim = c.rope.head_dim = 64;
+  return c;
+}
+
+struct RawTensor {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  std::string bytes;
+};
+
+void write_raw_checkpoint(const std::filesystem::path& dir, const std::string& config_json,
+                          const std::vector<RawTensor>& tensors) {
+  nlohmann::json header = nlohmann::json::object();
+  std::string data;
+  for (const RawTensor& t : tensors) {
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + t.bytes.size()}}};
+    data += t.bytes;
+  }
+  const std::string text = header.dump();
+  std::string image(8, '\0');
+  for (int i = 0; i < 8; ++i) image[i] = static_cast<char>(text.size() >> (8 * i) & 0xff);
+  testing::write_file(dir / "config.json", config_json);
+  testing::write_file(dir / "model.safetensors", image + text + data);
+}
+
+template <typename T>
+std::string bytes_of(const std::vector<T>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
+}
+
+std::string config_json_with(const ModelConfig& config, const std::string& quantization_config) {
+  nlohmann::json j = nlohmann::json::parse(model_config_json(config, SafetensorsDType::F32));
+  if (!quantization_config.empty()) j["quantization_config"] = nlohmann::json::parse(quantization_config);
+  return j.dump();
+}
+
+// One FP8 checkpoint and its dequantized F32 twin, drawn together.
+struct Fp8Pair {
+  std::vector<RawTensor> fp8, f32;
+};
+
+Fp8Pair draw_fp8_pair(const ModelConfig& config, ScaleScope scope, const std::string& scale_name, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  Fp8Pair pair;
+  for (const ExpectedTensor& t : expected_tensors(config)) {
+    const bool quantized = t.spec->formats.has(WeightFormat::fp8_e4m3) && t.spec->role != TensorRole::lm_head;
+    int64_t count = 1;
+    for (int64_t e : t.shape) count *= e;
+    if (!quantized) {
+      std::vector<float> values(static_cast<size_t>(count));
+      for (float& v : values) v = t.spec->init == TensorInit::norm ? 1.0f + 0.1f * uniform(rng) : 0.3f * uniform(rng);
+      pair.fp8.push_back({t.name, "F32", t.shape, bytes_of(values)});
+      pair.f32.push_back(pair.fp8.back());
+      continue;
+    }
+    const int64_t rows = t.shape[0], columns = t.shape[1];
+    std::vector<uint8_t> codes(static_cast<size_t>(count));
+    for (uint8_t& c : codes) c = static_cast<uint8_t>(rng() % 0x7f) | (rng() % 2 ? 0x80 : 0);  // never NaN
+    std::vector<int64_t> scale_shape = scope == ScaleScope::channel ? std::vector<int64_t>{rows, 1}
+                                       : scope == ScaleScope::tensor ? std::vector<int64_t>{1}
+                                                                     : std::vector<int64_t>{rows / 128, columns / 128};
+    // BF16 scales (as compressed-tensors writes them) for per channel, F32 otherwise.
+    const bool bf16_scales = scope == ScaleScope::channel;
+    std::vector<float> scales(static_cast<size_t>(scale_shape.empty() ? 1 : scale_shape[0] * (scale_shape.size() > 1 ? scale_shape[1] : 1)));
+    std::vector<uint16_t> scale_bits(scales.size());
+    for (size_t i = 0; i < scales.size(); ++i) {
+      scale_bits[i] = float_to_bf16_bits(std::ldexp(1.0f + 0.5f * uniform(rng), -9));
+      scales[i] = bf16_scales ? bf16_bits_to_float(scale_bits[i]) : std::ldexp(1.0f + 0.5f * uniform(rng), -9);
+    }
+    std::vector<float> dequantized(static_cast<size_t>(count));
+    for (int64_t o = 0; o < rows; ++o)
+      for (int64_t i = 0; i < columns; ++i) {
+        const float s = scope == ScaleScope::channel ? scales[o]
+                        : scope == ScaleScope::tensor ? scales[0]
+                                                      : scales[(o / 128) * (columns / 128) + i / 128];
+        dequantized[o * columns + i] = float8_e4m3_to_float(codes[o * columns + i]) * s;
+      }
+    pair.fp8.push_back({t.name, "F8_E4M3", t.shape, bytes_of(codes)});
+    const std::string scale_tensor = t.name.substr(0, t.name.size() - 6) + scale_name;
+    pair.fp8.push_back({scale_tensor, bf16_scales ? "BF16" : "F32", scale_shape,
+                        bf16_scales ? bytes_of(scale_bits) : bytes_of(scales)});
+    pair.f32.push_back({t.name, "F32", t.shape, bytes_of(dequantized)});
+  }
+  return pair;
+}
+
+const std::string kBlockFp8 = R"({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
+                                  "modules_to_not_convert": ["lm_head"]})";
+
+struct Fp8Case {
+  const char* name;
+  ScaleScope scope;
+  std::string quantization_config, scale_name;
+};
+
+std::vector<Fp8Case> fp8_cases() {
+  return {{"compressed_tensors_channel", ScaleScope::channel, compressed_tensors(kChannelWeights), "weight_scale"},
+          {"compressed_tensors_tensor", ScaleScope::tensor,
+           compressed_tensors(R"({"num_bits": 8, "type": "float", "strategy": "tensor"})"), "weight_scale"},
+          {"fp8_block", ScaleScope::block, kBlockFp8, "weight_scale_inv"}};
+}
+
+class Fp8Checkpoint : public ::testing::TestWithParam<int> {};
+
+// The reference backend is the FP8 kernels' oracle: an FP8 checkpoint must decode exactly as the
+// F32 checkpoint of its dequantized weights.
+TEST_P(Fp8Checkpoint, DecodesExactlyAsItsDequantizedTwin) {
+  const Fp8Case c = fp8_cases()[GetParam()];
+  const ModelConfig config = block_friendly();
+  const Fp8Pair pair = draw_fp8_pair(config, c.scope, c.scale_name, 11 + GetParam());
+  testing::ScratchDir fp8_dir, f32_dir;
+  write_raw_checkpoint(fp8_dir.path(), config_json_with(config, c.quantization_config), pair.fp8);
+  write_raw_checkpoint(f32_dir.path(), config_json_with(config, ""), pair.f32);
+  const ModelConfig fp8_config = load_model_config(fp8_dir.path());
+  ASSERT_TRUE(fp8_config.quantization.quantized()) << c.name;
+  const reference::DecoderWeights fp8 = load_reference_weights(Checkpoint(fp8_dir.path()), fp8_config);
+  const reference::DecoderWeights f32 = load_reference_weights(Checkpoint(f32_dir.path()), config);
+  EXPECT_EQ(fp8.layers[0][TensorRole::down_proj], f32.layers[0][TensorRole::down_proj]) << c.name;
+  const reference::Decoder fp8_decoder(fp8_config, fp8), f32_decoder(config, f32);
+  const std::vector<int32_t> ids = {1, 7, 3, 39, 12};
+  reference::KvCache a = fp8_decoder.new_cache(), b = f32_decoder.new_cache();
+  const std::vector<float> logits = fp8_decoder.forward(ids, a);
+  EXPECT_EQ(logits, f32_decoder.forward(ids, b)) << c.name;
+  float spread = 0;
+  for (float v : logits) spread = std::max(spread, std::fabs(v));
+  EXPECT_GT(spread, 0.0f);  // not a degenerate all-zero model
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, Fp8Checkpoint, ::testing::Values(0, 1, 2),
+                         [](const auto& info) { return std::string(fp8_cases()[info.param].name); });
+
+RawTensor& find(std::vector<RawTensor>& tensors, const std::string& name) {
+  for (RawTensor& t : tensors)
+    if (t.name == name) return t;
+  throw Error("test: no tensor " + name);
+}
+
+// Bad FP8 input: one line naming the tensor (the CLI exits 2 on it).
+TEST(Fp8Checkpoint, BadInputIsOneLineNamingTheTensor) {
+  const ModelConfig config = block_friendly();
+  const std::string q_proj = "model.layers.0.self_attn.q_proj.weight", scale = "model.layers.0.self_attn.q_proj.weight_scale";
+  const std::string json = config_json_with(config, compressed_tensors(kChannelWeights));
+  testing::ScratchDir dir;
+  auto expect_refused = [&](std::vector<RawTensor> tensors, std::initializer_list<std::string> parts,
+                            const std::string& config_json) {
+    write_raw_checkpoint(dir.path(), config_json, tensors);
+    expect_error([&] { load_reference_weights(Checkpoint(dir.path()), load_model_config(dir.path())); }, parts);
+  };
+  const Fp8Pair good = draw_fp8_pair(config, ScaleScope::channel, "weight_scale", 5);
+  auto refused = [&](auto change, std::initializer_list<std::string> parts, const std::string& j) {
+    std::vector<RawTensor> tensors = good.fp8;
+    change(tensors);
+    expect_refused(tensors, parts, j);
+  };
+  refused([&](auto& t) { t.erase(t.begin() + 3); }, {"missing tensor '" + scale + "'", q_proj}, json);
+  refused([&](auto& t) { find(t, scale).shape = {config.q_size()}; find(t, scale).bytes.resize(config.q_size() * 2); },
+          {"tensor '" + scale + "'", "shape [128]", "[128, 1]"}, json);
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    refused([&](auto& t) {
+      const uint16_t bits = float_to_bf16_bits(bad);
+      std::memcpy(find(t, scale).bytes.data() + 2 * 17, &bits, 2);
+    }, {"tensor '" + scale + "'", "non-finite scale", "element 17"}, json);
+  }
+  refused([&](auto& t) { find(t, scale).dtype = "F8_E4M3"; find(t, scale).bytes.resize(config.q_size()); },
+          {"tensor '" + scale + "'", "dtype F8_E4M3", "scales must be"}, json);
+  refused([&](auto& t) { find(t, q_proj).dtype = "F8_E5M2"; }, {"tensor '" + q_proj + "'", "F8_E5M2"}, json);
+  refused([&](auto& t) { find(t, q_proj).dtype = "U8"; }, {"tensor '" + q_proj + "'", "U8"}, json);
+  // A 16-bit weight the config quantizes, and an FP8 one its ignore list keeps 16-bit.
+  const std::string down = "model.layers.0.mlp.down_proj.weight";
+  refused([&](auto& t) { find(t, down).dtype = "BF16"; find(t, down).bytes.resize(find(t, down).bytes.size() * 2); },
+          {"tensor '" + down + "'", "BF16", "fp8_e4m3"}, json);
+  std::string ignoring = compressed_tensors(kChannelWeights);
+  ignoring.replace(ignoring.find("[\"lm_head\"]"), 11, R"(["lm_head", "model.layers.0.mlp.down_proj"])");
+  refused([](auto&) {}, {"tensor '" + down + "'", "ignore list"}, config_json_with(config, ignoring));
+  // Static activation scales in the files are tensors nothing reads: refused as unexpected.
+  refused([&](auto& t) { t.push_back({"model.layers.0.self_attn.q_proj.input_scale", "F32", {1}, std::string(4, '\0')}); },
+          {"unexpected tensor 'model.layers.0.self_attn.q_proj.input_scale'"}, json);
+  // 128x128 blocks that do not divide the shape (the tiny preset's 64-wide hidden size).
+  ModelConfig narrow = model_preset("tiny");
+  narrow.num_hidden_layers = 1;
+  testing::ScratchDir narrow_dir;
+  std::vector<RawTensor> narrow_tensors;
+  for (const ExpectedTensor& t : expected_tensors(narrow)) {
+    int64_t count = 1;
+    for (int64_t e : t.shape) count *= e;
+    const bool fp8 = t.spec->init == TensorInit::linear && t.spec->role != TensorRole::lm_head;
+    narrow_tensors.push_back({t.name, fp8 ? "F8_E4M3" : "F32", t.shape, std::string(count * (fp8 ? 1 : 4), '\0')});
+    if (fp8)
+      narrow_tensors.push_back({t.name + "_scale_inv", "F32", {1, 1}, std::string(4, '\0')});
+  }
+  write_raw_checkpoint(narrow_dir.path(), config_json_with(narrow, kBlockFp8), narrow_tensors);
+  expect_error([&] { validate_checkpoint(Checkpoint(narrow_dir.path()), load_model_config(narrow_dir.path())); },
+               {"tensor 'model.layers.0.self_attn.q_proj.weight'", "shape [64, 64]", "128x128"});
+}
+
+TEST(Fp8Checkpoint, QuantizeAtLoadRoundsTheProjectionsOnly) {
+  testing::ScratchDir dir;
+  ModelConfig config = block_friendly();
+  MakeModelOptions options;
+  options.dtype = SafetensorsDType::F32;
+  write_random_checkpoint(config, dir.path(), options);
+  const Checkpoint checkpoint(dir.path());
+  const reference::DecoderWeights original = load_reference_weights(checkpoint, config);
+  WeightLoadOptions fp8;
+  fp8.quantize = WeightFormat::fp8_e4m3;
+  const reference::DecoderWeights quantized = load_reference_weights(checkpoint, config, fp8);
+  std::vector<float> expected = original.layers[0][TensorRole::gate_proj];
+  quantize_rows_fp8(expected, config.intermediate_size, config.hidden_size);
+  EXPECT_EQ(quantized.layers[0][TensorRole::gate_proj], expected);
+  EXPECT_NE(quantized.layers[0][TensorRole::gate_proj], original.layers[0][TensorRole::gate_proj]);
+  EXPECT_EQ(quantized.layers[0][TensorRole::input_norm], original.layers[0][TensorRole::input_norm]);
+  EXPECT_EQ(quantized.model[TensorRole::lm_head], original.model[TensorRole::lm_head]);  // kept 16-bit
+  EXPECT_EQ(quantized.model[TensorRole::embed_tokens], original.model[TensorRole::embed_tokens]);
+  fp8.quantize_lm_head = true;
+  EXPECT_NE(load_reference_weights(checkpoint, config, fp8).model[TensorRole::lm_head],
+            original.model[TensorRole::lm_head]);
+  config.tie_word_embeddings = true;
+  testing::ScratchDir tied;
+  write_random_checkpoint(config, tied.path(), options);
+  expect_error([&] { load_reference_weights(Checkpoint(tied.path()), config, fp8); },
+               {"--quantize-lm-head", "ties"});
+}
+
+}  // namespace
+}  // namespace deepfuse
