@@ -25,4 +25,15 @@ struct TokenLogprobs {
 // them throw deepfuse::Error.
 TokenLogprobs token_logprobs(std::span<const float> logits, int32_t chosen, int top);
 
+// How closely `candidate` logits follow `reference` ones ([positions, vocab] each, the same
+// prompt): at how many positions their argmax agrees (lowest id on ties), and the mean over
+// positions of KL(softmax(reference) || softmax(candidate)) in nats. Used to report what a
+// quantization costs (score --compare-unquantized). Throws deepfuse::Error on mismatched sizes.
+struct NextTokenAgreement {
+  size_t positions = 0;
+  size_t top1_agree = 0;
+  double mean_kl = 0.0;
+};
+NextTokenAgreement compare_next_token(std::span<const float> reference, std::span<const float> candidate, size_t vocab);
+
 }  // namespace deepfuse

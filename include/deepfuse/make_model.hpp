@@ -19,11 +19,18 @@ std::vector<std::string> model_preset_names();
 // tiny (a 2-layer Llama small enough for CI), llama3.2-1b, llama3-8b, qwen2.5-7b, mistral-7b.
 ModelConfig model_preset(const std::string& name);
 
-// config.json text for `config`, in the field names transformers writes.
+// config.json text for `config`, in the field names transformers writes; a quantized config gets
+// its quantization_config (compressed-tensors per-channel FP8 only).
 std::string model_config_json(const ModelConfig& config, SafetensorsDType dtype);
 
+// What `make-model --dtype fp8` writes: compressed-tensors FP8, a BF16 "weight_scale" [out, 1] per
+// projection, activations dynamic per token, lm_head kept 16-bit (listed in "ignore").
+WeightQuantization fp8_checkpoint_quantization();
+
 struct MakeModelOptions {
-  SafetensorsDType dtype = SafetensorsDType::BF16;  // BF16, F16 or F32
+  // BF16, F16 or F32: every tensor's dtype, except the F8_E4M3 projections (and their scales)
+  // of a config whose quantization is fp8_checkpoint_quantization().
+  SafetensorsDType dtype = SafetensorsDType::BF16;
   uint64_t seed = 0;
   int shards = 1;  // > 1: model-0000i-of-0000n.safetensors plus the index
 };

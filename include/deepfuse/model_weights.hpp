@@ -49,6 +49,11 @@ struct WeightLoadOptions {
   bool quantize_lm_head = false;
 };
 
+// The format `tensor` runs in once loaded with `options`: its stored format, or the quantize
+// format for a 16-bit linear weight (lm_head only with quantize_lm_head).
+WeightFormat loaded_weight_format(const ModelConfig& config, const ExpectedTensor& tensor,
+                                  const WeightLoadOptions& options);
+
 // Validates, then converts every tensor to fp32 in the reference decoder's layout: FP8 weights
 // dequantized with their scales (the oracle for the FP8 kernels), 16-bit ones as stored or
 // quantized as `options` asks. Throws deepfuse::Error for a --quantize the checkpoint cannot

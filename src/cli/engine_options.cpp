@@ -23,7 +23,10 @@ Backend resolve_backend(const std::string& name) {
   return Backend::cuda;
 }
 
-std::string cuda_unsupported_reason(const ModelConfig& config) {
+std::string cuda_unsupported_reason(const ModelConfig& config, const EngineArgs& args) {
+  if (config.quantization.quantized())
+    return std::string("a ") + quantization_method_name(config.quantization.method) + " FP8 checkpoint";
+  if (!args.quantize.empty()) return "--quantize " + args.quantize;
   if (config.head_dim != 64 && config.head_dim != 128)
     return "head_dim " + std::to_string(config.head_dim) + " (the CUDA kernels take 64 or 128)";
   if (config.hidden_size % 64 != 0 || config.intermediate_size % 64 != 0)
@@ -52,6 +55,13 @@ void add_engine_options(CLI::App& command, EngineArgs& args) {
       ->group(group);
   add_plan_options(command, args);
   command
+      .add_option("--quantize", args.quantize,
+                  "fp8: round the 16-bit linear weights through FP8 e4m3 at load, one absmax scale per output "
+                  "channel (reference backend; lm_head stays 16-bit)")
+      ->group("Weights");
+  command.add_flag("--quantize-lm-head", args.quantize_lm_head, "with --quantize: quantize lm_head too")
+      ->group("Weights");
+  command
       .add_flag("--tune-gemms", args.tune_gemms,
                 "time cuBLASLt's suggested algorithms for the decode GEMMs at start-up and keep the fastest")
       ->group(group);
@@ -76,6 +86,22 @@ void add_plan_options(CLI::App& command, EngineArgs& args) {
                   "tensor parallelism: split the model over N GPUs (0..N-1), two all-reduces per block (default 1)")
       ->check(CLI::Range(1, 8))
       ->group(group);
+}
+
+WeightLoadOptions weight_load_options(const EngineArgs& args) {
+  WeightLoadOptions options;
+  DF_CHECK(!args.quantize_lm_head || !args.quantize.empty(), "--quantize-lm-head needs --quantize fp8");
+  if (args.quantize.empty()) return options;
+  DF_CHECK(args.quantize == "fp8", "--quantize '" + args.quantize + "': unknown (fp8)");
+  options.quantize = WeightFormat::fp8_e4m3;
+  options.quantize_lm_head = args.quantize_lm_head;
+  return options;
+}
+
+void check_quantize_backend(const EngineArgs& args, Backend backend) {
+  weight_load_options(args);
+  DF_CHECK(args.quantize.empty() || backend == Backend::reference,
+           "--quantize " + args.quantize + ": the CUDA backend has no FP8 kernels yet; use --backend reference");
 }
 
 void check_tuning_cache_writable(const std::filesystem::path& path) {

@@ -11,6 +11,7 @@
 
 #include "deepfuse/engine.hpp"
 #include "deepfuse/model_config.hpp"
+#include "deepfuse/model_weights.hpp"
 
 namespace deepfuse::cli {
 
@@ -22,10 +23,6 @@ const char* backend_name(Backend backend);
 // machine without a CUDA device; "auto" falls back to the reference backend there.
 Backend resolve_backend(const std::string& name);
 
-// Why the CUDA kernels cannot run `config` (head_dim other than 64 or 128, hidden or intermediate
-// size not a multiple of 64), or an empty string when they can. `auto` uses it to fall back to the
-// reference backend; an explicit `--backend cuda` leaves the verdict to the engine.
-std::string cuda_unsupported_reason(const ModelConfig& config);
 
 // The CUDA engine's flags as given; engine_options() checks and converts them.
 struct EngineArgs {
@@ -39,10 +36,27 @@ struct EngineArgs {
   bool no_tuning_cache = false;
   bool tune_gemms = false;
   int tensor_parallel = 1;                  // --tp
+  std::string quantize;                     // --quantize: empty, or "fp8"
+  bool quantize_lm_head = false;            // --quantize-lm-head
 };
 
+// Why the CUDA kernels cannot run `config` with these flags (head_dim other than 64 or 128,
+// hidden or intermediate size not a multiple of 64, FP8 weights from the checkpoint or
+// --quantize), or an empty string when they can. `auto` uses it to fall back to the reference
+// backend; an explicit `--backend cuda` leaves the verdict to the engine.
+std::string cuda_unsupported_reason(const ModelConfig& config, const EngineArgs& args);
+
+// --quantize / --quantize-lm-head as the reference loader's options. Throws deepfuse::Error
+// naming the flag for an unknown format or --quantize-lm-head alone.
+WeightLoadOptions weight_load_options(const EngineArgs& args);
+
+// Throws deepfuse::Error unless `backend` runs --quantize (the reference backend only, until
+// the CUDA FP8 kernels exist).
+void check_quantize_backend(const EngineArgs& args, Backend backend);
+
 // Adds --max-batch, --max-context, --kv-cache-mb, --no-cuda-graphs, --no-overlap-steps,
-// --plan-override, --tuning-cache, --no-tuning-cache, --tune-gemms and --tp.
+// --plan-override, --tuning-cache, --no-tuning-cache, --tune-gemms, --tp, --quantize and
+// --quantize-lm-head.
 void add_engine_options(CLI::App& command, EngineArgs& args);
 
 // Adds --plan-override, --tuning-cache / --no-tuning-cache and --tp alone (bench decode has its

@@ -34,12 +34,34 @@ void print_plan(const ModelConfig& config, const EngineArgs& args) {
               static_cast<double>(preview.gpu_weight_bytes) / (1ull << 30));
 }
 
+// Each linear weight's format and bytes as the backend stores it (after --quantize), summed over
+// the layers: "mlp.down_proj  fp8_e4m3  x2  33280 bytes".
+void print_linear_formats(const ModelConfig& config, const WeightLoadOptions& options) {
+  struct Row {
+    int count = 0;
+    size_t bytes = 0;
+  };
+  std::map<std::pair<int, std::string>, Row> rows;  // by role (table order), then format
+  for (const ExpectedTensor& tensor : expected_tensors(config)) {
+    if (tensor.shape.size() != 2 || !tensor.spec->formats.has(WeightFormat::fp8_e4m3)) continue;
+    const WeightFormat format = loaded_weight_format(config, tensor, options);
+    Row& row = rows[{static_cast<int>(tensor.spec->role), weight_format_name(format)}];
+    ++row.count;
+    row.bytes += linear_weight_bytes(format, static_cast<size_t>(tensor.shape[0]), static_cast<size_t>(tensor.shape[1]));
+  }
+  std::printf("linear weights (format as loaded, bytes with scales):\n");
+  for (const auto& [key, row] : rows)
+    std::printf("  %-24s %-18s x%-4d %zu bytes\n", kModelTensors[key.first].name, key.second.c_str(), row.count,
+                row.bytes);
+}
+
 int run_inspect(const InspectArgs& args) {
   const std::string& model_dir = args.model_dir;
   if (args.plan) {  // the plan's flags and its GPU are checked before anything is printed
     engine_options(args.engine);
     DF_CHECK(cuda_device_available(), "inspect --plan: no CUDA device found on this machine (plans are per GPU)");
   }
+  const WeightLoadOptions load_options = weight_load_options(args.engine);
   const ModelConfig c = load_model_config(model_dir);
   const Checkpoint checkpoint(model_dir);
   validate_checkpoint(checkpoint, c);
@@ -67,9 +89,14 @@ int run_inspect(const InspectArgs& args) {
   std::printf("embeddings:    %s\n", c.tie_word_embeddings ? "tied (lm_head = embed_tokens)" : "separate lm_head");
   std::printf("files:         %zu safetensors\n", checkpoint.files().size());
   std::printf("dtype:         %s\n", dtypes.c_str());
+  std::printf("quantization:  %s\n", c.quantization.quantized()
+                                         ? (std::string(quantization_method_name(c.quantization.method)) + " (" +
+                                            weight_format_name(c.quantization.format) + ")").c_str()
+                                         : "none");
   std::printf("parameters:    %llu\n", static_cast<unsigned long long>(parameters));
   std::printf("bytes:         %llu (%.2f GiB)\n", static_cast<unsigned long long>(bytes),
               static_cast<double>(bytes) / (1ull << 30));
+  print_linear_formats(c, load_options);
   if (args.plan) print_plan(c, args.engine);
   return 0;
 }

@@ -32,11 +32,12 @@ Architecture parse_architecture(const std::string& name) {
   throw Error("--arch '" + name + "': unknown architecture (llama, qwen2, mistral)");
 }
 
+// fp8: BF16 tensors but the projections, which are compressed-tensors FP8 (the config says so).
 SafetensorsDType parse_dtype(const std::string& name) {
-  if (name == "bf16") return SafetensorsDType::BF16;
+  if (name == "bf16" || name == "fp8") return SafetensorsDType::BF16;
   if (name == "f16") return SafetensorsDType::F16;
   if (name == "f32") return SafetensorsDType::F32;
-  throw Error("--dtype '" + name + "': unknown weight dtype (bf16, f16, f32)");
+  throw Error("--dtype '" + name + "': unknown weight dtype (bf16, f16, f32, fp8)");
 }
 
 // Vocabularies too small for the 256 byte tokens and the specials stay ids-only.
@@ -78,7 +79,8 @@ ModelConfig build_config(const MakeModelArgs& args) {
 }
 
 int run_make_model(const MakeModelArgs& args) {
-  const ModelConfig config = build_config(args);
+  ModelConfig config = build_config(args);
+  if (args.dtype == "fp8") config.quantization = fp8_checkpoint_quantization();
   MakeModelOptions options;
   options.dtype = parse_dtype(args.dtype);
   options.seed = args.seed;
@@ -117,7 +119,9 @@ void register_make_model(CLI::App& app, Action& action) {
       ->check(CLI::NonNegativeNumber);
   command->add_option("--rope-theta", args->rope_theta, "rope base frequency");
   command->add_option("--tie-embeddings", args->tie_embeddings, "true | false: lm_head shares embed_tokens");
-  command->add_option("--dtype", args->dtype, "bf16 | f16 | f32 (default bf16)");
+  command->add_option("--dtype", args->dtype,
+                      "bf16 | f16 | f32 | fp8 (compressed-tensors FP8 projections with per-channel scales, the "
+                      "rest bf16, lm_head kept bf16) (default bf16)");
   command->add_option("--seed", args->seed, "weight seed (default 0)");
   command->add_option("--shards", args->shards, "split into this many safetensors files (default 1)")
       ->check(CLI::PositiveNumber);

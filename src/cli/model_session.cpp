@@ -126,8 +126,10 @@ LoadedModel resolve_model(const ModelArgs& args) {
   model.config = args.random_weights ? random_arch_config(args.random_arch) : load_model_config(args.model_dir);
   const ModelConfig& config = model.config;
   // auto on a GPU: models the kernels cannot run fall back to the reference backend.
-  if (args.backend == "auto" && model.backend == Backend::cuda) model.cuda_fallback = cuda_unsupported_reason(config);
+  if (args.backend == "auto" && model.backend == Backend::cuda)
+    model.cuda_fallback = cuda_unsupported_reason(config, args.engine);
   if (!model.cuda_fallback.empty()) model.backend = Backend::reference;
+  check_quantize_backend(args.engine, model.backend);
   if (engine_flags.tensor_parallel > 1) {
     DF_CHECK(model.backend == Backend::cuda, "--tp " + std::to_string(engine_flags.tensor_parallel) +
                                                  " needs the cuda backend (the reference backend runs on one CPU)");
@@ -175,7 +177,8 @@ LoadedModel prepare_model(const ModelArgs& args, std::vector<int32_t>& prompt, T
 void load_weights(const ModelArgs& args, LoadedModel& model) {
   if (model.backend == Backend::reference) {
     const Checkpoint checkpoint(args.model_dir);
-    model.decoder = std::make_unique<reference::Decoder>(model.config, load_reference_weights(checkpoint, model.config));
+    model.decoder = std::make_unique<reference::Decoder>(
+        model.config, load_reference_weights(checkpoint, model.config, weight_load_options(args.engine)));
     return;
   }
   const EngineOptions options = engine_options(args.engine);

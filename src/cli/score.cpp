@@ -11,6 +11,7 @@
 #include "cli/commands.hpp"
 #include "cli/model_session.hpp"
 #include "deepfuse/error.hpp"
+#include "deepfuse/logprobs.hpp"
 
 namespace deepfuse::cli {
 
@@ -19,7 +20,26 @@ namespace {
 struct ScoreArgs {
   ModelArgs model;
   std::string json_path;
+  bool compare_unquantized = false;
 };
+
+// --compare-unquantized: the same prompt on the checkpoint's own 16-bit weights, and how far the
+// quantized next-token distributions are from those.
+void print_quantization_cost(const ScoreArgs& args, const LoadedModel& quantized, std::span<const float> logits,
+                             std::span<const int32_t> ids) {
+  ModelArgs plain = args.model;
+  plain.engine.quantize.clear();
+  plain.engine.quantize_lm_head = false;
+  LoadedModel original;
+  original.config = quantized.config;
+  original.backend = quantized.backend;
+  load_weights(plain, original);
+  const std::vector<float> reference = score_logits(original, ids);
+  const NextTokenAgreement a = compare_next_token(reference, logits, static_cast<size_t>(quantized.config.vocab_size));
+  std::printf("--quantize %s against the 16-bit weights: top-1 agreement %zu/%zu (%.1f%%), mean KL %.6g nats\n",
+              args.model.engine.quantize.c_str(), a.top1_agree, a.positions,
+              100.0 * static_cast<double>(a.top1_agree) / static_cast<double>(a.positions), a.mean_kl);
+}
 
 // log softmax(logits)[id], in double.
 double log_probability(std::span<const float> logits, int32_t id) {
@@ -31,6 +51,7 @@ double log_probability(std::span<const float> logits, int32_t id) {
 }
 
 int run_score(const ScoreArgs& args) {
+  DF_CHECK(!args.compare_unquantized || !args.model.engine.quantize.empty(), "--compare-unquantized needs --quantize fp8");
   std::vector<int32_t> ids;
   LoadedModel model = prepare_model(args.model, ids);
   load_weights(args.model, model);
@@ -64,6 +85,7 @@ int run_score(const ScoreArgs& args) {
     std::printf("tokens scored: %zu, mean log-likelihood: %.6f, perplexity: %.4f\n", scored, total / scored,
                 std::exp(-total / scored));
   }
+  if (args.compare_unquantized) print_quantization_cost(args, model, logits, ids);
   return 0;
 }
 
@@ -74,6 +96,9 @@ void register_score(CLI::App& app, Action& action) {
   auto args = std::make_shared<ScoreArgs>();
   add_model_options(*command, args->model);
   command->add_option("--json", args->json_path, R"(write {"input_ids": [...], "logits": [[...]...]} to this file)");
+  command->add_flag("--compare-unquantized", args->compare_unquantized,
+                    "with --quantize: also score the 16-bit weights and print the top-1 agreement and mean KL "
+                    "of the next-token distributions over the prompt");
   command->callback([args, &action] { action = [args] { return run_score(*args); }; });
 }
 

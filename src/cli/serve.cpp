@@ -74,11 +74,12 @@ LoadedServe load(const ServeArgs& args) {
   loaded.config = args.random_weights ? random_arch_config(args.random_arch) : load_model_config(args.model_dir);
   const ModelConfig& config = loaded.config;
   Backend backend = args.random_weights ? Backend::cuda : resolve_backend(args.backend);
-  if (args.backend == "auto" && backend == Backend::cuda && !cuda_unsupported_reason(config).empty()) {
+  if (args.backend == "auto" && backend == Backend::cuda && !cuda_unsupported_reason(config, args.engine).empty()) {
     std::fprintf(stderr, "note: %s has no CUDA kernels; serving on the reference backend\n",
-                 cuda_unsupported_reason(config).c_str());
+                 cuda_unsupported_reason(config, args.engine).c_str());
     backend = Backend::reference;
   }
+  check_quantize_backend(args.engine, backend);
   if (!args.random_weights && fs::exists(fs::path(args.model_dir) / "tokenizer.json")) {
     loaded.tokenizer = Tokenizer::from_directory(args.model_dir);
     if (!loaded.tokenizer->chat_template().empty()) loaded.chat_template.emplace(loaded.tokenizer->chat_template());
@@ -90,7 +91,8 @@ LoadedServe load(const ServeArgs& args) {
                                                   : config.max_position_embeddings;
   if (backend == Backend::reference) {
     const Checkpoint checkpoint(args.model_dir);
-    auto decoder = std::make_unique<reference::Decoder>(config, load_reference_weights(checkpoint, config));
+    auto decoder = std::make_unique<reference::Decoder>(
+        config, load_reference_weights(checkpoint, config, weight_load_options(args.engine)));
     server::ReferenceBackendOptions ref;
     ref.scheduler = {options.max_batch, max_context, args.max_step_tokens};
     ref.kv_pages = args.kv_pages;

@@ -51,6 +51,7 @@ int run_tune(const TuneArgs& args) {
   DF_CHECK(args.random_weights != !args.model_dir.empty(), "give a model: --model DIR, or --random-weights --arch NAME");
   DF_CHECK(!args.random_weights || !args.arch.empty(), "--random-weights needs --arch NAME");
   EngineOptions options = engine_options(args.engine);  // bad flags fail here, before any GPU work
+  check_quantize_backend(args.engine, Backend::cuda);
   const std::filesystem::path cache = options.tuning_cache;
   DF_CHECK(!cache.empty(), "tune: no tuning cache to write (give --tuning-cache PATH, or set HOME)");
   check_tuning_cache_writable(cache);

@@ -31,4 +31,36 @@ TokenLogprobs token_logprobs(std::span<const float> logits, int32_t chosen, int 
   return out;
 }
 
+namespace {
+
+// log_softmax of one row, in double.
+std::vector<double> log_softmax(std::span<const float> logits) {
+  double max_logit = logits[0];
+  for (float v : logits) max_logit = std::max<double>(max_logit, v);
+  double sum = 0;
+  for (float v : logits) sum += std::exp(v - max_logit);
+  const double log_sum = std::log(sum) + max_logit;
+  std::vector<double> out(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) out[i] = logits[i] - log_sum;
+  return out;
+}
+
+}  // namespace
+
+NextTokenAgreement compare_next_token(std::span<const float> reference, std::span<const float> candidate, size_t vocab) {
+  DF_CHECK(vocab > 0 && reference.size() == candidate.size() && reference.size() % vocab == 0,
+           "compare_next_token: logits of different shapes");
+  NextTokenAgreement result;
+  result.positions = reference.size() / vocab;
+  double kl_sum = 0;
+  for (size_t t = 0; t < result.positions; ++t) {
+    const auto p = reference.subspan(t * vocab, vocab), q = candidate.subspan(t * vocab, vocab);
+    result.top1_agree += std::max_element(p.begin(), p.end()) - p.begin() == std::max_element(q.begin(), q.end()) - q.begin();
+    const std::vector<double> log_p = log_softmax(p), log_q = log_softmax(q);
+    for (size_t i = 0; i < vocab; ++i) kl_sum += std::exp(log_p[i]) * (log_p[i] - log_q[i]);
+  }
+  result.mean_kl = result.positions ? kl_sum / static_cast<double>(result.positions) : 0.0;
+  return result;
+}
+
 }  // namespace deepfuse

@@ -48,6 +48,24 @@ TensorSlice slice_of(const TensorSpec& spec, const ModelConfig& model, const Ran
   return slice;
 }
 
+TensorSlice scale_slice_of(const TensorSpec& spec, WeightFormat format, const ModelConfig& model,
+                           const RankShard& shard) {
+  const TensorSlice weight = slice_of(spec, model, shard);
+  const size_t rows = static_cast<size_t>(extent_size(spec.rows, model));
+  const ScaleShape whole = scale_shape(format, rows, weight.row_length);
+  switch (format_info(format).scales) {
+    case ScaleGranularity::none: return {};
+    case ScaleGranularity::channel: return {weight.row_begin, weight.rows, 0, 1, 1};
+    case ScaleGranularity::block: break;
+  }
+  const size_t side = static_cast<size_t>(format_info(format).scale_block);
+  DF_CHECK(weight.row_begin % side == 0 && weight.rows % side == 0 && weight.column_begin % side == 0 &&
+               weight.columns % side == 0,
+           std::string(spec.name) + ": rank " + str(shard.rank) + "'s slice is not whole " + str(static_cast<int>(side)) +
+               "x" + str(static_cast<int>(side)) + " scale blocks (--tp " + str(shard.ranks) + ")");
+  return {weight.row_begin / side, weight.rows / side, weight.column_begin / side, weight.columns / side, whole.columns};
+}
+
 std::string why_not_splittable(const ModelConfig& c, int ranks) {
   const std::string tp = " (--tp " + str(ranks) + ")";
   if (ranks < 1) return "--tp is " + str(ranks) + "; it must be at least 1";

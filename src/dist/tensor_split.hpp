@@ -56,6 +56,13 @@ struct TensorSlice {
 // pads them to vocab_rows with zeros).
 TensorSlice slice_of(const TensorSpec& spec, const ModelConfig& model, const RankShard& shard);
 
+// The slice of a linear weight's fp32 scales (scale_shape(format, ...), row-major) that goes with
+// the rank's slice of the weight: per channel, the slice's rows (a column-split weight such as
+// o_proj keeps every row's scale); per 128x128 block, the blocks the slice covers. Throws
+// deepfuse::Error naming the tensor when the slice is not whole blocks; empty for bf16.
+TensorSlice scale_slice_of(const TensorSpec& spec, WeightFormat format, const ModelConfig& model,
+                           const RankShard& shard);
+
 // The model one rank runs: its heads, key/value heads and intermediate size (vocabulary, hidden
 // size and everything else as the whole model's).
 ModelConfig rank_config(const ModelConfig& config, const RankShard& shard);

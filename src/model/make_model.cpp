@@ -13,6 +13,8 @@
 #include "deepfuse/make_model.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "model/float16.hpp"
+#include "model/float8.hpp"
+#include "model/fp8_weights.hpp"
 
 namespace deepfuse {
 
@@ -59,46 +61,95 @@ float random_scale(const ExpectedTensor& tensor) {
   return 0.0f;
 }
 
-void write_random_tensor(std::ofstream& out, const ExpectedTensor& tensor, size_t index, const MakeModelOptions& opt) {
-  std::mt19937_64 rng(opt.seed ^ ((index + 1) * 0x9e3779b97f4a7c15ull));
-  const float scale = random_scale(tensor);
-  std::uniform_real_distribution<float> dist(-scale, scale);
-  const float offset = tensor.spec->init == TensorInit::norm ? 1.0f : 0.0f;
-  uint64_t remaining = 1;
-  for (int64_t extent : tensor.shape) remaining *= static_cast<uint64_t>(extent);
-  std::vector<char> chunk;
-  while (remaining > 0) {
-    const size_t count = static_cast<size_t>(std::min<uint64_t>(remaining, 1 << 20));
-    chunk.resize(count * dtype_size(opt.dtype));
-    for (size_t i = 0; i < count; ++i) {
-      const float value = offset + dist(rng);
-      if (opt.dtype == SafetensorsDType::F32) {
-        std::memcpy(chunk.data() + 4 * i, &value, 4);
-      } else {
-        const uint16_t bits = opt.dtype == SafetensorsDType::BF16 ? float_to_bf16_bits(value) : float_to_half_bits(value);
-        std::memcpy(chunk.data() + 2 * i, &bits, 2);
-      }
-    }
-    out.write(chunk.data(), static_cast<std::streamsize>(chunk.size()));
-    remaining -= count;
-  }
-}
+// One tensor of a file: a table tensor's values, or for an FP8 projection its e4m3 codes or
+// their per-row scales (both from the same draw).
+enum class Part { values, fp8_codes, fp8_scales };
 
-uint64_t byte_size(const ExpectedTensor& tensor, SafetensorsDType dtype) {
-  uint64_t bytes = dtype_size(dtype);
-  for (int64_t extent : tensor.shape) bytes *= static_cast<uint64_t>(extent);
+struct PlannedTensor {
+  const ExpectedTensor* tensor;
+  size_t index;  // the table tensor's position: its random stream
+  Part part;
+  std::string name;
+  SafetensorsDType dtype;
+  std::vector<int64_t> shape;
+};
+
+uint64_t byte_size(const PlannedTensor& planned) {
+  uint64_t bytes = dtype_size(planned.dtype);
+  for (int64_t extent : planned.shape) bytes *= static_cast<uint64_t>(extent);
   return bytes;
 }
 
+// The files' tensors in model order, each FP8 projection followed by its scales.
+std::vector<PlannedTensor> plan_tensors(const ModelConfig& config, const std::vector<ExpectedTensor>& tensors,
+                                        SafetensorsDType dtype) {
+  std::vector<PlannedTensor> planned;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::optional<ExpectedScale> scale = expected_scale(config, tensors[i]);
+    if (!scale) {
+      planned.push_back({&tensors[i], i, Part::values, tensors[i].name, dtype, tensors[i].shape});
+      continue;
+    }
+    planned.push_back({&tensors[i], i, Part::fp8_codes, tensors[i].name, SafetensorsDType::F8_E4M3, tensors[i].shape});
+    planned.push_back({&tensors[i], i, Part::fp8_scales, scale->name, SafetensorsDType::BF16, scale->shapes.front()});
+  }
+  return planned;
+}
+
+void append_value(std::vector<char>& chunk, float value, SafetensorsDType dtype) {
+  const size_t at = chunk.size();
+  chunk.resize(at + dtype_size(dtype));
+  if (dtype == SafetensorsDType::F32) {
+    std::memcpy(chunk.data() + at, &value, 4);
+  } else {
+    const uint16_t bits = dtype == SafetensorsDType::BF16 ? float_to_bf16_bits(value) : float_to_half_bits(value);
+    std::memcpy(chunk.data() + at, &bits, 2);
+  }
+}
+
+void write_random_tensor(std::ofstream& out, const PlannedTensor& planned, uint64_t seed) {
+  const ExpectedTensor& tensor = *planned.tensor;
+  std::mt19937_64 rng(seed ^ ((planned.index + 1) * 0x9e3779b97f4a7c15ull));
+  const float scale = random_scale(tensor);
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  const float offset = tensor.spec->init == TensorInit::norm ? 1.0f : 0.0f;
+  // Row by row for FP8 (each row's absmax is its scale), in chunks of up to 1M values otherwise.
+  const uint64_t columns = planned.part == Part::values ? 1 << 20 : static_cast<uint64_t>(tensor.shape[1]);
+  uint64_t remaining = 1;
+  for (int64_t extent : tensor.shape) remaining *= static_cast<uint64_t>(extent);
+  std::vector<float> values;
+  std::vector<char> chunk;
+  while (remaining > 0) {
+    values.resize(static_cast<size_t>(std::min(remaining, columns)));
+    for (float& value : values) value = offset + dist(rng);
+    remaining -= values.size();
+    chunk.clear();
+    if (planned.part == Part::values) {
+      for (float value : values) append_value(chunk, value, planned.dtype);
+    } else {
+      float absmax = 0.0f;
+      for (float value : values) absmax = std::max(absmax, std::fabs(value));
+      // The scale as stored (BF16), so codes times the stored scale is the weight.
+      const float row_scale = bf16_bits_to_float(float_to_bf16_bits(absmax > 0.0f ? absmax / kFloat8E4m3Max : 1.0f));
+      if (planned.part == Part::fp8_scales) {
+        append_value(chunk, row_scale, SafetensorsDType::BF16);
+      } else {
+        for (float value : values) chunk.push_back(static_cast<char>(float_to_float8_e4m3(value / row_scale)));
+      }
+    }
+    out.write(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+  }
+}
+
 // One safetensors file holding `tensors` (indices into `all`), in order, with random data.
-void write_shard(const std::filesystem::path& path, const std::vector<ExpectedTensor>& all,
+void write_shard(const std::filesystem::path& path, const std::vector<PlannedTensor>& all,
                  const std::vector<size_t>& tensors, const MakeModelOptions& options) {
   nlohmann::ordered_json header;
   header["__metadata__"] = {{"format", "pt"}};
   uint64_t offset = 0;
   for (size_t i : tensors) {
-    const uint64_t bytes = byte_size(all[i], options.dtype);
-    header[all[i].name] = {{"dtype", dtype_name(options.dtype)}, {"shape", all[i].shape},
+    const uint64_t bytes = byte_size(all[i]);
+    header[all[i].name] = {{"dtype", dtype_name(all[i].dtype)}, {"shape", all[i].shape},
                            {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
@@ -109,7 +160,7 @@ void write_shard(const std::filesystem::path& path, const std::vector<ExpectedTe
   const uint64_t length = text.size();
   for (int b = 0; b < 8; ++b) out.put(static_cast<char>(length >> (8 * b) & 0xff));
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  for (size_t i : tensors) write_random_tensor(out, all[i], i, options);
+  for (size_t i : tensors) write_random_tensor(out, all[i], options.seed);
   DF_CHECK(out.good(), path.string() + ": write failed");
 }
 
@@ -185,7 +236,33 @@ std::string model_config_json(const ModelConfig& c, SafetensorsDType dtype) {
   if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];
   else if (!c.eos_token_ids.empty()) j["eos_token_id"] = c.eos_token_ids;
   j["torch_dtype"] = dtype == SafetensorsDType::BF16 ? "bfloat16" : dtype == SafetensorsDType::F16 ? "float16" : "float32";
+  if (c.quantization.quantized()) {
+    const WeightQuantization& q = c.quantization;
+    DF_CHECK(q.method == QuantizationMethod::compressed_tensors && q.scale_scope == ScaleScope::channel,
+             "make-model writes compressed-tensors per-channel FP8 only");
+    const nlohmann::ordered_json fp8 = {{"num_bits", 8}, {"type", "float"}, {"symmetric", true}};
+    nlohmann::ordered_json weights = fp8, input = fp8;
+    weights["strategy"] = "channel";
+    weights["dynamic"] = false;
+    input["strategy"] = "token";
+    input["dynamic"] = true;
+    j["quantization_config"] = {
+        {"quant_method", "compressed-tensors"}, {"format", "float-quantized"}, {"quantization_status", "compressed"},
+        {"config_groups", {{"group_0", {{"targets", {"Linear"}}, {"weights", weights}, {"input_activations", input},
+                                        {"output_activations", nullptr}, {"format", "float-quantized"}}}}},
+        {"ignore", q.ignore}, {"kv_cache_scheme", nullptr}, {"sparsity_config", nlohmann::ordered_json::object()}};
+  }
   return j.dump(2) + "\n";
+}
+
+WeightQuantization fp8_checkpoint_quantization() {
+  WeightQuantization q;
+  q.method = QuantizationMethod::compressed_tensors;
+  q.format = WeightFormat::fp8_e4m3;
+  q.scale_scope = ScaleScope::channel;
+  q.scale_name = "weight_scale";
+  q.ignore = {"lm_head"};
+  return q;
 }
 
 void write_random_checkpoint(const ModelConfig& config, const std::filesystem::path& dir,
@@ -196,7 +273,8 @@ void write_random_checkpoint(const ModelConfig& config, const std::filesystem::p
   // Whatever we write must load: run the config through the same parser the loader uses first.
   const std::string config_text = model_config_json(config, options.dtype);
   parse_model_config(config_text, (dir / "config.json").string());
-  const std::vector<ExpectedTensor> tensors = expected_tensors(config);
+  const std::vector<ExpectedTensor> table_tensors = expected_tensors(config);
+  const std::vector<PlannedTensor> tensors = plan_tensors(config, table_tensors, options.dtype);
   DF_CHECK(options.shards >= 1 && static_cast<size_t>(options.shards) <= tensors.size(),
            "make-model: shards must be between 1 and the tensor count (" + std::to_string(tensors.size()) + ")");
 
@@ -218,7 +296,7 @@ void write_random_checkpoint(const ModelConfig& config, const std::filesystem::p
     for (size_t i = tensors.size() * s / options.shards; i < tensors.size() * (s + 1) / options.shards; ++i) {
       members.push_back(i);
       index["weight_map"][tensors[i].name] = name;
-      total += byte_size(tensors[i], options.dtype);
+      total += byte_size(tensors[i]);
     }
     write_shard(dir / name, tensors, members, options);
   }

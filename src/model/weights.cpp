@@ -93,6 +93,13 @@ std::vector<float> to_float32(std::span<const std::byte> data, SafetensorsDType 
   return out;
 }
 
+WeightFormat loaded_weight_format(const ModelConfig& config, const ExpectedTensor& tensor,
+                                  const WeightLoadOptions& options) {
+  const WeightFormat stored = stored_weight_format(config, tensor);
+  if (stored != WeightFormat::bf16 || !tensor.spec->formats.has(options.quantize)) return stored;
+  return tensor.spec->role == TensorRole::lm_head && !options.quantize_lm_head ? stored : options.quantize;
+}
+
 reference::DecoderWeights load_reference_weights(const Checkpoint& checkpoint, const ModelConfig& config,
                                                  const WeightLoadOptions& options) {
   validate_checkpoint(checkpoint, config);
@@ -117,8 +124,7 @@ reference::DecoderWeights load_reference_weights(const Checkpoint& checkpoint, c
       continue;
     }
     values = to_float32(checkpoint.data(*entry), entry->info->dtype);
-    const bool lm_head = tensor.spec->role == TensorRole::lm_head;
-    if (quantize && tensor.spec->formats.has(options.quantize) && (!lm_head || options.quantize_lm_head))
+    if (loaded_weight_format(config, tensor, options) != WeightFormat::bf16)
       quantize_rows_fp8(values, tensor.shape[0], tensor.shape[1]);
   }
   return weights;

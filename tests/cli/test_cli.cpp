@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/cli_test_util.hpp"
 #include "deepfuse/chat_template.hpp"
 #include "deepfuse/device.hpp"
@@ -222,6 +224,71 @@ TEST_F(Cli, BackendAndModelSourceProblems) {
   expect_bad_input(run_cli(scratch_, "generate --random-weights --arch llama3-8b --prompt-ids 1"),
                    {"--random-weights", "no CUDA device"});
   expect_bad_input(run_cli(scratch_, "bench decode --archs llama3.2-1b"), {"bench decode", "no CUDA device"});
+}
+
+// FP8 (issue 51): make-model --dtype fp8 writes a compressed-tensors checkpoint that inspect
+// describes per linear and the reference backend runs; --quantize fp8 rounds a 16-bit checkpoint
+// at load and --compare-unquantized reports what that costs; bad flags and bad scales exit 2.
+TEST_F(Cli, Fp8CheckpointsAndQuantizeAtLoad) {
+  const std::filesystem::path fp8 = scratch_.path() / "fp8";
+  const RunResult made = run_cli(scratch_, "make-model --out " + fp8.string() + " --layers 1 --seed 3 --dtype fp8");
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  const RunResult info = run_cli(scratch_, "inspect --model " + fp8.string());
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  // inspect's line for one linear: "  <name> <format> x<layers> <bytes> bytes".
+  auto linear_line = [](const std::string& out, const std::string& name) {
+    const size_t at = out.find("  " + name + " ");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  EXPECT_NE(info.out.find("quantization:  compressed-tensors (fp8_e4m3)"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("F8_E4M3"), std::string::npos) << info.out;
+  // tiny: q_proj [64, 64] in fp8 is 64 * 64 bytes plus 64 fp32 scales; lm_head [320, 64] stays bf16.
+  const std::string q_proj = linear_line(info.out, "self_attn.q_proj.weight");
+  EXPECT_NE(q_proj.find(" fp8_e4m3 "), std::string::npos) << info.out;
+  EXPECT_NE(q_proj.find(" x1 "), std::string::npos) << q_proj;
+  EXPECT_NE(q_proj.find(" " + std::to_string(64 * 64 + 64 * 4) + " bytes"), std::string::npos) << q_proj;
+  const std::string lm_head = linear_line(info.out, "lm_head.weight");
+  EXPECT_NE(lm_head.find(" bf16 "), std::string::npos) << info.out;
+  EXPECT_NE(lm_head.find(" " + std::to_string(320 * 64 * 2) + " bytes"), std::string::npos) << lm_head;
+  const RunResult generated = run_cli(scratch_, "generate --backend reference --model " + fp8.string() +
+                                                    " --prompt-ids 1,7,9 --max-tokens 4 --ignore-eos");
+  EXPECT_EQ(generated.exit_code, 0) << generated.err;
+  EXPECT_NE(stats_line(generated).find("generated tokens: 4,"), std::string::npos) << generated.out;
+  const RunResult scored = run_cli(scratch_, "score --backend reference --model " + fp8.string() + " --prompt-ids 1,7,9");
+  EXPECT_EQ(scored.exit_code, 0) << scored.err;
+
+  const std::string model = " --backend reference --model " + model_.string() + " --prompt-ids 1,7,9,4,30,2";
+  const RunResult compared = run_cli(scratch_, "score" + model + " --quantize fp8 --compare-unquantized");
+  ASSERT_EQ(compared.exit_code, 0) << compared.err;
+  EXPECT_NE(compared.out.find("--quantize fp8 against the 16-bit weights: top-1 agreement "), std::string::npos)
+      << compared.out;
+  const RunResult quantized_info = run_cli(scratch_, "inspect --quantize fp8 --model " + model_.string());
+  EXPECT_NE(linear_line(quantized_info.out, "self_attn.q_proj.weight").find(" fp8_e4m3 "), std::string::npos)
+      << quantized_info.out;
+  EXPECT_NE(linear_line(quantized_info.out, "lm_head.weight").find(" bf16 "), std::string::npos) << quantized_info.out;
+  expect_bad_input(run_cli(scratch_, "score" + model + " --quantize int4"), {"--quantize 'int4'", "fp8"});
+  expect_bad_input(run_cli(scratch_, "score" + model + " --quantize-lm-head"), {"--quantize-lm-head", "--quantize fp8"});
+  expect_bad_input(run_cli(scratch_, "score" + model + " --compare-unquantized"), {"--compare-unquantized", "--quantize"});
+  expect_bad_input(run_cli(scratch_, "score --backend reference --model " + fp8.string() + " --prompt-ids 1 --quantize fp8"),
+                   {"--quantize fp8", "already quantized", "compressed-tensors"});
+  if (!cuda_device_available())
+    expect_bad_input(run_cli(scratch_, "generate --random-weights --arch llama3-8b --prompt-ids 1 --quantize fp8"),
+                     {"--random-weights", "no CUDA device"});
+  else
+    expect_bad_input(run_cli(scratch_, "score --backend cuda --model " + model_.string() + " --prompt-ids 1 --quantize fp8"),
+                     {"--quantize fp8", "no FP8 kernels"});
+  // A NaN among the scales: one line naming the scale tensor.
+  const std::filesystem::path file = fp8 / "model.safetensors";
+  std::string image = read_text_file(file);
+  const std::string scale = "model.layers.0.self_attn.k_proj.weight_scale";
+  const size_t header_end = 8 + static_cast<size_t>(static_cast<unsigned char>(image[0]) | static_cast<unsigned char>(image[1]) << 8);
+  const nlohmann::json header = nlohmann::json::parse(image.substr(8, header_end - 8));
+  const size_t at = header_end + header[scale]["data_offsets"][0].get<size_t>();
+  image[at] = '\xc0';
+  image[at + 1] = '\x7f';  // bf16 0x7fc0: NaN
+  write_file(file, image);
+  expect_bad_input(run_cli(scratch_, "score --backend reference --model " + fp8.string() + " --prompt-ids 1"),
+                   {"tensor '" + scale + "'", "non-finite"});
 }
 
 // --tp: more ranks than GPUs (this machine's count), out of range, or a model that cannot split.

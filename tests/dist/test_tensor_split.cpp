@@ -2,6 +2,8 @@
 // bytes of a rank's slice.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <random>
 #include <string>
 
 #include "deepfuse/decode_plan.hpp"
@@ -173,6 +175,59 @@ TEST(TensorSplit, EveryTableTensorSlicesOverTheRanks) {
   ModelConfig llama = model_preset("llama3.2-1b");  // tied
   llama.qkv_bias = llama.o_proj_bias = true;         // Llama attention_bias
   expect_slices_tile_the_table(llama, 2);
+}
+
+// FP8 weights split with their scales: a rank's slice of the weight, scaled by its slice of the
+// scales, is exactly its slice of the whole dequantized weight (per channel: the slice's rows, a
+// column-split weight keeping all of them; per 128x128 block: the blocks it covers).
+TEST(TensorSplit, Fp8ScalesSplitWithTheirRows) {
+  ModelConfig c = model_preset("tiny");
+  c.hidden_size = 256;
+  c.intermediate_size = 512;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 64;
+  for (const WeightFormat format : {WeightFormat::fp8_e4m3, WeightFormat::fp8_e4m3_block128}) {
+    for (const TensorRole role : {TensorRole::q_proj, TensorRole::o_proj, TensorRole::gate_proj, TensorRole::down_proj}) {
+      const TensorSpec& spec = tensor_spec(role);
+      const size_t rows = static_cast<size_t>(extent_size(spec.rows, c)), columns = static_cast<size_t>(extent_size(spec.columns, c));
+      const ScaleShape scales_shape = scale_shape(format, rows, columns);
+      std::mt19937 rng(static_cast<uint32_t>(rows * 31 + columns));
+      std::vector<float> codes(rows * columns), scales(scales_shape.rows * scales_shape.columns);
+      for (float& v : codes) v = static_cast<float>(static_cast<int>(rng() % 33) - 16);
+      for (float& v : scales) v = static_cast<float>(rng() % 1000 + 1) / 4096.0f;
+      const size_t side = format == WeightFormat::fp8_e4m3 ? SIZE_MAX : 128;
+      auto scale_at = [&](const std::vector<float>& s, size_t s_columns, size_t o, size_t i) {
+        return side == SIZE_MAX ? s[o] : s[(o / side) * s_columns + i / side];
+      };
+      for (int rank = 0; rank < 2; ++rank) {
+        const dist::RankShard shard = dist::shard_of(c, rank, 2);
+        const dist::TensorSlice w = dist::slice_of(spec, c, shard);
+        const dist::TensorSlice s = dist::scale_slice_of(spec, format, c, shard);
+        if (format == WeightFormat::fp8_e4m3) {
+          EXPECT_EQ(s.row_begin, w.row_begin) << spec.name;
+          EXPECT_EQ(s.rows, w.rows) << spec.name;  // o_proj / down_proj: every row
+        }
+        std::vector<float> rank_scales;  // the rank's scales, as its device copy would hold them
+        for (size_t r = 0; r < s.rows; ++r)
+          for (size_t k = 0; k < s.columns; ++k) rank_scales.push_back(scales[(s.row_begin + r) * s.row_length + s.column_begin + k]);
+        for (size_t o = 0; o < w.rows; ++o)
+          for (size_t i = 0; i < w.columns; ++i) {
+            const size_t go = w.row_begin + o, gi = w.column_begin + i;
+            const float whole = codes[go * columns + gi] * scale_at(scales, scales_shape.columns, go, gi);
+            const float sliced = codes[go * columns + gi] * scale_at(rank_scales, s.columns, o, i);
+            ASSERT_EQ(sliced, whole) << spec.name << " " << weight_format_name(format) << " rank " << rank;
+          }
+      }
+    }
+  }
+  // Slices that cut through the 128x128 blocks are refused, naming the tensor.
+  ModelConfig narrow = c;
+  narrow.intermediate_size = 128;  // 64 rows a rank
+  EXPECT_THROW(dist::scale_slice_of(tensor_spec(TensorRole::gate_proj), WeightFormat::fp8_e4m3_block128, narrow,
+                                    dist::shard_of(narrow, 1, 2)),
+               Error);
+  EXPECT_EQ(dist::scale_slice_of(tensor_spec(TensorRole::gate_proj), WeightFormat::bf16, c, dist::RankShard{}).elements(), 0u);
 }
 
 TEST(TensorSplit, OneGpuHoldsEveryTensorWhole) {

@@ -10,6 +10,7 @@ if(DEEPFUSE_CLANGXX)
     ${CMAKE_CURRENT_LIST_DIR}/fuzz_model_parsers.cpp
     ${PROJECT_SOURCE_DIR}/src/core/error.cpp
     ${PROJECT_SOURCE_DIR}/src/model/config.cpp
+    ${PROJECT_SOURCE_DIR}/src/model/quantization.cpp
     ${PROJECT_SOURCE_DIR}/src/model/safetensors.cpp
     ${PROJECT_SOURCE_DIR}/src/model/checkpoint.cpp)
   file(GLOB fuzz_headers ${PROJECT_SOURCE_DIR}/include/deepfuse/*.hpp)

@@ -395,5 +395,42 @@ TEST(Fp8Checkpoint, QuantizeAtLoadRoundsTheProjectionsOnly) {
                {"--quantize-lm-head", "ties"});
 }
 
+// make-model --dtype fp8: the same draws as the 16-bit checkpoint of that seed, each projection
+// row stored as e4m3 times a BF16 absmax scale, lm_head and vectors as in the BF16 checkpoint.
+TEST(Fp8Checkpoint, MakeModelWritesCompressedTensorsFp8) {
+  ModelConfig config = model_preset("tiny");
+  config.num_hidden_layers = 1;
+  MakeModelOptions options;
+  options.seed = 9;
+  options.shards = 2;
+  testing::ScratchDir bf16_dir, fp8_dir;
+  write_random_checkpoint(config, bf16_dir.path(), options);
+  config.quantization = fp8_checkpoint_quantization();
+  write_random_checkpoint(config, fp8_dir.path(), options);
+  const ModelConfig loaded = load_model_config(fp8_dir.path());
+  ASSERT_EQ(loaded.quantization.method, QuantizationMethod::compressed_tensors);
+  EXPECT_EQ(loaded.quantization.ignore, std::vector<std::string>{"lm_head"});
+  const Checkpoint checkpoint(fp8_dir.path());
+  EXPECT_EQ(checkpoint.find("model.layers.0.mlp.up_proj.weight")->info->dtype, SafetensorsDType::F8_E4M3);
+  EXPECT_EQ(checkpoint.find("model.layers.0.mlp.up_proj.weight_scale")->info->shape,
+            (std::vector<int64_t>{config.intermediate_size, 1}));
+  EXPECT_EQ(checkpoint.find("lm_head.weight")->info->dtype, SafetensorsDType::BF16);
+  const reference::DecoderWeights fp8 = load_reference_weights(checkpoint, loaded);
+  const reference::DecoderWeights bf16 = load_reference_weights(Checkpoint(bf16_dir.path()), load_model_config(bf16_dir.path()));
+  EXPECT_EQ(fp8.model[TensorRole::lm_head], bf16.model[TensorRole::lm_head]);
+  EXPECT_EQ(fp8.layers[0][TensorRole::input_norm], bf16.layers[0][TensorRole::input_norm]);
+  const std::vector<float>& q = fp8.layers[0][TensorRole::up_proj];
+  const std::vector<float>& w = bf16.layers[0][TensorRole::up_proj];
+  ASSERT_EQ(q.size(), w.size());
+  const float bound = std::sqrt(3.0f / static_cast<float>(config.hidden_size));  // the draw's range
+  size_t differ = 0;
+  for (size_t i = 0; i < q.size(); ++i) {
+    // e4m3's half step (2^-4 relative) plus the BF16 rounding of the 16-bit twin (2^-8).
+    EXPECT_LE(std::fabs(q[i] - w[i]), std::fabs(w[i]) / 16 + bound / 448 + std::fabs(w[i]) / 256) << i;
+    differ += q[i] != w[i];
+  }
+  EXPECT_GT(differ, q.size() / 2);  // it really is 8-bit
+}
+
 }  // namespace
 }  // namespace deepfuse
