@@ -22,6 +22,9 @@ struct ExpectedTensor {
   int layer = 0;                     // its block (layer tensors)
 };
 
+// "[4096, 1]": a shape as the loader's errors print it.
+std::string shape_text(const std::vector<int64_t>& shape);
+
 // Every tensor a checkpoint for `config` must hold, in model order: the model table's rows the
 // config asks for, the block's rows once per layer.
 std::vector<ExpectedTensor> expected_tensors(const ModelConfig& config);

@@ -11,12 +11,6 @@ namespace deepfuse {
 
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
 // "model.layers.0.mlp.down_proj.weight" -> "model.layers.0.mlp.down_proj".
 std::string module_of(const std::string& weight_name) {
   const std::string suffix = ".weight";

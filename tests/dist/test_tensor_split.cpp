@@ -12,6 +12,7 @@
 #include "deepfuse/make_model.hpp"
 #include "deepfuse/model_tensors.hpp"
 #include "dist/tensor_split.hpp"
+#include "model/model_test_util.hpp"
 #include "runtime/gpu_weights.hpp"
 
 namespace deepfuse {
@@ -181,12 +182,7 @@ TEST(TensorSplit, EveryTableTensorSlicesOverTheRanks) {
 // scales, is exactly its slice of the whole dequantized weight (per channel: the slice's rows, a
 // column-split weight keeping all of them; per 128x128 block: the blocks it covers).
 TEST(TensorSplit, Fp8ScalesSplitWithTheirRows) {
-  ModelConfig c = model_preset("tiny");
-  c.hidden_size = 256;
-  c.intermediate_size = 512;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 64;
+  const ModelConfig c = testing::block_friendly_config();
   for (const WeightFormat format : {WeightFormat::fp8_e4m3, WeightFormat::fp8_e4m3_block128}) {
     for (const TensorRole role : {TensorRole::q_proj, TensorRole::o_proj, TensorRole::gate_proj, TensorRole::down_proj}) {
       const TensorSpec& spec = tensor_spec(role);

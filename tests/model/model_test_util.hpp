@@ -86,6 +86,16 @@ inline void write_checkpoint_with(const std::filesystem::path& dir, const ModelC
   write_file(dir / "model.safetensors", safetensors_image(header.dump(), offset));
 }
 
+// A one-block Llama whose projections are all whole 128x128 blocks (FP8 block scales, and two
+// tensor-parallel ranks of them); its 40-row lm_head is not, and stays 16-bit in FP8 tests.
+inline ModelConfig block_friendly_config() {
+  ModelConfig c{.architecture = Architecture::llama, .vocab_size = 40, .hidden_size = 256, .intermediate_size = 512,
+                .num_hidden_layers = 1, .num_attention_heads = 4, .num_key_value_heads = 2, .head_dim = 64,
+                .max_position_embeddings = 64, .rms_norm_eps = 1e-5};
+  c.rope.head_dim = c.head_dim;
+  return c;
+}
+
 inline std::vector<std::pair<std::string, std::vector<int64_t>>> expected_as_pairs(const ModelConfig& config) {
   std::vector<std::pair<std::string, std::vector<int64_t>>> pairs;
   for (const auto& t : expected_tensors(config)) pairs.emplace_back(t.name, t.shape);

@@ -162,19 +162,6 @@ TEST(QuantizationConfig, EverythingElseIsRefusedNamingTheField) {
 
 // --- FP8 checkpoints ------------------------------------------------------------------------
 
-// A model whose every projection is a whole number of 128x128 blocks (lm_head: 40 rows, kept 16-bit).
-ModelConfig block_friendly() {
-  ModelConfig c = model_preset("tiny");
-  c.num_hidden_layers = 1;
-  c.vocab_size = 40;
-  c.hidden_size = 128;
-  c.intermediate_size = 256;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 2;
-  c.head_dim = c.rope.head_dim = 64;
-  return c;
-}
-
 struct RawTensor {
   std::string name, dtype;
   std::vector<int64_t> shape;
@@ -280,7 +267,7 @@ class Fp8Checkpoint : public ::testing::TestWithParam<int> {};
 // F32 checkpoint of its dequantized weights.
 TEST_P(Fp8Checkpoint, DecodesExactlyAsItsDequantizedTwin) {
   const Fp8Case c = fp8_cases()[GetParam()];
-  const ModelConfig config = block_friendly();
+  const ModelConfig config = testing::block_friendly_config();
   const Fp8Pair pair = draw_fp8_pair(config, c.scope, c.scale_name, 11 + GetParam());
   testing::ScratchDir fp8_dir, f32_dir;
   write_raw_checkpoint(fp8_dir.path(), config_json_with(config, c.quantization_config), pair.fp8);
@@ -311,7 +298,7 @@ RawTensor& find(std::vector<RawTensor>& tensors, const std::string& name) {
 
 // Bad FP8 input: one line naming the tensor (the CLI exits 2 on it).
 TEST(Fp8Checkpoint, BadInputIsOneLineNamingTheTensor) {
-  const ModelConfig config = block_friendly();
+  const ModelConfig config = testing::block_friendly_config();
   const std::string q_proj = "model.layers.0.self_attn.q_proj.weight", scale = "model.layers.0.self_attn.q_proj.weight_scale";
   const std::string json = config_json_with(config, compressed_tensors(kChannelWeights));
   testing::ScratchDir dir;
@@ -328,7 +315,7 @@ TEST(Fp8Checkpoint, BadInputIsOneLineNamingTheTensor) {
   };
   refused([&](auto& t) { t.erase(t.begin() + 3); }, {"missing tensor '" + scale + "'", q_proj}, json);
   refused([&](auto& t) { find(t, scale).shape = {config.q_size()}; find(t, scale).bytes.resize(config.q_size() * 2); },
-          {"tensor '" + scale + "'", "shape [128]", "[128, 1]"}, json);
+          {"tensor '" + scale + "'", "shape [256]", "[256, 1]"}, json);
   for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     refused([&](auto& t) {
       const uint16_t bits = float_to_bf16_bits(bad);
@@ -369,7 +356,7 @@ TEST(Fp8Checkpoint, BadInputIsOneLineNamingTheTensor) {
 
 TEST(Fp8Checkpoint, QuantizeAtLoadRoundsTheProjectionsOnly) {
   testing::ScratchDir dir;
-  ModelConfig config = block_friendly();
+  ModelConfig config = testing::block_friendly_config();
   MakeModelOptions options;
   options.dtype = SafetensorsDType::F32;
   write_random_checkpoint(config, dir.path(), options);
