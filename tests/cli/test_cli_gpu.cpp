@@ -195,5 +195,30 @@ TEST_F(CliCuda, CudaOnlyInputProblems) {
   expect_bad_input(run_cli(scratch_, "score" + kCuda + model() + " --prompt-ids 1,2"), {"model.safetensors"});
 }
 
+// Until the FP8 kernels exist (issue 51): an FP8 checkpoint and --quantize fp8 are one line on
+// --backend cuda; --backend auto runs them on the reference backend with a note, and its logits
+// are the reference backend's.
+TEST_F(CliCuda, Fp8RefusedOnCudaAndAutoFallsBack) {
+  DF_REQUIRE_GPU();
+  ASSERT_NO_FATAL_FAILURE(make_model());
+  const std::filesystem::path fp8 = scratch_.path() / "fp8";
+  const RunResult made = run_cli(scratch_, "make-model --out " + fp8.string() +
+                                               " --hidden 128 --heads 2 --kv-heads 1 --intermediate 320 --layers 2 --dtype fp8");
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  expect_bad_input(run_cli(scratch_, "score" + kCuda + " --model " + fp8.string() + " --prompt-ids 1,2"),
+                   {"the CUDA backend", "fp8_e4m3", "not implemented"});
+  expect_bad_input(run_cli(scratch_, "score" + kCuda + model() + " --prompt-ids 1,2 --quantize fp8"),
+                   {"--quantize fp8", "no FP8 kernels"});
+  const RunResult fallback = run_cli(scratch_, "score --backend auto --model " + fp8.string() + " --prompt-ids 1,2,3");
+  EXPECT_EQ(fallback.exit_code, 0) << fallback.err;
+  EXPECT_NE(fallback.err.find("note: a compressed-tensors FP8 checkpoint has no CUDA kernels"), std::string::npos)
+      << fallback.err;
+  const RunResult reference = run_cli(scratch_, "score --backend reference --model " + fp8.string() + " --prompt-ids 1,2,3");
+  EXPECT_EQ(fallback.out, reference.out);
+  const RunResult quantized = run_cli(scratch_, "score --backend auto" + model() + " --prompt-ids 1,2,3 --quantize fp8");
+  EXPECT_EQ(quantized.exit_code, 0) << quantized.err;
+  EXPECT_NE(quantized.err.find("--quantize fp8 has no CUDA kernels"), std::string::npos) << quantized.err;
+}
+
 }  // namespace
 }  // namespace deepfuse
