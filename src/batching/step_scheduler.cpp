@@ -13,9 +13,9 @@ namespace {
 
 bool by_order(const std::unique_ptr<Sequence>& a, const std::unique_ptr<Sequence>& b) { return a->order < b->order; }
 
-bool in_plan(const StepPlan& plan, const Sequence* sequence) {
-  return std::any_of(plan.prefill.begin(), plan.prefill.end(), [&](const PrefillChunk& c) { return c.sequence == sequence; }) ||
-         std::any_of(plan.decode.begin(), plan.decode.end(), [&](const DecodeRow& d) { return d.sequence == sequence; });
+// plan_decode visits each running sequence once, so only the prefill phase can hold it already.
+bool in_prefill(const StepPlan& plan, const Sequence* sequence) {
+  return std::any_of(plan.prefill.begin(), plan.prefill.end(), [&](const PrefillChunk& c) { return c.sequence == sequence; });
 }
 
 }  // namespace
@@ -76,6 +76,13 @@ Sequence* StepScheduler::find(SequenceKey key) {
   for (const Owned& s : running_)
     if (s->key == key) return s.get();
   for (const Owned& s : waiting_)
+    if (s->key == key) return s.get();
+  return nullptr;
+}
+
+Sequence* StepScheduler::find_running(SequenceKey key, int row) {
+  if (row >= 0 && row < running() && running_[row]->key == key) return running_[row].get();
+  for (const Owned& s : running_)
     if (s->key == key) return s.get();
   return nullptr;
 }
@@ -206,14 +213,15 @@ bool StepScheduler::wants_decode(const Sequence& s) const {
 
 void StepScheduler::plan_decode(StepPlan& plan) {
   std::vector<Sequence*> oldest_first;
+  oldest_first.reserve(running_.size());
   for (const Owned& s : running_) oldest_first.push_back(s.get());
   std::sort(oldest_first.begin(), oldest_first.end(), [](const Sequence* a, const Sequence* b) { return a->order < b->order; });
   // A victim's step is in flight: its pages come back once that is reported. Until then, whoever
   // is short of a page sits out instead of preempting another.
   bool awaiting_pages = std::any_of(running_.begin(), running_.end(), [](const Owned& s) { return s->preempting; });
-  std::vector<Sequence*> fed;
+  plan.decode.reserve(running_.size());
   for (Sequence* s : oldest_first) {
-    if (s->row < 0 || !wants_decode(*s) || in_plan(plan, s)) continue;  // row < 0: preempted just now
+    if (s->row < 0 || !wants_decode(*s) || in_prefill(plan, s)) continue;  // row < 0: preempted just now
     bool fits = grow(*s, s->computed + 1);
     while (!fits && !awaiting_pages) {
       Sequence& victim = *youngest_running();
@@ -228,14 +236,14 @@ void StepScheduler::plan_decode(StepPlan& plan) {
     }
     if (!fits) continue;
     plan.decode.push_back({s, s->computed});
-    fed.push_back(s);
     ++s->computed;
     ++s->in_flight;
   }
-  if (fed.empty()) return;  // nothing runs: no row's sample is overwritten
-  // The step's sampler writes every row: those it does not feed lose their sample.
-  for (const Owned& s : running_) s->sample_in_row = std::find(fed.begin(), fed.end(), s.get()) != fed.end() ||
-                                                     (s->in_flight > 0 && in_plan(plan, s.get()));
+  if (plan.decode.empty()) return;  // nothing runs: no row's sample is overwritten
+  // The step's sampler writes every row: those it does not feed lose their sample. (Those it
+  // feeds have a sample in flight, so none of them was preempted after being fed.)
+  for (const Owned& s : running_) s->sample_in_row = s->in_flight > 0 && in_prefill(plan, s.get());
+  for (const DecodeRow& d : plan.decode) d.sequence->sample_in_row = true;
 }
 
 StepPlan StepScheduler::schedule(Phase phase) {

@@ -131,6 +131,9 @@ class StepScheduler {
   // Drops a running or waiting sequence and releases its pages; false when the key is unknown.
   bool cancel(SequenceKey key);
   Sequence* find(SequenceKey key);
+  // The running sequence `key`, or nullptr; looks at `row` first (where it ran, unless it moved),
+  // so a step's rows are matched in O(1) each rather than by scanning.
+  Sequence* find_running(SequenceKey key, int row);
 
   StepPlan schedule(Phase phase);
   // The plan ran (or is ordered on the device before anything that reads it): the full blocks it

@@ -300,8 +300,9 @@ void Engine::Impl::read_back_oldest(std::vector<StepToken>& out) {
   lane.step_done.wait();
   for (int fed_row = 0; fed_row < static_cast<int>(lane.rows.size()); ++fed_row) {
     if (lane.rows[fed_row] == 0) continue;
-    batching::Sequence* sequence = step_scheduler->find(static_cast<batching::SequenceKey>(lane.rows[fed_row]));
-    if (!sequence || sequence->row < 0) continue;
+    batching::Sequence* sequence =
+        step_scheduler->find_running(static_cast<batching::SequenceKey>(lane.rows[fed_row]), fed_row);
+    if (!sequence) continue;
     report(*sequence, lane.sampled.as<int32_t>()[fed_row], lane.logits, fed_row, out);
   }
 }
@@ -310,11 +311,10 @@ void Engine::Impl::decode_running(std::vector<StepToken>& out) {
   // A step in flight that feeds none of the running sequences (all finished or were removed
   // since) would report nothing: wait for it and drop it, so this call launches its own.
   auto feeds_someone = [&](const StepLane& lane) {
-    return std::any_of(lane.rows.begin(), lane.rows.end(), [&](SequenceId key) {
-      if (key == 0) return false;
-      const batching::Sequence* sequence = step_scheduler->find(static_cast<batching::SequenceKey>(key));
-      return sequence && sequence->row >= 0;
-    });
+    for (int row = 0; row < static_cast<int>(lane.rows.size()); ++row)
+      if (lane.rows[row] != 0 && step_scheduler->find_running(static_cast<batching::SequenceKey>(lane.rows[row]), row))
+        return true;
+    return false;
   };
   while (!launched.empty() && !feeds_someone(lanes[launched.front()])) read_back_oldest(out);
   if (launched.empty()) launch_decode();        // nothing ahead: this call's own step

@@ -162,6 +162,21 @@ TEST(StepScheduler, CancelReleasesPagesAndMovesTheLastRowIntoTheHole) {
   EXPECT_FALSE(scheduler.has_work());
 }
 
+TEST(StepScheduler, FindsRunningSequencesAtTheirRowOrWhereTheyMoved) {
+  KvBlockPool pool(16, false);
+  StepScheduler scheduler({2, 512, 0}, pool);
+  for (SequenceKey k = 1; k <= 3; ++k) scheduler.add(k, spec_of(20, 10));
+  run_step(scheduler);
+  EXPECT_EQ(scheduler.find_running(1, 0), scheduler.find(1));
+  EXPECT_EQ(scheduler.find_running(2, 0), scheduler.find(2));  // not at the row given: searched
+  EXPECT_EQ(scheduler.find_running(2, 7), scheduler.find(2));  // no such row
+  EXPECT_EQ(scheduler.find_running(3, 0), nullptr);            // waiting, not running
+  EXPECT_EQ(scheduler.find_running(9, 1), nullptr);
+  ASSERT_TRUE(scheduler.cancel(1));
+  ASSERT_NE(scheduler.find_running(2, 1), nullptr);  // moved from row 1 into row 0
+  EXPECT_EQ(scheduler.find_running(2, 1)->row, 0);
+}
+
 TEST(StepScheduler, EndsOnStopIdsAndAtTheContextLength) {
   KvBlockPool pool(16, false);
   StepScheduler scheduler({2, 12, 0}, pool);
@@ -347,25 +362,30 @@ Outputs run_like_engine(const Workload& w, bool overlap, uint64_t* preemptions =
   SimulatedBackend backend(w);
   StepScheduler& scheduler = backend.scheduler();
   FakeModel& model = backend.model();
-  std::deque<std::vector<std::pair<SequenceKey, int32_t>>> launched;  // per step: fed key, its sample
+  struct Fed {
+    SequenceKey key;
+    int row;  // at launch: rows move when sequences leave, so the read-back may find it elsewhere
+    int32_t sample;
+  };
+  std::deque<std::vector<Fed>> launched;
   auto launch_decode = [&] {
     const StepPlan plan = scheduler.schedule(Phase::decode);
     if (plan.decode.empty()) return;
     std::vector<int32_t> next(w.max_batch, -1);  // padded rows sample garbage: -1 here
-    std::vector<std::pair<SequenceKey, int32_t>> lane;
+    std::vector<Fed> lane;
     for (const DecodeRow& d : plan.decode) {
       const Sequence& s = *d.sequence;
       const int32_t token = d.feeds_sample_in_flight() ? model.row_samples()[s.row] : s.tokens[d.position];
       next[s.row] = model.run(s, d.position, token, true);
-      lane.emplace_back(s.key, next[s.row]);
+      lane.push_back({s.key, s.row, next[s.row]});
     }
     model.row_samples() = next;
     scheduler.complete(plan);
     launched.push_back(std::move(lane));
   };
   auto read_back_oldest = [&] {
-    for (auto [key, id] : launched.front())
-      if (Sequence* s = scheduler.find(key)) backend.report(*s, id);  // else: ended since, dropped
+    for (const Fed& fed : launched.front())  // as the engine matches them; ended since: dropped
+      if (Sequence* s = scheduler.find_running(fed.key, fed.row)) backend.report(*s, fed.sample);
     launched.pop_front();
   };
   return backend.run([&] {
