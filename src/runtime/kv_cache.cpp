@@ -26,7 +26,8 @@ KvCache::KvCache(const KvGeometry& geometry, int pages, int max_rows, int max_pa
       block_table_(static_cast<size_t>(max_rows) * max_pages_per_row * sizeof(int32_t)),
       entries_(static_cast<size_t>(max_rows) * max_pages_per_row, -1),
       row_pages_(max_rows, 0),
-      staging_(block_table_.bytes()) {
+      staging_(block_table_.bytes()),
+      row_staged_(max_rows, 0) {
   DF_CHECK(pages >= 1 && max_rows >= 1 && max_pages_per_row >= 1,
            "KV cache needs at least one page, one row and one page per row");
   pool_.zero(stream_);
@@ -68,14 +69,20 @@ void KvCache::upload(int row, std::span<const int32_t> pages, int first) {
   if (count <= 0) return;
   int32_t* mirror = entries_.data() + static_cast<size_t>(row) * max_pages_per_row_;
   std::copy(pages.begin() + first, pages.end(), mirror + first);
-  // The staging bytes of these entries may still be the source of an earlier, not yet executed
-  // copy (a row freed and refilled within one step): wait for the last upload before rewriting.
-  staging_read_.wait();
+  // This row's staging bytes may still be the source of an earlier, not yet executed copy (a row
+  // freed and refilled within one step): then wait for the uploads before rewriting them. Other
+  // rows' regions are disjoint, so a step that grows many rows waits at most once, not once a row
+  // behind the step in flight.
+  if (row_staged_[row] > uploads_waited_) {
+    staging_read_.wait();
+    uploads_waited_ = uploads_;
+  }
   const size_t offset = static_cast<size_t>(row) * max_pages_per_row_ + first;
   std::memcpy(staging_.as<int32_t>() + offset, mirror + first, count * sizeof(int32_t));
   DF_CHECK_CUDA(cudaMemcpyAsync(block_table_.as<int32_t>() + offset, staging_.as<int32_t>() + offset,
                                 count * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   staging_read_.record(stream_);
+  row_staged_[row] = ++uploads_;
 }
 
 void KvCache::move_row(int from, int to) {

@@ -68,6 +68,11 @@ class KvCache {
   std::vector<int> row_pages_;     // per row: entries of it that are meaningful
   PinnedBuffer staging_;           // int32 [max_rows, max_pages_per_row]: source of entry uploads
   CopyEvent staging_read_;         // recorded after the last upload from staging_
+  // Per row: the upload count when it last wrote its staging region. A row's region is its own, so
+  // only a row written again since the last wait can still be the source of a pending copy.
+  std::vector<uint64_t> row_staged_;
+  uint64_t uploads_ = 0;        // uploads recorded so far
+  uint64_t uploads_waited_ = 0; // uploads known to have run (staging_read_ waited on)
 };
 
 }  // namespace deepfuse::runtime
