@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the first-run model once and prints its directory: BUILD/first-model/<hash>, where the
-# hash covers scripts/first_model/train.py and its corpus (README.md, docs/), so the model is
+# hash covers scripts/first_model/train.py and its corpus (README.md, docs/design.md), so the model is
 # retrained only when one of them changes. Training (about 3 minutes on 2 cores) runs in the venv
 # of scripts/python-venv.sh, or with --python PY (a Python that already has torch and
 # transformers, as on the GPU machines); its log goes to stderr and to DIR/train.log.
