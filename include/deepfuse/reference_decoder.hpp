@@ -32,6 +32,9 @@ struct DecoderWeights {
 struct KvCache {
   std::vector<std::vector<float>> keys, values;
   int length = 0;
+
+  // Drops every position from `new_length` on (a verify step's rejected drafts).
+  void truncate(int new_length);
 };
 
 class Decoder {

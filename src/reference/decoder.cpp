@@ -40,6 +40,17 @@ Decoder::Decoder(ModelConfig config, DecoderWeights weights)
                std::to_string(config_.num_hidden_layers));
 }
 
+void KvCache::truncate(int new_length) {
+  DF_CHECK(new_length >= 0 && new_length <= length, "reference KV cache: cannot truncate " + std::to_string(length) +
+                                                        " positions to " + std::to_string(new_length));
+  for (size_t layer = 0; layer < keys.size(); ++layer) {
+    const size_t per_position = length > 0 ? keys[layer].size() / length : 0;
+    keys[layer].resize(per_position * new_length);
+    values[layer].resize(per_position * new_length);
+  }
+  length = new_length;
+}
+
 KvCache Decoder::new_cache() const {
   KvCache cache;
   cache.keys.resize(config_.num_hidden_layers);

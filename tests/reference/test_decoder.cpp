@@ -4,71 +4,19 @@
 
 #include "deepfuse/error.hpp"
 #include "deepfuse/reference_decoder.hpp"
+#include "reference/random_decoder.hpp"
 #include "test_util.hpp"
 
 namespace deepfuse {
 namespace {
 
-ModelConfig small_config(Architecture architecture) {
-  ModelConfig c;
-  c.architecture = architecture;
-  c.vocab_size = 50;
-  c.hidden_size = 24;
-  c.intermediate_size = 40;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 6;
-  c.num_key_value_heads = 2;
-  c.head_dim = 10;  // != hidden / heads
-  c.max_position_embeddings = 32;
-  c.rms_norm_eps = 1e-5;
-  c.rope.head_dim = c.head_dim;
-  c.qkv_bias = architecture == Architecture::qwen2;
-  c.tie_word_embeddings = architecture == Architecture::qwen2;
-  c.sliding_window = architecture == Architecture::mistral ? 3 : 0;
-  if (architecture == Architecture::llama) {
-    c.rope.llama3_scaling = true;
-    c.rope.factor = 4;
-    c.rope.original_max_position = 16;
-  }
-  return c;
-}
-
-// Every tensor the model table asks of `c`, in its shape: norms around 1, the embedding ±1,
-// the rest ±0.3.
-reference::DecoderWeights random_weights(const ModelConfig& c, std::mt19937_64& rng) {
-  auto draw = [&](const TensorSpec& spec) {
-    const std::vector<int64_t> shape = tensor_shape(spec, c);
-    const size_t count = static_cast<size_t>(shape[0] * (shape.size() > 1 ? shape[1] : 1));
-    const float scale = spec.init == TensorInit::norm ? 0.2f : spec.init == TensorInit::embedding ? 1.0f : 0.3f;
-    auto w = testing::random_uniform(rng, count, scale);
-    if (spec.init == TensorInit::norm)
-      for (float& v : w) v += 1.0f;
-    return w;
-  };
-  reference::DecoderWeights w;
-  w.layers.resize(c.num_hidden_layers);
-  for (const TensorSpec& spec : kModelTensors) {
-    if (!spec.present(c)) continue;
-    if (spec.scope != TensorScope::layer) w.model[spec.role] = draw(spec);
-    else
-      for (auto& layer : w.layers) layer[spec.role] = draw(spec);
-  }
-  return w;
-}
-
-std::vector<int32_t> random_ids(std::mt19937_64& rng, int count, int vocab) {
-  std::vector<int32_t> ids(count);
-  for (auto& id : ids) id = static_cast<int32_t>(rng() % vocab);
-  return ids;
-}
-
 class DecoderPerArchitecture : public ::testing::TestWithParam<Architecture> {};
 
 TEST_P(DecoderPerArchitecture, IncrementalDecodeEqualsFullForward) {
   auto rng = testing::make_rng(41 + static_cast<int>(GetParam()));
-  const ModelConfig config = small_config(GetParam());
-  const reference::Decoder decoder(config, random_weights(config, rng));
-  const auto ids = random_ids(rng, 11, config.vocab_size);
+  const ModelConfig config = testing::small_decoder_config(GetParam());
+  const reference::Decoder decoder(config, testing::random_decoder_weights(config, rng));
+  const auto ids = testing::random_ids(rng, 11, config.vocab_size);
 
   auto full_cache = decoder.new_cache();
   const std::vector<float> full = decoder.forward(ids, full_cache);
@@ -95,10 +43,10 @@ INSTANTIATE_TEST_SUITE_P(Architectures, DecoderPerArchitecture,
 
 TEST(ReferenceDecoder, SlidingWindowHidesOldTokens) {
   auto rng = testing::make_rng(45);
-  ModelConfig config = small_config(Architecture::mistral);
+  ModelConfig config = testing::small_decoder_config(Architecture::mistral);
   config.num_hidden_layers = 1;  // one layer: position t sees exactly tokens t-2 .. t (window 3)
-  const reference::Decoder decoder(config, random_weights(config, rng));
-  auto ids = random_ids(rng, 6, config.vocab_size);
+  const reference::Decoder decoder(config, testing::random_decoder_weights(config, rng));
+  auto ids = testing::random_ids(rng, 6, config.vocab_size);
   auto cache = decoder.new_cache();
   const auto before = decoder.forward(ids, cache);
   ids[0] = (ids[0] + 1) % config.vocab_size;
@@ -115,8 +63,8 @@ TEST(ReferenceDecoder, SlidingWindowHidesOldTokens) {
 
 TEST(ReferenceDecoder, RejectsSequencesPastMaxPositions) {
   auto rng = testing::make_rng(46);
-  const ModelConfig config = small_config(Architecture::llama);
-  const reference::Decoder decoder(config, random_weights(config, rng));
+  const ModelConfig config = testing::small_decoder_config(Architecture::llama);
+  const reference::Decoder decoder(config, testing::random_decoder_weights(config, rng));
   auto cache = decoder.new_cache();
   const std::vector<int32_t> too_long(config.max_position_embeddings + 1, 3);
   EXPECT_THROW(decoder.forward(too_long, cache), Error);

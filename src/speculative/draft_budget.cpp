@@ -1,0 +1,40 @@
+#include "speculative/draft_budget.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "deepfuse/error.hpp"
+
+namespace deepfuse::speculative {
+
+DraftBudget::DraftBudget(int max_draft) : max_draft_(max_draft), cap_(max_draft) {
+  DF_CHECK(max_draft >= 0, "draft budget: max_draft must not be negative, got " + std::to_string(max_draft));
+}
+
+int DraftBudget::allowance() {
+  if (skip_ > 0) {
+    --skip_;
+    return 0;
+  }
+  return cap_;
+}
+
+void DraftBudget::record(int drafted, int accepted) {
+  DF_CHECK(drafted > 0 && accepted >= 0 && accepted <= drafted,
+           "draft budget: " + std::to_string(accepted) + " of " + std::to_string(drafted) + " drafts accepted");
+  constexpr double kWeight = 0.25;  // the average's memory: about the last four verify steps
+  acceptance_ += kWeight * (static_cast<double>(accepted) / drafted - acceptance_);
+  if (accepted == drafted) {
+    cap_ = std::min(max_draft_, std::max(1, cap_) * 2);
+    misses_ = 0;
+  } else if (accepted > 0) {
+    cap_ = std::min(max_draft_, accepted + 1);
+    misses_ = 0;
+  } else {
+    cap_ = std::max(1, cap_ / 2);
+    ++misses_;
+    if (misses_ >= 2) skip_ = std::min(64, 1 << std::min(misses_ - 1, 6));
+  }
+}
+
+}  // namespace deepfuse::speculative
