@@ -207,7 +207,7 @@ bool StepScheduler::wants_decode(const Sequence& s) const {
   // One token to feed (counting a sample in flight), not ending by length once its samples in
   // flight are reported, and the row still holds any sample in flight.
   const int pending = static_cast<int>(s.tokens.size()) + s.in_flight - s.computed;
-  return !s.preempting && !s.prefilling() && pending == 1 &&
+  return !s.preempting && !s.verifying && !s.prefilling() && pending == 1 &&
          s.computed + 1 < std::min(s.token_limit, options_.max_context) && (s.in_flight == 0 || s.sample_in_row);
 }
 
@@ -278,8 +278,34 @@ std::vector<RegisteredBlock> StepScheduler::complete(const StepPlan& plan) {
   return registered;
 }
 
+int StepScheduler::add_drafts(DecodeRow& row, int count) {
+  Sequence& s = *row.sequence;
+  DF_CHECK(row.drafts == 0 && row.position + 1 == s.computed && s.in_flight == 1 && !row.feeds_sample_in_flight(),
+           "internal: drafts for a decode row that is not its sequence's only sample in flight, fed from the host");
+  // Every emitted token must fit: the row and its drafts emit up to count + 1 after position.
+  const int limit = std::min(s.token_limit, options_.max_context);
+  count = std::min(count, limit - (row.position + 2));
+  for (; count > 0; --count)
+    if (grow(s, s.computed + count)) break;
+  if (count <= 0) return 0;
+  s.computed += count;
+  s.in_flight += count;
+  s.verifying = true;
+  row.drafts = count;
+  return count;
+}
+
+void StepScheduler::reject_drafts(Sequence& s, int count) {
+  DF_CHECK(s.verifying && count >= 0 && count < s.in_flight,
+           "internal: drafts rejected for a sequence with no more drafts in flight");
+  s.computed -= count;
+  s.in_flight -= count;
+  s.verifying = false;
+}
+
 Report StepScheduler::report(Sequence& s, int32_t id) {
-  DF_CHECK(s.row >= 0 && s.in_flight > 0, "internal: a token reported for a sequence with no sample in flight");
+  DF_CHECK(s.row >= 0 && s.in_flight > 0 && !s.verifying,
+           "internal: a token reported for a sequence with no sample in flight, or before its rejected drafts");
   s.tokens.push_back(id);
   --s.in_flight;
   Report report;

@@ -66,6 +66,7 @@ struct Sequence {
   int computed = 0;                   // positions in the cache or computed by a scheduled step
   int prefill_end = 0;                // prefilling while computed < prefill_end (set at admission)
   int in_flight = 0;                  // samples scheduled and not reported yet
+  bool verifying = false;             // has drafts in flight: not scheduled again until reject_drafts
   bool sample_in_row = false;         // its row holds its latest sample where the next step reads it
   bool preempting = false;            // gives its pages back once nothing is in flight for it
   int reported = 0;                   // tokens reported since it was added
@@ -92,6 +93,7 @@ struct PrefillChunk {
 struct DecodeRow {
   Sequence* sequence = nullptr;
   int position = 0;
+  int drafts = 0;  // speculative: positions after it fed in the same step (add_drafts)
   bool feeds_sample_in_flight() const { return position >= static_cast<int>(sequence->tokens.size()); }
 };
 
@@ -142,6 +144,18 @@ class StepScheduler {
   // The token sampled for the sequence's oldest sample in flight. A finish other than none ends
   // the sequence (pages released, Sequence destroyed).
   Report report(Sequence& sequence, int32_t id);
+
+  // Speculative decoding (src/speculative). After schedule(), gives a decode row whose token the
+  // host knows up to `count` more positions, its drafts, fed in the same step: as many as free
+  // pages and the sequence's token and context limits allow, without preempting anyone. Each is a
+  // sample in flight; the sequence is not scheduled again until reject_drafts says how many were
+  // rejected, so drafts suit a backend that reads a step back before planning the next (the CPU
+  // pattern). Returns how many it got (row.drafts).
+  int add_drafts(DecodeRow& row, int count);
+  // After a verify step, before its tokens are reported: the last `count` drafted positions of the
+  // sequence were rejected. They are no longer computed and their samples never come; the pages
+  // stay with the sequence for the positions that follow.
+  void reject_drafts(Sequence& sequence, int count);
 
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
   int running() const { return static_cast<int>(running_.size()); }

@@ -27,6 +27,7 @@ struct ChatArgs {
   SamplingArgs sampling;
   int max_tokens = 512;
   std::string system;
+  std::string speculative = choice_name(kDefaultSpeculative);
 };
 
 constexpr const char* kHelp =
@@ -108,16 +109,19 @@ LoadedModel open_chat_model(const ModelArgs& args) {
 
 // One reply streamed to stdout; returns its text (what was shown, when interrupted).
 std::string reply(LoadedModel& model, const std::vector<int32_t>& prompt, const SamplingParams& sampling, int budget,
-                  const std::vector<int32_t>& stops, ChatInput& input) {
+                  const std::vector<int32_t>& stops, ChatInput& input, Speculation& speculation) {
   TokenPrinter printer(model.tokenizer);
   input.arm();
   bool ended_by_stop = false;
-  const GenerationResult result = generate_tokens(model, prompt, sampling, budget, stops, [&](int32_t id) {
-    if (input.interrupted()) return false;
-    printer.print(id);
-    ended_by_stop = std::find(stops.begin(), stops.end(), id) != stops.end();
-    return true;
-  });
+  const GenerationResult result = generate_tokens(
+      model, prompt, sampling, budget, stops,
+      [&](int32_t id) {
+        if (input.interrupted()) return false;
+        printer.print(id);
+        ended_by_stop = std::find(stops.begin(), stops.end(), id) != stops.end();
+        return true;
+      },
+      &speculation);
   printer.finish();
   if (result.stopped) std::printf(" [interrupted]");
   else if (!ended_by_stop) std::printf(" [reply cut at %d tokens]", result.generated);
@@ -130,6 +134,9 @@ int run_chat(const ChatArgs& args) {
   LoadedModel model = open_chat_model(args.model);
   SamplingParams sampling = backend_sampling(args.sampling, model);
   const std::vector<int32_t> stops = stop_ids(args.sampling, model);
+  Speculation speculation;  // suffix: drafts from earlier replies too
+  speculation.choice = speculative_choice(args.speculative);
+  check_speculative_backend(speculation.choice, model.backend);
   Conversation conversation(*model.tokenizer, args.system);
   load_weights(args.model, model);
   // A reply gets at least a quarter of the context, however long the conversation has grown.
@@ -165,7 +172,7 @@ int run_chat(const ChatArgs& args) {
     }
     sampling.seed = args.sampling.seed + turn;  // each turn draws anew when sampling
     const int budget = std::min<int>(args.max_tokens, model.max_context - static_cast<int>(prompt.size()));
-    conversation.add("assistant", reply(model, prompt, sampling, budget, stops, input));
+    conversation.add("assistant", reply(model, prompt, sampling, budget, stops, input, speculation));
   }
   return 0;
 }
@@ -181,6 +188,7 @@ void register_chat(CLI::App& app, Action& action) {
   command->add_option("--max-tokens", args->max_tokens, "most tokens per reply (default 512)")
       ->check(CLI::PositiveNumber);
   add_sampling_options(*command, args->sampling);
+  add_speculative_option(*command, args->speculative);
   command->callback([args, &action] { action = [args] { return run_chat(*args); }; });
 }
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include "deepfuse/device.hpp"
 #include "deepfuse/error.hpp"
@@ -102,6 +103,24 @@ void check_quantize_backend(const EngineArgs& args, Backend backend) {
   weight_load_options(args);
   DF_CHECK(args.quantize.empty() || backend == Backend::reference,
            "--quantize " + args.quantize + ": the CUDA backend has no FP8 kernels yet; use --backend reference");
+}
+
+void add_speculative_option(CLI::App& command, std::string& name) {
+  std::string help = "speculative decoding without a draft model, verifying drafts in each decode step:";
+  for (const auto& row : choice_rows<SpeculativeChoice>()) help += std::string("\n  ") + row.name + ": " + row.about;
+  help += std::string("\n(default ") + choice_name(kDefaultSpeculative) + ": not yet measured on a GPU)";
+  command.add_option("--speculative", name, help);
+}
+
+SpeculativeChoice speculative_choice(const std::string& name) {
+  if (const std::optional<SpeculativeChoice> choice = parse_choice<SpeculativeChoice>(name)) return *choice;
+  throw Error("--speculative '" + name + "': unknown drafter (" + choice_names<SpeculativeChoice>() + ")");
+}
+
+void check_speculative_backend(SpeculativeChoice choice, Backend backend) {
+  DF_CHECK(choice == SpeculativeChoice::off || backend == Backend::reference,
+           std::string("--speculative ") + choice_name(choice) +
+               ": the CUDA backend has no verify step yet (issue 54); use --backend reference");
 }
 
 void check_tuning_cache_writable(const std::filesystem::path& path) {

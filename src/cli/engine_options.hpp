@@ -12,6 +12,7 @@
 #include "deepfuse/engine.hpp"
 #include "deepfuse/model_config.hpp"
 #include "deepfuse/model_weights.hpp"
+#include "deepfuse/speculative.hpp"
 
 namespace deepfuse::cli {
 
@@ -53,6 +54,17 @@ WeightLoadOptions weight_load_options(const EngineArgs& args);
 // Throws deepfuse::Error unless `backend` runs --quantize (the reference backend only, until
 // the CUDA FP8 kernels exist).
 void check_quantize_backend(const EngineArgs& args, Backend backend);
+
+// Adds --speculative (deepfuse/speculative.hpp's table: off, ngram, suffix; default off), kept as
+// given; speculative_choice() reads it.
+void add_speculative_option(CLI::App& command, std::string& name);
+
+// The drafter `name` (--speculative's value). Throws deepfuse::Error naming the values for another.
+SpeculativeChoice speculative_choice(const std::string& name);
+
+// Throws deepfuse::Error unless `backend` runs `choice` (the reference backend only, until the
+// CUDA verify step exists).
+void check_speculative_backend(SpeculativeChoice choice, Backend backend);
 
 // Adds --max-batch, --max-context, --kv-cache-mb, --no-cuda-graphs, --no-overlap-steps,
 // --plan-override, --tuning-cache, --no-tuning-cache, --tune-gemms, --tp, --quantize and

@@ -1,7 +1,7 @@
 // `deepfuse generate`: a prompt (text, chat messages or ids) in, generated tokens streamed out as
 // they are sampled (text when the model has a tokenizer, ids otherwise), then one line of counts
 // and speed. Runs on the CPU reference decoder or the CUDA engine (one sequence, one token per
-// step()).
+// step(); on the reference decoder, --speculative verifies drafts each step).
 #include <algorithm>
 #include <cstdio>
 
@@ -17,6 +17,7 @@ struct GenerateArgs {
   ModelArgs model;
   SamplingArgs sampling;
   int max_tokens = 32;
+  std::string speculative = choice_name(kDefaultSpeculative);
 };
 
 int run_generate(const GenerateArgs& args) {
@@ -24,15 +25,22 @@ int run_generate(const GenerateArgs& args) {
   LoadedModel model = prepare_model(args.model, prompt, TokenizerUse::whenever_present);
   const SamplingParams sampling = backend_sampling(args.sampling, model);
   const std::vector<int32_t> stops = stop_ids(args.sampling, model);
+  const SpeculativeChoice speculative = speculative_choice(args.speculative);
+  check_speculative_backend(speculative, model.backend);
   // Generation stops at the context length rather than running past what the model was built for.
   const int budget = std::min<int>(args.max_tokens, model.max_context - static_cast<int>(prompt.size()));
   load_weights(args.model, model);
 
   TokenPrinter printer(model.tokenizer);
-  const GenerationResult result = generate_tokens(model, prompt, sampling, budget, stops, [&](int32_t id) {
-    printer.print(id);
-    return true;
-  });
+  Speculation speculation;
+  speculation.choice = speculative;
+  const GenerationResult result = generate_tokens(
+      model, prompt, sampling, budget, stops,
+      [&](int32_t id) {
+        printer.print(id);
+        return true;
+      },
+      &speculation);
   printer.finish();
   std::printf("\nprompt tokens: %zu, generated tokens: %d, time to first token: %.1f ms, decode: ", prompt.size(),
               result.generated, result.time_to_first_token_ms);
@@ -40,6 +48,9 @@ int run_generate(const GenerateArgs& args) {
     std::printf("%.1f tokens/s\n", (result.generated - 1) / result.decode_seconds);
   else
     std::printf("n/a tokens/s\n");
+  if (speculative != SpeculativeChoice::off)
+    std::printf("speculative %s: %ld of %ld draft tokens accepted\n", choice_name(speculative), result.accepted,
+                result.drafted);
   return 0;
 }
 
@@ -51,6 +62,7 @@ void register_generate(CLI::App& app, Action& action) {
   add_model_options(*command, args->model);
   command->add_option("--max-tokens", args->max_tokens, "tokens to generate (default 32)")->check(CLI::PositiveNumber);
   add_sampling_options(*command, args->sampling);
+  add_speculative_option(*command, args->speculative);
   command->callback([args, &action] { action = [args] { return run_generate(*args); }; });
 }
 

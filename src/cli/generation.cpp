@@ -3,10 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 
 #include "deepfuse/engine.hpp"
 #include "deepfuse/error.hpp"
-#include "deepfuse/reference.hpp"
+#include "speculative/reference_sequence.hpp"
 
 namespace deepfuse::cli {
 
@@ -35,28 +36,31 @@ bool is_stop(const std::vector<int32_t>& stops, int32_t id) {
   return std::find(stops.begin(), stops.end(), id) != stops.end();
 }
 
-GenerationResult generate_on_reference(const LoadedModel& model, std::vector<int32_t> tokens,
+GenerationResult generate_on_reference(const LoadedModel& model, const std::vector<int32_t>& prompt,
                                        const SamplingParams& sampling, int budget,
-                                       const std::vector<int32_t>& stops, const OnToken& on_token) {
+                                       const std::vector<int32_t>& stops, const OnToken& on_token,
+                                       Speculation* speculation) {
   const auto start = Clock::now();
   Clock::time_point first_token_at = start;
   GenerationResult result;
-  reference::KvCache cache = model.decoder->new_cache();
-  std::vector<float> logits = model.decoder->forward(tokens, cache);
-  for (; result.generated < budget;) {
-    const size_t vocab = model.config.vocab_size;
-    const std::span<const float> last(logits.data() + logits.size() - vocab, vocab);
-    const int32_t next = reference::sample(last, sampling, tokens, static_cast<uint64_t>(result.generated));
-    if (result.generated == 0) first_token_at = Clock::now();
-    tokens.push_back(next);
-    ++result.generated;
-    if (!on_token(next)) {
-      result.stopped = true;
-      break;
+  std::optional<speculative::SequenceDrafter> drafter;
+  if (speculation && speculation->choice != SpeculativeChoice::off)
+    drafter.emplace(speculation->choice, speculative::DrafterOptions{}, &speculation->cache);
+  speculative::ReferenceSequence sequence(*model.decoder, prompt, sampling, drafter ? &*drafter : nullptr);
+  // A step emits one token, or a verify's accepted drafts and one more.
+  for (bool done = budget <= 0; !done;) {
+    for (const int32_t id : sequence.step(budget - result.generated)) {
+      if (result.generated == 0) first_token_at = Clock::now();
+      ++result.generated;
+      result.stopped = !on_token(id);
+      done = result.stopped || is_stop(stops, id) || result.generated == budget;
+      if (done) break;
     }
-    if (is_stop(stops, next)) break;
-    if (result.generated < budget) logits = model.decoder->forward(std::span(&tokens.back(), 1), cache);
   }
+  result.drafted = sequence.drafted();
+  result.accepted = sequence.accepted();
+  if (speculation && speculation->choice == SpeculativeChoice::suffix)
+    speculation->cache.add(prompt, std::span(sequence.tokens()).subspan(prompt.size(), result.generated));
   const auto end = Clock::now();
   result.time_to_first_token_ms = milliseconds_between(start, first_token_at);
   result.decode_seconds = milliseconds_between(first_token_at, end) / 1e3;
@@ -160,9 +164,13 @@ void TokenPrinter::write(const std::string& text) {
 }
 
 GenerationResult generate_tokens(LoadedModel& model, const std::vector<int32_t>& prompt, const SamplingParams& sampling,
-                                 int budget, const std::vector<int32_t>& stops, const OnToken& on_token) {
-  if (model.engine) return generate_on_engine(*model.engine, prompt, sampling, budget, stops, on_token);
-  return generate_on_reference(model, prompt, sampling, budget, stops, on_token);
+                                 int budget, const std::vector<int32_t>& stops, const OnToken& on_token,
+                                 Speculation* speculation) {
+  if (model.engine) {
+    if (speculation) check_speculative_backend(speculation->choice, Backend::cuda);
+    return generate_on_engine(*model.engine, prompt, sampling, budget, stops, on_token);
+  }
+  return generate_on_reference(model, prompt, sampling, budget, stops, on_token, speculation);
 }
 
 }  // namespace deepfuse::cli

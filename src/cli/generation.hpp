@@ -12,6 +12,8 @@
 
 #include "cli/model_session.hpp"
 #include "deepfuse/sampling_params.hpp"
+#include "deepfuse/speculative.hpp"
+#include "speculative/suffix_cache.hpp"
 
 namespace deepfuse::cli {
 
@@ -58,14 +60,25 @@ struct GenerationResult {
   double time_to_first_token_ms = 0;
   double decode_seconds = 0;  // from the first token to the last
   bool stopped = false;       // the caller's on_token asked to stop
+  long drafted = 0;           // speculative: draft tokens verified, and of those accepted
+  long accepted = 0;
+};
+
+// Speculative decoding for generate_tokens (the reference backend): the drafter, and the suffix
+// drafter's cache of earlier generations, which outlives one call (chat's turns).
+struct Speculation {
+  SpeculativeChoice choice = kDefaultSpeculative;
+  speculative::SuffixCache cache;
 };
 
 // Called with each generated token as soon as it is sampled; returning false ends the sequence
 // there (chat's Ctrl-C).
 using OnToken = std::function<bool(int32_t id)>;
 
-// Generates up to `budget` tokens after `prompt` on the backend `model` runs, ending at a stop id.
+// Generates up to `budget` tokens after `prompt` on the backend `model` runs, ending at a stop id;
+// with `speculation` (not off: the reference backend only) verifying drafts each step.
 GenerationResult generate_tokens(LoadedModel& model, const std::vector<int32_t>& prompt, const SamplingParams& sampling,
-                                 int budget, const std::vector<int32_t>& stops, const OnToken& on_token);
+                                 int budget, const std::vector<int32_t>& stops, const OnToken& on_token,
+                                 Speculation* speculation = nullptr);
 
 }  // namespace deepfuse::cli

@@ -46,6 +46,7 @@ struct ServeArgs {
   bool no_prefix_cache = false;
   int max_body_mb = 8;
   double shutdown_timeout = 30;
+  std::string speculative = choice_name(kDefaultSpeculative);
 };
 
 // Every id that ends generation, as `generate` stops: the config's EOS (generation_config.json's
@@ -80,6 +81,8 @@ LoadedServe load(const ServeArgs& args) {
     backend = Backend::reference;
   }
   check_quantize_backend(args.engine, backend);
+  const SpeculativeChoice speculative = speculative_choice(args.speculative);
+  check_speculative_backend(speculative, backend);
   if (!args.random_weights && fs::exists(fs::path(args.model_dir) / "tokenizer.json")) {
     loaded.tokenizer = Tokenizer::from_directory(args.model_dir);
     if (!loaded.tokenizer->chat_template().empty()) loaded.chat_template.emplace(loaded.tokenizer->chat_template());
@@ -97,6 +100,7 @@ LoadedServe load(const ServeArgs& args) {
     ref.scheduler = {options.max_batch, max_context, args.max_step_tokens};
     ref.kv_pages = args.kv_pages;
     ref.prefix_caching = !args.no_prefix_cache;
+    ref.speculative = speculative;
     loaded.backend = std::make_unique<server::ReferenceBackend>(std::move(decoder), ref);
     return loaded;
   }
@@ -209,6 +213,7 @@ void register_serve(CLI::App& app, Action& action) {
                       "seconds running requests get to finish after SIGTERM (default 30)")
       ->check(CLI::NonNegativeNumber);
   add_engine_options(*command, args->engine);
+  add_speculative_option(*command, args->speculative);
   command->callback([args, &action] { action = [args] { return run_serve(*args); }; });
 }
 

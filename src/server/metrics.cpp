@@ -128,6 +128,10 @@ std::string Metrics::render() const {
   sample(out, "deepfuse_prefix_cache_queries_total", static_cast<double>(backend_.prefix_cache_queried_tokens));
   header(out, "deepfuse_prefix_cache_hits_total", "counter", "Prompt tokens served from the prefix cache.");
   sample(out, "deepfuse_prefix_cache_hits_total", static_cast<double>(backend_.prefix_cache_hit_tokens));
+  header(out, "deepfuse_spec_draft_tokens_total", "counter", "Draft tokens verified (speculative decoding).");
+  sample(out, "deepfuse_spec_draft_tokens_total", static_cast<double>(backend_.draft_tokens));
+  header(out, "deepfuse_spec_accepted_tokens_total", "counter", "Of those, tokens accepted.");
+  sample(out, "deepfuse_spec_accepted_tokens_total", static_cast<double>(backend_.accepted_draft_tokens));
   return out;
 }
 

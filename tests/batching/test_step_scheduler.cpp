@@ -18,6 +18,7 @@
 #include <random>
 
 #include "batching/step_scheduler.hpp"
+#include "deepfuse/error.hpp"
 #include "test_util.hpp"
 
 namespace deepfuse::batching {
@@ -47,6 +48,16 @@ StepPlan run_step(StepScheduler& scheduler, std::vector<FinishReason>* finishes 
     if (finishes) finishes->push_back(finish);
   }
   return seen;
+}
+
+// Adds a sequence, prefills its prompt in one step and reports its first token (3): it decodes next.
+Sequence& add_and_prefill(StepScheduler& scheduler, SequenceKey key, const SequenceSpec& spec) {
+  scheduler.add(key, spec);
+  StepPlan prefill = scheduler.schedule(Phase::prefill);
+  scheduler.complete(prefill);
+  Sequence& s = *prefill.prefill.back().sequence;
+  scheduler.report(s, 3);
+  return s;
 }
 
 TEST(StepScheduler, ChunksAPromptUnderThePrefillBudgetWhileOthersDecode) {
@@ -193,10 +204,7 @@ TEST(StepScheduler, EndsOnStopIdsAndAtTheContextLength) {
 TEST(StepScheduler, DecodeRowsFeedSamplesInFlightOnlyWhileTheRowKeepsThem) {
   KvBlockPool pool(16, false);
   StepScheduler scheduler({2, 512, 0}, pool);
-  scheduler.add(1, spec_of(5, 10));
-  StepPlan prefill = scheduler.schedule(Phase::prefill);
-  scheduler.complete(prefill);
-  scheduler.report(*prefill.prefill[0].sequence, 3);
+  add_and_prefill(scheduler, 1, spec_of(5, 10));
   const StepPlan first = scheduler.schedule(Phase::decode);  // feeds the reported token
   ASSERT_EQ(first.decode.size(), 1u);
   EXPECT_FALSE(first.decode[0].feeds_sample_in_flight());
@@ -226,6 +234,66 @@ TEST(StepScheduler, DecodeRowsFeedSamplesInFlightOnlyWhileTheRowKeepsThem) {
   EXPECT_EQ(again.decode[0].sequence, &s);
   EXPECT_FALSE(again.decode[0].feeds_sample_in_flight()) << "the host feeds what it read back";
   EXPECT_TRUE(again.decode[1].feeds_sample_in_flight());
+}
+
+TEST(StepScheduler, DraftsAreSamplesInFlightWithinLimitsAndRejectedOnesRollBack) {
+  KvBlockPool pool(16, true);
+  StepScheduler scheduler({2, 64, 0}, pool);
+  Sequence& s = add_and_prefill(scheduler, 1, spec_of(14, 10));  // ends with max_tokens at 24 tokens
+  StepPlan verify = scheduler.schedule(Phase::decode);
+  ASSERT_EQ(verify.decode.size(), 1u);
+  EXPECT_EQ(scheduler.add_drafts(verify.decode[0], 5), 5);
+  EXPECT_EQ(verify.decode[0].drafts, 5);
+  EXPECT_EQ(s.computed, 20);
+  EXPECT_EQ(s.in_flight, 6);
+  EXPECT_EQ(s.pages.size(), 2u);
+  EXPECT_TRUE(scheduler.complete(verify).empty()) << "no block of drafts' ids is cached";
+  scheduler.reject_drafts(s, 3);  // 2 accepted: 3 tokens come
+  EXPECT_EQ(s.computed, 17);
+  EXPECT_EQ(s.in_flight, 3);
+  std::vector<RegisteredBlock> registered;
+  for (const int32_t id : {4, 5, 6}) {
+    const Report report = scheduler.report(s, id);
+    EXPECT_EQ(report.finish, FinishReason::none);
+    registered.insert(registered.end(), report.registered.begin(), report.registered.end());
+  }
+  ASSERT_EQ(registered.size(), 1u) << "block 0, once its ids are known";
+  EXPECT_EQ(registered[0].block, 0);
+  EXPECT_EQ(s.tokens.size(), 18u);
+  EXPECT_EQ(s.pages.size(), 2u) << "pages of rejected positions stay for the next ones";
+  // Six tokens are left to the limit: the row and 5 drafts, not the 8 asked for.
+  StepPlan last = scheduler.schedule(Phase::decode);
+  ASSERT_EQ(last.decode.size(), 1u);
+  EXPECT_EQ(last.decode[0].position, 17);
+  EXPECT_EQ(scheduler.add_drafts(last.decode[0], 8), 5);
+  scheduler.reject_drafts(s, 0);  // all accepted
+  std::vector<FinishReason> finishes;
+  for (int i = 0; i < 6; ++i) finishes.push_back(scheduler.report(s, 7 + i).finish);  // the 6th ends it
+  std::vector<FinishReason> want(5, FinishReason::none);
+  want.push_back(FinishReason::max_tokens);
+  EXPECT_EQ(finishes, want);
+  EXPECT_EQ(scheduler.find(1), nullptr);
+}
+
+TEST(StepScheduler, DraftsTakeOnlyFreePagesAndNeverAnInFlightRow) {
+  KvBlockPool pool(2, false);
+  StepScheduler scheduler({2, 64, 0}, pool);
+  add_and_prefill(scheduler, 1, spec_of(28, 20));
+  StepPlan verify = scheduler.schedule(Phase::decode);
+  ASSERT_EQ(verify.decode.size(), 1u);
+  EXPECT_EQ(scheduler.add_drafts(verify.decode[0], 8), 3) << "positions 29-31: the two pages' room";
+  EXPECT_EQ(scheduler.preemptions(), 0u);
+  EXPECT_TRUE(scheduler.schedule(Phase::decode).decode.empty()) << "not again until the verify is resolved";
+  EXPECT_THROW(scheduler.report(*scheduler.find(1), 4), Error) << "rejected drafts come first";
+  Sequence& s = *scheduler.find(1);
+  scheduler.reject_drafts(s, 3);
+  scheduler.report(s, 4);
+  StepPlan next = scheduler.schedule(Phase::decode);  // the engine's pattern: launched ahead
+  ASSERT_EQ(next.decode.size(), 1u);
+  StepPlan ahead_again = scheduler.schedule(Phase::decode);
+  ASSERT_EQ(ahead_again.decode.size(), 1u);
+  EXPECT_TRUE(ahead_again.decode[0].feeds_sample_in_flight());
+  EXPECT_THROW(scheduler.add_drafts(ahead_again.decode[0], 2), Error);
 }
 
 TEST(StepScheduler, BenchmarkContextsDecodeFromTheirLength) {

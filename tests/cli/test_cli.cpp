@@ -108,6 +108,25 @@ TEST_F(Cli, SamplingFollowsTheSeedAndGenerationConfig) {
   EXPECT_EQ(sample("--temperature 0 --seed 99"), greedy);
 }
 
+TEST_F(Cli, SpeculativeGenerationPrintsTheSameTokens) {
+  remove_tokenizer();
+  const std::string base = "generate --backend reference --model " + model_.string() +
+                           " --prompt-ids 3,1,4,1,5,9,2,6,3,1,4,1,5 --max-tokens 40 --ignore-eos";
+  for (const std::string sampling : {"", " --temperature 0.8 --seed 5"}) {
+    const RunResult plain = run_cli(scratch_, base + sampling);
+    ASSERT_EQ(plain.exit_code, 0) << plain.err;
+    EXPECT_EQ(plain.out.find("speculative"), std::string::npos);
+    for (const std::string drafter : {"ngram", "suffix"}) {
+      const RunResult spec = run_cli(scratch_, base + sampling + " --speculative " + drafter);
+      ASSERT_EQ(spec.exit_code, 0) << spec.err;
+      EXPECT_EQ(generated_ids(spec), generated_ids(plain)) << drafter << sampling;
+      EXPECT_NE(stats_line(spec).find("\nspeculative " + drafter + ": "), std::string::npos) << spec.out;
+    }
+  }
+  expect_bad_input(run_cli(scratch_, base + " --speculative eagle"),
+                   {"--speculative 'eagle'", "unknown drafter", "off, ngram or suffix"});
+}
+
 TEST_F(Cli, BrokenSafetensorsFiles) {
   const std::string file = (model_ / "model.safetensors").string();
   const std::string good = read_text_file(model_ / "model.safetensors");

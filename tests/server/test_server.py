@@ -559,6 +559,42 @@ class ToolLoopsOnMistralAndLlamaTemplates(unittest.TestCase):
         self.loop("llama3_bytelevel", '{"name": "get_weather", "parameters": {"city": "Paris"}}', 29)
 
 
+class Speculative(unittest.TestCase):
+    """`--speculative suffix` on the reference backend: every text as without it (greedy, and sampled
+    with a seed), batched, repeated (drafts from the suffix cache) and opted out per request; the
+    drafts counted in /metrics; usage unchanged."""
+
+    def test_same_text_with_drafts_verified_and_counted(self):
+        plain, spec = Server("--max-batch", "4"), Server("--max-batch", "4", "--speculative", "suffix")
+        try:
+            prompts = [f"Speculate {i}: " + "a rose is a rose is " * (i + 1) for i in range(4)]
+            kw = dict(max_tokens=40, extra_body={"ignore_eos": True})
+            want = [greedy(plain.client(), p, **kw) for p in prompts]
+            for _ in range(2):  # the second round repeats each request: proposed from the cache
+                with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                    got = list(pool.map(lambda p: greedy(spec.client(), p, **kw), prompts, timeout=300))
+                self.assertEqual([r.choices[0].text for r in got], [r.choices[0].text for r in want])
+                self.assertEqual([r.usage.completion_tokens for r in got], [40] * 4)
+            m = spec.wait_idle()
+            self.assertGreater(m["deepfuse_spec_accepted_tokens_total"], 0)
+            self.assertGreaterEqual(m["deepfuse_spec_draft_tokens_total"], m["deepfuse_spec_accepted_tokens_total"])
+            self.assertEqual(m["deepfuse_generation_tokens_total"], 4 * 2 * 40)
+            self.assertEqual(plain.metrics()["deepfuse_spec_draft_tokens_total"], 0)
+            opted_out = greedy(spec.client(), prompts[0], max_tokens=40,
+                               extra_body={"ignore_eos": True, "speculative": False})
+            self.assertEqual(opted_out.choices[0].text, want[0].choices[0].text)
+            self.assertEqual(spec.metrics()["deepfuse_spec_draft_tokens_total"], m["deepfuse_spec_draft_tokens_total"])
+            sampled = dict(model="tiny", prompt=prompts[1], max_tokens=30, temperature=0.9, seed=11,
+                           extra_body={"ignore_eos": True})
+            self.assertEqual(spec.client().completions.create(**sampled).choices[0].text,
+                             plain.client().completions.create(**sampled).choices[0].text)
+            status, data = spec.request("POST", "/v1/completions", {"prompt": "x", "speculative": "yes"})
+            self.assertEqual(status, 400, data)
+        finally:
+            plain.stop()
+            spec.stop()
+
+
 class PreemptionAndShutdown(unittest.TestCase):
     """A server with a small KV cache and an API key: preemption, 401, SIGTERM."""
 

@@ -15,10 +15,10 @@ namespace {
 using nlohmann::json;
 
 // What the server does with each top-level field OpenAI defines for the two endpoints, and with
-// the extensions it serves (top_k, min_p, ignore_eos, as vLLM names them). A field outside the
-// table is refused as unknown; a `refused` one is refused by name whenever it is given, because
-// it would change the answer and is not implemented; `metadata` ones are checked and accepted
-// (they do not change the answer).
+// the extensions it serves (top_k, min_p, ignore_eos, as vLLM names them; speculative, deepfuse's
+// per-request opt-out of --speculative). A field outside the table is refused as unknown; a
+// `refused` one is refused by name whenever it is given, because it would change the answer and is
+// not implemented; `metadata` ones are checked and accepted (they do not change the answer).
 enum class FieldUse { read, metadata, refused };
 struct RequestFieldRule {
   const char* name;
@@ -55,6 +55,7 @@ constexpr RequestFieldRule kRequestFields[] = {
     {"top_k", true, true, FieldUse::read, nullptr},
     {"min_p", true, true, FieldUse::read, nullptr},
     {"ignore_eos", true, true, FieldUse::read, nullptr},
+    {"speculative", true, true, FieldUse::read, nullptr},
     {"user", true, true, FieldUse::metadata, nullptr},
     {"metadata", false, true, FieldUse::metadata, nullptr},
     {"store", false, true, FieldUse::metadata, nullptr},
@@ -293,6 +294,7 @@ OpenAiRequest parse_openai_request(Endpoint endpoint, const std::string& text, c
   spec.presence_penalty = static_cast<float>(fields.number("presence_penalty", 0.0, -2.0, 2.0));
   spec.frequency_penalty = static_cast<float>(fields.number("frequency_penalty", 0.0, -2.0, 2.0));
   if (!fields.boolean("ignore_eos", false)) spec.stop_ids = model.stop_ids;
+  spec.speculative = fields.boolean("speculative", true);
   // OpenAI allows n up to 128; this server runs at most 16 sequences for one request.
   r.n = static_cast<int>(fields.integer("n", 1, 1, 16));
   if (!chat) {

@@ -66,6 +66,10 @@ std::vector<SequenceEvent> EngineBackend::step() {
   return events;
 }
 
-BackendGauges EngineBackend::gauges() const { return engine_->scheduling_stats(); }
+BackendGauges EngineBackend::gauges() const {
+  BackendGauges gauges;
+  static_cast<SchedulingStats&>(gauges) = engine_->scheduling_stats();
+  return gauges;
+}
 
 }  // namespace deepfuse::server

@@ -6,6 +6,7 @@
 #include "reference/parallel.hpp"
 #include "server/api_error.hpp"
 #include "server/batching/token_choice.hpp"
+#include "speculative/verify.hpp"
 
 namespace deepfuse::server {
 
@@ -17,12 +18,20 @@ int default_pages(const batching::SchedulerOptions& s) {
   return s.max_batch * KvBlockPool::pages_for(s.max_context);
 }
 
-// One unit of a step: tokens[first, first + count) of a sequence, the last one sampled or not.
+// One unit of a step: tokens[first, first + count) of a sequence, the last one sampled or not;
+// a decode row's drafts are fed after its token, each row sampled (a verify).
 struct Work {
   batching::Sequence* sequence;
   int first;
   int count;
   bool samples;
+  std::vector<int32_t> drafts;
+
+  std::vector<int32_t> fed() const {
+    std::vector<int32_t> ids(sequence->tokens.begin() + first, sequence->tokens.begin() + first + count);
+    ids.insert(ids.end(), drafts.begin(), drafts.end());
+    return ids;
+  }
 };
 
 }  // namespace
@@ -32,7 +41,8 @@ ReferenceBackend::ReferenceBackend(std::unique_ptr<reference::Decoder> decoder, 
       options_(options),
       pool_(options.kv_pages > 0 ? options.kv_pages : default_pages(options.scheduler), options.prefix_caching),
       scheduler_(options.scheduler, pool_),
-      stored_blocks_(pool_.total_pages()) {
+      stored_blocks_(pool_.total_pages()),
+      suffix_cache_(options.suffix_cache) {
   DF_CHECK(options.scheduler.max_context <= decoder_->config().max_position_embeddings,
            "--max-context " + std::to_string(options.scheduler.max_context) + " is beyond the model's " +
                "max_position_embeddings (" + std::to_string(decoder_->config().max_position_embeddings) + ")");
@@ -57,6 +67,7 @@ void ReferenceBackend::cancel(SequenceKey key) {
   scheduler_.cancel(key);
   specs_.erase(key);
   caches_.erase(key);
+  drafters_.erase(key);
 }
 
 void ReferenceBackend::restore_cache(const batching::Sequence& sequence, int first) {
@@ -92,21 +103,28 @@ void ReferenceBackend::store_block(const batching::RegisteredBlock& block) {
   }
 }
 
+std::vector<int32_t> ReferenceBackend::draft(batching::DecodeRow& row) {
+  batching::Sequence& s = *row.sequence;
+  if (options_.speculative == SpeculativeChoice::off || !specs_.at(s.key).speculative) return {};
+  speculative::SequenceDrafter& drafter =
+      drafters_.try_emplace(s.key, options_.speculative, options_.drafter, &suffix_cache_).first->second;
+  std::vector<int32_t> drafts = drafter.propose(s.tokens, options_.drafter.max_draft).tokens;
+  drafts.resize(scheduler_.add_drafts(row, static_cast<int>(drafts.size())));
+  return drafts;
+}
+
 std::vector<SequenceEvent> ReferenceBackend::step() {
-  const batching::StepPlan plan = scheduler_.schedule(batching::Phase::both);
+  batching::StepPlan plan = scheduler_.schedule(batching::Phase::both);
   std::vector<Work> works;
-  for (const batching::PrefillChunk& c : plan.prefill) works.push_back({c.sequence, c.first, c.count, c.samples});
-  for (const batching::DecodeRow& d : plan.decode) works.push_back({d.sequence, d.position, 1, true});
+  for (const batching::PrefillChunk& c : plan.prefill) works.push_back({c.sequence, c.first, c.count, c.samples, {}});
+  for (batching::DecodeRow& d : plan.decode) works.push_back({d.sequence, d.position, 1, true, draft(d)});
   for (const Work& work : works) restore_cache(*work.sequence, work.first);
   // Each sequence on its own cache: the forward passes are independent and run side by side.
   std::vector<std::vector<float>> logits(works.size());
   std::vector<reference::KvCache*> caches;
   for (const Work& work : works) caches.push_back(&caches_.at(work.sequence->key));
   reference::parallel_for(works.size(), [&](size_t begin, size_t end) {
-    for (size_t i = begin; i < end; ++i) {
-      const Work& w = works[i];
-      logits[i] = decoder_->forward(std::span(w.sequence->tokens).subspan(w.first, w.count), *caches[i]);
-    }
+    for (size_t i = begin; i < end; ++i) logits[i] = decoder_->forward(works[i].fed(), *caches[i]);
   });
   for (const batching::RegisteredBlock& block : scheduler_.complete(plan)) store_block(block);
 
@@ -114,29 +132,64 @@ std::vector<SequenceEvent> ReferenceBackend::step() {
   const size_t vocab = decoder_->config().vocab_size;
   for (size_t i = 0; i < works.size(); ++i) {
     if (!works[i].samples) continue;
-    batching::Sequence& s = *works[i].sequence;
-    const GenerationSpec& spec = specs_.at(s.key);
-    const std::span<float> last(logits[i].data() + logits[i].size() - vocab, vocab);
-    const std::span<const int32_t> generated(s.tokens.data() + s.first_generated, s.generated());
-    const TokenChoice choice = choose_token(last, spec, s.tokens, generated, static_cast<uint64_t>(s.generated()));
-    SequenceEvent event;
-    event.key = s.key;
-    event.id = choice.id;
-    event.logprob = choice.logprob;
-    event.top = choice.top;
-    const batching::Report report = scheduler_.report(s, choice.id);  // may destroy s
-    for (const batching::RegisteredBlock& block : report.registered) store_block(block);
-    event.cached_tokens = report.cached_tokens;
-    event.end = end_of(report.finish);
-    if (event.end != SequenceEnd::none) {
-      caches_.erase(event.key);
-      specs_.erase(event.key);
-    }
-    events.push_back(std::move(event));
+    const size_t rows = 1 + works[i].drafts.size();  // the last ones
+    emit(*works[i].sequence, std::span(logits[i]).last(rows * vocab), works[i].drafts, *caches[i], events);
   }
   return events;
 }
 
-BackendGauges ReferenceBackend::gauges() const { return scheduler_.stats(); }
+void ReferenceBackend::emit(batching::Sequence& s, std::span<float> logits, std::span<const int32_t> drafts,
+                            reference::KvCache& cache, std::vector<SequenceEvent>& events) {
+  const GenerationSpec& spec = specs_.at(s.key);
+  const size_t vocab = decoder_->config().vocab_size;
+  // Row i chooses after the sequence and drafts[0, i): `context` grows by each chosen token.
+  std::vector<int32_t> context = s.tokens;
+  const int first_generated = s.first_generated;
+  std::vector<TokenChoice> choices;
+  speculative::accept_drafts(drafts, [&](int row) {
+    const std::span<const int32_t> generated(context.data() + first_generated, context.size() - first_generated);
+    choices.push_back(choose_token(logits.subspan(row * vocab, vocab), spec, context, generated, generated.size()));
+    context.push_back(choices.back().id);
+    return choices.back().id;
+  });
+  if (!drafts.empty()) {
+    const int drafted = static_cast<int>(drafts.size()), accepted = static_cast<int>(choices.size()) - 1;
+    cache.truncate(cache.length - (drafted - accepted));
+    scheduler_.reject_drafts(s, drafted - accepted);
+    drafters_.at(s.key).record(drafted, accepted);
+    draft_tokens_ += drafted;
+    accepted_draft_tokens_ += accepted;
+  }
+  const size_t known = s.tokens.size();
+  for (size_t c = 0; c < choices.size(); ++c) {
+    SequenceEvent event;
+    event.key = s.key;
+    event.id = choices[c].id;
+    event.logprob = choices[c].logprob;
+    event.top = std::move(choices[c].top);
+    const batching::Report report = scheduler_.report(s, event.id);  // may destroy s
+    for (const batching::RegisteredBlock& block : report.registered) store_block(block);
+    event.cached_tokens = report.cached_tokens;
+    event.end = end_of(report.finish);
+    const bool ended = event.end != SequenceEnd::none;
+    events.push_back(std::move(event));
+    if (!ended) continue;
+    if (options_.speculative == SpeculativeChoice::suffix)  // a repeat of it is proposed whole
+      suffix_cache_.add(std::span(context).first(first_generated),
+                        std::span(context).subspan(first_generated, known + c + 1 - first_generated));
+    caches_.erase(events.back().key);
+    specs_.erase(events.back().key);
+    drafters_.erase(events.back().key);
+    return;
+  }
+}
+
+BackendGauges ReferenceBackend::gauges() const {
+  BackendGauges gauges;
+  static_cast<SchedulingStats&>(gauges) = scheduler_.stats();
+  gauges.draft_tokens = draft_tokens_;
+  gauges.accepted_draft_tokens = accepted_draft_tokens_;
+  return gauges;
+}
 
 }  // namespace deepfuse::server

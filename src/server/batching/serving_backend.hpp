@@ -29,6 +29,7 @@ struct GenerationSpec {
   float presence_penalty = 0.0f;      // OpenAI's penalties, over the tokens generated so far
   float frequency_penalty = 0.0f;
   int top_logprobs = -1;              // -1: no logprobs; otherwise the chosen token's and this many alternatives'
+  bool speculative = true;            // false: this request opts out of the server's --speculative
 };
 
 enum class SequenceEnd { none, stop_token, max_tokens, context_length, cancelled, failed };
@@ -58,8 +59,12 @@ struct SequenceEvent {
   std::string error;                  // with SequenceEnd::failed
 };
 
-// Gauges and counters the backend keeps, for /metrics: its step scheduler's.
-using BackendGauges = SchedulingStats;
+// Gauges and counters the backend keeps, for /metrics: its step scheduler's, and its speculative
+// decoding's (draft tokens verified, and of those accepted).
+struct BackendGauges : SchedulingStats {
+  uint64_t draft_tokens = 0;
+  uint64_t accepted_draft_tokens = 0;
+};
 
 class ServingBackend {
  public:
@@ -76,7 +81,8 @@ class ServingBackend {
   // Drops the sequence and frees its pages now. Nothing more is reported for it.
   virtual void cancel(SequenceKey key) = 0;
   virtual bool has_work() const = 0;
-  // One step: at most max_batch sequences advance by one token (or a prefill chunk).
+  // One step: at most max_batch sequences advance by one token (or a prefill chunk), or, verifying
+  // drafts, by several: one event per token, in order.
   virtual std::vector<SequenceEvent> step() = 0;
   virtual BackendGauges gauges() const = 0;
 };
