@@ -4,6 +4,7 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/attention/decode_attention.cu
   ${CMAKE_CURRENT_LIST_DIR}/attention/decode_attention_plan.cpp
   ${CMAKE_CURRENT_LIST_DIR}/common/trace.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/dequantize/dequantize.cu
   ${CMAKE_CURRENT_LIST_DIR}/embedding/embedding.cu
   ${CMAKE_CURRENT_LIST_DIR}/fill/fill.cu
   ${CMAKE_CURRENT_LIST_DIR}/gemm/cublaslt_gemm.cpp

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "deepfuse/kernels/paged_kv.hpp"
+#include "deepfuse/weight_format.hpp"
 
 namespace deepfuse::kernels {
 
@@ -24,12 +25,18 @@ struct QkvRopeFusedShape {
 
 // Why launch_qkv_rope_fused refuses `shape` (empty: it runs it; it also needs a GPU that allows
 // cluster_gemv.hpp's shared memory): the launcher's own check, which the scheduler plans by.
-inline std::string qkv_rope_fused_unsupported(const QkvRopeFusedShape& s) {
+inline std::string qkv_rope_fused_unsupported(const QkvRopeFusedShape& s, WeightFormat format = WeightFormat::bf16) {
   if (s.tokens < 1 || s.tokens > kQkvFusedMaxTokens)
     return "takes at most " + std::to_string(kQkvFusedMaxTokens) + " tokens";
   if (s.head_dim != 64 && s.head_dim != 128) return "needs head_dim 64 or 128";
   if (s.hidden < 64 || s.hidden % 64 != 0) return "needs a hidden size that is a multiple of 64";
   if (s.q_heads < 1 || s.kv_heads < 1 || s.q_heads % s.kv_heads != 0) return "needs q_heads a multiple of kv_heads";
+  // Scale blocks: q, k and v rows (merged) each a whole number of blocks.
+  const int block = format_info(format).scale_block;
+  if (block > 0 && ((s.q_heads * s.head_dim) % block != 0 || (s.kv_heads * s.head_dim) % block != 0))
+    return "needs q and kv sizes that are multiples of the " + std::to_string(block) + "-row scale blocks";
+  if (block > 0 && s.hidden % block != 0)
+    return "needs a hidden size that is a multiple of the " + std::to_string(block) + "-wide scale blocks";
   return "";
 }
 
@@ -38,6 +45,9 @@ struct QkvRopeFusedParams {
   const __nv_bfloat16* norm_weight = nullptr;  // [hidden] the block's input RMSNorm weight
   float norm_eps = 1e-6f;
   const uint4* weights = nullptr;              // merged [q | k | v] rows, packed by pack_qkv_weights
+                                               // (bf16) or pack_rows_fragments_fp8 (FP8 formats)
+  WeightFormat format = WeightFormat::bf16;
+  const float* scales = nullptr;               // the format's fp32 scales (LinearWeight::scales); null for bf16
   const __nv_bfloat16* bias = nullptr;         // [(q_heads + 2 * kv_heads) * head_dim] or null
   const float* inv_freq = nullptr;             // [head_dim / 2]
   const int32_t* positions = nullptr;          // [tokens]; < 0: padded slot (q row zeroed, cache untouched)

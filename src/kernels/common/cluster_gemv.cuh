@@ -13,7 +13,11 @@
 // without waiting for the others. Design history and timings: docs/kernels/qkv_rope_fused.md.
 //
 // Weights are fragment-packed by pack_rows_fragments (kernels/common/fragment.cuh's A layout): for
-// each 16-row tile, for each 16-column k-step, 32 lanes x 16 bytes.
+// each 16-row tile, for each 16-column k-step, 32 lanes x 16 bytes. FP8 weights (e4m3, packed by
+// pack_rows_fragments_fp8) carry two k-steps per 16-byte load, half the bytes per row: the ring,
+// the splits and the staged x count loads ("steps") of kColumns columns, the bytes widen to f16
+// in registers, x is staged as f16 and the fp32 scales multiply the sums (per output row at the
+// end, per 128x128 block as each block's k range ends). Design and timings: docs/kernels/fp8.md.
 #pragma once
 
 #include "core/per_device.hpp"
@@ -47,6 +51,12 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kMaxTokens = 32;
 constexpr int kMaxCluster = 8;
 constexpr int kMaxSharedBytes = kClusterGemvSharedBytes;
+
+// The weight elements a stream reads; scale granularity is a runtime parameter (Inputs).
+enum class Elements { bf16, e4m3 };
+// Columns one 16-byte lane load covers: one k-step of bf16, two of e4m3.
+template <Elements E>
+constexpr int kColumns = E == Elements::bf16 ? 16 : 32;
 
 // cp.async ring depth per thread (16 B per stage). 10 stages keep a block of up to 8 tokens
 // under 56 KB, so 4 fit an SM and all 48 clusters of Llama-3-8B's QKV (48 heads) run in one wave
@@ -87,11 +97,12 @@ constexpr int sources() {
 // Shared memory, carved from one dynamic allocation (sizes depend on the launch).
 template <int kUnitRows, int C>
 struct SharedLayout {
-  int x_stride = 0;  // bf16 per staged x row: k range + 8 (padding: conflict-free B fragments)
+  int x_stride = 0;  // 16-bit values per staged x row: k range + 8 (padding: conflict-free B fragments)
   size_t ring = 0, received = 0, squares = 0, inverse_rms = 0, x = 0, total = 0;
 
-  __host__ __device__ SharedLayout(int stages, int max_ksteps, int token_rows) {
-    x_stride = max_ksteps * 16 + 8;
+  // max_ksteps: the most loads of `columns` columns a block streams.
+  __host__ __device__ SharedLayout(int stages, int max_ksteps, int token_rows, int columns = 16) {
+    x_stride = max_ksteps * columns + 8;
     ring = 0;
     received = ring + sizeof(uint4) * stages * kThreads;
     squares = received + sizeof(float) * sources<kUnitRows, C>() * owned_rows<kUnitRows, C>() * token_rows;
@@ -107,10 +118,14 @@ struct Inputs {
   float norm_eps = 1e-6f;
   const uint4* weights = nullptr;              // fragment-packed [rows, inner]
   int tokens = 0;
-  int inner = 0;                               // multiple of 16
+  int inner = 0;                               // multiple of 16 (bf16) or 32 (e4m3)
   // [tokens, inner] fp32 or null: a sum a kernel before left for x (the fused MLP's defer_sum).
   // The rows used are bf16(x + pending), exactly what that kernel would have written into x.
   const float* pending = nullptr;
+  // e4m3 weights: fp32 scales, one per output row ([rows]) or, with scale_block > 0, one per
+  // scale_block x scale_block block ([rows / scale_block][inner / scale_block]).
+  const float* scales = nullptr;
+  int scale_block = 0;
 };
 
 // bf16(x + pending) for 8 consecutive columns, rounded as the fused MLP's finish rounds y.
@@ -144,7 +159,8 @@ struct Partials {
 struct NothingAfterUpstream {
   __device__ void operator()() const {}
 };
-template <int NT, int kUnitRows, int C, int kStages, typename HomeOf, typename AfterUpstream = NothingAfterUpstream>
+template <int NT, int kUnitRows, int C, int kStages, Elements E, typename HomeOf,
+          typename AfterUpstream = NothingAfterUpstream>
 __device__ Partials<NT, kUnitRows, C> stream_unit(const Inputs& in, int unit, int rank, unsigned char* shared_raw,
                                                   int max_ksteps, HomeOf home_of,
                                                   AfterUpstream after_upstream = {}) {
@@ -153,15 +169,16 @@ __device__ Partials<NT, kUnitRows, C> stream_unit(const Inputs& in, int unit, in
   constexpr int kWarpsPerTile = kWarps / kTiles;
   static_assert(kTiles * kWarpsPerTile == kWarps, "a unit is 64 or 128 rows");
   constexpr int kOwned = owned_rows<kUnitRows, C>();
-  const SharedLayout<kUnitRows, C> layout(kStages, max_ksteps, kRows);
+  constexpr bool kFp8 = E == Elements::e4m3;
+  const SharedLayout<kUnitRows, C> layout(kStages, max_ksteps, kRows, kColumns<E>);
   auto* ring = reinterpret_cast<uint4(*)[kThreads]>(shared_raw + layout.ring);
   float* received = reinterpret_cast<float*>(shared_raw + layout.received);
   float* squares = reinterpret_cast<float*>(shared_raw + layout.squares);  // [C][kMaxTokens] per-block sums of x^2
   float* inverse_rms = reinterpret_cast<float*>(shared_raw + layout.inverse_rms);
-  auto* xs = reinterpret_cast<__nv_bfloat16*>(shared_raw + layout.x);  // [kRows][x_stride] x (∘ w)
+  auto* xs = reinterpret_cast<__nv_bfloat16*>(shared_raw + layout.x);  // [kRows][x_stride] x (∘ w), bf16 or f16
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int ksteps = in.inner / 16;
+  const int ksteps = in.inner / kColumns<E>;  // loads per row
   const int k_begin = split_point(ksteps, C, rank), k_count = split_point(ksteps, C, rank + 1) - k_begin;
   const int tile = warp % kTiles, part = warp / kTiles;
   const int warp_begin = k_begin + split_point(k_count, kWarpsPerTile, part);
@@ -184,11 +201,11 @@ __device__ Partials<NT, kUnitRows, C> stream_unit(const Inputs& in, int unit, in
 
   // Stage x (∘ w) for this block's k range (one warp per token row) while the first weights fly;
   // each row's sum of squares goes to every block of the cluster.
-  const int vectors = k_count * 2;  // 8-column vectors
+  const int vectors = k_count * kColumns<E> / 8;  // 8-column vectors
   for (int row = warp; row < kRows; row += kWarps) {
     float row_squares = 0.0f;
     for (int v = lane; v < vectors; v += 32) {
-      const int column = k_begin * 16 + v * 8;
+      const int column = k_begin * kColumns<E> + v * 8;
       // Every load first (one L2 round trip on the critical path after the upstream wait), then
       // the arithmetic.
       const bool live = row < in.tokens;
@@ -202,7 +219,19 @@ __device__ Partials<NT, kUnitRows, C> stream_unit(const Inputs& in, int unit, in
       }
       if (in.norm_weight) weight = __ldg(reinterpret_cast<const uint4*>(in.norm_weight + column));
       if (live && in.pending) bits = add_pending(bits, pending_low, pending_high);
-      if (in.norm_weight) {
+      if constexpr (kFp8) {  // f16 operands: x ∘ w in fp32, rounded once
+        uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
+        const uint32_t w[4] = {weight.x, weight.y, weight.z, weight.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[j]));
+          row_squares += f.x * f.x + f.y * f.y;
+          float2 scale = make_float2(1.0f, 1.0f);
+          if (in.norm_weight) scale = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
+          words[j] = f16x2_saturated(f.x * scale.x, f.y * scale.y);
+        }
+        bits = make_uint4(words[0], words[1], words[2], words[3]);
+      } else if (in.norm_weight) {
         uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
         const uint32_t w[4] = {weight.x, weight.y, weight.z, weight.w};
 #pragma unroll
@@ -224,15 +253,49 @@ __device__ Partials<NT, kUnitRows, C> stream_unit(const Inputs& in, int unit, in
   __syncthreads();  // xs complete
 
   float acc[NT][4] = {};
-  ring_run<kStages, 1>(warp_begin, warp_end, issue, [&](int k, int stage, int) {
-    const uint4 a = ring[stage][tid];
-    const int column = (k - k_begin) * 16 + 2 * t;
+  if constexpr (!kFp8) {
+    ring_run<kStages, 1>(warp_begin, warp_end, issue, [&](int k, int stage, int) {
+      const uint4 a = ring[stage][tid];
+      const int column = (k - k_begin) * 16 + 2 * t;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const __nv_bfloat16* b = xs + (nt * 8 + g) * layout.x_stride + column;
-      mma_bf16_m16n8k16(acc[nt], a, *reinterpret_cast<const uint32_t*>(b), *reinterpret_cast<const uint32_t*>(b + 8));
+      for (int nt = 0; nt < NT; ++nt) {
+        const __nv_bfloat16* b = xs + (nt * 8 + g) * layout.x_stride + column;
+        mma_bf16_m16n8k16(acc[nt], a, *reinterpret_cast<const uint32_t*>(b), *reinterpret_cast<const uint32_t*>(b + 8));
+      }
+    });
+  } else {
+    // Raw sums of the current scale block, folded into acc times its scale where the block's
+    // columns end (block scales) or once at the end (row scales, applied below).
+    float part[NT][4] = {};
+    const int tile_row = unit * kUnitRows + tile * 16;
+    const int steps_per_block = in.scale_block / kColumns<E>;
+    const float* block_scales =
+        in.scale_block ? in.scales + static_cast<size_t>(tile_row / in.scale_block) * (in.inner / in.scale_block) : nullptr;
+    ring_run<kStages, 1>(warp_begin, warp_end, issue, [&](int k, int stage, int) {
+      const uint4 packed = ring[stage][tid];
+      const uint4 a0 = e4m3_fragment_to_f16(packed.x, packed.y), a1 = e4m3_fragment_to_f16(packed.z, packed.w);
+      const int column = (k - k_begin) * 32 + 2 * t;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint32_t* b = reinterpret_cast<const uint32_t*>(xs + (nt * 8 + g) * layout.x_stride + column);
+        mma_f16_m16n8k16(part[nt], a0, b[0], b[4]);
+        mma_f16_m16n8k16(part[nt], a1, b[8], b[12]);
+      }
+      const bool block_ends = block_scales && (k + 1) % steps_per_block == 0;
+      if (block_ends || k == warp_end - 1) {
+        const float scale = block_scales ? block_scales[k / steps_per_block] : 1.0f;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[nt][c] += scale * part[nt][c], part[nt][c] = 0.0f;
+      }
+    });
+    if (!block_scales) {
+      const float low = in.scales[tile_row + g], high = in.scales[tile_row + g + 8];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) acc[nt][0] *= low, acc[nt][1] *= low, acc[nt][2] *= high, acc[nt][3] *= high;
     }
-  });
+  }
   trace::stamp(trace::Kernel::unknown, trace::Mark::phase);
   // Each partial sum goes to its row's home, in this warp's own slot (no atomics, nothing to
   // zero first): plain distributed-shared-memory stores, ordered by the cluster barrier.
@@ -260,15 +323,15 @@ __device__ Partials<NT, kUnitRows, C> stream_unit(const Inputs& in, int unit, in
   return {received, inverse_rms};
 }
 
-// k-steps (16 columns each) of the largest of `Parts` near-equal shares of the inner dimension.
-template <int Parts>
+// Loads (kColumns<E> columns each) of the largest of `Parts` near-equal shares of the inner dimension.
+template <int Parts, Elements E = Elements::bf16>
 constexpr int max_ksteps_per_share(int inner) {
-  return (inner / 16 + Parts - 1) / Parts;
+  return (inner / kColumns<E> + Parts - 1) / Parts;
 }
 // ... of the largest block of a unit's cluster (the blocks split the inner dimension).
-template <int C>
+template <int C, Elements E = Elements::bf16>
 constexpr int max_ksteps_per_block(int inner) {
-  return max_ksteps_per_share<C>(inner);
+  return max_ksteps_per_share<C, E>(inner);
 }
 
 // Spread grids (see dispatch): at most this many blocks per SM, for inner dimensions of at least
@@ -286,11 +349,12 @@ cudaError_t shared_bytes_for_blocks_per_sm(int per_sm, size_t& bytes);
 // block asks for the shared memory of one of kSpreadBlocksPerSm blocks per SM, and the launch is
 // refused with cudaErrorCooperativeLaunchTooLarge (nothing launched) unless every cluster of the
 // grid can be resident at once.
-template <int NT, int kUnitRows, int C, int kStages = ring_stages<NT, C>(), typename Params>
+template <int NT, int kUnitRows, int C, int kStages = ring_stages<NT, C>(), Elements E = Elements::bf16,
+          typename Params>
 cudaError_t launch(void (*kernel)(Params, int), const Params& params, int units, int inner, cudaStream_t stream,
                    bool spread = false) {
-  const int max_ksteps = max_ksteps_per_block<C>(inner);
-  const SharedLayout<kUnitRows, C> layout(kStages, max_ksteps, 8 * NT);
+  const int max_ksteps = max_ksteps_per_block<C, E>(inner);
+  const SharedLayout<kUnitRows, C> layout(kStages, max_ksteps, 8 * NT, kColumns<E>);
   if (layout.total > static_cast<size_t>(kMaxSharedBytes)) return cudaErrorNotSupported;
   // Per device: a kernel's shared-memory opt-in holds only on the device it was made on
   // (tensor-parallel engines launch this from one thread per GPU).
@@ -354,11 +418,11 @@ cudaError_t launch(void (*kernel)(Params, int), const Params& params, int units,
 // barrier, epilogue) half as often (docs/kernels/qkv_rope_fused.md, "Clusters of 4 over a short
 // inner dimension"). Wider inner dimensions measured slower in clusters of 4 and keep 8.
 template <typename LaunchInstance>
-cudaError_t dispatch(int tokens, int inner, int units, LaunchInstance&& launch_instance) {
+cudaError_t dispatch(int tokens, int inner, int units, LaunchInstance&& launch_instance, int columns_per_load = 16) {
   DeviceAttributes device;
   if (cudaError_t e = current_device_attributes(device); e != cudaSuccess) return e;
   const int sms = device.sm_count;
-  const bool clusters = device.has_clusters() && inner / 16 >= kMaxCluster;
+  const bool clusters = device.has_clusters() && inner / columns_per_load >= kMaxCluster;
   const double packed_per_sm = static_cast<double>(units) * kMaxCluster / sms;
   const bool packed_is_even = std::ceil(packed_per_sm) <= 1.1 * packed_per_sm;
   using std::integral_constant;

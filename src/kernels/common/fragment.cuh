@@ -6,9 +6,16 @@
 //   B (16x8):  b0 = {B[2t][g], B[2t+1][g]},  b1 = {B[2t+8][g], B[2t+9][g]}
 //   C (16x8):  {C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]}
 // Packing a 16x16 tile means writing, for each lane, those 8 A values as one uint4.
+//
+// FP8 (e4m3) weights use the same order at one byte per value: a lane's 8 A values of one k-step
+// are 8 bytes, and one 16-byte load carries two consecutive k-steps (32 columns). They widen to
+// f16 exactly (every e4m3 value is an f16 value), so the FP8 streams run mma with f16 operands:
+// the activations are staged as f16 (fp8_activations below).
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -20,6 +27,34 @@ __device__ __forceinline__ void mma_bf16_m16n8k16(float (&c)[4], const uint4& a,
       "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_f16_m16n8k16(float (&c)[4], const uint4& a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+}
+
+// Two e4m3 bytes (the low byte first) as an f16x2 word, exactly (one cvt on sm_89 and later).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_bytes) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_bytes), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+// One k-step's A fragment from its 8 packed e4m3 bytes (low word first), as f16.
+__device__ __forceinline__ uint4 e4m3_fragment_to_f16(uint32_t low, uint32_t high) {
+  return make_uint4(e4m3x2_to_f16x2(low & 0xffffu), e4m3x2_to_f16x2(low >> 16), e4m3x2_to_f16x2(high & 0xffffu),
+                    e4m3x2_to_f16x2(high >> 16));
+}
+
+// Two floats as the f16x2 word an FP8 stream's B operand wants, clamped to f16's finite range
+// (an activation beyond +-65504 saturates instead of turning the sums into inf).
+__device__ __forceinline__ uint32_t f16x2_saturated(float low, float high) {
+  constexpr float kMax = 65504.0f;
+  const __half2 h = __floats2half2_rn(fminf(fmaxf(low, -kMax), kMax), fminf(fmaxf(high, -kMax), kMax));
+  return *reinterpret_cast<const uint32_t*>(&h);
 }
 
 // The uint4 that lane `lane` holds for the 16x16 tile of row-major `matrix` (leading dimension

@@ -34,7 +34,14 @@
 namespace deepfuse::kernels {
 namespace {
 
+using cluster_gemv::Elements;
 using cluster_gemv::kThreads;
+
+// The kernel's argument: the caller's params and what the host reads off their format.
+struct KernelArgs {
+  QkvRopeFusedParams p;
+  int scale_block;  // WeightFormatInfo::scale_block (0: per-row scales or none)
+};
 
 // Everything one epilogue item (token, rotation pair i) needs besides the cluster's sums.
 struct PairItem {
@@ -69,8 +76,9 @@ __device__ PairItem prepare_item(const QkvRopeFusedParams& p, int unit, int toke
   return item;
 }
 
-template <int NT, int HD, int C, int kStages>
-__global__ void __launch_bounds__(kThreads) qkv_rope_fused_kernel(const QkvRopeFusedParams p, int max_ksteps) {
+template <int NT, int HD, int C, int kStages, Elements E>
+__global__ void __launch_bounds__(kThreads) qkv_rope_fused_kernel(const KernelArgs args, int max_ksteps) {
+  const QkvRopeFusedParams& p = args.p;
   extern __shared__ __align__(16) unsigned char shared_raw[];
   trace::stamp(trace::Kernel::fused_qkv, trace::Mark::start);
   const int unit = blockIdx.x / C, rank = blockIdx.x % C;
@@ -94,9 +102,10 @@ __global__ void __launch_bounds__(kThreads) qkv_rope_fused_kernel(const QkvRopeF
     const int pair = row % kHalf, owner = split_owner(kHalf, C, pair);
     return cluster_gemv::RowHome{owner, pair - split_point(kHalf, C, owner) + (row >= kHalf ? kHighSlots : 0)};
   };
-  const cluster_gemv::Inputs inputs{p.x, p.norm_weight, p.norm_eps, p.weights, p.tokens, p.hidden, p.pending};
+  const cluster_gemv::Inputs inputs{p.x,      p.norm_weight, p.norm_eps, p.weights,       p.tokens,
+                                    p.hidden, p.pending,     p.scales,   args.scale_block};
   const auto partials =
-      cluster_gemv::stream_unit<NT, HD, C, kStages>(inputs, unit, rank, shared_raw, max_ksteps, home_of);
+      cluster_gemv::stream_unit<NT, HD, C, kStages, E>(inputs, unit, rank, shared_raw, max_ksteps, home_of);
 
   for (int index = threadIdx.x; index < items; index += kThreads) {
     const PairItem item = index == static_cast<int>(threadIdx.x) ? first : item_at(index);
@@ -110,8 +119,9 @@ __global__ void __launch_bounds__(kThreads) qkv_rope_fused_kernel(const QkvRopeF
   trace::stamp(trace::Kernel::unknown, trace::Mark::end);
 }
 
-template <int HD>
+template <int HD, Elements E>
 cudaError_t launch_for_head_dim(const QkvRopeFusedParams& p, int units, cudaStream_t stream) {
+  const KernelArgs args{p, format_info(p.format).scale_block};
   return cluster_gemv::dispatch(p.tokens, p.hidden, units, [&](auto nt, auto c, bool spread, int) {
     constexpr int NT = decltype(nt)::value, C = decltype(c)::value;
     // A spread grid at up to 8 tokens streams through a deeper ring when its layout still fits
@@ -120,19 +130,25 @@ cudaError_t launch_for_head_dim(const QkvRopeFusedParams& p, int units, cudaStre
     // (docs/kernels/qkv_rope_fused.md, "A deeper ring for the fused QKV kernel's spread grids").
     if constexpr (NT == 1 && C > 1) {
       using Layout = cluster_gemv::SharedLayout<HD, C>;
-      const Layout deep(cluster_gemv::kSpreadRingStages, cluster_gemv::max_ksteps_per_block<C>(p.hidden), 8 * NT);
+      const Layout deep(cluster_gemv::kSpreadRingStages, cluster_gemv::max_ksteps_per_block<C, E>(p.hidden), 8 * NT,
+                        cluster_gemv::kColumns<E>);
       size_t spread_bytes = 0;
       if (spread && cluster_gemv::shared_bytes_for_blocks_per_sm(cluster_gemv::kSpreadBlocksPerSm, spread_bytes) ==
                         cudaSuccess && deep.total <= spread_bytes) {
         constexpr int kDeep = cluster_gemv::kSpreadRingStages;
-        return cluster_gemv::launch<NT, HD, C, kDeep>(qkv_rope_fused_kernel<NT, HD, C, kDeep>, p, units, p.hidden,
-                                                      stream, spread);
+        return cluster_gemv::launch<NT, HD, C, kDeep, E>(qkv_rope_fused_kernel<NT, HD, C, kDeep, E>, args, units,
+                                                         p.hidden, stream, spread);
       }
     }
     constexpr int kStages = cluster_gemv::ring_stages<NT, C>();
-    return cluster_gemv::launch<NT, HD, C, kStages>(qkv_rope_fused_kernel<NT, HD, C, kStages>, p, units, p.hidden,
-                                                    stream, spread);
-  });
+    return cluster_gemv::launch<NT, HD, C, kStages, E>(qkv_rope_fused_kernel<NT, HD, C, kStages, E>, args, units,
+                                                       p.hidden, stream, spread);
+  }, cluster_gemv::kColumns<E>);
+}
+
+template <Elements E>
+cudaError_t launch_for_format(const QkvRopeFusedParams& p, int units, cudaStream_t stream) {
+  return p.kv.head_dim == 64 ? launch_for_head_dim<64, E>(p, units, stream) : launch_for_head_dim<128, E>(p, units, stream);
 }
 
 }  // namespace
@@ -141,11 +157,13 @@ cudaError_t launch_qkv_rope_fused(const QkvRopeFusedParams& p, cudaStream_t stre
   const int head_dim = p.kv.head_dim;
   if (!p.x || !p.norm_weight || !p.weights || !p.inv_freq || !p.positions || !p.sequences || !p.q_out ||
       !p.kv.k_pages || !p.kv.v_pages || !p.kv.block_table ||
-      !qkv_rope_fused_unsupported({p.tokens, p.hidden, p.q_heads, p.kv.kv_heads, head_dim}).empty())
+      !qkv_rope_fused_unsupported({p.tokens, p.hidden, p.q_heads, p.kv.kv_heads, head_dim}, p.format).empty() ||
+      (format_info(p.format).scales != ScaleGranularity::none) != (p.scales != nullptr))
     return cudaErrorInvalidValue;
   const int units = p.q_heads + 2 * p.kv.kv_heads;
   trace::attach_unit();
-  return head_dim == 64 ? launch_for_head_dim<64>(p, units, stream) : launch_for_head_dim<128>(p, units, stream);
+  if (p.format == WeightFormat::bf16) return launch_for_format<Elements::bf16>(p, units, stream);
+  return launch_for_format<Elements::e4m3>(p, units, stream);
 }
 
 cudaError_t pack_qkv_weights(const __nv_bfloat16* weights, uint4* packed, int rows, int hidden, cudaStream_t stream) {

@@ -12,7 +12,9 @@
 #include "deepfuse/error.hpp"
 #include "deepfuse/reference.hpp"
 #include "deepfuse/tensor.hpp"
+#include "deepfuse/kernels/gemv_packing.hpp"
 #include "deepfuse/kernels/qkv_rope_fused.hpp"
+#include "kernels/fp8_test_weights.hpp"
 #include "test_util.hpp"
 
 namespace deepfuse {
@@ -35,10 +37,14 @@ std::vector<float> bf16_random(std::mt19937_64& rng, size_t count, float scale) 
 
 // pending: the residual stream holds x_stream and an fp32 sum the previous layer's MLP deferred
 // (kernels::SwigluFusedParams::defer_sum); the kernel must work on x = bf16(x_stream + sum).
-void check_case(const QkvShape& s, int tokens, uint64_t salt, bool pending = false) {
+// FP8 formats: the weights quantized, the reference multiplying by their dequantized values.
+void check_case(const QkvShape& s, int tokens, uint64_t salt, bool pending = false,
+                WeightFormat format = WeightFormat::bf16) {
   SCOPED_TRACE("hidden=" + std::to_string(s.hidden) + " heads=" + std::to_string(s.q_heads) + "/" +
                std::to_string(s.kv_heads) + " head_dim=" + std::to_string(s.head_dim) +
-               " tokens=" + std::to_string(tokens) + " pending=" + std::to_string(pending));
+               " tokens=" + std::to_string(tokens) + " pending=" + std::to_string(pending) + " format=" +
+               weight_format_name(format));
+  const bool fp8 = format != WeightFormat::bf16;
   auto rng = testing::make_rng(salt);
   const int rows = (s.q_heads + 2 * s.kv_heads) * s.head_dim;
   const std::vector<float> x_stream = bf16_random(rng, static_cast<size_t>(tokens) * s.hidden, 2.0f);
@@ -48,7 +54,10 @@ void check_case(const QkvShape& s, int tokens, uint64_t salt, bool pending = fal
     for (size_t i = 0; i < x.size(); ++i) x[i] = round_to_bf16(sums[i] + x_stream[i]);
   std::vector<float> norm_weight = bf16_random(rng, s.hidden, 0.5f);
   for (auto& w : norm_weight) w = round_to_bf16(1.0f + w);
-  const std::vector<float> weights = bf16_random(rng, static_cast<size_t>(rows) * s.hidden, 1.7f / std::sqrt(float(s.hidden)));
+  const std::vector<float> drawn = bf16_random(rng, static_cast<size_t>(rows) * s.hidden, 1.7f / std::sqrt(float(s.hidden)));
+  const testing::Fp8TestWeights quantized =
+      fp8 ? testing::quantize_fp8_for_test(drawn, rows, s.hidden, format) : testing::Fp8TestWeights{};
+  const std::vector<float>& weights = fp8 ? quantized.dequantized : drawn;
   const std::vector<float> bias = s.bias ? bf16_random(rng, rows, 0.5f) : std::vector<float>{};
 
   // Sequences: token t belongs to sequence t (decode), positions random (one at 0), one padded.
@@ -77,9 +86,14 @@ void check_case(const QkvShape& s, int tokens, uint64_t salt, bool pending = fal
   const DeviceBuffer x_dev = DeviceBuffer::from_host(to_bf16_bits(x_stream));
   const DeviceBuffer pending_dev = DeviceBuffer::from_host(sums);
   const DeviceBuffer norm_dev = DeviceBuffer::from_host(to_bf16_bits(norm_weight));
-  const DeviceBuffer weights_dev = DeviceBuffer::from_host(to_bf16_bits(weights));
+  const DeviceBuffer weights_dev =
+      fp8 ? DeviceBuffer::from_host(quantized.bytes) : DeviceBuffer::from_host(to_bf16_bits(weights));
+  const DeviceBuffer scales_dev = fp8 ? DeviceBuffer::from_host(quantized.scales) : DeviceBuffer();
   DeviceBuffer packed(weights_dev.bytes());
-  DF_CHECK_CUDA(kernels::pack_qkv_weights(weights_dev.as<__nv_bfloat16>(), packed.as<uint4>(), rows, s.hidden, nullptr));
+  if (fp8)
+    DF_CHECK_CUDA(kernels::pack_rows_fragments_fp8(weights_dev.as<uint8_t>(), packed.as<uint4>(), rows, s.hidden, nullptr));
+  else
+    DF_CHECK_CUDA(kernels::pack_qkv_weights(weights_dev.as<__nv_bfloat16>(), packed.as<uint4>(), rows, s.hidden, nullptr));
   const DeviceBuffer bias_dev = s.bias ? DeviceBuffer::from_host(to_bf16_bits(bias)) : DeviceBuffer();
   const DeviceBuffer inv_freq_dev = DeviceBuffer::from_host(inv_freq_f);
   const DeviceBuffer positions_dev = DeviceBuffer::from_host(positions);
@@ -107,6 +121,8 @@ void check_case(const QkvShape& s, int tokens, uint64_t salt, bool pending = fal
   p.hidden = s.hidden;
   p.q_heads = s.q_heads;
   p.pending = pending ? pending_dev.as<float>() : nullptr;
+  p.format = format;
+  p.scales = fp8 ? scales_dev.as<float>() : nullptr;
   DF_CHECK_CUDA(kernels::launch_qkv_rope_fused(p, nullptr));
   DF_CHECK_CUDA(cudaGetLastError());
   DF_CHECK_CUDA(cudaDeviceSynchronize());
@@ -178,6 +194,16 @@ TEST(QkvRopeFused, AddsAPendingSumToX) {
   for (const QkvShape& s : {QkvShape{2048, 32, 8, 64, false, true}, QkvShape{3584, 28, 4, 128, true, false},
                             QkvShape{4096, 32, 8, 128, false, true}})
     for (int tokens : {1, 8, 16}) check_case(s, tokens, ++salt, true);
+}
+
+// FP8 weights, per-row and 128x128-block scales, on the shapes whose q and kv sizes tile the blocks.
+TEST(QkvRopeFused, Fp8WeightsMatchTheirDequantizedReference) {
+  DF_REQUIRE_GPU();
+  uint64_t salt = 300;
+  for (WeightFormat format : {WeightFormat::fp8_e4m3, WeightFormat::fp8_e4m3_block128})
+    for (const QkvShape& s : {QkvShape{2048, 32, 8, 64, false, true}, QkvShape{3584, 28, 4, 128, true, false},
+                              QkvShape{4096, 32, 8, 128, false, true}, QkvShape{256, 4, 2, 64, false, false}})
+      for (int tokens : {1, 3, 8, 13, 32}) check_case(s, tokens, ++salt, tokens == 3, format);
 }
 
 TEST(QkvRopeFused, RejectsBadParams) {
