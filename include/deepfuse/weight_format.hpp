@@ -124,9 +124,11 @@ struct LinearWeight {
   // serves yet refuses in one line instead of misreading the bytes.
   const __nv_bfloat16* bf16(const char* who) const;
   const uint4* bf16_tiles(const char* who) const;
+  // The packed tiles in any format, for a kernel that takes the format (and scales) alongside.
+  const uint4* tiles(const char* who) const;
 
  private:
-  const void* checked(bool packed, const char* who) const;
+  const void* checked(bool packed, const char* who, bool any_format = false) const;
 };
 
 }  // namespace deepfuse

@@ -6,6 +6,7 @@
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <random>
 
 #include "bench/timing.hpp"
 #include "deepfuse/device.hpp"
@@ -23,18 +24,36 @@
 namespace deepfuse::bench {
 
 std::vector<QkvBenchShape> default_qkv_bench_shapes() {
-  return {{"llama3-8b", 4096, 32, 8, 128, false},
-          {"llama3.2-1b", 2048, 32, 8, 64, false},
-          {"qwen2.5-7b", 3584, 28, 4, 128, true},
-          {"llama3-70b/tp8", 8192, 8, 1, 128, false}};
+  return {{"llama3-8b", 4096, 32, 8, 128, false, 14336},
+          {"llama3.2-1b", 2048, 32, 8, 64, false, 8192},
+          {"qwen2.5-7b", 3584, 28, 4, 128, true, 18944},
+          {"llama3-70b/tp8", 8192, 8, 1, 128, false, 3584}};
 }
 
 namespace {
 
-// One copy of a shape's weights in both layouts, plus what a step reads besides them.
+// One copy of a shape's weights in both layouts, plus what a step reads besides them; fp8: the
+// same shape as FP8 weights (e4m3 with per-row scales) in the FP8 stream's layout.
 struct QkvWeights {
-  DeviceBuffer row_major, packed, bias, norm;
+  DeviceBuffer row_major, packed, bias, norm, fp8_packed, fp8_scales;
 };
+
+// Random e4m3 bytes (no NaN encodings) packed for the FP8 stream, and per-row scales.
+void make_fp8_weights(int rows, int inner, uint64_t seed, DeviceBuffer& packed, DeviceBuffer& scales,
+                      cudaStream_t stream) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> bytes(static_cast<size_t>(rows) * inner);
+  for (size_t i = 0; i < bytes.size(); i += 8) {
+    uint64_t word = rng();
+    for (size_t j = 0; j < 8 && i + j < bytes.size(); ++j, word >>= 8)
+      bytes[i + j] = (word & 0x7f) == 0x7f ? static_cast<uint8_t>(word ^ 1) : static_cast<uint8_t>(word);
+  }
+  const DeviceBuffer row_major = DeviceBuffer::from_host(bytes);
+  packed = DeviceBuffer(bytes.size());
+  DF_CHECK_CUDA(kernels::pack_rows_fragments_fp8(row_major.as<uint8_t>(), packed.as<uint4>(), rows, inner, stream));
+  scales = DeviceBuffer::from_host(std::vector<float>(rows, 1.0f / (448.0f * std::sqrt(static_cast<float>(inner)))));
+  DF_CHECK_CUDA(cudaStreamSynchronize(stream));  // row_major is freed on return
+}
 
 // The rows as they accumulate: the table, the JSON, how many ran power-capped.
 struct Results {
@@ -50,7 +69,7 @@ struct Results {
     const double tbps = bytes / (us * 1e-6) / 1e12, pct = 100.0 * tbps * 1e12 / gpu.copy_bw;
     const bool possible =
         impossible.check(gpu.possible(bytes, us), shape + " M = " + std::to_string(tokens) + " " + variant);
-    const bool fused = variant == "fused";
+    const bool fused = variant.rfind("fused", 0) == 0;
     if (power_capped_noteworthy(power_capped)) ++capped_rows;
     table.add({shape, std::to_string(tokens), variant, format_fixed(us, 1), format_fixed(tbps, 2), format_fixed(pct, 1),
                std::to_string(launches), fused ? format_fixed(unfused_us / us, 2) + "x" : "",
@@ -78,6 +97,7 @@ int run_shape(const QkvBenchShape& s, const QkvBenchOptions& options, const GpuB
                                              1.0f / std::sqrt(float(s.hidden)), stream));
     DF_CHECK_CUDA(kernels::pack_qkv_weights(w.row_major.as<__nv_bfloat16>(), w.packed.as<uint4>(), rows, s.hidden, stream));
     DF_CHECK_CUDA(kernels::fill_uniform_bf16(w.norm.as<__nv_bfloat16>(), s.hidden, 50 + c, 1.0f, stream));
+    make_fp8_weights(rows, s.hidden, 30 + c, w.fp8_packed, w.fp8_scales, stream);
     if (s.bias) {
       w.bias = DeviceBuffer(static_cast<size_t>(rows) * 2);
       DF_CHECK_CUDA(kernels::fill_uniform_bf16(w.bias.as<__nv_bfloat16>(), rows, 70 + c, 0.1f, stream));
@@ -106,12 +126,13 @@ int run_shape(const QkvBenchShape& s, const QkvBenchOptions& options, const GpuB
   kernels::CublasLtGemm gemm;
 
   for (int tokens : options.token_counts) {
-    auto fused = [&](int rep) {
+    auto fused = [&](int rep, bool fp8) {
       const QkvWeights& w = weights[rep % copies];
       kernels::QkvRopeFusedParams p;
+      if (fp8) p.format = WeightFormat::fp8_e4m3, p.scales = w.fp8_scales.as<float>();
       p.x = x.as<__nv_bfloat16>();
       p.norm_weight = w.norm.as<__nv_bfloat16>();
-      p.weights = w.packed.as<uint4>();
+      p.weights = (fp8 ? w.fp8_packed : w.packed).as<uint4>();
       p.bias = s.bias ? w.bias.as<__nv_bfloat16>() : nullptr;
       p.inv_freq = inv_freq_dev.as<float>();
       p.positions = positions_dev.as<int32_t>();
@@ -148,29 +169,35 @@ int run_shape(const QkvBenchShape& s, const QkvBenchOptions& options, const GpuB
     };
     const PowerCapWindow capped(gpu.power_cap);
     const double unfused_us = median_call_us(unfused, options.warmup, options.repetitions, stream);
-    const double fused_us = median_call_us(fused, options.warmup, options.repetitions, stream);
+    const double fused_us = median_call_us([&](int rep) { fused(rep, false); }, options.warmup, options.repetitions, stream);
+    const double fp8_us = median_call_us([&](int rep) { fused(rep, true); }, options.warmup, options.repetitions, stream);
     const std::optional<double> power_capped = capped.fraction();
     const nlohmann::json heads = {{"hidden", s.hidden}, {"q_heads", s.q_heads}, {"kv_heads", s.kv_heads},
                                   {"head_dim", s.head_dim}};
-    for (const auto& [variant, us, launches] :
-         {std::tuple{"unfused", unfused_us, 3}, std::tuple{"fused", fused_us, 1}})
-      out.add(s.name, tokens, variant, us, s.weight_bytes(), gpu, launches, unfused_us, power_capped, heads);
+    const double fp8_bytes = s.weight_bytes() / 2.0 + rows * 4.0;
+    for (const auto& [variant, us, launches, bytes] :
+         {std::tuple{"unfused", unfused_us, 3, static_cast<double>(s.weight_bytes())},
+          std::tuple{"fused", fused_us, 1, static_cast<double>(s.weight_bytes())},
+          std::tuple{"fused fp8", fp8_us, 1, fp8_bytes}})
+      out.add(s.name, tokens, variant, us, bytes, gpu, launches, unfused_us, power_capped, heads);
   }
   return copies;
 }
 
-// The output projection with the residual: cuBLASLt (residual as the GEMM's addend) vs the
-// cluster GEMV, rows = hidden, inner = q_heads * head_dim.
-void run_output_projection(const QkvBenchShape& s, const QkvBenchOptions& options, const GpuBench& gpu, Results& out) {
+// A projection with the residual: cuBLASLt (residual as the GEMM's addend) vs the cluster GEMV in
+// bf16 and FP8: the output projection (rows = hidden, inner = q_heads * head_dim) and the FP8 MLP's
+// two GEMVs (gate_up: rows = 2 x intermediate over hidden; down: hidden over intermediate).
+void run_projection(const std::string& name, int rows, int inner, const QkvBenchOptions& options, const GpuBench& gpu,
+                    Results& out) {
   const DeviceInfo& device = gpu.device;
   cudaStream_t stream = gpu.stream;
-  const int rows = s.hidden, inner = s.q_heads * s.head_dim;
   const size_t bytes = static_cast<size_t>(rows) * inner * 2;
   const int copies = std::max(2, static_cast<int>(std::ceil(options.l2_multiple * device.l2_bytes / bytes)));
-  std::vector<DeviceBuffer> row_major, packed;
+  std::vector<DeviceBuffer> row_major, packed, fp8_packed(copies), fp8_scales(copies);
   for (int c = 0; c < copies; ++c) {
     row_major.emplace_back(bytes);
     packed.emplace_back(bytes);
+    make_fp8_weights(rows, inner, 400 + c, fp8_packed[c], fp8_scales[c], stream);
     DF_CHECK_CUDA(kernels::fill_uniform_bf16(row_major.back().as<__nv_bfloat16>(), bytes / 2, 200 + c,
                                              1.0f / std::sqrt(float(inner)), stream));
     DF_CHECK_CUDA(kernels::pack_rows_fragments(row_major.back().as<__nv_bfloat16>(), packed.back().as<uint4>(), rows,
@@ -181,16 +208,16 @@ void run_output_projection(const QkvBenchShape& s, const QkvBenchOptions& option
   DF_CHECK_CUDA(kernels::fill_uniform_bf16(x.as<__nv_bfloat16>(), x.bytes() / 2, 300, 1.0f, stream));
   DF_CHECK_CUDA(kernels::fill_uniform_bf16(residual.as<__nv_bfloat16>(), residual.bytes() / 2, 301, 1.0f, stream));
   kernels::CublasLtGemm gemm;
-  const std::string name = s.name + " o_proj";
   for (int tokens : options.token_counts) {
     auto* y = residual.as<__nv_bfloat16>();
     auto unfused = [&](int rep) {
       gemm.run(x.as<__nv_bfloat16>(), row_major[rep % copies].as<__nv_bfloat16>(), y, y, tokens, rows, inner, stream);
     };
-    auto fused = [&](int rep) {
+    auto fused = [&](int rep, bool fp8) {
       kernels::GemvResidualParams p;
       p.x = x.as<__nv_bfloat16>();
-      p.weights = packed[rep % copies].as<uint4>();
+      p.weights = (fp8 ? fp8_packed : packed)[rep % copies].as<uint4>();
+      if (fp8) p.format = WeightFormat::fp8_e4m3, p.scales = fp8_scales[rep % copies].as<float>();
       p.residual = y;
       p.y = y;
       p.tokens = tokens;
@@ -200,11 +227,14 @@ void run_output_projection(const QkvBenchShape& s, const QkvBenchOptions& option
     };
     const PowerCapWindow capped(gpu.power_cap);
     const double unfused_us = median_call_us(unfused, options.warmup, options.repetitions, stream);
-    const double fused_us = median_call_us(fused, options.warmup, options.repetitions, stream);
+    const double fused_us = median_call_us([&](int rep) { fused(rep, false); }, options.warmup, options.repetitions, stream);
+    const double fp8_us = median_call_us([&](int rep) { fused(rep, true); }, options.warmup, options.repetitions, stream);
     const std::optional<double> power_capped = capped.fraction();
-    for (const auto& [variant, us] : {std::pair{"cublaslt", unfused_us}, std::pair{"fused", fused_us}})
-      out.add(name, tokens, variant, us, static_cast<double>(bytes), gpu, 1, unfused_us, power_capped,
-              nlohmann::json::object());
+    const double fp8_bytes = bytes / 2.0 + rows * 4.0;
+    for (const auto& [variant, us, variant_bytes] :
+         {std::tuple{"cublaslt", unfused_us, static_cast<double>(bytes)},
+          std::tuple{"fused", fused_us, static_cast<double>(bytes)}, std::tuple{"fused fp8", fp8_us, fp8_bytes}})
+      out.add(name, tokens, variant, us, variant_bytes, gpu, 1, unfused_us, power_capped, nlohmann::json::object());
   }
 }
 
@@ -219,7 +249,9 @@ int run_qkv_bench(const QkvBenchOptions& options) {
   Results out;
   for (const QkvBenchShape& s : options.shapes) {
     const int copies = run_shape(s, options, gpu, out);
-    run_output_projection(s, options, gpu, out);
+    run_projection(s.name + " o_proj", s.hidden, s.q_heads * s.head_dim, options, gpu, out);
+    run_projection(s.name + " gate_up", 2 * s.intermediate, s.hidden, options, gpu, out);
+    run_projection(s.name + " down", s.hidden, s.intermediate, options, gpu, out);
     std::fprintf(stderr, "  measured %s (%d weight copies)\n", s.name.c_str(), copies);
   }
   std::fputs(out.table.render().c_str(), stdout);

@@ -13,6 +13,7 @@ struct QkvBenchShape {
   std::string name;
   int hidden, q_heads, kv_heads, head_dim;
   bool bias;
+  int intermediate;  // the MLP's, for its projections' rows
   size_t weight_bytes() const {
     return static_cast<size_t>(q_heads + 2 * kv_heads) * head_dim * hidden * 2;
   }

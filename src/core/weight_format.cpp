@@ -47,8 +47,8 @@ void require_implemented(WeightFormat format, const std::string& who) {
            who + ": weights in format " + weight_format_name(format) + " are not implemented yet");
 }
 
-const void* LinearWeight::checked(bool packed, const char* who) const {
-  DF_CHECK(format == WeightFormat::bf16, std::string(who) + " reads bf16 weights; these are " +
+const void* LinearWeight::checked(bool packed, const char* who, bool any_format) const {
+  DF_CHECK(any_format || format == WeightFormat::bf16, std::string(who) + " reads bf16 weights; these are " +
                                              weight_format_name(format) + " (no kernel for them yet)");
   DF_CHECK((layout != WeightLayout::row_major) == packed,
            std::string(who) + " reads " + (packed ? "packed" : "row-major") + " weights; these are " + layout_name(layout));
@@ -61,5 +61,7 @@ const __nv_bfloat16* LinearWeight::bf16(const char* who) const {
 }
 
 const uint4* LinearWeight::bf16_tiles(const char* who) const { return static_cast<const uint4*>(checked(true, who)); }
+
+const uint4* LinearWeight::tiles(const char* who) const { return static_cast<const uint4*>(checked(true, who, true)); }
 
 }  // namespace deepfuse

@@ -7,6 +7,7 @@
 
 #include "deepfuse/error.hpp"
 #include "deepfuse/kernels/prefill_attention.hpp"
+#include "deepfuse/kernels/dequantize.hpp"
 #include "deepfuse/kernels/embedding.hpp"
 #include "deepfuse/kernels/gemv_residual.hpp"
 #include "deepfuse/kernels/rms_norm.hpp"
@@ -38,6 +39,9 @@ StepBuffers::StepBuffers(const ModelConfig& c, int max_tokens_in, int max_batch_
       q_rot(bf16_bytes(static_cast<size_t>(max_tokens) * c.q_size())),
       attention_out(bf16_bytes(static_cast<size_t>(max_tokens) * c.q_size())),
       logits(static_cast<size_t>(logits_rows) * c.vocab_size * sizeof(float)),
+      widened(c.quantization.format == WeightFormat::bf16
+                  ? 0
+                  : bf16_bytes(static_cast<size_t>(c.hidden_size) * std::max(c.q_size() + 2 * c.kv_size(), c.q_size()))),
       logits_slice(shard.split() ? static_cast<size_t>(logits_rows) * shard.vocab_rows * sizeof(float) : 0),
       logits_gathered(shard.split() ? logits_slice.bytes() * shard.ranks : 0),
       decode_inputs(3 * static_cast<size_t>(max_batch) * sizeof(int32_t)),
@@ -153,7 +157,10 @@ void ForwardPass::fused_qkv(const GpuLayerWeights& w, int tokens, const int32_t*
   p.x = buffers_.residual.as<__nv_bfloat16>();
   p.norm_weight = w.vector(TensorGroup::input_norm);
   p.norm_eps = static_cast<float>(config_.rms_norm_eps);
-  p.weights = w.linear(TensorGroup::qkv, WeightLayout::fragments, config_).bf16_tiles("the fused QKV front");
+  const LinearWeight qkv = w.linear(TensorGroup::qkv, WeightLayout::fragments, config_);
+  p.weights = qkv.tiles("the fused QKV front");
+  p.format = qkv.format;
+  p.scales = qkv.scales;
   p.bias = w.vector(TensorGroup::qkv_bias);
   p.inv_freq = weights_.rope_inv_freq.as<float>();
   p.positions = positions;
@@ -181,13 +188,17 @@ void ForwardPass::output_projection(const GpuLayerWeights& w, int tokens, bool g
   __nv_bfloat16* y = split() ? link_->partial[0] : residual;
   const int hidden = config_.hidden_size, q_size = config_.q_size();
   if (!gemv) {
-    gemm_.run_with_bias(attention_out, w.linear(TensorGroup::o_proj, WeightLayout::row_major, config_).bf16("the o_proj GEMM"),
+    gemm_.run_with_bias(attention_out,
+                        gemm_weights(w.linear(TensorGroup::o_proj, WeightLayout::row_major, config_), "the o_proj GEMM", stream),
                         o_bias, addend, y, tokens, hidden, q_size, stream);
     return;
   }
   kernels::GemvResidualParams p;
   p.x = attention_out;
-  p.weights = w.linear(TensorGroup::o_proj, WeightLayout::fragments, config_).bf16_tiles("the o_proj GEMV");
+  const LinearWeight o_proj = w.linear(TensorGroup::o_proj, WeightLayout::fragments, config_);
+  p.weights = o_proj.tiles("the o_proj GEMV");
+  p.format = o_proj.format;
+  p.scales = o_proj.scales;
   p.bias = o_bias;
   p.residual = addend;
   p.y = y;
@@ -238,13 +249,17 @@ void ForwardPass::unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_
   const int qkv_width = config_.q_size() + 2 * config_.kv_size();
   const auto* residual = buffers_.residual.as<__nv_bfloat16>();
   // 1-2. merged QKV projection of the raw residual stream: the input RMSNorm's weight is folded
-  // into qkv's columns (GpuWeights), and rope_kv_append applies its 1/rms.
-  gemm_.run(residual, w.linear(TensorGroup::qkv, WeightLayout::row_major, config_).bf16("the QKV GEMM"), nullptr,
+  // into qkv's columns (GpuWeights), and rope_kv_append applies its 1/rms. FP8 weights fold no
+  // norm: the rows are normalised first, and the GEMM reads the widened weights.
+  const LinearWeight qkv = w.linear(TensorGroup::qkv, WeightLayout::row_major, config_);
+  const bool folded = format_info(qkv.format).folds_norm;
+  if (!folded) rms_norm(w.vector(TensorGroup::input_norm), 0, tokens, stream);
+  gemm_.run(folded ? residual : buffers_.normed.as<__nv_bfloat16>(), gemm_weights(qkv, "the QKV GEMM", stream), nullptr,
             buffers_.qkv.as<__nv_bfloat16>(), tokens, qkv_width, hidden, stream);
 
-  // 3. 1/rms, bias, RoPE, and the keys and values appended to the cache
+  // 3. 1/rms (folded norms), bias, RoPE, and the keys and values appended to the cache
   kernels::RopeKvAppendParams rope;
-  rope.input_norm = {residual, hidden, static_cast<float>(config_.rms_norm_eps)};
+  if (folded) rope.input_norm = {residual, hidden, static_cast<float>(config_.rms_norm_eps)};
   rope.qkv = buffers_.qkv.as<__nv_bfloat16>();
   rope.qkv_bias = w.vector(TensorGroup::qkv_bias);
   rope.inv_freq = weights_.rope_inv_freq.as<float>();
@@ -255,6 +270,17 @@ void ForwardPass::unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_
   rope.tokens = tokens;
   rope.q_heads = config_.num_attention_heads;
   DF_CHECK_CUDA(kernels::launch_rope_kv_append(rope, stream));
+}
+
+// A GEMM's weights: bf16 as stored, or FP8 widened into the step's buffer first (one projection at
+// a time: stream order keeps the next widening after this GEMM).
+const __nv_bfloat16* ForwardPass::gemm_weights(const LinearWeight& weight, const char* who, cudaStream_t stream) {
+  if (weight.format == WeightFormat::bf16) return weight.bf16(who);
+  DF_CHECK(buffers_.widened.bytes() >= static_cast<size_t>(weight.rows) * weight.columns * sizeof(__nv_bfloat16),
+           std::string(who) + ": no widening buffer for " + weight_format_name(weight.format) + " weights");
+  auto* widened = buffers_.widened.as<__nv_bfloat16>();
+  DF_CHECK_CUDA(kernels::launch_dequantize_to_bf16(weight, widened, stream));
+  return widened;
 }
 
 void ForwardPass::attend(const kernels::PagedKv& kv, int tokens, const Attention& attention, cudaStream_t stream) {
@@ -392,8 +418,12 @@ std::vector<GemmTuning> ForwardPass::tune_decode_gemms(cudaStream_t stream) {
   const int qkv_width = q_size + 2 * config_.kv_size();
   auto* residual = buffers_.residual.as<__nv_bfloat16>();
   auto* normed = buffers_.normed.as<__nv_bfloat16>();
-  const auto qkv = weights_.layer_operands(TensorGroup::qkv, config_, "tuning the QKV GEMM");
-  const auto o_proj = weights_.layer_operands(TensorGroup::o_proj, config_, "tuning the o_proj GEMM");
+  // FP8 weights: the attention GEMMs read a widened copy made per call (not tuned yet).
+  const bool bf16_weights = weights_.layers.front().format == WeightFormat::bf16;
+  const auto qkv = bf16_weights ? weights_.layer_operands(TensorGroup::qkv, config_, "tuning the QKV GEMM")
+                                : std::vector<const __nv_bfloat16*>{};
+  const auto o_proj = bf16_weights ? weights_.layer_operands(TensorGroup::o_proj, config_, "tuning the o_proj GEMM")
+                                   : std::vector<const __nv_bfloat16*>{};
   const auto* o_bias = weights_.layers.front().vector(TensorGroup::o_bias);
   const auto* lm_head = lm_head_weight().bf16("tuning the lm_head GEMM");
 
@@ -404,9 +434,9 @@ std::vector<GemmTuning> ForwardPass::tune_decode_gemms(cudaStream_t stream) {
   // The operands each bucket's decode_step() passes (unfused_qkv, output_projection, the MLP, lm_head).
   for (const BucketPlan& bucket : plan_.buckets) {
     const int m = bucket.batch;
-    if (bucket.front == FrontChoice::unfused)
+    if (bucket.front == FrontChoice::unfused && bf16_weights)
       tune("qkv", {m, qkv_width, hidden, residual, nullptr, nullptr, buffers_.qkv.data()}, qkv);
-    if (bucket.o_proj == OProjChoice::cublaslt)
+    if (bucket.o_proj == OProjChoice::cublaslt && bf16_weights)
       tune("o_proj", {m, hidden, q_size, buffers_.attention_out.as<__nv_bfloat16>(), o_bias, residual, residual},
            o_proj);
     if (bucket.mlp == MlpChoice::unfused) {

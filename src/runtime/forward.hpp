@@ -62,6 +62,9 @@ struct StepBuffers {
   DeviceBuffer q_rot;             // bf16 [max_tokens, q_size]
   DeviceBuffer attention_out;     // bf16 [max_tokens, q_size]
   DeviceBuffer logits;            // fp32 [logits_rows, vocab]
+  // FP8 weights (config.quantization.format): the attention projection a GEMM reads (qkv or
+  // o_proj), widened to bf16 first (kernels/dequantize.hpp); empty for bf16 weights.
+  DeviceBuffer widened;
   DeviceBuffer logits_slice;      // tensor parallel: fp32 [logits_rows, vocab_rows], this rank's lm_head
   DeviceBuffer logits_gathered;   // tensor parallel: fp32 [ranks, logits_rows, vocab_rows], every rank's
   DeviceBuffer decode_inputs;     // int32 [3, max_batch]: ids | positions | seq_lens (upload_decode_inputs order)
@@ -180,6 +183,7 @@ class ForwardPass {
   MlpSums mlp_sums_over_ranks(MlpChoice mlp, AllReduceChoice all_reduce, int tokens) const;
   kernels::LineExchange line_exchange(int slot, int tokens) const;
   void attend(const kernels::PagedKv& kv, int tokens, const Attention& attention, cudaStream_t stream);
+  const __nv_bfloat16* gemm_weights(const LinearWeight& weight, const char* who, cudaStream_t stream);
   void rms_norm(const __nv_bfloat16* weight, int first_row, int rows, cudaStream_t stream);
   void sample_here(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids, bool penalized, Source source);
   // Tensor parallel: whether this rank samples and adds the residual.

@@ -6,6 +6,9 @@
 #include "deepfuse/mlp.hpp"
 #include "deepfuse/tensor.hpp"
 #include "deepfuse/kernels/cublaslt_gemm.hpp"
+#include "deepfuse/kernels/dequantize.hpp"
+#include "deepfuse/kernels/gemv_packing.hpp"
+#include "deepfuse/kernels/gemv_residual.hpp"
 #include "deepfuse/kernels/swiglu_elementwise.hpp"
 #include "deepfuse/kernels/swiglu_fused.hpp"
 #include "deepfuse/kernels/rms_norm.hpp"
@@ -40,6 +43,7 @@ struct MlpScratch {
   int max_tokens;
   DeviceBuffer intermediate_a, intermediate_b, mlp_out;  // activations (mlp_out: naive only)
   DeviceBuffer normed;                                   // rms_norm(x) when the layer has a norm
+  DeviceBuffer widened;  // FP8 layers: one projection widened to bf16 for a GEMM (made at their first load)
   kernels::CublasLtGemm gemm;
 };
 
@@ -75,6 +79,22 @@ struct MlpLayer::Impl {
   std::shared_ptr<MlpScratch> scratch;   // naive/unfused
   DeviceBuffer accumulator, counters;    // fused reduction state
   FusedMlpTuning fused_tuning;
+  // FP8 (unfused only): gate_up [2I, H] and down [H, I] as e4m3, row-major (the widening for GEMMs)
+  // and packed for the cluster GEMV (calls of up to kGemvResidualMaxTokens tokens), and their scales.
+  WeightFormat format = WeightFormat::bf16;
+  DeviceBuffer gate_up_tiles, down_tiles, gate_up_scales, down_scales;
+
+  LinearWeight fp8_gate_up() const {
+    return {format, WeightLayout::row_major, gate_up.data(), gate_up_scales.as<float>(), nullptr, 2 * shape.intermediate,
+            shape.hidden};
+  }
+  LinearWeight fp8_down() const {
+    return {format, WeightLayout::row_major, down.data(), down_scales.as<float>(), nullptr, shape.hidden,
+            shape.intermediate};
+  }
+  void load_fp8(const MlpHfWeights& w, cudaStream_t stream);
+  void run_fp8(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
+               cudaStream_t stream);
 
   size_t hi_bytes() const { return static_cast<size_t>(shape.hidden) * shape.intermediate * sizeof(__nv_bfloat16); }
 
@@ -166,7 +186,8 @@ int MlpLayer::launches_per_call(bool with_residual) const {
   const bool with_norm = impl_->normalize && !impl_->norm_folded;
   switch (impl_->variant) {
     case MlpVariant::naive: return (with_residual ? 6 : 5) + (with_norm ? 1 : 0);
-    case MlpVariant::unfused: return 3 + (with_norm ? 1 : 0);  // the residual rides in the down GEMM's epilogue
+    // the residual rides in the down GEMM's epilogue; FP8 decode calls: the two GEMVs and silu_and_mul
+    case MlpVariant::unfused: return 3 + (with_norm && impl_->format == WeightFormat::bf16 ? 1 : 0);
     case MlpVariant::fused: return 1;
   }
   return 0;
@@ -180,6 +201,97 @@ MlpHfWeights MlpHfWeights::bf16(const void* gate, const void* up, const void* do
   return {row_major(gate, I, H), row_major(up, I, H), row_major(down, H, I)};
 }
 
+// FP8 weights (unfused only): gate and up rows merged as for bf16, each scale array after the
+// other (per-row [I] + [I], or per-block [I/128][H/128] twice: row-major either way), then the
+// cluster GEMV's packed copies.
+void MlpLayer::Impl::load_fp8(const MlpHfWeights& w, cudaStream_t stream) {
+  const int H = shape.hidden, I = shape.intermediate;
+  DF_CHECK(variant == MlpVariant::unfused, std::string("the ") + mlp_variant_name(variant) +
+                                               " MLP reads bf16 weights only; FP8 weights run the unfused MLP");
+  DF_CHECK(w.up.format == w.gate.format && w.down.format == w.gate.format,
+           "MlpLayer::load_weights: gate, up and down in different formats");
+  for (const LinearWeight* l : {&w.gate, &w.up, &w.down})
+    DF_CHECK(!l->empty() && l->scales && !l->tensor_scale && l->layout == WeightLayout::row_major,
+             "MlpLayer::load_weights: FP8 weights need row-major bytes and per-row or per-block scales");
+  const std::string unsupported = kernels::gemv_residual_unsupported(1, 2 * I, H, format);
+  DF_CHECK(unsupported.empty(), "the FP8 MLP's GEMV " + unsupported);
+  const size_t elements = static_cast<size_t>(H) * I;
+  const ScaleShape scales = scale_shape(format, I, H);
+  const size_t scale_bytes = scales.rows * scales.columns * sizeof(float);
+  gate_up = DeviceBuffer(2 * elements);
+  down = DeviceBuffer(elements);
+  gate_up_scales = DeviceBuffer(2 * scale_bytes);
+  down_scales = DeviceBuffer(scale_bytes);
+  auto copy = [&](void* to, const void* from, size_t bytes) {
+    DF_CHECK_CUDA(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream));
+  };
+  copy(gate_up.data(), w.gate.data, elements);
+  copy(gate_up.as<char>() + elements, w.up.data, elements);
+  copy(down.data(), w.down.data, elements);
+  copy(gate_up_scales.data(), w.gate.scales, scale_bytes);
+  copy(gate_up_scales.as<char>() + scale_bytes, w.up.scales, scale_bytes);
+  copy(down_scales.data(), w.down.scales, scale_bytes);
+  gate_up_tiles = DeviceBuffer(2 * elements);
+  down_tiles = DeviceBuffer(elements);
+  DF_CHECK_CUDA(kernels::pack_rows_fragments_fp8(gate_up.as<uint8_t>(), gate_up_tiles.as<uint4>(), 2 * I, H, stream));
+  DF_CHECK_CUDA(kernels::pack_rows_fragments_fp8(down.as<uint8_t>(), down_tiles.as<uint4>(), H, I, stream));
+  if (scratch->widened.empty()) scratch->widened = DeviceBuffer(2 * elements * sizeof(__nv_bfloat16));
+}
+
+// Up to kGemvResidualMaxTokens tokens: the cluster GEMV over the packed e4m3 (the norm applied to
+// x as it is staged), silu_and_mul, the GEMV with the residual: three launches reading the FP8
+// bytes once. More tokens: each projection widened to bf16, then the bf16 GEMM (compute-bound
+// there; docs/kernels/fp8.md).
+void MlpLayer::Impl::run_fp8(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
+                             cudaStream_t stream) {
+  const int H = shape.hidden, I = shape.intermediate;
+  auto* a = scratch->intermediate_a.as<__nv_bfloat16>();
+  auto* b = scratch->intermediate_b.as<__nv_bfloat16>();
+  if (tokens <= kernels::kGemvResidualMaxTokens) {
+    kernels::GemvResidualParams up;
+    up.x = x;
+    up.weights = gate_up_tiles.as<uint4>();
+    up.format = format;
+    up.scales = gate_up_scales.as<float>();
+    up.norm_weight = normalize ? norm_weight.as<__nv_bfloat16>() : nullptr;
+    up.norm_eps = norm_eps;
+    up.y = a;
+    up.tokens = tokens;
+    up.rows = 2 * I;
+    up.inner = H;
+    DF_CHECK_CUDA(kernels::launch_gemv_residual(up, stream));
+    DF_CHECK_CUDA(kernels::silu_and_mul(a, b, tokens, I, stream, {}));
+    kernels::GemvResidualParams down_params = up;
+    down_params.x = b;
+    down_params.weights = down_tiles.as<uint4>();
+    down_params.scales = down_scales.as<float>();
+    down_params.norm_weight = nullptr;
+    down_params.residual = residual;
+    down_params.y = y;
+    down_params.rows = H;
+    down_params.inner = I;
+    DF_CHECK_CUDA(kernels::launch_gemv_residual(down_params, stream));
+    return;
+  }
+  if (normalize) {
+    kernels::RmsNormParams n;
+    n.residual = const_cast<__nv_bfloat16*>(x);  // only read by launch_rms_norm
+    n.weight = norm_weight.as<__nv_bfloat16>();
+    n.out = scratch->normed.as<__nv_bfloat16>();
+    n.rows = tokens;
+    n.hidden = H;
+    n.eps = norm_eps;
+    DF_CHECK_CUDA(kernels::launch_rms_norm(n, stream));
+    x = n.out;
+  }
+  auto* widened = scratch->widened.as<__nv_bfloat16>();
+  DF_CHECK_CUDA(kernels::launch_dequantize_to_bf16(fp8_gate_up(), widened, stream));
+  scratch->gemm.run(x, widened, nullptr, a, tokens, 2 * I, H, stream);
+  DF_CHECK_CUDA(kernels::silu_and_mul(a, b, tokens, I, stream, {}));
+  DF_CHECK_CUDA(kernels::launch_dequantize_to_bf16(fp8_down(), widened, stream));
+  scratch->gemm.run(b, widened, residual, y, tokens, H, I, stream);
+}
+
 void MlpLayer::load_weights(const MlpHfWeights& w, cudaStream_t stream, const MlpNorm& norm) {
   Impl& s = *impl_;
   const size_t bytes = s.hi_bytes();
@@ -188,6 +300,21 @@ void MlpLayer::load_weights(const MlpHfWeights& w, cudaStream_t stream, const Ml
                w.down.columns == I,
            "MlpLayer::load_weights: weights shaped for another MLP than H " + std::to_string(H) + ", I " +
                std::to_string(I));
+  s.format = w.gate.format;
+  if (s.format != WeightFormat::bf16) {
+    DF_CHECK(!norm.fold_into_weights || format_info(s.format).folds_norm || s.variant == MlpVariant::unfused,
+             "only the unfused MLP takes MlpNorm::fold_into_weights");
+    s.normalize = norm.weight != nullptr;
+    s.norm_folded = false;  // FP8 applies the norm weight to x as staged (docs/design.md, "Weight formats")
+    s.norm_eps = norm.eps;
+    if (s.normalize) {
+      s.norm_weight = DeviceBuffer(static_cast<size_t>(H) * sizeof(__nv_bfloat16));
+      DF_CHECK_CUDA(cudaMemcpyAsync(s.norm_weight.data(), norm.weight, s.norm_weight.bytes(), cudaMemcpyDeviceToDevice,
+                                    stream));
+    }
+    s.load_fp8(w, stream);
+    return;
+  }
   // Every variant packs bf16 (the dispatch refuses other formats and null pointers here).
   const __nv_bfloat16* gate = w.gate.bf16("packing the MLP's gate_proj");
   const __nv_bfloat16* up = w.up.bf16("packing the MLP's up_proj");
@@ -234,6 +361,10 @@ void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_b
   const int H = s.shape.hidden, I = s.shape.intermediate;
   if (s.variant == MlpVariant::fused) {
     s.launch_fused(x, residual, y, tokens, false, stream);
+    return;
+  }
+  if (s.format != WeightFormat::bf16) {
+    s.run_fp8(x, residual, y, tokens, stream);
     return;
   }
   MlpScratch& scratch = *s.scratch;
@@ -302,6 +433,9 @@ std::vector<GemmTuning> MlpLayer::tune_unfused_gemms(std::span<MlpLayer* const> 
   DF_CHECK(!layers.empty(), "no MLP layers to tune");
   const Impl& first = *layers.front()->impl_;
   first.check_tokens(tokens);
+  // FP8 layers run their own GEMVs up to kGemvResidualMaxTokens tokens and cuBLASLt's default
+  // algorithm on the widened weights beyond (not tuned yet).
+  if (first.format != WeightFormat::bf16) return {};
   std::vector<const __nv_bfloat16*> gate_up, down;
   for (const MlpLayer* layer : layers) {
     const Impl& s = *layer->impl_;
