@@ -92,6 +92,18 @@ struct MlpLayer::Impl {
     return {format, WeightLayout::row_major, down.data(), down_scales.as<float>(), nullptr, shape.hidden,
             shape.intermediate};
   }
+  // rms_norm(x) * norm_weight into the scratch's normed rows, in a launch of its own.
+  const __nv_bfloat16* normalized(const __nv_bfloat16* x, int tokens, cudaStream_t stream) const {
+    kernels::RmsNormParams n;
+    n.residual = const_cast<__nv_bfloat16*>(x);  // only read by launch_rms_norm
+    n.weight = norm_weight.as<__nv_bfloat16>();
+    n.out = scratch->normed.as<__nv_bfloat16>();
+    n.rows = tokens;
+    n.hidden = shape.hidden;
+    n.eps = norm_eps;
+    DF_CHECK_CUDA(kernels::launch_rms_norm(n, stream));
+    return n.out;
+  }
   void load_fp8(const MlpHfWeights& w, cudaStream_t stream);
   void run_fp8(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
                cudaStream_t stream);
@@ -273,17 +285,7 @@ void MlpLayer::Impl::run_fp8(const __nv_bfloat16* x, const __nv_bfloat16* residu
     DF_CHECK_CUDA(kernels::launch_gemv_residual(down_params, stream));
     return;
   }
-  if (normalize) {
-    kernels::RmsNormParams n;
-    n.residual = const_cast<__nv_bfloat16*>(x);  // only read by launch_rms_norm
-    n.weight = norm_weight.as<__nv_bfloat16>();
-    n.out = scratch->normed.as<__nv_bfloat16>();
-    n.rows = tokens;
-    n.hidden = H;
-    n.eps = norm_eps;
-    DF_CHECK_CUDA(kernels::launch_rms_norm(n, stream));
-    x = n.out;
-  }
+  if (normalize) x = normalized(x, tokens, stream);
   auto* widened = scratch->widened.as<__nv_bfloat16>();
   DF_CHECK_CUDA(kernels::launch_dequantize_to_bf16(fp8_gate_up(), widened, stream));
   scratch->gemm.run(x, widened, nullptr, a, tokens, 2 * I, H, stream);
@@ -370,17 +372,7 @@ void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_b
   MlpScratch& scratch = *s.scratch;
   kernels::FoldedRmsNorm folded_norm;  // applied by silu_and_mul
   if (s.norm_folded) folded_norm = {x, H, s.norm_eps};
-  if (s.normalize && !s.norm_folded) {  // the baselines normalise in a launch of their own
-    kernels::RmsNormParams n;
-    n.residual = const_cast<__nv_bfloat16*>(x);  // only read by launch_rms_norm
-    n.weight = s.norm_weight.as<__nv_bfloat16>();
-    n.out = scratch.normed.as<__nv_bfloat16>();
-    n.rows = tokens;
-    n.hidden = H;
-    n.eps = s.norm_eps;
-    DF_CHECK_CUDA(kernels::launch_rms_norm(n, stream));
-    x = n.out;
-  }
+  if (s.normalize && !s.norm_folded) x = s.normalized(x, tokens, stream);  // the baselines' own norm launch
   const size_t ti = static_cast<size_t>(tokens) * I;
   auto* a = scratch.intermediate_a.as<__nv_bfloat16>();
   auto* b = scratch.intermediate_b.as<__nv_bfloat16>();

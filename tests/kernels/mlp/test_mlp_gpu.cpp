@@ -13,6 +13,7 @@
 #include "deepfuse/mlp.hpp"
 #include "deepfuse/reference.hpp"
 #include "deepfuse/tensor.hpp"
+#include "kernels/fp8_test_weights.hpp"
 #include "test_util.hpp"
 
 namespace deepfuse {
@@ -230,6 +231,57 @@ TEST(MlpLayer, FoldedRmsNormInPlaceOnTheResidualStream) {
       }
     }
   }
+}
+
+// FP8 weights (per-row and 128x128-block scales) in the unfused MLP, the norm applied to x as
+// staged, in place on the residual stream: the GEMVs up to 32 tokens, the widened GEMMs beyond;
+// against the reference on the dequantized weights. The other variants refuse FP8 in one line.
+TEST(MlpLayer, Fp8WeightsMatchTheirDequantizedReference) {
+  DF_REQUIRE_GPU();
+  for (WeightFormat format : {WeightFormat::fp8_e4m3, WeightFormat::fp8_e4m3_block128})
+    for (MlpShape shape : {MlpShape{896, 4864}, MlpShape{2048, 8192}, MlpShape{4096, 14336}}) {
+      if (testing::quick_mode() && shape.hidden * shape.intermediate > 2048 * 2048) continue;  // sanitizer runs
+      if (format_info(format).scale_block && shape.hidden % format_info(format).scale_block) continue;
+      SCOPED_TRACE(std::string(weight_format_name(format)) + " " + std::to_string(shape.hidden) + "x" +
+                   std::to_string(shape.intermediate));
+      const MlpCase c(shape, 64, shape.hidden * 7 + shape.intermediate);
+      const int H = shape.hidden, I = shape.intermediate;
+      const auto gate = testing::quantize_fp8_for_test(c.gate, I, H, format);
+      const auto up = testing::quantize_fp8_for_test(c.up, I, H, format);
+      const auto down = testing::quantize_fp8_for_test(c.down, H, I, format);
+      std::vector<DeviceBuffer> device;
+      auto linear = [&](const testing::Fp8TestWeights& q, int rows, int columns) {
+        device.push_back(DeviceBuffer::from_host(q.bytes));
+        device.push_back(DeviceBuffer::from_host(q.scales));
+        return LinearWeight{format, WeightLayout::row_major, device[device.size() - 2].data(),
+                            device.back().as<float>(), nullptr, rows, columns};
+      };
+      const MlpHfWeights weights{linear(gate, I, H), linear(up, I, H), linear(down, H, I)};
+      auto rng = testing::make_rng(shape.hidden + 9);
+      std::vector<float> norm_weight = testing::random_uniform(rng, H, 0.5f);
+      for (auto& w : norm_weight) w = round_to_bf16(1.0f + w);
+      const DeviceBuffer norm_dev = DeviceBuffer::from_host(to_bf16_bits(norm_weight));
+      const float eps = 1e-5f;
+      MlpLayer layer(MlpVariant::unfused, shape, c.max_tokens);
+      layer.load_weights(weights, nullptr, MlpNorm{norm_dev.as<__nv_bfloat16>(), eps, true});
+      for (int tokens : {1, 5, 16, 32, 33, 64}) {
+        std::vector<float> normed(static_cast<size_t>(tokens) * H);
+        reference::rms_norm(c.x.data(), norm_weight.data(), tokens, H, eps, normed.data());
+        std::vector<double> ref(normed.size());
+        reference::swiglu_mlp(normed.data(), gate.dequantized.data(), up.dequantized.data(), down.dequantized.data(),
+                              c.x.data(), ref.data(), tokens, H, I);
+        std::vector<float> stream_values(c.x.begin(), c.x.begin() + normed.size());
+        DeviceBuffer stream = DeviceBuffer::from_host(to_bf16_bits(stream_values));
+        auto* s = stream.as<__nv_bfloat16>();
+        layer.run(s, s, s, tokens, nullptr);
+        DF_CHECK_CUDA(cudaDeviceSynchronize());
+        const auto y = bf16_bits_to_floats(stream.to_host<uint16_t>(normed.size()));
+        EXPECT_EQ(testing::count_nan(y), 0u) << "M=" << tokens;
+        EXPECT_LT(testing::relative_error(y, ref), kTolerance) << "M=" << tokens;
+      }
+      MlpLayer fused(MlpVariant::fused, shape, 8);
+      EXPECT_THROW(fused.load_weights(weights, nullptr), Error);
+    }
 }
 
 // Captured once into a CUDA graph, replayed with new inputs: the decode step's usage.
