@@ -228,12 +228,15 @@ void MlpLayer::Impl::load_fp8(const MlpHfWeights& w, cudaStream_t stream) {
   const std::string unsupported = kernels::gemv_residual_unsupported(1, 2 * I, H, format);
   DF_CHECK(unsupported.empty(), "the FP8 MLP's GEMV " + unsupported);
   const size_t elements = static_cast<size_t>(H) * I;
-  const ScaleShape scales = scale_shape(format, I, H);
-  const size_t scale_bytes = scales.rows * scales.columns * sizeof(float);
+  auto bytes_of_scales = [&](int rows, int columns) {
+    const ScaleShape shape = scale_shape(format, rows, columns);
+    return shape.rows * shape.columns * sizeof(float);
+  };
+  const size_t scale_bytes = bytes_of_scales(I, H), down_scale_bytes = bytes_of_scales(H, I);
   gate_up = DeviceBuffer(2 * elements);
   down = DeviceBuffer(elements);
   gate_up_scales = DeviceBuffer(2 * scale_bytes);
-  down_scales = DeviceBuffer(scale_bytes);
+  down_scales = DeviceBuffer(down_scale_bytes);
   auto copy = [&](void* to, const void* from, size_t bytes) {
     DF_CHECK_CUDA(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream));
   };
@@ -242,7 +245,7 @@ void MlpLayer::Impl::load_fp8(const MlpHfWeights& w, cudaStream_t stream) {
   copy(down.data(), w.down.data, elements);
   copy(gate_up_scales.data(), w.gate.scales, scale_bytes);
   copy(gate_up_scales.as<char>() + scale_bytes, w.up.scales, scale_bytes);
-  copy(down_scales.data(), w.down.scales, scale_bytes);
+  copy(down_scales.data(), w.down.scales, down_scale_bytes);
   gate_up_tiles = DeviceBuffer(2 * elements);
   down_tiles = DeviceBuffer(elements);
   DF_CHECK_CUDA(kernels::pack_rows_fragments_fp8(gate_up.as<uint8_t>(), gate_up_tiles.as<uint4>(), 2 * I, H, stream));

@@ -418,18 +418,14 @@ cudaError_t launch(void (*kernel)(Params, int), const Params& params, int units,
 // barrier, epilogue) half as often (docs/kernels/qkv_rope_fused.md, "Clusters of 4 over a short
 // inner dimension"). Wider inner dimensions measured slower in clusters of 4 and keep 8.
 //
-// FP8 weights (columns_per_load 32) are placed by their bytes: a row of e4m3 streams like a bf16
-// row of half the inner size, so the thresholds above see inner / 2 (at the same inner size, a
-// cluster of 8 would give each block half the loads for the same fixed costs: measured 60% of the
-// copy bandwidth on Llama-3-8B's gate_up at one token, docs/kernels/fp8.md).
+// FP8 weights (columns_per_load 32) take the same grids as bf16 of the same inner size (placing
+// them by their bytes instead, as bf16 of half the inner size, measured slower: docs/kernels/fp8.md).
 template <typename LaunchInstance>
-cudaError_t dispatch(int tokens, int inner_columns, int units, LaunchInstance&& launch_instance,
-                     int columns_per_load = 16) {
+cudaError_t dispatch(int tokens, int inner, int units, LaunchInstance&& launch_instance, int columns_per_load = 16) {
   DeviceAttributes device;
   if (cudaError_t e = current_device_attributes(device); e != cudaSuccess) return e;
   const int sms = device.sm_count;
-  const int inner = inner_columns * 16 / columns_per_load;  // the bf16 row of the same bytes
-  const bool clusters = device.has_clusters() && inner / 16 >= kMaxCluster;
+  const bool clusters = device.has_clusters() && inner / columns_per_load >= kMaxCluster;
   const double packed_per_sm = static_cast<double>(units) * kMaxCluster / sms;
   const bool packed_is_even = std::ceil(packed_per_sm) <= 1.1 * packed_per_sm;
   using std::integral_constant;
