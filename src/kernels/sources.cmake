@@ -17,4 +17,5 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/norm/rms_norm.cu
   ${CMAKE_CURRENT_LIST_DIR}/rope_kv/rope_kv_append.cu
   ${CMAKE_CURRENT_LIST_DIR}/sampling/sampling.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sampling/speculative_accept.cu
   ${CMAKE_CURRENT_LIST_DIR}/sampling/token_penalties.cu)

@@ -8,6 +8,7 @@
 #include "deepfuse/kernels/decode_attention.hpp"
 #include "deepfuse/kernels/gemv_residual.hpp"
 #include "deepfuse/kernels/qkv_rope_fused.hpp"
+#include "deepfuse/kernels/speculative_accept.hpp"
 #include "deepfuse/kernels/swiglu_fused.hpp"
 
 namespace deepfuse::kernels {
@@ -83,6 +84,23 @@ TEST(KernelLimits, FusedMlpShapeAndResidency) {
   p.y = fake<__nv_bfloat16>(), p.accumulator = fake<float>(), p.counters = fake<unsigned>();
   p.tokens = 1, p.hidden = 4096, p.intermediate = 14336 + 32;
   EXPECT_EQ(launch_swiglu_fused(p, {}, nullptr), cudaErrorInvalidValue);
+}
+
+TEST(KernelLimits, SpeculativeAcceptRefusesRowsPastItsLimitAndMissingBuffers) {
+  SpeculativeAcceptParams p;
+  p.chosen = p.drafts = p.draft_counts = fake<const int32_t>();
+  p.emitted = p.emitted_counts = fake<int32_t>();
+  p.sequences = 1;
+  p.rows = kSpeculativeMaxRows + 1;
+  EXPECT_EQ(launch_speculative_accept(p, nullptr), cudaErrorInvalidValue);
+  p.rows = 0;
+  EXPECT_EQ(launch_speculative_accept(p, nullptr), cudaErrorInvalidValue);
+  p.rows = 2;
+  p.sequences = 0;
+  EXPECT_EQ(launch_speculative_accept(p, nullptr), cudaErrorInvalidValue);
+  p.sequences = 1;
+  p.emitted = nullptr;
+  EXPECT_EQ(launch_speculative_accept(p, nullptr), cudaErrorInvalidValue);
 }
 
 }  // namespace

@@ -30,6 +30,7 @@ deepfuse_test(test_rope_kv_append_checks ${kernel_tests}/rope_kv/test_rope_kv_ap
 deepfuse_test(test_rope_kv_append_gpu ${kernel_tests}/rope_kv/test_rope_kv_append_gpu.cpp GPU)
 
 deepfuse_test(test_sampling_checks ${kernel_tests}/sampling/test_sampling_checks.cpp)
+deepfuse_test(test_speculative_accept_gpu ${kernel_tests}/sampling/test_speculative_accept_gpu.cpp GPU)
 deepfuse_test(test_sampling_gpu ${kernel_tests}/sampling/test_sampling_gpu.cpp GPU)
 deepfuse_test(test_token_penalties_gpu ${kernel_tests}/sampling/test_token_penalties_gpu.cpp GPU)
 

@@ -1,5 +1,5 @@
 // Split-KV ("flash-decoding") attention for the decode step: one query token per sequence over a
-// paged KV cache. GQA: the q_heads / kv_heads query heads of a group share one read of their K/V.
+// paged KV cache (or several per sequence, each its own query: `sequences` below). GQA: the q_heads / kv_heads query heads of a group share one read of their K/V.
 // Each sequence's context is cut into `splits_per_sequence` chunks of whole pages so that one long
 // sequence fills the GPU; each chunk produces a normalised partial output and its log-sum-exp,
 // and the partials are merged in the same launch (decode_attention_launches() counts the launches:
@@ -98,6 +98,10 @@ struct DecodeAttentionParams {
   __nv_bfloat16* out = nullptr;         // [batch, q_heads, head_dim]
   PagedKv kv;                           // block table rows 0..batch-1 belong to the sequences
   const int32_t* seq_lens = nullptr;    // [batch] keys per sequence incl. the current token; 0: padded
+  // [batch] or null (query i reads block-table row i): the block-table row each query reads. A
+  // speculative verify step's k + 1 tokens of one sequence are k + 1 queries on its row, token j
+  // with seq_lens = its own position + 1: the causal mask among them.
+  const int32_t* sequences = nullptr;
   void* workspace = nullptr;            // plan.workspace_bytes, zeroed once at allocation; the
                                         // kernel leaves its counters zero again
   float scale = 0.0f;                   // usually 1/sqrt(head_dim)

@@ -92,6 +92,7 @@ struct KernelArgs {
   const __nv_bfloat16* k_pages;
   const __nv_bfloat16* v_pages;
   const int32_t* block_table;
+  const int32_t* sequences;  // block-table row of each query, or null: its own
   const int32_t* seq_lens;
   unsigned* counters;
   float* lse;      // log2-domain log-sum-exp per (pair, split, head)
@@ -266,7 +267,8 @@ struct PageStream {
   __device__ __forceinline__ PageStream(const KernelArgs& a, const SplitRange& split, unsigned char* shared,
                                         int sequence, int kv_head, int warp, int lane_id)
       : k_pages(a.k_pages), v_pages(a.v_pages), range(split), lane(lane_id) {
-    table_row = a.block_table + static_cast<size_t>(sequence) * a.max_pages_per_seq;
+    const int row = a.sequences ? a.sequences[sequence] : sequence;
+    table_row = a.block_table + static_cast<size_t>(row) * a.max_pages_per_seq;
     first_page = range.page_begin + warp;
     const int span = range.page_end - range.page_begin;
     count = span > warp ? (span - warp + W - 1) / W : 0;
@@ -733,6 +735,7 @@ cudaError_t launch_decode_attention(const DecodeAttentionPlan& plan, const Decod
   args.k_pages = kv.k_pages;
   args.v_pages = kv.v_pages;
   args.block_table = kv.block_table;
+  args.sequences = params.sequences;
   args.seq_lens = params.seq_lens;
   args.counters = layout.bytes ? reinterpret_cast<unsigned*>(workspace) : nullptr;
   args.lse = layout.bytes ? reinterpret_cast<float*>(workspace + layout.lse_offset) : nullptr;

@@ -3,7 +3,8 @@
 // 16, 17, ..., max_context, beyond it), sliding windows, head_dim 64 and 128, GQA groups 1 to 16,
 // plans from one split to hundreds, and CUDA-graph replays with new lengths and contents. Every
 // cache element no sequence owns holds NaN and outputs are NaN-poisoned before each launch, so a
-// stray read or a missed write shows. DEEPFUSE_TEST_QUICK=1 keeps the small cases.
+// stray read or a missed write shows. Several queries may share a sequence's pages (a speculative
+// verify step's tokens, each with its own length). DEEPFUSE_TEST_QUICK=1 keeps the small cases.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -301,6 +302,63 @@ TEST(DecodeAttentionGraph, ReplayWithNewLengthsAndContents) {
 TEST(DecodeAttentionGraph, ReplayWithNewLengthsAndContentsMergedInClusters) {
   DF_REQUIRE_GPU();
   replay_with_new_lengths_and_contents(kernels::SplitMerge::cluster);
+}
+
+// A speculative verify step's queries: k + 1 tokens per sequence, each a query on its sequence's
+// block-table row (`sequences`) with its own length, so token j sees the keys up to its position
+// and none of the later tokens' (whose keys are in the cache): the reference row by row.
+TEST(DecodeAttentionVerifyRows, SeveralQueriesPerSequenceAttendCausally) {
+  DF_REQUIRE_GPU();
+  const Heads heads{32, 8, 128};
+  constexpr int kRows = 5;  // a token and 4 drafts
+  auto rng = testing::make_rng(5460);
+  for (const int window : {0, 3}) {
+    const PagedBatch batch(heads, 3000, {5, 1999, 17, 3000}, 5461 + window);  // each with its 5 new keys
+    std::vector<int32_t> sequences, lens;
+    for (int s = 0; s < batch.batch(); ++s)
+      for (int j = 0; j < kRows; ++j) {
+        sequences.push_back(s);
+        lens.push_back(batch.seq_lens[s] - (kRows - 1) + j);
+      }
+    const int rows = static_cast<int>(sequences.size());
+    const size_t n = static_cast<size_t>(heads.q_heads) * heads.head_dim;
+    const std::vector<float> q = PagedBatch::bf16_values(rng, rows * n, 4.0f);
+    const DeviceBuffer q_dev = DeviceBuffer::from_host(to_bf16_bits(q)), rows_dev = DeviceBuffer::from_host(sequences),
+                       lens_dev = DeviceBuffer::from_host(lens);
+    const float scale = default_scale(heads);
+    std::vector<DecodeAttentionPlan> plans{kernels::plan_decode_attention(
+        rows, heads.q_heads, heads.kv_heads, heads.head_dim, 3000, query_device().sm_count)};
+    plans.push_back(kernels::plan_decode_attention(rows, heads.q_heads, heads.kv_heads, heads.head_dim, 3000, 1000));
+    for (const DecodeAttentionPlan& plan : plans) {
+      DeviceBuffer workspace(std::max<size_t>(plan.workspace_bytes, 16));
+      workspace.zero();
+      DeviceBuffer out = DeviceBuffer::from_host(std::vector<uint16_t>(rows * n, kNanBits));
+      kernels::DecodeAttentionParams params;
+      params.q = q_dev.as<const __nv_bfloat16>();
+      params.out = out.as<__nv_bfloat16>();
+      params.kv = batch.paged_kv(batch.k_pool, batch.v_pool, batch.block_table);
+      params.seq_lens = lens_dev.as<const int32_t>();
+      params.sequences = rows_dev.as<const int32_t>();
+      params.workspace = workspace.data();
+      params.scale = scale;
+      params.sliding_window = window;
+      DF_CHECK_CUDA(kernels::launch_decode_attention(plan, params, nullptr));
+      DF_CHECK_CUDA(cudaDeviceSynchronize());
+      const std::vector<float> got_all = bf16_bits_to_floats(out.to_host<uint16_t>(rows * n));
+      for (int r = 0; r < rows; ++r) {
+        const int s = sequences[r];
+        std::vector<float> want(n);
+        reference::attention_decode(q.data() + r * n, batch.keys[s].data(), batch.values[s].data(), lens[r],
+                                    heads.q_heads, heads.kv_heads, heads.head_dim, scale, window, want.data());
+        const std::vector<float> got(got_all.begin() + r * n, got_all.begin() + (r + 1) * n);
+        const std::string where = "window " + std::to_string(window) + ", " +
+                                  std::to_string(plan.splits_per_sequence) + " splits, sequence " + std::to_string(s) +
+                                  " row " + std::to_string(r % kRows) + " of length " + std::to_string(lens[r]);
+        EXPECT_EQ(testing::count_nan(got), 0u) << where;
+        EXPECT_LT(testing::relative_error(got, std::vector<double>(want.begin(), want.end())), kTolerance) << where;
+      }
+    }
+  }
 }
 
 }  // namespace
