@@ -48,11 +48,11 @@ Proposal SequenceDrafter::propose(std::span<const int32_t> tokens, int limit) {
     const NgramIndex::Match match = ngrams_.lookup(tokens, options_.window);
     if (match.length > 0) best = continuation(tokens, match.length, match.end, allowed);
   } else {
-    best = own_suffix_match(tokens, allowed);
-    if (shared_) {
-      Proposal cached = shared_->propose(tokens, options_.window, allowed);
-      if (cached.match_length > best.match_length) best = std::move(cached);
-    }
+    if (shared_) best = shared_->propose(tokens, options_.window, allowed);
+    // The cache wins a tie: its continuation is a whole earlier answer, the sequence's own may run
+    // into the very suffix it matched (a loop) and end there.
+    Proposal own = own_suffix_match(tokens, allowed);
+    if (own.match_length > best.match_length) best = std::move(own);
   }
   if (best.match_length < options_.min_match) return {};
   best.tokens.resize(std::min<size_t>(best.tokens.size(), best.match_length));

@@ -2,7 +2,10 @@
 //   ngram:  prompt lookup, what followed the most recent earlier occurrence of the longest suffix
 //           (up to max_ngram tokens) of the prompt and output.
 //   suffix: a suffix automaton over the sequence itself and the backend's SuffixCache of recent
-//           requests; the longer match proposes (the sequence's own on a tie).
+//           requests; the longer match proposes (the cache's on a tie). The automata give a
+//           match's first occurrence, so where a matched stretch recurs (a loop) the proposal
+//           follows its first pass; a loop that later breaks costs one partly rejected step,
+//           after which the longer match is unique.
 // The number of drafts is the smallest of the caller's limit, the match's length (a match of 2
 // proposes at most 2) and the DraftBudget's allowance (the measured acceptance); a match shorter
 // than min_match proposes nothing, so a miss costs no verify rows.

@@ -560,9 +560,9 @@ class ToolLoopsOnMistralAndLlamaTemplates(unittest.TestCase):
 
 
 class Speculative(unittest.TestCase):
-    """`--speculative suffix` on the reference backend: every text as without it (greedy, and sampled
-    with a seed), batched, repeated (drafts from the suffix cache) and opted out per request; the
-    drafts counted in /metrics; usage unchanged."""
+    """`--speculative suffix` on the reference backend: every text as without it (greedy, sampled
+    with a seed, with penalties), batched, repeated (drafts from the suffix cache) and opted out per
+    request, with the same logprobs; the drafts counted in /metrics; usage unchanged."""
 
     def test_same_text_with_drafts_verified_and_counted(self):
         plain, spec = Server("--max-batch", "4"), Server("--max-batch", "4", "--speculative", "suffix")
@@ -588,6 +588,13 @@ class Speculative(unittest.TestCase):
                            extra_body={"ignore_eos": True})
             self.assertEqual(spec.client().completions.create(**sampled).choices[0].text,
                              plain.client().completions.create(**sampled).choices[0].text)
+            # Penalties over the accepted drafts and logprobs of each verified row: as without drafts.
+            penalized = dict(model="tiny", prompt=prompts[2], max_tokens=30, temperature=0, presence_penalty=0.4,
+                             frequency_penalty=0.3, logprobs=3, extra_body={"ignore_eos": True})
+            a, b = spec.client().completions.create(**penalized), plain.client().completions.create(**penalized)
+            self.assertEqual(a.choices[0].text, b.choices[0].text)
+            self.assertEqual(a.choices[0].logprobs.token_logprobs, b.choices[0].logprobs.token_logprobs)
+            self.assertEqual(a.choices[0].logprobs.top_logprobs, b.choices[0].logprobs.top_logprobs)
             status, data = spec.request("POST", "/v1/completions", {"prompt": "x", "speculative": "yes"})
             self.assertEqual(status, 400, data)
         finally:

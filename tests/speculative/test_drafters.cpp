@@ -208,6 +208,28 @@ TEST(SequenceDrafter, SuffixDraftsFromTheSequenceAndFromEarlierRequests) {
   EXPECT_EQ(p.tokens, std::vector<int32_t>(tokens.begin() + 15, tokens.begin() + 23));
 }
 
+TEST(SequenceDrafter, SuffixTakesTheCachedAnswerOnATie) {
+  // "A X A" with A as long as the window: A matches in the sequence (followed by X) and in the
+  // cache (followed by an earlier answer's 5 6 7); the cache's continuation is proposed.
+  const std::vector<int32_t> a{11, 12, 13, 14, 15, 16, 17, 18}, x{30, 31, 32, 33};
+  std::vector<int32_t> tokens = a;
+  tokens.insert(tokens.end(), x.begin(), x.end());
+  tokens.insert(tokens.end(), a.begin(), a.end());
+  SuffixCache cache;
+  std::vector<int32_t> earlier = a;
+  earlier.insert(earlier.end(), {5, 6, 7});
+  cache.add(std::vector<int32_t>{9}, earlier);
+  DrafterOptions options;
+  options.window = 8;
+  SequenceDrafter drafter(SpeculativeChoice::suffix, options, &cache);
+  const Proposal p = drafter.propose(tokens, 8);
+  EXPECT_EQ(p.match_length, 8);
+  EXPECT_EQ(p.tokens, (std::vector<int32_t>{5, 6, 7}));
+  SequenceDrafter alone(SpeculativeChoice::suffix, options, nullptr);
+  // Without the cache: what followed A before (X, then A again).
+  EXPECT_EQ(alone.propose(tokens, 8).tokens, (std::vector<int32_t>{30, 31, 32, 33, 11, 12, 13, 14}));
+}
+
 TEST(SequenceDrafter, BacksOffAfterMisses) {
   std::vector<int32_t> tokens;
   for (int r = 0; r < 4; ++r)
