@@ -12,6 +12,7 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/gemv/gemv_residual.cu
   ${CMAKE_CURRENT_LIST_DIR}/mlp/swiglu_elementwise.cu
   ${CMAKE_CURRENT_LIST_DIR}/mlp/swiglu_fused.cu
+  ${CMAKE_CURRENT_LIST_DIR}/mlp/swiglu_fused_packing.cu
   ${CMAKE_CURRENT_LIST_DIR}/qkv/qkv_rope_fused.cu
   ${CMAKE_CURRENT_LIST_DIR}/norm/folded_norm.cu
   ${CMAKE_CURRENT_LIST_DIR}/norm/rms_norm.cu
