@@ -54,6 +54,25 @@ int weight_copies(const MlpShape& shape, size_t l2_bytes, double l2_multiple) {
   return std::max(2, static_cast<int>(std::ceil(needed)));
 }
 
+// Random e4m3 bytes (no NaN encodings) for a [rows, columns] weight, and per-row scales that give
+// the bf16 weights' spread.
+struct Fp8Weight {
+  DeviceBuffer bytes, scales;
+  LinearWeight view(int rows, int columns) const {
+    return {WeightFormat::fp8_e4m3, WeightLayout::row_major, bytes.data(), scales.as<float>(), nullptr, rows, columns};
+  }
+};
+Fp8Weight random_fp8(int rows, int columns, uint64_t seed, float scale) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> bytes(static_cast<size_t>(rows) * columns);
+  for (size_t i = 0; i < bytes.size(); i += 8) {
+    uint64_t word = rng();
+    for (size_t j = 0; j < 8 && i + j < bytes.size(); ++j, word >>= 8)
+      bytes[i + j] = (word & 0x7f) == 0x7f ? static_cast<uint8_t>(word ^ 1) : static_cast<uint8_t>(word);
+  }
+  return {DeviceBuffer::from_host(bytes), DeviceBuffer::from_host(std::vector<float>(rows, scale / 448.0f))};
+}
+
 int run_gpu(const MlpBenchOptions& options) {
   const GpuBench gpu;
   const DeviceInfo& device = gpu.device;
@@ -78,7 +97,16 @@ int run_gpu(const MlpBenchOptions& options) {
     const MlpNorm norm{options.norm ? norm_weight.as<__nv_bfloat16>() : nullptr, 1e-5f};
     DF_CHECK_CUDA(kernels::fill_uniform_bf16(x.as<__nv_bfloat16>(), th, 4, 1.0f, stream));
     DF_CHECK_CUDA(kernels::fill_uniform_bf16(residual.as<__nv_bfloat16>(), th, 5, 1.0f, stream));
-    const MlpHfWeights hf = MlpHfWeights::bf16(gate.data(), up.data(), down.data(), shape);
+    MlpHfWeights hf = MlpHfWeights::bf16(gate.data(), up.data(), down.data(), shape);
+    std::vector<Fp8Weight> fp8;  // gate, up, down
+    if (options.weights != WeightFormat::bf16) {
+      DF_CHECK(options.weights == WeightFormat::fp8_e4m3, "bench mlp: --weights takes bf16 or fp8_e4m3");
+      const int H = shape.hidden, I = shape.intermediate;
+      fp8.push_back(random_fp8(I, H, 11, w_scale));
+      fp8.push_back(random_fp8(I, H, 12, w_scale));
+      fp8.push_back(random_fp8(H, I, 13, w_scale));
+      hf = {fp8[0].view(I, H), fp8[1].view(I, H), fp8[2].view(H, I)};
+    }
     const int copies = weight_copies(shape, device.l2_bytes, options.l2_multiple);
 
     // Each measured configuration: a variant, plus fused with explicit tunings.
@@ -94,6 +122,9 @@ int run_gpu(const MlpBenchOptions& options) {
       }
       DF_CHECK_CUDA(cudaStreamSynchronize(stream));
       for (int tokens : options.token_counts) {
+        if (variant == MlpVariant::fused && options.weights != WeightFormat::bf16 &&
+            tokens > kernels::kSwigluFusedFp8MaxTokens)
+          continue;  // beyond the FP8 fused kernel's passes (swiglu_fused.hpp)
         const __nv_bfloat16* res = options.residual ? residual.as<__nv_bfloat16>() : nullptr;
         auto call = [&](int rep) {
           layers[rep % copies].run(x.as<__nv_bfloat16>(), res, y.as<__nv_bfloat16>(), tokens, stream);
@@ -124,11 +155,12 @@ int run_gpu(const MlpBenchOptions& options) {
   json["suite"] = "mlp";
   json["residual"] = options.residual;
   json["norm"] = options.norm;
+  json["weights"] = weight_format_name(options.weights);
   json["power_cap_counter"] = gpu.power_cap.available();
   json["rows"] = nlohmann::json::array();
   ImpossibleRows impossible("mlp");
   for (const Row& r : rows) {
-    const double bytes = static_cast<double>(r.shape.weight_bytes());
+    const double bytes = static_cast<double>(r.shape.weight_bytes(options.weights));
     const bool possible =
         impossible.check(gpu.possible(bytes, r.us) && gpu.possible(bytes, r.graph_us),
                          shape_name(r.shape) + " M = " + std::to_string(r.tokens) + " " + r.variant);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "deepfuse/mlp.hpp"
+#include "deepfuse/weight_format.hpp"
 
 namespace deepfuse::bench {
 
@@ -17,6 +18,7 @@ struct MlpBenchOptions {
   int warmup = 5;
   bool residual = true;
   bool norm = false;         // fold an RMSNorm of x in, as the decode engine does
+  WeightFormat weights = WeightFormat::bf16;  // fp8_e4m3: random e4m3 bytes, per-row scales
   double l2_multiple = 4.0;  // weight copies rotated per call cover at least this many L2s
   std::string json_path;     // empty: no JSON
   // Per-block timelines of a graph of calls per row (needs -DDEEPFUSE_TRACE=ON): CSV rows

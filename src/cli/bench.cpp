@@ -142,6 +142,7 @@ void register_bench(CLI::App& app, Action& action) {
     std::vector<std::string> variants;
     bench::MlpBenchOptions options;
     bool no_residual = false;
+    std::string weights = "bf16";
   };
   auto args = std::make_shared<MlpArgs>();
   mlp->add_option("--shapes", args->shapes, "HxI shapes (default: the six Llama/Qwen shapes)")->delimiter(',');
@@ -154,6 +155,9 @@ void register_bench(CLI::App& app, Action& action) {
       ->delimiter(',');
   mlp->add_flag("--no-residual", args->no_residual, "time without the fused residual add");
   mlp->add_flag("--norm", args->options.norm, "fold an RMSNorm of x in (the decode engine's configuration)");
+  mlp->add_option("--weights", args->weights,
+                  "weight format: bf16, or fp8_e4m3 (random e4m3 bytes with per-row scales; the fused variant "
+                  "up to 16 tokens)");
   mlp->add_option("--json", args->options.json_path, "write the rows as JSON to this file");
   mlp->add_option("--trace", args->options.trace_path,
                   "write per-block timelines of a graph of calls per row as CSV (needs -DDEEPFUSE_TRACE=ON)");
@@ -161,6 +165,7 @@ void register_bench(CLI::App& app, Action& action) {
     action = [args] {
       bench::MlpBenchOptions options = args->options;
       options.residual = !args->no_residual;
+      options.weights = parse_weight_format(args->weights);
       if (args->shapes.empty()) {
         options.shapes = bench::default_mlp_bench_shapes();
       } else {

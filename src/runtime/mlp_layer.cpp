@@ -135,6 +135,12 @@ struct MlpLayer::Impl {
     p.exchange = exchange;
     p.x_partial = x_partial;
     p.x_exchange = x_exchange;
+    if (format != WeightFormat::bf16) {
+      p.format = format;
+      p.gate_up_scales = gate_up_scales.as<float>();
+      p.down_scales = down_scales.as<float>();
+      p.norm_weight = normalize ? norm_weight.as<__nv_bfloat16>() : nullptr;
+    }
     DF_CHECK_CUDA(kernels::launch_swiglu_fused(p, fused_tuning, stream));
   }
 };
@@ -213,13 +219,15 @@ MlpHfWeights MlpHfWeights::bf16(const void* gate, const void* up, const void* do
   return {row_major(gate, I, H), row_major(up, I, H), row_major(down, H, I)};
 }
 
-// FP8 weights (unfused only): gate and up rows merged as for bf16, each scale array after the
-// other (per-row [I] + [I], or per-block [I/128][H/128] twice: row-major either way), then the
-// cluster GEMV's packed copies.
+// FP8 weights: gate and up rows merged as for bf16, each scale array after the other (per-row
+// [I] + [I], or per-block [I/128][H/128] twice: row-major either way). unfused keeps them
+// row-major (the widened GEMMs) and packed for the cluster GEMV; fused packs them in its FP8
+// fragment orders (per-row scales only, swiglu_fused.hpp).
 void MlpLayer::Impl::load_fp8(const MlpHfWeights& w, cudaStream_t stream) {
   const int H = shape.hidden, I = shape.intermediate;
-  DF_CHECK(variant == MlpVariant::unfused, std::string("the ") + mlp_variant_name(variant) +
-                                               " MLP reads bf16 weights only; FP8 weights run the unfused MLP");
+  DF_CHECK(variant == MlpVariant::unfused || (variant == MlpVariant::fused && format == WeightFormat::fp8_e4m3),
+           std::string("the ") + mlp_variant_name(variant) + " MLP does not read " + weight_format_name(format) +
+               " weights (the unfused MLP reads every FP8 format)");
   DF_CHECK(w.up.format == w.gate.format && w.down.format == w.gate.format,
            "MlpLayer::load_weights: gate, up and down in different formats");
   for (const LinearWeight* l : {&w.gate, &w.up, &w.down})
@@ -246,6 +254,13 @@ void MlpLayer::Impl::load_fp8(const MlpHfWeights& w, cudaStream_t stream) {
   copy(gate_up_scales.data(), w.gate.scales, scale_bytes);
   copy(gate_up_scales.as<char>() + scale_bytes, w.up.scales, scale_bytes);
   copy(down_scales.data(), w.down.scales, down_scale_bytes);
+  if (variant == MlpVariant::fused) {
+    DF_CHECK_CUDA(kernels::pack_swiglu_gate_up_fp8(static_cast<const uint8_t*>(w.gate.data),
+                                                   static_cast<const uint8_t*>(w.up.data), gate_up.as<uint4>(), H, I,
+                                                   stream));
+    DF_CHECK_CUDA(kernels::pack_swiglu_down_fp8(static_cast<const uint8_t*>(w.down.data), down.as<uint4>(), H, I, stream));
+    return;
+  }
   gate_up_tiles = DeviceBuffer(2 * elements);
   down_tiles = DeviceBuffer(elements);
   DF_CHECK_CUDA(kernels::pack_rows_fragments_fp8(gate_up.as<uint8_t>(), gate_up_tiles.as<uint4>(), 2 * I, H, stream));

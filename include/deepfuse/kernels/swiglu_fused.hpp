@@ -9,6 +9,7 @@
 #include <string>
 
 #include "deepfuse/kernels/line_exchange.hpp"
+#include "deepfuse/weight_format.hpp"
 
 namespace deepfuse {
 
@@ -60,12 +61,20 @@ struct SwigluFusedParams {
   // writes x (the clusters write the same bits), so x must be writable memory.
   LineExchange x_exchange;
   const __nv_bfloat16* x_partial = nullptr;
+  // FP8 weights (fp8_e4m3, per-row scales; packed by pack_swiglu_gate_up_fp8 / pack_swiglu_down_fp8;
+  // at most kSwigluFusedFp8MaxTokens tokens): the scales multiply the sums, and the norm weight,
+  // which FP8 does not fold into the packed columns, is applied to x as it is read.
+  WeightFormat format = WeightFormat::bf16;
+  const float* gate_up_scales = nullptr;     // [2I]: gate rows, then up rows
+  const float* down_scales = nullptr;        // [H]
+  const __nv_bfloat16* norm_weight = nullptr;  // [H], with rms_normalize
   int tokens = 0;
   int hidden = 0;
   int intermediate = 0;
 };
 
 inline constexpr int kSwigluFusedCounters = 2;
+inline constexpr int kSwigluFusedFp8MaxTokens = 16;  // FP8 instances: passes of 8 and 16 tokens
 
 // The GPU facts the fused MLP's grid depends on, for a planner without the GPU at hand.
 struct SwigluFusedDevice {
@@ -77,8 +86,10 @@ struct SwigluFusedDevice {
 // Why launch_swiglu_fused refuses (or cannot place) `tokens` tokens of a hidden x intermediate MLP
 // on `device` (empty: it runs them): the shape its launcher takes, and the rows of the
 // intermediate dimension its resident blocks hold, from its own block configuration and shared
-// memory. The scheduler plans by it.
-std::string swiglu_fused_unsupported(int hidden, int intermediate, int tokens, const SwigluFusedDevice& device);
+// memory, and its weights' format (bf16; fp8_e4m3 with per-row scales up to kSwigluFusedFp8MaxTokens
+// tokens). The scheduler plans by it.
+std::string swiglu_fused_unsupported(int hidden, int intermediate, int tokens, const SwigluFusedDevice& device,
+                                     WeightFormat format = WeightFormat::bf16);
 
 // fp32 partial-sum buffer size in floats.
 size_t swiglu_fused_accumulator_floats(int hidden, int max_tokens);
@@ -97,5 +108,13 @@ cudaError_t pack_swiglu_gate_up(const __nv_bfloat16* gate, const __nv_bfloat16* 
                                 uint4* gate_up_packed, int hidden, int intermediate, cudaStream_t stream);
 cudaError_t pack_swiglu_down(const __nv_bfloat16* down, uint4* down_packed, int hidden, int intermediate,
                              cudaStream_t stream);
+
+// Row-major e4m3 bytes -> the FP8 layouts: gate_up: for each 16-row I tile, for each 16-wide H step,
+// 32 lanes x (8 bytes of gate, 8 of up); down: for each pair of 16-wide I tiles, for each 16-row H
+// tile, 32 lanes x (8 bytes of the first I tile, 8 of the second). I a multiple of 32.
+cudaError_t pack_swiglu_gate_up_fp8(const uint8_t* gate, const uint8_t* up, uint4* gate_up_packed, int hidden,
+                                    int intermediate, cudaStream_t stream);
+cudaError_t pack_swiglu_down_fp8(const uint8_t* down, uint4* down_packed, int hidden, int intermediate,
+                                 cudaStream_t stream);
 
 }  // namespace deepfuse::kernels

@@ -18,16 +18,6 @@ __global__ void pack_rows_kernel(const __nv_bfloat16* weights, uint4* packed, in
   }
 }
 
-// Lane `lane`'s 8 bytes of the k-step at (row0, col0) of a row-major e4m3 matrix: the A fragment
-// order of fragment.cuh, one byte per value, the low word first.
-__device__ uint2 gather_e4m3_fragment(const uint8_t* matrix, size_t ld, int row0, int col0, int lane) {
-  const int g = lane / 4, t = lane % 4;
-  const uint8_t* top = matrix + static_cast<size_t>(row0 + g) * ld + col0 + 2 * t;
-  const uint8_t* bottom = top + 8 * ld;
-  auto pair = [](const uint8_t* p) { return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8); };
-  return make_uint2(pair(top) | (pair(bottom) << 16), pair(top + 8) | (pair(bottom + 8) << 16));
-}
-
 __global__ void pack_rows_fp8_kernel(const uint8_t* weights, uint4* packed, int rows, int inner) {
   const size_t loads = inner / 32;  // two k-steps per 16-byte lane load
   const size_t total = static_cast<size_t>(rows / 16) * loads * 32;

@@ -72,4 +72,14 @@ __device__ __forceinline__ uint4 gather_a_fragment(const __nv_bfloat16* matrix, 
   return v;
 }
 
+// Lane `lane`'s 8 bytes of the k-step at (row0, col0) of a row-major e4m3 matrix: the A fragment
+// order above, one byte per value, the low word first.
+__device__ __forceinline__ uint2 gather_e4m3_fragment(const uint8_t* matrix, size_t ld, int row0, int col0, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  const uint8_t* top = matrix + static_cast<size_t>(row0 + g) * ld + col0 + 2 * t;
+  const uint8_t* bottom = top + 8 * ld;
+  auto pair = [](const uint8_t* p) { return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8); };
+  return make_uint2(pair(top) | (pair(bottom) << 16), pair(top + 8) | (pair(bottom + 8) << 16));
+}
+
 }  // namespace deepfuse::kernels

@@ -74,9 +74,12 @@ struct DownStream {
   int row_offset[RT];    // uint4 offsets of the group's row tiles
   bool row_valid[RT];
 
-  __device__ __forceinline__ DownStream(const SwigluFusedParams& p, const FusedWork<NT, C>& w, int lane) : work(w) {
+  // fp8: one load per row tile carries two I tiles (pack_swiglu_down_fp8): the slice starts at
+  // the cluster's first pair.
+  __device__ __forceinline__ DownStream(const SwigluFusedParams& p, const FusedWork<NT, C>& w, int lane, bool fp8)
+      : work(w) {
     k_stride = static_cast<size_t>(work.h_tiles) * 32;
-    slice = p.down + static_cast<size_t>(work.cluster_begin) * k_stride + lane;
+    slice = p.down + static_cast<size_t>(work.cluster_begin / (fp8 ? 2 : 1)) * k_stride + lane;
   }
   __device__ __forceinline__ void seek_group(int g) {
     group = g;
@@ -109,7 +112,10 @@ struct DownStream {
 // ---- Phase 1: g = x·Wg^T and u = x·Wu^T over this warp's range of the cluster's (tile, k-step)
 // space, for the pass's tokens token0.. . Each tile's sums (or a range's part of them) are added
 // into the tile owner's shared memory.
-template <int NT, int C>
+// fp8: one load per k-step holds the gate and up fragments (e4m3, widened to f16 here); x is
+// widened to f16 times the norm weight as it is used, and each tile's sums are scaled by their
+// rows' scales as they are handed over.
+template <int NT, int C, bool kFp8>
 __device__ __forceinline__ void gate_up_pass(const SwigluFusedParams& p, SharedStorage<NT, C>& shared,
                                              const FusedWork<NT, C>& work, int token0, uint64_t streamed, bool normalize,
                                              int rank, int warp, int lane) {
@@ -129,10 +135,11 @@ __device__ __forceinline__ void gate_up_pass(const SwigluFusedParams& p, SharedS
   int issue_k = f1_begin % h_tiles;
   const uint4* issue_weights = work.gate_up + static_cast<size_t>(f1_begin) * 64;
   auto issue = [&](int, int stage, int step) {
-    // gate_up: [tile][k-step][gate | up][32 lanes] uint4; x words zero-filled past M
+    // gate_up: [tile][k-step][gate | up][32 lanes] uint4 (fp8: [tile][k-step][32 lanes] uint4 of
+    // gate | up); x words zero-filled past M
     copy16_async_streamed(&shared.ring16[stage][step * 2][tid], issue_weights, streamed);
-    copy16_async_streamed(&shared.ring16[stage][step * 2 + 1][tid], issue_weights + 32, streamed);
-    issue_weights += 64;
+    if constexpr (!kFp8) copy16_async_streamed(&shared.ring16[stage][step * 2 + 1][tid], issue_weights + 32, streamed);
+    issue_weights += kFp8 ? 32 : 64;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       uint32_t* words = &shared.ring4[stage][step * Config::kXWords + nt * 2][0];
@@ -150,19 +157,52 @@ __device__ __forceinline__ void gate_up_pass(const SwigluFusedParams& p, SharedS
   // ... and of the consume side: k-step within the tile, the tile (cluster-local).
   int consume_k = f1_begin % h_tiles, consume_tile = f1_begin / h_tiles;
   ring_run<S, Config::kSteps1>(f1_begin, f1_end, issue, [&](int f, int stage, int step) {
-    const uint4 gate = shared.ring16[stage][step * 2][tid];
-    const uint4 up = shared.ring16[stage][step * 2 + 1][tid];
+    if constexpr (kFp8) {
+      const uint4 packed = shared.ring16[stage][step * 2][tid];
+      const uint4 gate = e4m3_fragment_to_f16(packed.x, packed.y), up = e4m3_fragment_to_f16(packed.z, packed.w);
+      // The norm weight of this lane's columns (2t, 2t + 1 and 2t + 8, 2t + 9 of the k-step).
+      float2 w_low = make_float2(1.0f, 1.0f), w_high = w_low;
+      if (p.norm_weight) {
+        const __nv_bfloat16* columns = p.norm_weight + consume_k * 16 + 2 * t;
+        w_low = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(columns));
+        w_high = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(columns + 8));
+      }
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const uint32_t b0 = shared.ring4[stage][step * Config::kXWords + nt * 2][tid];
-      const uint32_t b1 = shared.ring4[stage][step * Config::kXWords + nt * 2 + 1][tid];
-      mma_bf16_m16n8k16(acc_gate[nt], gate, b0, b1);
-      mma_bf16_m16n8k16(acc_up[nt], up, b0, b1);
+      for (int nt = 0; nt < NT; ++nt) {
+        uint32_t b0 = shared.ring4[stage][step * Config::kXWords + nt * 2][tid];
+        uint32_t b1 = shared.ring4[stage][step * Config::kXWords + nt * 2 + 1][tid];
+        const float2 x_low = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&b0));
+        const float2 x_high = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&b1));
+        b0 = f16x2_saturated(x_low.x * w_low.x, x_low.y * w_low.y);
+        b1 = f16x2_saturated(x_high.x * w_high.x, x_high.y * w_high.y);
+        mma_f16_m16n8k16(acc_gate[nt], gate, b0, b1);
+        mma_f16_m16n8k16(acc_up[nt], up, b0, b1);
+      }
+    } else {
+      const uint4 gate = shared.ring16[stage][step * 2][tid];
+      const uint4 up = shared.ring16[stage][step * 2 + 1][tid];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint32_t b0 = shared.ring4[stage][step * Config::kXWords + nt * 2][tid];
+        const uint32_t b1 = shared.ring4[stage][step * Config::kXWords + nt * 2 + 1][tid];
+        mma_bf16_m16n8k16(acc_gate[nt], gate, b0, b1);
+        mma_bf16_m16n8k16(acc_up[nt], up, b0, b1);
+      }
     }
     if (consume_k == h_tiles - 1 || f == f1_end - 1) {  // tile or range ends: hand over
       const int owner = split_owner(work.cluster_tiles, C, consume_tile);
       float* sums = in_block<C>(shared.sums, owner);
       const int owned = consume_tile - split_point(work.cluster_tiles, C, owner);
+      if constexpr (kFp8) {  // per-row scales: rows g and g + 8 of the tile, gate then up
+        const int row = (work.cluster_begin + consume_tile) * 16 + g;
+        const float gate_low = p.gate_up_scales[row], gate_high = p.gate_up_scales[row + 8];
+        const float up_low = p.gate_up_scales[p.intermediate + row], up_high = p.gate_up_scales[p.intermediate + row + 8];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          acc_gate[nt][0] *= gate_low, acc_gate[nt][1] *= gate_low, acc_gate[nt][2] *= gate_high, acc_gate[nt][3] *= gate_high;
+          acc_up[nt][0] *= up_low, acc_up[nt][1] *= up_low, acc_up[nt][2] *= up_high, acc_up[nt][3] *= up_high;
+        }
+      }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -179,7 +219,7 @@ __device__ __forceinline__ void gate_up_pass(const SwigluFusedParams& p, SharedS
 
 // ---- act = bf16(silu(g) * u) for this block's tiles, pushed into every block of the cluster;
 // the sums are left zero for the next pass.
-template <int NT, int C>
+template <int NT, int C, bool kFp8>
 __device__ __forceinline__ void push_activations(const SwigluFusedParams& p, SharedStorage<NT, C>& shared,
                                                  const FusedWork<NT, C>& work, bool normalize, int rank, int warp,
                                                  int lane) {
@@ -197,7 +237,13 @@ __device__ __forceinline__ void push_activations(const SwigluFusedParams& p, Sha
         float& up_sum = shared.sums[sum_index<NT>(tile, 1, nt, c, lane)];
         const float inverse_rms = normalize ? rsqrtf(shared.norm_squares[token] / p.hidden + p.norm_eps) : 1.0f;
         const float gate = gate_sum * inverse_rms, up = up_sum * inverse_rms;
-        const __nv_bfloat16 value = __float2bfloat16(silu(gate) * up);
+        // fp8: act is the f16 B operand of phase 2's f16 MMAs (the same 16 bits of storage).
+        const float activation = silu(gate) * up;
+        __nv_bfloat16 value;
+        if constexpr (kFp8)
+          value = __ushort_as_bfloat16(static_cast<unsigned short>(f16x2_saturated(activation, 0.0f) & 0xffffu));
+        else
+          value = __float2bfloat16(activation);
         for (int destination = 0; destination < C; ++destination)
           in_block<C>(&shared.act[0][0], destination)[token * Config::kActStride + column] = value;
         gate_sum = 0.0f;  // ready for the next pass
@@ -260,7 +306,9 @@ __device__ __forceinline__ void reduce_partial_y(const SwigluFusedParams& p, Sha
 
 // ---- Phase 2: partial y rows = act · Wd[rows, slice]^T, summed in L2. Its first loads were
 // issued before the barriers (ring_prime with the same stream).
-template <int NT, int C>
+// fp8: each load carries two I tiles of a row tile (widened to f16, against f16 act), and each
+// row's sums are scaled by its down scale before they are reduced.
+template <int NT, int C, bool kFp8>
 __device__ __forceinline__ void down_pass(const SwigluFusedParams& p, SharedStorage<NT, C>& shared,
                                           const FusedWork<NT, C>& work, DownStream<NT, C>& down, int token0,
                                           uint64_t streamed, int warp, int lane) {
@@ -275,15 +323,39 @@ __device__ __forceinline__ void down_pass(const SwigluFusedParams& p, SharedStor
     uint4 a[RT];
 #pragma unroll
     for (int r = 0; r < RT; ++r) a[r] = shared.ring16[stage][step * RT + r][tid];
+    if constexpr (kFp8) {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const __nv_bfloat16* act_row = &shared.act[nt * 8 + g][k * 16 + 2 * t];
-      const uint32_t b0 = *reinterpret_cast<const uint32_t*>(act_row);
-      const uint32_t b1 = *reinterpret_cast<const uint32_t*>(act_row + 8);
+      for (int half = 0; half < 2; ++half)
 #pragma unroll
-      for (int r = 0; r < RT; ++r) mma_bf16_m16n8k16(acc[r][nt], a[r], b0, b1);
+        for (int nt = 0; nt < NT; ++nt) {
+          const auto* act_row = reinterpret_cast<const uint32_t*>(&shared.act[nt * 8 + g][(2 * k + half) * 16 + 2 * t]);
+#pragma unroll
+          for (int r = 0; r < RT; ++r) {
+            const uint4 widened = half == 0 ? e4m3_fragment_to_f16(a[r].x, a[r].y) : e4m3_fragment_to_f16(a[r].z, a[r].w);
+            mma_f16_m16n8k16(acc[r][nt], widened, act_row[0], act_row[4]);
+          }
+        }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const __nv_bfloat16* act_row = &shared.act[nt * 8 + g][k * 16 + 2 * t];
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(act_row);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(act_row + 8);
+#pragma unroll
+        for (int r = 0; r < RT; ++r) mma_bf16_m16n8k16(acc[r][nt], a[r], b0, b1);
+      }
     }
     if (k == k2_steps - 1 || f == f2_end - 1) {  // group or range ends: reduce into L2
+      if constexpr (kFp8)
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+          if (group * RT + r >= work.rows) continue;
+          const int row = work.row_tile_of(group * RT + r) * 16 + g;
+          const float low = p.down_scales[row], high = p.down_scales[row + 8];
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+            acc[r][nt][0] *= low, acc[r][nt][1] *= low, acc[r][nt][2] *= high, acc[r][nt][3] *= high;
+        }
       reduce_partial_y(p, shared, work, group, token0, acc, warp, lane);
 #pragma unroll
       for (int r = 0; r < RT; ++r)
@@ -355,7 +427,7 @@ __device__ __forceinline__ void finish_output(const SwigluFusedParams& p, Shared
   }
 }
 
-template <int NT, int C>
+template <int NT, int C, bool kFp8>
 __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, C>::kBlocksPerSm)
     swiglu_fused_kernel(const SwigluFusedParams p, int finishers) {
   using Config = FusedConfig<NT, C>;
@@ -366,9 +438,9 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int rank = blockIdx.x % C;
-  const FusedWork<NT, C> work(p, warp);
+  const FusedWork<NT, C> work(p, warp, kFp8);
   const uint64_t streamed = evict_first_policy();  // the weights are read once
-  DownStream<NT, C> down(p, work, lane);
+  DownStream<NT, C> down(p, work, lane, kFp8);
   auto issue_down = [&](int, int stage, int step) { down.issue(shared, streamed, tid, stage, step); };
   for (int i = tid; i < Config::kSumFloats; i += kThreads) shared.sums[i] = 0.0f;
   if (tid < 8 * NT) shared.norm_squares[tid] = 0.0f;
@@ -388,19 +460,19 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
   cluster_barrier<C>();  // every block's sums are zero before anyone adds into them (and x is summed)
 
   for (int token0 = 0; token0 < p.tokens; token0 += Config::kTokensPerPass) {
-    gate_up_pass(p, shared, work, token0, streamed, normalize, rank, warp, lane);
+    gate_up_pass<NT, C, kFp8>(p, shared, work, token0, streamed, normalize, rank, warp, lane);
     trace::stamp(trace::Kernel::unknown, trace::Mark::phase);
     // Phase 2's first loads go out now, so the memory pipe stays full across the barriers below.
     down.seek(work.f2_begin);
     ring_prime<S, Config::kSteps2>(work.f2_begin, work.f2_end, issue_down);
     cluster_barrier<C>();  // every g and u of the cluster is summed at its owner
     trace::stamp(trace::Kernel::unknown, trace::Mark::barrier);
-    push_activations(p, shared, work, normalize, rank, warp, lane);
+    push_activations<NT, C, kFp8>(p, shared, work, normalize, rank, warp, lane);
     cluster_barrier<C>();  // every block holds the cluster's activations
     // Every reader of this pass's norm_squares is past the barrier; other blocks add the next
     // pass's only after the end-of-pass barrier.
     if (tid < 8 * NT) shared.norm_squares[tid] = 0.0f;
-    down_pass(p, shared, work, down, token0, streamed, warp, lane);
+    down_pass<NT, C, kFp8>(p, shared, work, down, token0, streamed, warp, lane);
     if (token0 + Config::kTokensPerPass < p.tokens)
       cluster_barrier<C>();  // the next pass pushes into act, which other blocks may still read
   }
@@ -437,7 +509,7 @@ struct Residency {
   int max_clusters = 0;       // with clusters of C (C > 1)
 };
 
-template <int NT, int C>
+template <int NT, int C, bool kFp8>
 cudaError_t residency_for(Residency& out) {
   static PerDevice<Residency> known;
   return known.get(out, [](Residency& r) {
@@ -446,7 +518,7 @@ cudaError_t residency_for(Residency& out) {
     r.sm_count = attributes.sm_count;
     if (C > 1 && !attributes.has_clusters()) return cudaSuccess;  // max_clusters stays 0: unsupported here
     const int smem = static_cast<int>(sizeof(SharedStorage<NT, C>));
-    auto kernel = swiglu_fused_kernel<NT, C>;
+    auto kernel = swiglu_fused_kernel<NT, C, kFp8>;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); e != cudaSuccess)
       return e;
     if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.max_blocks_per_sm, kernel,
@@ -461,12 +533,12 @@ cudaError_t residency_for(Residency& out) {
   });
 }
 
-template <int NT, int C>
+template <int NT, int C, bool kFp8>
 cudaError_t launch_instance(const SwigluFusedParams& p, const FusedMlpTuning& tuning, cudaStream_t stream) {
   static_assert(sizeof(SharedStorage<NT, C>) <= FusedConfig<NT, C>::kMaxSharedBytes,
                 "fused MLP shared memory no longer fits the blocks per SM its configuration wants");
   Residency residency;
-  if (cudaError_t e = residency_for<NT, C>(residency); e != cudaSuccess) return e;
+  if (cudaError_t e = residency_for<NT, C, kFp8>(residency); e != cudaSuccess) return e;
   if (C > 1 && residency.max_clusters < 1) return cudaErrorNotSupported;
   if (residency.max_blocks_per_sm < 1) return cudaErrorInvalidConfiguration;
   const int i_tiles = p.intermediate / 16;
@@ -479,15 +551,20 @@ cudaError_t launch_instance(const SwigluFusedParams& p, const FusedMlpTuning& tu
   if (C > 1) resident = std::min(resident, residency.max_clusters * C);
   // At least one tile of I per block, at least one cluster, whole clusters only.
   int blocks = std::min(i_tiles, resident) / C * C;
-  if (blocks < C || (i_tiles + blocks - 1) / blocks > kMaxTilesPerBlock) return cudaErrorInvalidConfiguration;
+  // FP8 clusters take I in tile pairs (FusedWork): a block may own up to one pair's worth more.
+  if (blocks < C) return cudaErrorInvalidConfiguration;
+  const int clusters = blocks / C;
+  const int tiles_per_block = kFp8 ? (2 * ((i_tiles / 2 + clusters - 1) / clusters) + C - 1) / C
+                                   : (i_tiles + blocks - 1) / blocks;
+  if (tiles_per_block > kMaxTilesPerBlock) return cudaErrorInvalidConfiguration;
   const int finishers = std::max(1, std::min({kMaxFinishers, blocks / 2, resident / 2}));
 
   trace::attach_unit();
   const FusedLaunch<NT, C> launch(blocks, stream, launches_programmatically<NT, C>(tuning));
-  return cudaLaunchKernelEx(&launch.config, swiglu_fused_kernel<NT, C>, p, finishers);
+  return cudaLaunchKernelEx(&launch.config, swiglu_fused_kernel<NT, C, kFp8>, p, finishers);
 }
 
-template <int NT>
+template <int NT, bool kFp8>
 cudaError_t launch_for_tokens(const SwigluFusedParams& p, const FusedMlpTuning& tuning, cudaStream_t stream) {
   // Clusters of 2 fit every GPC, so the grid covers every SM, at the price of more partial sums
   // per output row; clusters of 4 pack two blocks on every SM; clusters of 8 must fit in a GPC and
@@ -506,11 +583,11 @@ cudaError_t launch_for_tokens(const SwigluFusedParams& p, const FusedMlpTuning& 
   const int i_tiles = p.intermediate / 16;  // a cluster needs at least one tile per block
   // NT = 4 with clusters of 8 would need 66 KB of exchanged activations: too much next to the ring.
   if constexpr (NT < 4)
-    if (cluster >= 8 && i_tiles >= 8) return launch_instance<NT, 8>(p, tuning, stream);
+    if (cluster >= 8 && i_tiles >= 8) return launch_instance<NT, 8, kFp8>(p, tuning, stream);
   if constexpr (NT <= 2)
-    if (cluster == 2 && i_tiles >= 2) return launch_instance<NT, 2>(p, tuning, stream);
-  if (cluster >= 4 && i_tiles >= 4) return launch_instance<NT, 4>(p, tuning, stream);
-  return launch_instance<NT, 1>(p, tuning, stream);
+    if (cluster == 2 && i_tiles >= 2) return launch_instance<NT, 2, kFp8>(p, tuning, stream);
+  if (cluster >= 4 && i_tiles >= 4) return launch_instance<NT, 4, kFp8>(p, tuning, stream);
+  return launch_instance<NT, 1, kFp8>(p, tuning, stream);
 }
 
 }  // namespace
@@ -530,7 +607,12 @@ int resident_tiles_per_sm(const SwigluFusedDevice& device) {
 
 }  // namespace
 
-std::string swiglu_fused_unsupported(int hidden, int intermediate, int tokens, const SwigluFusedDevice& device) {
+std::string swiglu_fused_unsupported(int hidden, int intermediate, int tokens, const SwigluFusedDevice& device,
+                                     WeightFormat format) {
+  if (format != WeightFormat::bf16 && format != WeightFormat::fp8_e4m3)
+    return std::string("the fused MLP reads bf16 or per-row-scaled fp8_e4m3 weights, not ") + weight_format_name(format);
+  if (format == WeightFormat::fp8_e4m3 && tokens > kSwigluFusedFp8MaxTokens)
+    return "the fused MLP takes at most " + std::to_string(kSwigluFusedFp8MaxTokens) + " tokens of FP8 weights";
   if (!swiglu_fused_valid_shape(hidden, intermediate))
     return "the fused MLP needs hidden and intermediate sizes that are multiples of 64";
   if (tokens < 1) return "the fused MLP needs at least one token";
@@ -559,9 +641,16 @@ cudaError_t launch_swiglu_fused(const SwigluFusedParams& p, const FusedMlpTuning
        p.x_exchange.rank != p.exchange.rank || p.x_exchange.signals != p.exchange.signals ||
        p.x_exchange.lines[p.x_exchange.rank] == p.exchange.lines[p.exchange.rank]))
     return cudaErrorInvalidValue;
-  if (p.tokens <= 8) return launch_for_tokens<1>(p, tuning, stream);
-  if (p.tokens <= 16) return launch_for_tokens<2>(p, tuning, stream);
-  return launch_for_tokens<4>(p, tuning, stream);  // passes of 32 tokens
+  if (p.format != WeightFormat::bf16) {
+    if (p.format != WeightFormat::fp8_e4m3 || p.tokens > kSwigluFusedFp8MaxTokens || !p.gate_up_scales ||
+        !p.down_scales || (p.rms_normalize && !p.norm_weight))
+      return cudaErrorInvalidValue;
+    if (p.tokens <= 8) return launch_for_tokens<1, true>(p, tuning, stream);
+    return launch_for_tokens<2, true>(p, tuning, stream);
+  }
+  if (p.tokens <= 8) return launch_for_tokens<1, false>(p, tuning, stream);
+  if (p.tokens <= 16) return launch_for_tokens<2, false>(p, tuning, stream);
+  return launch_for_tokens<4, false>(p, tuning, stream);  // passes of 32 tokens
 }
 
 }  // namespace deepfuse::kernels

@@ -150,27 +150,30 @@ struct FusedWork {
   int f1_begin, f1_end;             // this warp's phase-1 range
   const uint4* gate_up;             // the slice's packed gate and up weights, this lane's column
   int row_rotation, row_begin, rows;
-  int k2_steps;
+  int k2_steps;                     // phase-2 loads per row tile: I tiles (bf16) or pairs of them (FP8)
   int f2_begin, f2_end;             // this warp's phase-2 range
 
-  __device__ __forceinline__ FusedWork(const SwigluFusedParams& p, int warp) {
+  // fp8: e4m3 weights (SwigluFusedParams::format): one load carries a k-step's gate and up
+  // fragments (phase 1) or two I tiles of a row tile (phase 2), so clusters take I in tile pairs.
+  __device__ __forceinline__ FusedWork(const SwigluFusedParams& p, int warp, bool fp8 = false) {
     constexpr int kWarps = Config::kWarps;
     h_tiles = p.hidden / 16;
     const int i_tiles = p.intermediate / 16;
     const int clusters = gridDim.x / C;
     const int cluster = blockIdx.x / C, rank = blockIdx.x % C;
-    cluster_begin = split_point(i_tiles, clusters, cluster);
-    cluster_tiles = split_point(i_tiles, clusters, cluster + 1) - cluster_begin;
+    const int unit = fp8 ? 2 : 1;  // tiles per split unit
+    cluster_begin = unit * split_point(i_tiles / unit, clusters, cluster);
+    cluster_tiles = unit * split_point(i_tiles / unit, clusters, cluster + 1) - cluster_begin;
     const int work1 = cluster_tiles * h_tiles;
     const int cluster_warp = rank * kWarps + warp;
     f1_begin = split_point(work1, C * kWarps, cluster_warp);
     f1_end = split_point(work1, C * kWarps, cluster_warp + 1);
-    gate_up = p.gate_up + static_cast<size_t>(cluster_begin) * h_tiles * 64 + threadIdx.x % 32;
+    gate_up = p.gate_up + static_cast<size_t>(cluster_begin) * h_tiles * (fp8 ? 32 : 64) + threadIdx.x % 32;
     own_begin = split_point(cluster_tiles, C, rank);
     row_rotation = split_point(h_tiles, clusters, cluster);
     row_begin = split_point(h_tiles, C, rank);
     rows = split_point(h_tiles, C, rank + 1) - row_begin;
-    k2_steps = cluster_tiles;
+    k2_steps = cluster_tiles / unit;
     const int work2 = (rows + RT - 1) / RT * k2_steps;
     f2_begin = split_point(work2, kWarps, warp), f2_end = split_point(work2, kWarps, warp + 1);
   }

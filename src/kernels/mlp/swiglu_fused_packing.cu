@@ -50,7 +50,50 @@ __global__ void pack_down_kernel(const __nv_bfloat16* down, uint4* out, int hidd
   }
 }
 
+__global__ void pack_gate_up_fp8_kernel(const uint8_t* gate, const uint8_t* up, uint4* out, int hidden,
+                                        int intermediate) {
+  const size_t h_tiles = hidden / 16;
+  const size_t total = static_cast<size_t>(intermediate / 16) * h_tiles * 32;
+  for (size_t index = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; index < total;
+       index += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int lane = index % 32;
+    const int k = static_cast<int>((index / 32) % h_tiles);
+    const int tile = static_cast<int>(index / 32 / h_tiles);
+    const uint2 g = gather_e4m3_fragment(gate, hidden, tile * 16, k * 16, lane);
+    const uint2 u = gather_e4m3_fragment(up, hidden, tile * 16, k * 16, lane);
+    out[index] = make_uint4(g.x, g.y, u.x, u.y);
+  }
+}
+
+__global__ void pack_down_fp8_kernel(const uint8_t* down, uint4* out, int hidden, int intermediate) {
+  const size_t h_tiles = hidden / 16;
+  const size_t total = static_cast<size_t>(intermediate / 32) * h_tiles * 32;
+  for (size_t index = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; index < total;
+       index += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int lane = index % 32;
+    const int row_tile = static_cast<int>((index / 32) % h_tiles);
+    const int pair = static_cast<int>(index / 32 / h_tiles);
+    const uint2 first = gather_e4m3_fragment(down, intermediate, row_tile * 16, pair * 32, lane);
+    const uint2 second = gather_e4m3_fragment(down, intermediate, row_tile * 16, pair * 32 + 16, lane);
+    out[index] = make_uint4(first.x, first.y, second.x, second.y);
+  }
+}
+
 }  // namespace
+
+cudaError_t pack_swiglu_gate_up_fp8(const uint8_t* gate, const uint8_t* up, uint4* gate_up_packed, int hidden,
+                                    int intermediate, cudaStream_t stream) {
+  if (!gate || !up || !gate_up_packed || !swiglu_fused_valid_shape(hidden, intermediate)) return cudaErrorInvalidValue;
+  pack_gate_up_fp8_kernel<<<1024, 256, 0, stream>>>(gate, up, gate_up_packed, hidden, intermediate);
+  return cudaGetLastError();
+}
+
+cudaError_t pack_swiglu_down_fp8(const uint8_t* down, uint4* down_packed, int hidden, int intermediate,
+                                 cudaStream_t stream) {
+  if (!down || !down_packed || !swiglu_fused_valid_shape(hidden, intermediate)) return cudaErrorInvalidValue;
+  pack_down_fp8_kernel<<<1024, 256, 0, stream>>>(down, down_packed, hidden, intermediate);
+  return cudaGetLastError();
+}
 
 cudaError_t pack_swiglu_gate_up(const __nv_bfloat16* gate, const __nv_bfloat16* up, const __nv_bfloat16* norm_weight,
                                 uint4* gate_up_packed, int hidden, int intermediate, cudaStream_t stream) {

@@ -235,7 +235,8 @@ TEST(MlpLayer, FoldedRmsNormInPlaceOnTheResidualStream) {
 
 // FP8 weights (per-row and 128x128-block scales) in the unfused MLP, the norm applied to x as
 // staged, in place on the residual stream: the GEMVs up to 32 tokens, the widened GEMMs beyond;
-// against the reference on the dequantized weights. The other variants refuse FP8 in one line.
+// and per-row scales in the fused kernel up to 16 tokens; against the reference on the
+// dequantized weights. Block scales in the fused kernel are refused in one line.
 TEST(MlpLayer, Fp8WeightsMatchTheirDequantizedReference) {
   DF_REQUIRE_GPU();
   for (WeightFormat format : {WeightFormat::fp8_e4m3, WeightFormat::fp8_e4m3_block128})
@@ -262,9 +263,22 @@ TEST(MlpLayer, Fp8WeightsMatchTheirDequantizedReference) {
       for (auto& w : norm_weight) w = round_to_bf16(1.0f + w);
       const DeviceBuffer norm_dev = DeviceBuffer::from_host(to_bf16_bits(norm_weight));
       const float eps = 1e-5f;
-      MlpLayer layer(MlpVariant::unfused, shape, c.max_tokens);
-      layer.load_weights(weights, nullptr, MlpNorm{norm_dev.as<__nv_bfloat16>(), eps, true});
-      for (int tokens : {1, 5, 16, 32, 33, 64}) {
+      // unfused at every token count; fused (per-row scales only) up to its 16 tokens, at each
+      // cluster size (0: the launcher's choice).
+      struct Run {
+        MlpVariant variant;
+        int cluster;
+      };
+      std::vector<Run> runs = {{MlpVariant::unfused, 0}};
+      if (format == WeightFormat::fp8_e4m3)
+        for (int cluster : {0, 1, 2, 4, 8}) runs.push_back({MlpVariant::fused, cluster});
+      for (const Run& run : runs) {
+      SCOPED_TRACE(std::string(mlp_variant_name(run.variant)) + " cluster=" + std::to_string(run.cluster));
+      MlpLayer layer(run.variant, shape, c.max_tokens);
+      layer.load_weights(weights, nullptr, MlpNorm{norm_dev.as<__nv_bfloat16>(), eps, run.variant == MlpVariant::unfused});
+      if (run.cluster > 0) layer.set_fused_tuning({.cluster_size = run.cluster});
+      for (int tokens : {1, 5, 8, 9, 16, 32, 33, 64}) {
+        if (run.variant == MlpVariant::fused && tokens > kernels::kSwigluFusedFp8MaxTokens) continue;
         std::vector<float> normed(static_cast<size_t>(tokens) * H);
         reference::rms_norm(c.x.data(), norm_weight.data(), tokens, H, eps, normed.data());
         std::vector<double> ref(normed.size());
@@ -279,8 +293,11 @@ TEST(MlpLayer, Fp8WeightsMatchTheirDequantizedReference) {
         EXPECT_EQ(testing::count_nan(y), 0u) << "M=" << tokens;
         EXPECT_LT(testing::relative_error(y, ref), kTolerance) << "M=" << tokens;
       }
-      MlpLayer fused(MlpVariant::fused, shape, 8);
-      EXPECT_THROW(fused.load_weights(weights, nullptr), Error);
+      }
+      if (format != WeightFormat::fp8_e4m3) {  // block scales: the fused kernel refuses them
+        MlpLayer fused(MlpVariant::fused, shape, 8);
+        EXPECT_THROW(fused.load_weights(weights, nullptr), Error);
+      }
     }
 }
 
