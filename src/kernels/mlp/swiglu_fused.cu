@@ -133,7 +133,7 @@ __device__ __forceinline__ void gate_up_pass(const SwigluFusedParams& p, SharedS
   }
   // Running positions of the issue side: k-step within the tile, weights of the k-step.
   int issue_k = f1_begin % h_tiles;
-  const uint4* issue_weights = work.gate_up + static_cast<size_t>(f1_begin) * 64;
+  const uint4* issue_weights = work.gate_up + static_cast<size_t>(f1_begin) * (kFp8 ? 32 : 64);
   auto issue = [&](int, int stage, int step) {
     // gate_up: [tile][k-step][gate | up][32 lanes] uint4 (fp8: [tile][k-step][32 lanes] uint4 of
     // gate | up); x words zero-filled past M
