@@ -29,6 +29,7 @@ double silu(double v);
 
 #include "deepfuse/rope.hpp"
 #include "deepfuse/sampling_params.hpp"
+#include "deepfuse/token_bitmask.hpp"
 
 namespace deepfuse::reference {
 
@@ -70,6 +71,11 @@ void attention_prefill(const float* q, const float* k_cache, const float* v_cach
 // rounds the same way). Ids outside the vocabulary are an error.
 void apply_presence_frequency_penalties(std::span<float> logits, float presence, float frequency,
                                         std::span<const int32_t> generated);
+
+// Constrained decoding: every id `bitmask` leaves out (deepfuse/token_bitmask.hpp; at least
+// token_bitmask_words(logits.size()) words) gets logit -inf, in place, before the penalties and
+// the sampler, so no processor can pick it (the GPU sampler's SamplingParams::token_bitmask).
+void apply_token_bitmask(std::span<float> logits, std::span<const uint32_t> bitmask);
 
 // The distribution sampling draws from, after repetition penalty, temperature, top-k, top-p and
 // min-p (in that order, as Hugging Face's processors apply them): probabilities summing to 1.

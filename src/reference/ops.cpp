@@ -193,6 +193,15 @@ void apply_presence_frequency_penalties(std::span<float> logits, float presence,
   }
 }
 
+void apply_token_bitmask(std::span<float> logits, std::span<const uint32_t> bitmask) {
+  const int vocab = static_cast<int>(logits.size());
+  DF_CHECK(bitmask.size() >= static_cast<size_t>(token_bitmask_words(vocab)),
+           "token bitmask of " + std::to_string(bitmask.size()) + " words for a vocabulary of " +
+               std::to_string(vocab));
+  for (int id = 0; id < vocab; ++id)
+    if (!token_allowed(bitmask.data(), id)) logits[id] = -std::numeric_limits<float>::infinity();
+}
+
 std::vector<double> sampling_distribution(std::span<const float> logits, const SamplingParams& params,
                                           std::span<const int32_t> previous) {
   DF_CHECK(!logits.empty(), "sampling: empty logits");

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -47,6 +48,29 @@ TEST(ReferenceSampling, PresenceAndFrequencyPenaltiesCountGeneratedTokens) {
   reference::apply_presence_frequency_penalties(logits, 0.0f, 0.0f, generated);
   EXPECT_EQ(logits, original);
   EXPECT_THROW(reference::apply_presence_frequency_penalties(logits, 1.0f, 0.0f, std::vector<int32_t>{10}), Error);
+}
+
+TEST(ReferenceSampling, TokenBitmaskLeavesOutTheIdsItClears) {
+  auto rng = testing::make_rng(42);
+  const int vocab = 70;  // three words, the last one partly used
+  const std::vector<float> original = testing::random_uniform(rng, vocab, 5.0f);
+  std::vector<uint32_t> mask(token_bitmask_words(vocab), 0u);
+  std::vector<bool> allowed(vocab, false);
+  for (int id = 0; id < vocab; ++id)
+    if (rng() % 3 == 0) mask[id / 32] |= 1u << (id % 32), allowed[id] = true;
+  std::vector<float> logits = original;
+  reference::apply_token_bitmask(logits, mask);
+  for (int id = 0; id < vocab; ++id) {
+    EXPECT_EQ(token_allowed(mask.data(), id), allowed[id]) << "id " << id;
+    if (allowed[id]) EXPECT_EQ(logits[id], original[id]) << "id " << id;
+    else EXPECT_EQ(logits[id], -std::numeric_limits<float>::infinity()) << "id " << id;
+  }
+  // No processor brings a left-out id back: every draw under every filter is an allowed id.
+  SamplingParams params;
+  params.temperature = 1.5f, params.top_k = 50, params.top_p = 0.99f;
+  for (uint64_t step = 0; step < 200; ++step) EXPECT_TRUE(allowed[reference::sample(logits, params, {}, step)]);
+  EXPECT_TRUE(allowed[reference::sample(logits, SamplingParams{}, {}, 0)]);
+  EXPECT_THROW(reference::apply_token_bitmask(logits, std::span(mask).first(2)), Error);
 }
 
 TEST(ReferenceSampling, GreedyPicksArgmaxAndLowestIdOnTies) {

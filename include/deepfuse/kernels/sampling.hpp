@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "deepfuse/sampling_params.hpp"
+#include "deepfuse/token_bitmask.hpp"
 
 namespace deepfuse::kernels {
 
@@ -45,6 +46,11 @@ struct SamplingParams {
   // A row fed a negative id sat the step out: its draw index (slot step) stays, so a sequence's
   // draws count its own tokens only, as reference::sample's step does. Null: every row advances.
   const int32_t* fed_ids = nullptr;
+  // Constrained decoding: [batch, token_bitmask_words(vocab)] allowed-token bitmasks
+  // (deepfuse/token_bitmask.hpp), one row per sequence; a left-out id is sampled as if its logit
+  // were -inf (reference::apply_token_bitmask). A row of all ones leaves its sequence free. Null:
+  // no mask for any row.
+  const uint32_t* token_bitmask = nullptr;
   void* workspace = nullptr;       // sampling_workspace_bytes(batch, vocab); no zeroing needed
   int batch = 0;
   int vocab = 0;

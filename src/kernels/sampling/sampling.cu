@@ -113,6 +113,7 @@ template <int R>
 struct Sequence {
   static constexpr int kRegisterRows = R;
   const float* logits;
+  const uint32_t* allowed;  // the row's token bitmask, or null: every id allowed
   int vocab;
   int warp_begin;  // first id of this warp's segment
   int rows;
@@ -127,13 +128,19 @@ struct Sequence {
   __device__ __forceinline__ float distance(float v) const { return (max_logit - v) * inverse_temperature; }
   // Unnormalised probability, in (0, 1].
   __device__ __forceinline__ float mass(float v) const { return exp2f(-distance(v) * kLog2e); }
+  // The logit of `id`, -inf where the bitmask leaves it out (reference::apply_token_bitmask). The
+  // 32 lanes of a row read one mask word (rows start at multiples of 32): a broadcast.
+  __device__ __forceinline__ float read(int id) const {
+    const float v = __ldg(logits + id);
+    return allowed && !token_allowed(allowed, id) ? -INFINITY : v;
+  }
 
   __device__ __forceinline__ void load() {
     if constexpr (R > 0) {
 #pragma unroll
       for (int i = 0; i < R; ++i) {
         const int id = warp_begin + i * 32 + lane;
-        cached[i] = i < rows && id < vocab ? __ldg(logits + id) : 0.0f;
+        cached[i] = i < rows && id < vocab ? read(id) : 0.0f;
       }
     }
   }
@@ -150,7 +157,7 @@ struct Sequence {
 #pragma unroll 4
       for (int i = 0; i < rows; ++i) {
         const int id = warp_begin + i * 32 + lane;
-        if (id < vocab) f(id, __ldg(logits + id));
+        if (id < vocab) f(id, read(id));
       }
     }
   }
@@ -235,7 +242,7 @@ __device__ __forceinline__ void find_argmax_vectorized(SharedStorage<C>& s, cons
 template <int C, typename Seq>
 __device__ __forceinline__ void find_argmax(SharedStorage<C>& s, const Seq& q) {
   if constexpr (Seq::kRegisterRows == 0)
-    if (float4_sweep_fits(q.logits, q.vocab)) return find_argmax_vectorized(s, q.logits, q.vocab);
+    if (!q.allowed && float4_sweep_fits(q.logits, q.vocab)) return find_argmax_vectorized(s, q.logits, q.vocab);
   float best = 0.0f;
   int best_id = -1;
   q.for_each_logit([&](int id, float v) {  // ids ascend per thread: ties keep the first
@@ -525,7 +532,7 @@ __device__ __forceinline__ int find_in_id_order(SharedStorage<C>& s, const Seq& 
         for (int i = 0; i < q.rows && found < 0; ++i) {  // `found` is warp-uniform
           const int row_begin = q.warp_begin + i * 32;
           const int id = row_begin + q.lane;
-          const double x = id < q.vocab ? weight(id, __ldg(q.logits + id)) : 0.0;
+          const double x = id < q.vocab ? weight(id, q.read(id)) : 0.0;
           const double inclusive = warp_inclusive_scan(x, q.lane);
           const unsigned over = __ballot_sync(kFullMask, x > 0.0 && carry + inclusive > goal);
           const unsigned positive = __ballot_sync(kFullMask, x > 0.0);
@@ -546,6 +553,7 @@ template <int R, int C>
 __device__ __forceinline__ Sequence<R> sequence_view(const SamplingParams& p, int sequence, float temperature) {
   Sequence<R> q;
   q.logits = p.logits + static_cast<size_t>(sequence) * p.vocab;
+  q.allowed = p.token_bitmask ? p.token_bitmask + static_cast<size_t>(sequence) * token_bitmask_words(p.vocab) : nullptr;
   q.vocab = p.vocab;
   q.lane = threadIdx.x % 32, q.warp = threadIdx.x / 32, q.rank = blockIdx.x % C;
   q.rows = rows_per_warp(p.vocab, C);

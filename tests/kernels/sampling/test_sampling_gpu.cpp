@@ -97,11 +97,13 @@ struct Draws {
   std::vector<SamplingSlot> slots;
 };
 
-// `steps` launches over the same logits, each writing its own row of ids.
+// `steps` launches over the same logits, each writing its own row of ids; `masks`: the rows'
+// token bitmasks ([batch, token_bitmask_words(vocab)]), or empty for none.
 Draws run_draws(const std::vector<float>& logits, int vocab, const std::vector<SamplingSlot>& slots, int steps,
-                int cluster) {
+                int cluster, const std::vector<uint32_t>& masks = {}) {
   const int batch = static_cast<int>(slots.size());
   DeviceBuffer logits_dev = DeviceBuffer::from_host(logits);
+  DeviceBuffer masks_dev = DeviceBuffer::from_host(masks.empty() ? std::vector<uint32_t>(1) : masks);
   DeviceBuffer slots_dev = DeviceBuffer::from_host(slots);
   DeviceBuffer ids_dev = DeviceBuffer::from_host(std::vector<int32_t>(static_cast<size_t>(steps) * batch, kPoisonId));
   DeviceBuffer workspace(std::max<size_t>(kernels::sampling_workspace_bytes(batch, vocab), 1));
@@ -111,6 +113,7 @@ Draws run_draws(const std::vector<float>& logits, int vocab, const std::vector<S
   params.workspace = workspace.data();
   params.batch = batch;
   params.vocab = vocab;
+  if (!masks.empty()) params.token_bitmask = masks_dev.as<uint32_t>();
   Draws draws;
   for (int s = 0; s < steps; ++s) {
     params.ids = ids_dev.as<int32_t>() + static_cast<size_t>(s) * batch;
@@ -133,13 +136,22 @@ const std::vector<int> kClusterSizes = {1, 4, 8, 16};
 // Draws per slot: `full`, or a fiftieth of it (at least 3) in quick mode.
 int draws_for(int full) { return testing::quick_mode() ? std::max(3, full / 50) : full; }
 
+// Row b of `logits` as the reference samples it: with row b of `masks` applied, when given.
+std::vector<float> reference_row(const std::vector<float>& logits, int vocab, int b,
+                                 const std::vector<uint32_t>& masks) {
+  std::vector<float> row(logits.begin() + static_cast<size_t>(b) * vocab, logits.begin() + static_cast<size_t>(b + 1) * vocab);
+  const size_t words = token_bitmask_words(vocab);
+  if (!masks.empty()) reference::apply_token_bitmask(row, std::span(masks).subspan(b * words, words));
+  return row;
+}
+
 // Runs `steps` draws per slot for every cluster size and checks them against the reference.
 void expect_matches_reference(const std::vector<float>& logits, int vocab, const std::vector<SamplingSlot>& slots,
-                              int steps, const std::string& what) {
+                              int steps, const std::string& what, const std::vector<uint32_t>& masks = {}) {
   const int batch = static_cast<int>(slots.size());
   std::vector<std::vector<double>> probs(batch);
   for (int b = 0; b < batch; ++b) {
-    const std::span<const float> row(logits.data() + static_cast<size_t>(b) * vocab, vocab);
+    const std::vector<float> row = reference_row(logits, vocab, b, masks);
     const SamplingParams params = reference_params(slots[b]);
     probs[b] = reference::sampling_distribution(row, params, {});
     for (uint64_t step = slots[b].step; step < slots[b].step + 3; ++step)  // the shortcut is reference::sample
@@ -147,7 +159,7 @@ void expect_matches_reference(const std::vector<float>& logits, int vocab, const
                 reference::sample(row, params, {}, step));
   }
   for (int cluster : kClusterSizes) {
-    const Draws draws = run_draws(logits, vocab, slots, steps, cluster);
+    const Draws draws = run_draws(logits, vocab, slots, steps, cluster, masks);
     if (!draws.supported) {
       std::printf("[ note     ] %s: cluster size %d not supported here, skipped\n", what.c_str(), cluster);
       continue;
@@ -292,6 +304,67 @@ TEST(SamplingGpu, TiesAtTheTopPAndTopKBoundaries) {
   ASSERT_EQ(std::count_if(probs0.begin(), probs0.end(), [](double p) { return p > 0; }), 501);
   ASSERT_GT(probs0[499], 0.0);
   expect_matches_reference(logits, vocab, slots, draws_for(300), "ties");
+}
+
+// Token bitmasks (constrained decoding): fresh random masks per row, from a few allowed ids to
+// most of them, one that leaves out the row's most likely tokens, one that allows a single id, one
+// of all ones; greedy rows must give the reference's id exactly, sampled rows its draws. The
+// vocabularies take the register, L1 and scalar paths (152064 in registers at clusters of 16,
+// 50257 not a multiple of 4).
+std::vector<uint32_t> random_mask(std::mt19937_64& rng, int vocab, double keep) {
+  std::vector<uint32_t> mask(token_bitmask_words(vocab), 0u);
+  std::bernoulli_distribution kept(keep);
+  for (int id = 0; id < vocab; ++id)
+    if (kept(rng)) mask[id / 32] |= 1u << (id % 32);
+  if (std::all_of(mask.begin(), mask.end(), [](uint32_t w) { return w == 0; })) mask[0] |= 1u;
+  return mask;
+}
+
+TEST(SamplingGpu, TokenBitmaskLeavesOutMaskedTokens) {
+  DF_REQUIRE_GPU();
+  auto rng = testing::make_rng(708);
+  for (int vocab : {152064, 50257, 1000}) {
+    const std::vector<Spec> specs = {{0.0f, 0, 1.0f, 0.0f}, {0.0f, 0, 1.0f, 0.0f}, {0.9f, 0, 1.0f, 0.0f},
+                                     {0.8f, 40, 0.9f, 0.0f}, {1.0f, 0, 0.95f, 0.02f}, {0.7f, 5, 1.0f, 0.0f},
+                                     {1.0f, 0, 1.0f, 0.0f}};
+    std::vector<float> logits;
+    std::vector<uint32_t> masks;
+    const size_t words = token_bitmask_words(vocab);
+    for (size_t b = 0; b < specs.size(); ++b) {
+      std::vector<float> row = llm_like_logits(rng, vocab);
+      std::vector<uint32_t> mask;
+      switch (b) {
+        case 0: {  // greedy, the argmax and its runners-up left out
+          mask.assign(words, ~0u);
+          std::vector<int> order(vocab);
+          for (int i = 0; i < vocab; ++i) order[i] = i;
+          std::partial_sort(order.begin(), order.begin() + 10, order.end(), [&](int a, int c) { return row[a] > row[c]; });
+          for (int i = 0; i < 10; ++i) mask[order[i] / 32] &= ~(1u << (order[i] % 32));
+          break;
+        }
+        case 1: mask = random_mask(rng, vocab, 0.5); break;  // greedy
+        case 2: {  // a single id allowed: every draw is that id
+          mask.assign(words, 0u);
+          const int only = std::uniform_int_distribution<int>(0, vocab - 1)(rng);
+          mask[only / 32] |= 1u << (only % 32);
+          break;
+        }
+        case 3: mask = random_mask(rng, vocab, 0.001); break;  // fewer allowed ids than top_k
+        case 4: mask = random_mask(rng, vocab, 0.3); break;
+        case 5: mask = random_mask(rng, vocab, 0.9); break;
+        default: mask.assign(words, ~0u); break;  // a free row in a masked batch
+      }
+      logits.insert(logits.end(), row.begin(), row.end());
+      masks.insert(masks.end(), mask.begin(), mask.end());
+    }
+    const std::vector<SamplingSlot> slots = slots_for(rng, specs);
+    for (size_t b = 0; b < specs.size(); ++b) {  // the reference itself never picks a left-out id
+      const std::vector<float> row = reference_row(logits, vocab, static_cast<int>(b), masks);
+      const int32_t id = reference::sample(row, reference_params(slots[b]), {}, slots[b].step);
+      ASSERT_TRUE(token_allowed(masks.data() + b * words, id)) << "vocab " << vocab << " row " << b;
+    }
+    expect_matches_reference(logits, vocab, slots, draws_for(100), "masked vocab " + std::to_string(vocab), masks);
+  }
 }
 
 // Captured once, replayed: each replay draws the next step, and slot changes made between
