@@ -71,3 +71,21 @@ set_target_properties(deepfuse::nccl PROPERTIES
   IMPORTED_LOCATION "${NCCL_LIBRARY}"
   INTERFACE_INCLUDE_DIRECTORIES "${NCCL_INCLUDE_DIR}")
 message(STATUS "deepfuse: nccl: ${NCCL_LIBRARY} (${NCCL_INCLUDE_DIR})")
+
+# xgrammar's C++ core for structured output (src/server/grammar): Debian does not package it, so
+# scripts/deps/xgrammar.sh (run by install-deps.sh) builds its PyPI source distribution into
+# .xgrammar/install, a static library with its headers (and dlpack's).
+set(DEEPFUSE_XGRAMMAR_ROOT "${PROJECT_SOURCE_DIR}/.xgrammar/install" CACHE PATH
+    "A prefix holding include/xgrammar/xgrammar.h and lib/libxgrammar.a (scripts/deps/xgrammar.sh)")
+find_path(xgrammar_INCLUDE_DIR xgrammar/xgrammar.h HINTS ${DEEPFUSE_XGRAMMAR_ROOT} PATH_SUFFIXES include)
+find_library(xgrammar_LIBRARY NAMES libxgrammar.a HINTS ${DEEPFUSE_XGRAMMAR_ROOT} PATH_SUFFIXES lib lib64)
+if(NOT xgrammar_INCLUDE_DIR OR NOT xgrammar_LIBRARY)
+  message(FATAL_ERROR "xgrammar not found in '${DEEPFUSE_XGRAMMAR_ROOT}' (xgrammar/xgrammar.h, libxgrammar.a); "
+                      "run scripts/install-deps.sh (or scripts/deps/xgrammar.sh)")
+endif()
+add_library(deepfuse::xgrammar STATIC IMPORTED)
+set_target_properties(deepfuse::xgrammar PROPERTIES
+  IMPORTED_LOCATION "${xgrammar_LIBRARY}"
+  INTERFACE_INCLUDE_DIRECTORIES "${xgrammar_INCLUDE_DIR}"
+  INTERFACE_COMPILE_DEFINITIONS "XGRAMMAR_ENABLE_CPPTRACE=0;XGRAMMAR_ENABLE_INTERNAL_CHECK=0")
+message(STATUS "deepfuse: xgrammar: ${xgrammar_LIBRARY}")

@@ -39,3 +39,7 @@ if ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends python3-venv
 fi
+
+# --- xgrammar (structured output, docs/server.md): Debian does not package it; its C++ core is built
+# from its PyPI source distribution into .xgrammar/install (git-ignored), once per version.
+bash "$(dirname "$0")/deps/xgrammar.sh"

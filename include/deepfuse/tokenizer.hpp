@@ -46,6 +46,10 @@ class Tokenizer {
   std::string decode(const std::vector<TokenId>& ids, bool skip_special_tokens = false) const;
 
   size_t vocab_size() const;  // highest id + 1 over the model vocab and the added tokens
+  // Per id (vocab_size() of them), the bytes the token adds to a text it is appended to, raw (a
+  // byte-level token may hold part of a UTF-8 character); empty for special tokens and unused ids.
+  // What a grammar engine needs to know which tokens can continue a text (structured output).
+  std::vector<std::string> token_bytes() const;
   std::optional<TokenId> token_to_id(std::string_view token) const;
   std::optional<std::string> id_to_token(TokenId id) const;
   bool is_special(TokenId id) const;

@@ -8,3 +8,8 @@ if compgen -G ".debs/*.deb" >/dev/null; then
   prefix_args=(-DCMAKE_PREFIX_PATH="$PWD/.deps/root/usr")
   export LD_LIBRARY_PATH="$PWD/.deps/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 fi
+# xgrammar (structured output), built from the source distribution fetch-debs.sh brought along,
+# unless .xgrammar/install came along already built (scripts/deps/xgrammar.sh keeps it then).
+if compgen -G ".debs/xgrammar-*.tar.gz" >/dev/null; then
+  bash scripts/deps/xgrammar.sh --sdist "$(compgen -G ".debs/xgrammar-*.tar.gz" | head -n 1)"
+fi

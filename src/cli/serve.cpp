@@ -142,6 +142,11 @@ int run_serve(ServeArgs args) {
   model.vocab_size = loaded.config.vocab_size;
   model.max_context = loaded.backend->max_context();
   model.stop_ids = stop_ids(loaded.config, model.tokenizer);
+  std::optional<server::StructuredOutput> structured_output;
+  if (model.tokenizer) {
+    structured_output.emplace(*model.tokenizer, model.vocab_size, model.stop_ids, model.tool_marker_ids);
+    model.structured_output = &*structured_output;
+  }
   const std::string backend_name = loaded.backend->name();
   server::ServingLoop loop(std::move(loaded.backend), metrics);
   http.set_ready(loop, model);

@@ -13,7 +13,7 @@ constexpr const char* kReplacementChar = "\xEF\xBF\xBD";
 
 class ByteLevelDecoder : public Decoder {
  public:
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void decode_chain(std::vector<std::string>& tokens, InvalidUtf8 invalid) const override {
     std::string bytes;
     for (const std::string& token : tokens) {
       // A token whose every character is in the byte map gives those bytes; any other token
@@ -33,14 +33,14 @@ class ByteLevelDecoder : public Decoder {
         bytes += token;
       }
     }
-    tokens.assign(1, utf8_lossy(bytes));
+    tokens.assign(1, invalid == InvalidUtf8::keep ? bytes : utf8_lossy(bytes));
   }
 };
 
 class MetaspaceDecoder : public Decoder {
  public:
   MetaspaceDecoder(std::string replacement, bool strip_first) : replacement_(std::move(replacement)), strip_first_(strip_first) {}
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void decode_chain(std::vector<std::string>& tokens, InvalidUtf8 /*invalid*/) const override {
     for (size_t i = 0; i < tokens.size(); ++i) {
       std::string out;
       const std::string& token = tokens[i];
@@ -65,7 +65,7 @@ class MetaspaceDecoder : public Decoder {
 class ReplaceDecoder : public Decoder {
  public:
   ReplaceDecoder(Regex pattern, std::string content) : pattern_(std::move(pattern)), content_(std::move(content)) {}
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void decode_chain(std::vector<std::string>& tokens, InvalidUtf8 /*invalid*/) const override {
     for (std::string& token : tokens) token = pattern_.replace_all(token, content_);
   }
 
@@ -88,12 +88,12 @@ std::optional<unsigned char> byte_token_value(const std::string& token) {
 
 class ByteFallbackDecoder : public Decoder {
  public:
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void decode_chain(std::vector<std::string>& tokens, InvalidUtf8 invalid) const override {
     std::vector<std::string> out;
     std::string pending_bytes;
     const auto flush = [&] {
       if (pending_bytes.empty()) return;
-      if (find_invalid_utf8(pending_bytes) == std::string::npos) {
+      if (invalid == InvalidUtf8::keep || find_invalid_utf8(pending_bytes) == std::string::npos) {
         out.push_back(pending_bytes);
       } else {
         for (size_t i = 0; i < pending_bytes.size(); ++i) out.emplace_back(kReplacementChar);
@@ -115,7 +115,7 @@ class ByteFallbackDecoder : public Decoder {
 
 class FuseDecoder : public Decoder {
  public:
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void decode_chain(std::vector<std::string>& tokens, InvalidUtf8 /*invalid*/) const override {
     std::string fused;
     for (const std::string& token : tokens) fused += token;
     tokens.assign(1, std::move(fused));
@@ -126,7 +126,7 @@ class FuseDecoder : public Decoder {
 class StripDecoder : public Decoder {
  public:
   StripDecoder(std::string content, size_t start, size_t stop) : content_(std::move(content)), start_(start), stop_(stop) {}
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void decode_chain(std::vector<std::string>& tokens, InvalidUtf8 /*invalid*/) const override {
     for (std::string& token : tokens) {
       size_t begin = 0, end = token.size();
       for (size_t i = 0; i < start_ && token.compare(begin, content_.size(), content_) == 0 && begin < end; ++i)
@@ -146,8 +146,8 @@ class StripDecoder : public Decoder {
 class SequenceDecoder : public Decoder {
  public:
   explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> steps) : steps_(std::move(steps)) {}
-  void decode_chain(std::vector<std::string>& tokens) const override {
-    for (const auto& step : steps_) step->decode_chain(tokens);
+  void decode_chain(std::vector<std::string>& tokens, InvalidUtf8 invalid) const override {
+    for (const auto& step : steps_) step->decode_chain(tokens, invalid);
   }
 
  private:
@@ -180,13 +180,13 @@ std::unique_ptr<Decoder> make_decoder(const nlohmann::json& spec) {
   throw Error("tokenizer.json: unsupported decoder type '" + type + "'");
 }
 
-std::string decode_tokens(const Decoder* decoder, std::vector<std::string> tokens) {
+std::string decode_tokens(const Decoder* decoder, std::vector<std::string> tokens, InvalidUtf8 invalid) {
   std::string text;
   if (!decoder) {
     for (size_t i = 0; i < tokens.size(); ++i) text += (i ? " " : "") + tokens[i];
     return text;
   }
-  decoder->decode_chain(tokens);
+  decoder->decode_chain(tokens, invalid);
   for (const std::string& token : tokens) text += token;
   return text;
 }

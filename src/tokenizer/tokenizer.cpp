@@ -67,6 +67,38 @@ std::string Tokenizer::decode(const std::vector<TokenId>& ids, bool skip_special
   return tokenizer::decode_tokens(impl_->decoder.get(), std::move(tokens));
 }
 
+std::vector<std::string> Tokenizer::token_bytes() const {
+  // A token decoded after an anchor token, less the anchor's own bytes: decoders treat the first
+  // token of a text apart (Metaspace drops its leading marker, Strip its leading space).
+  std::string anchor;
+  for (const char c : std::string("aeoxAEOX0")) {
+    if (const auto id = impl_->model.token_to_id(std::string(1, c))) {
+      anchor = std::string(1, c);
+      break;
+    }
+  }
+  DF_CHECK(!anchor.empty(), "tokenizer: no single-letter token to decode the vocabulary after");
+  const std::string anchor_bytes = tokenizer::decode_tokens(impl_->decoder.get(), {anchor}, tokenizer::InvalidUtf8::keep);
+  std::vector<std::string> out(vocab_size());
+  for (size_t id = 0; id < out.size(); ++id) {
+    const TokenId token_id = static_cast<TokenId>(id);
+    std::string token;
+    if (const auto added = impl_->added_by_id.find(token_id); added != impl_->added_by_id.end()) {
+      if (added->second.special) continue;
+      token = added->second.content;
+    } else if (const std::string* model_token = impl_->model.id_to_token(token_id)) {
+      token = *model_token;
+    } else {
+      continue;
+    }
+    std::string both = tokenizer::decode_tokens(impl_->decoder.get(), {anchor, token}, tokenizer::InvalidUtf8::keep);
+    DF_CHECK(both.compare(0, anchor_bytes.size(), anchor_bytes) == 0,
+             "tokenizer: token " + std::to_string(id) + " changes the text decoded before it");
+    out[id] = both.substr(anchor_bytes.size());
+  }
+  return out;
+}
+
 size_t Tokenizer::vocab_size() const {
   size_t bound = impl_->model.id_bound();
   for (const auto& [id, token] : impl_->added_by_id) bound = std::max(bound, static_cast<size_t>(id) + 1);

@@ -313,10 +313,10 @@ TEST(OpenAiRequest, ToolFieldsFollowOpenAisRules) {
       {chat(R"("tools": [)" + tool + R"(], "tool_choice": "sometimes")"), "tool_choice", "invalid_value"},
       {chat(R"("tools": [)" + tool + R"(], "tool_choice": {"type": "function", "function": {"name": "other"}})"),
        "tool_choice.function.name", "invalid_value"},
-      // Both need a grammar to guarantee that a call parses: not implemented.
-      {chat(R"("tools": [)" + tool + R"(], "tool_choice": "required")"), "tool_choice", "unsupported_value"},
+      // Both need a grammar (StructuredOutput), which a model without one refuses by name.
+      {chat(R"("tools": [)" + tool + R"(], "tool_choice": "required")"), "tool_choice", "unsupported_parameter"},
       {chat(R"("tools": [)" + tool + R"(], "tool_choice": {"type": "function", "function": {"name": "get_weather"}})"),
-       "tool_choice", "unsupported_value"},
+       "tool_choice", "unsupported_parameter"},
       {chat(R"("tools": [)" + tool + R"(], "parallel_tool_calls": 1)"), "parallel_tool_calls", "invalid_type"},
   };
   for (const Case& k : cases) {

@@ -48,7 +48,7 @@ constexpr RequestFieldRule kRequestFields[] = {
     {"echo", true, false, FieldUse::read, nullptr},
     {"suffix", true, false, FieldUse::read, nullptr},
     {"modalities", false, true, FieldUse::read, nullptr},
-    {"response_format", false, true, FieldUse::read, nullptr},
+    {"response_format", true, true, FieldUse::read, nullptr},
     {"tools", false, true, FieldUse::read, nullptr},
     {"tool_choice", false, true, FieldUse::read, nullptr},
     {"parallel_tool_calls", false, true, FieldUse::read, nullptr},
@@ -206,8 +206,8 @@ void check_logit_bias(const Fields& fields, const ServedModel& model) {
   if (!bias->empty()) throw_unsupported("logit_bias", "is not supported: the sampler applies no per-token bias");
 }
 
-// Fields whose only accepted value is the plain-text default until what they ask is implemented.
-void check_output_format(const Fields& fields) {
+// `modalities`: text only.
+void check_modalities(const Fields& fields) {
   if (const json* modalities = fields.get("modalities")) {
     for (size_t i = 0; i < checked_array(*modalities, "modalities").size(); ++i) {
       const std::string& m = checked_string((*modalities)[i], param_element("modalities", i));
@@ -215,14 +215,57 @@ void check_output_format(const Fields& fields) {
       if (m != "text") throw_not_one_of(param_element("modalities", i), m, {"text", "audio"});
     }
   }
-  if (const json* format = fields.get("response_format")) {
-    const Fields f(checked_object(*format, "response_format"), "response_format");
-    const std::string& type = checked_string(f.required("type"), f.param("type"));
-    if (type == "json_object" || type == "json_schema")
-      throw_unsupported("response_format", "of type '" + type + "' is not supported yet (no constrained decoding)");
-    if (type != "text") throw_not_one_of(f.param("type"), type, {"text", "json_object", "json_schema"});
+}
+
+StructuredOutput& structured_output(const ServedModel& model, const std::string& param) {
+  if (!model.structured_output)
+    throw_unsupported(param, "is not supported by this model: structured output needs its tokenizer");
+  return *model.structured_output;
+}
+
+// `response_format`: text (no grammar), json_object or json_schema ({name, description, schema,
+// strict}; strict or not, the schema is enforced).
+std::shared_ptr<const OutputGrammar> response_format_grammar(const Fields& fields, const ServedModel& model) {
+  const json* format = fields.get("response_format");
+  if (!format) return nullptr;
+  const Fields f(checked_object(*format, "response_format"), "response_format");
+  const std::string& type = checked_string(f.required("type"), f.param("type"));
+  if (type == "text") {
     f.only({"type"});
+    return nullptr;
   }
+  if (type == "json_object") {
+    f.only({"type"});
+    return structured_output(model, "response_format").json_object();
+  }
+  if (type != "json_schema") throw_not_one_of(f.param("type"), type, {"text", "json_object", "json_schema"});
+  f.only({"type", "json_schema"});
+  const Fields s(checked_object(f.required("json_schema"), f.param("json_schema")), f.param("json_schema"));
+  s.only({"name", "description", "schema", "strict"});
+  const std::string& name = checked_string(s.required("name"), s.param("name"));
+  if (name.empty() || name.size() > 64 ||
+      name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != std::string::npos)
+    throw_invalid_value(s.param("name"), "'" + name + "' does not match '^[a-zA-Z0-9_-]{1,64}$'.");
+  if (const json* d = s.get("description")) checked_string(*d, s.param("description"));
+  s.boolean("strict", false);
+  StructuredOutput& output = structured_output(model, "response_format");
+  const json* schema = s.get("schema");
+  return schema ? output.json_schema(checked_object(*schema, s.param("schema")), s.param("schema"))
+                : output.json_object();
+}
+
+// The grammar the answer follows: the response format's, or one tool call's when tool_choice
+// forces a call.
+std::shared_ptr<const OutputGrammar> answer_grammar(const Fields& fields, const json& body, const ServedModel& model,
+                                                    const ToolRequest& tools, std::string& field) {
+  std::shared_ptr<const OutputGrammar> grammar = response_format_grammar(fields, model);
+  field = "response_format";
+  if (!tools.required) return grammar;
+  if (grammar)
+    throw_invalid_value("response_format", "a JSON response format cannot be combined with a 'tool_choice' that "
+                                           "forces a tool call.");
+  field = "tool_choice";
+  return structured_output(model, "tool_choice").tool_call(model.tool_format, body.at("tools"), tools.named);
 }
 
 }  // namespace
@@ -306,7 +349,14 @@ OpenAiRequest parse_openai_request(Endpoint endpoint, const std::string& text, c
   }
   r.stop_strings = stop_strings(fields);
   check_logit_bias(fields, model);
-  check_output_format(fields);
+  check_modalities(fields);
+  r.grammar = answer_grammar(fields, body, model, r.tools, spec.constraint_field);
+  if (r.grammar) {
+    if (spec.stop_ids.empty())
+      throw_invalid_value("ignore_eos", "'ignore_eos' cannot be combined with '" + spec.constraint_field +
+                                            "': a constrained answer ends with its grammar.");
+    spec.constraint = r.grammar->start();
+  }
 
   if (chat) {
     r.logprobs = fields.boolean("logprobs", false);

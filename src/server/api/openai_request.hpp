@@ -12,6 +12,7 @@
 #include "server/api/tool_calls.hpp"
 #include "server/api/tool_request.hpp"
 #include "server/batching/serving_backend.hpp"
+#include "server/grammar/structured_output.hpp"
 
 namespace deepfuse::server {
 
@@ -27,6 +28,7 @@ struct ServedModel {
   std::vector<int32_t> stop_ids;            // EOS and the tokenizer's end markers
   ToolCallFormat tool_format = ToolCallFormat::none;  // how the model writes tool calls (none: tools refused)
   std::vector<int32_t> tool_marker_ids;     // special tokens that open a call, kept in the text
+  StructuredOutput* structured_output = nullptr;  // null: response_format and forced tool calls refused
 };
 
 // Fills the chat side of `model` from the checkpoint's tokenizer and chat template (either may be
@@ -44,6 +46,9 @@ struct OpenAiRequest {
   bool include_usage = false;               // stream_options.include_usage
   bool logprobs = false;
   ToolRequest tools;                        // chat: the tools rendered, and whether calls are parsed
+  // Structured output (response_format, tool_choice required / named): each choice starts its own
+  // matcher of this grammar (spec.constraint is choice 0's). Null: free text.
+  std::shared_ptr<const OutputGrammar> grammar;
 };
 
 OpenAiRequest parse_openai_request(Endpoint endpoint, const std::string& body, const ServedModel& model);

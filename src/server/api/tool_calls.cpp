@@ -67,10 +67,12 @@ size_t marker_prefix_tail(const std::string& text, const std::string& marker) {
 
 const std::vector<ToolCallFormatInfo>& tool_call_formats() {
   static const std::vector<ToolCallFormatInfo> formats = {
-      {ToolCallFormat::hermes, "hermes", "<tool_call>", "<tool_call>"},
-      {ToolCallFormat::mistral, "mistral", "[TOOL_CALLS]", "[TOOL_CALLS]"},
-      {ToolCallFormat::llama3_json, "llama3_json", "", "\"parameters\": "},
-      {ToolCallFormat::none, "none", "", nullptr},
+      {ToolCallFormat::hermes, "hermes", "<tool_call>", "<tool_call>", "<tool_call>\n{\"name\": \"", "arguments",
+       "}\n</tool_call>"},
+      {ToolCallFormat::mistral, "mistral", "[TOOL_CALLS]", "[TOOL_CALLS]", "[TOOL_CALLS] [{\"name\": \"", "arguments",
+       "}]"},
+      {ToolCallFormat::llama3_json, "llama3_json", "", "\"parameters\": ", "{\"name\": \"", "parameters", "}"},
+      {ToolCallFormat::none, "none", "", nullptr, nullptr, nullptr, nullptr},
   };
   return formats;
 }

@@ -26,6 +26,12 @@ struct ToolCallFormatInfo {
   const char* name;         // as --tool-call-parser takes it
   const char* marker;       // the text that opens a call ("" for llama3_json: a leading '{')
   const char* detect;       // a chat template containing this renders calls in this format
+  // One call as the grammar of tool_choice `required` / a named function writes it (the parser
+  // reads it back): call_open, the function's name, `", "` + arguments_key + `": "`, the
+  // arguments object, call_close.
+  const char* call_open;
+  const char* arguments_key;
+  const char* call_close;
 };
 // The formats, in the order detection tries them.
 const std::vector<ToolCallFormatInfo>& tool_call_formats();

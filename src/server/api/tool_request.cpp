@@ -73,13 +73,9 @@ ToolRequest checked_tool_request(const json& body, const nlohmann::ordered_json&
       throw_invalid_value(function.param("name"), "no function named '" + name + "' in 'tools'.");
     mode = "named";
   }
-  if (mode == "required" || mode == "named")
-    throw ApiError(400,
-                   std::string("Unsupported value: 'tool_choice' ") + (mode == "named" ? "naming a function" : "'required'") +
-                       " is not supported yet: it needs the output constrained by a grammar so that a call always "
-                       "parses; use 'auto'.",
-                   "tool_choice", "unsupported_value");
   if (!tools || mode == "none") return r;
+  r.required = mode == "required" || mode == "named";
+  if (mode == "named") r.named = (*choice)["function"]["name"].get<std::string>();
   if (format == ToolCallFormat::none)
     throw_unsupported("tools", "is not supported by this model: its chat template renders no tools");
   r.tools = ordered.at("tools");

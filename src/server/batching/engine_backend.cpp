@@ -16,6 +16,13 @@ EngineBackend::EngineBackend(std::unique_ptr<Engine> engine)
       kv_pages_total_(engine_->scheduling_stats().kv_pages_total) {}
 
 void EngineBackend::check(const GenerationSpec& spec) const {
+  // The sampling kernel takes per-row token bitmasks (kernels/sampling.hpp), but the engine's step
+  // does not pass them yet (docs/server.md, "Structured output": what is left).
+  if (spec.constraint)
+    throw ApiError(400, "Unsupported parameter: '" + spec.constraint_field +
+                            "' (constrained decoding) is not supported on the cuda backend yet; the reference "
+                            "backend serves it",
+                   spec.constraint_field, "unsupported_parameter");
   const int tokens = static_cast<int>(spec.prompt.size()) + spec.max_new_tokens;
   if (KvBlockPool::pages_for(tokens) > kv_pages_total_)
     throw ApiError::bad_field("max_tokens", "the prompt and max_tokens need " + std::to_string(tokens) +

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "deepfuse/error.hpp"
+#include "deepfuse/token_bitmask.hpp"
 #include "reference/parallel.hpp"
 #include "server/api_error.hpp"
 #include "server/batching/token_choice.hpp"
@@ -105,7 +106,9 @@ void ReferenceBackend::store_block(const batching::RegisteredBlock& block) {
 
 std::vector<int32_t> ReferenceBackend::draft(batching::DecodeRow& row) {
   batching::Sequence& s = *row.sequence;
-  if (options_.speculative == SpeculativeChoice::off || !specs_.at(s.key).speculative) return {};
+  // A constrained sequence is not drafted: each row's mask would need the rows before it chosen.
+  const GenerationSpec& spec = specs_.at(s.key);
+  if (options_.speculative == SpeculativeChoice::off || !spec.speculative || spec.constraint) return {};
   speculative::SequenceDrafter& drafter =
       drafters_.try_emplace(s.key, options_.speculative, options_.drafter, &suffix_cache_).first->second;
   std::vector<int32_t> drafts = drafter.propose(s.tokens, options_.drafter.max_draft).tokens;
@@ -123,8 +126,17 @@ std::vector<SequenceEvent> ReferenceBackend::step() {
   std::vector<std::vector<float>> logits(works.size());
   std::vector<reference::KvCache*> caches;
   for (const Work& work : works) caches.push_back(&caches_.at(work.sequence->key));
+  // A constrained sequence's next-token mask is computed on its worker, next to the other
+  // sequences' forward passes (each constraint is its own sequence's: no two workers share one).
+  std::vector<std::vector<uint32_t>> masks(works.size());
   reference::parallel_for(works.size(), [&](size_t begin, size_t end) {
-    for (size_t i = begin; i < end; ++i) logits[i] = decoder_->forward(works[i].fed(), *caches[i]);
+    for (size_t i = begin; i < end; ++i) {
+      logits[i] = decoder_->forward(works[i].fed(), *caches[i]);
+      TokenConstraint* constraint = specs_.at(works[i].sequence->key).constraint.get();
+      if (!constraint || !works[i].samples) continue;
+      masks[i].resize(token_bitmask_words(decoder_->config().vocab_size));
+      constraint->fill_next_mask(masks[i]);
+    }
   });
   for (const batching::RegisteredBlock& block : scheduler_.complete(plan)) store_block(block);
 
@@ -133,13 +145,14 @@ std::vector<SequenceEvent> ReferenceBackend::step() {
   for (size_t i = 0; i < works.size(); ++i) {
     if (!works[i].samples) continue;
     const size_t rows = 1 + works[i].drafts.size();  // the last ones
-    emit(*works[i].sequence, std::span(logits[i]).last(rows * vocab), works[i].drafts, *caches[i], events);
+    emit(*works[i].sequence, std::span(logits[i]).last(rows * vocab), works[i].drafts, masks[i], *caches[i], events);
   }
   return events;
 }
 
 void ReferenceBackend::emit(batching::Sequence& s, std::span<float> logits, std::span<const int32_t> drafts,
-                            reference::KvCache& cache, std::vector<SequenceEvent>& events) {
+                            std::span<const uint32_t> allowed, reference::KvCache& cache,
+                            std::vector<SequenceEvent>& events) {
   const GenerationSpec& spec = specs_.at(s.key);
   const size_t vocab = decoder_->config().vocab_size;
   // Row i chooses after the sequence and drafts[0, i): `context` grows by each chosen token.
@@ -148,7 +161,9 @@ void ReferenceBackend::emit(batching::Sequence& s, std::span<float> logits, std:
   std::vector<TokenChoice> choices;
   speculative::accept_drafts(drafts, [&](int row) {
     const std::span<const int32_t> generated(context.data() + first_generated, context.size() - first_generated);
-    choices.push_back(choose_token(logits.subspan(row * vocab, vocab), spec, context, generated, generated.size()));
+    choices.push_back(choose_token(logits.subspan(row * vocab, vocab), spec, context, generated, generated.size(),
+                                   row == 0 ? allowed : std::span<const uint32_t>()));
+    if (spec.constraint) spec.constraint->accept(choices.back().id);  // constrained rows have no drafts
     context.push_back(choices.back().id);
     return choices.back().id;
   });

@@ -63,8 +63,9 @@ class ReferenceBackend final : public ServingBackend {
   std::vector<int32_t> draft(batching::DecodeRow& row);
   // Chooses a sampling unit's tokens from its sampling rows' logits (one row, or a verify's
   // 1 + drafts), rolls rejected drafts back, and reports each token as an event.
+  // `allowed`: the first row's token bitmask (empty: unconstrained).
   void emit(batching::Sequence& sequence, std::span<float> logits, std::span<const int32_t> drafts,
-            reference::KvCache& cache, std::vector<SequenceEvent>& events);
+            std::span<const uint32_t> allowed, reference::KvCache& cache, std::vector<SequenceEvent>& events);
 
   std::unique_ptr<reference::Decoder> decoder_;
   ReferenceBackendOptions options_;

@@ -7,12 +7,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "deepfuse/finish_reason.hpp"
 #include "deepfuse/logprobs.hpp"
 #include "deepfuse/scheduling_stats.hpp"
+#include "deepfuse/token_constraint.hpp"
 #include "deepfuse/sampling_params.hpp"
 
 namespace deepfuse::server {
@@ -30,6 +32,10 @@ struct GenerationSpec {
   float frequency_penalty = 0.0f;
   int top_logprobs = -1;              // -1: no logprobs; otherwise the chosen token's and this many alternatives'
   bool speculative = true;            // false: this request opts out of the server's --speculative
+  // Structured output: the grammar this sequence's tokens must follow (its own state; null: free),
+  // and the request field that asked for it (errors name it).
+  std::shared_ptr<TokenConstraint> constraint;
+  std::string constraint_field;
 };
 
 enum class SequenceEnd { none, stop_token, max_tokens, context_length, cancelled, failed };

@@ -6,7 +6,8 @@
 namespace deepfuse::server {
 
 TokenChoice choose_token(std::span<float> logits, const GenerationSpec& spec, std::span<const int32_t> all_tokens,
-                         std::span<const int32_t> generated, uint64_t step) {
+                         std::span<const int32_t> generated, uint64_t step, std::span<const uint32_t> allowed) {
+  if (!allowed.empty()) reference::apply_token_bitmask(logits, allowed);
   reference::apply_presence_frequency_penalties(logits, spec.presence_penalty, spec.frequency_penalty, generated);
   TokenChoice choice;
   choice.id = reference::sample(logits, spec.sampling, all_tokens, step);

@@ -18,9 +18,10 @@ struct TokenChoice {
   std::vector<TokenLogprob> top;  // spec.top_logprobs of them, most likely first
 };
 
-// `logits` is modified (penalties). `generated` are the sequence's generated tokens; `step` is how
-// many it has generated before this one.
+// `logits` is modified (the mask, penalties). `generated` are the sequence's generated tokens;
+// `step` is how many it has generated before this one. `allowed`: the spec's constraint's bitmask
+// for this token (empty: no constraint), applied first, so no processor picks a left-out id.
 TokenChoice choose_token(std::span<float> logits, const GenerationSpec& spec, std::span<const int32_t> all_tokens,
-                         std::span<const int32_t> generated, uint64_t step);
+                         std::span<const int32_t> generated, uint64_t step, std::span<const uint32_t> allowed = {});
 
 }  // namespace deepfuse::server

@@ -21,6 +21,7 @@ Generation::Generation(ServingLoop& loop, OpenAiRequest request, const ServedMod
   for (int i = 0; i < request_.n; ++i) {
     GenerationSpec spec = request_.spec;
     spec.sampling.seed += static_cast<uint64_t>(i);  // n samples of one request differ
+    if (i > 0 && request_.grammar) spec.constraint = request_.grammar->start();  // each choice its own matcher
     loop_.submit(choices_[i].key, std::move(spec), [this](const SequenceEvent& event) {
       // Notified under the lock: once the destructor sees the last event, no sink touches this.
       std::lock_guard lock(mutex_);
