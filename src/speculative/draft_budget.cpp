@@ -22,8 +22,6 @@ int DraftBudget::allowance() {
 void DraftBudget::record(int drafted, int accepted) {
   DF_CHECK(drafted > 0 && accepted >= 0 && accepted <= drafted,
            "draft budget: " + std::to_string(accepted) + " of " + std::to_string(drafted) + " drafts accepted");
-  constexpr double kWeight = 0.25;  // the average's memory: about the last four verify steps
-  acceptance_ += kWeight * (static_cast<double>(accepted) / drafted - acceptance_);
   if (accepted == drafted) {
     cap_ = std::min(max_draft_, std::max(1, cap_) * 2);
     misses_ = 0;

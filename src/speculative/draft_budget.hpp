@@ -16,15 +16,12 @@ class DraftBudget {
   void record(int drafted, int accepted);
 
   int cap() const { return cap_; }
-  // Accepted / drafted, an exponential moving average over verify steps (1 before any).
-  double acceptance() const { return acceptance_; }
 
  private:
   int max_draft_;
   int cap_;
   int misses_ = 0;  // consecutive verify steps that accepted nothing
   int skip_ = 0;    // steps left to sit out
-  double acceptance_ = 1.0;
 };
 
 }  // namespace deepfuse::speculative
