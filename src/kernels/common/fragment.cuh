@@ -51,10 +51,11 @@ __device__ __forceinline__ uint4 e4m3_fragment_to_f16(uint32_t low, uint32_t hig
 
 // Two floats as the f16x2 word an FP8 stream's B operand wants, clamped to f16's finite range
 // (an activation beyond +-65504 saturates instead of turning the sums into inf).
+// One cvt.rn.satfinite (PTX 8.1, sm_80): the upper half from the first source operand.
 __device__ __forceinline__ uint32_t f16x2_saturated(float low, float high) {
-  constexpr float kMax = 65504.0f;
-  const __half2 h = __floats2half2_rn(fminf(fmaxf(low, -kMax), kMax), fminf(fmaxf(high, -kMax), kMax));
-  return *reinterpret_cast<const uint32_t*>(&h);
+  uint32_t word;
+  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(word) : "f"(high), "f"(low));
+  return word;
 }
 
 // The uint4 that lane `lane` holds for the 16x16 tile of row-major `matrix` (leading dimension

@@ -156,17 +156,25 @@ __device__ __forceinline__ void gate_up_pass(const SwigluFusedParams& p, SharedS
   if (normalize) add_norm_squares<C, kWarps>(p, shared.norm_squares, token0, 8 * NT, rank, warp, lane);
   // ... and of the consume side: k-step within the tile, the tile (cluster-local).
   int consume_k = f1_begin % h_tiles, consume_tile = f1_begin / h_tiles;
+  // FP8: the norm weight of this lane's columns of the next k-step (2t, 2t + 1 and 2t + 8, 2t + 9),
+  // loaded a k-step ahead so its latency hides behind the ring's wait (1 without a norm weight).
+  auto norm_words = [&](int k) {
+    uint2 words = make_uint2(0x3f803f80u, 0x3f803f80u);  // bf16 1.0 pairs
+    if (p.norm_weight) {
+      const __nv_bfloat16* columns = p.norm_weight + k * 16 + 2 * t;
+      words = make_uint2(__ldg(reinterpret_cast<const unsigned*>(columns)), __ldg(reinterpret_cast<const unsigned*>(columns + 8)));
+    }
+    return words;
+  };
+  uint2 next_norm = kFp8 ? norm_words(consume_k) : make_uint2(0, 0);
   ring_run<S, Config::kSteps1>(f1_begin, f1_end, issue, [&](int f, int stage, int step) {
     if constexpr (kFp8) {
       const uint4 packed = shared.ring16[stage][step * 2][tid];
       const uint4 gate = e4m3_fragment_to_f16(packed.x, packed.y), up = e4m3_fragment_to_f16(packed.z, packed.w);
-      // The norm weight of this lane's columns (2t, 2t + 1 and 2t + 8, 2t + 9 of the k-step).
-      float2 w_low = make_float2(1.0f, 1.0f), w_high = w_low;
-      if (p.norm_weight) {
-        const __nv_bfloat16* columns = p.norm_weight + consume_k * 16 + 2 * t;
-        w_low = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(columns));
-        w_high = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(columns + 8));
-      }
+      const uint2 norm = next_norm;
+      next_norm = norm_words(consume_k + 1 == h_tiles ? 0 : consume_k + 1);
+      const float2 w_low = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&norm.x));
+      const float2 w_high = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&norm.y));
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         uint32_t b0 = shared.ring4[stage][step * Config::kXWords + nt * 2][tid];
