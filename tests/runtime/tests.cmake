@@ -5,3 +5,4 @@ deepfuse_test(test_preemption_gpu ${CMAKE_CURRENT_LIST_DIR}/test_preemption_gpu.
 deepfuse_test(test_decode_buckets ${CMAKE_CURRENT_LIST_DIR}/test_decode_buckets.cpp)
 deepfuse_test(test_rank_threads ${CMAKE_CURRENT_LIST_DIR}/test_rank_threads.cpp)
 deepfuse_test(test_gpu_weights_gpu ${CMAKE_CURRENT_LIST_DIR}/test_gpu_weights_gpu.cpp GPU)
+deepfuse_test(test_engine_fp8_gpu ${CMAKE_CURRENT_LIST_DIR}/test_engine_fp8_gpu.cpp GPU)
