@@ -137,9 +137,9 @@ TEST(GemvResidual, Fp8WeightsMatchTheirDequantizedReference) {
       }
   // The MLP's projections of Llama-3-8B: gate_up (normed) and down (+ residual).
   for (WeightFormat format : {WeightFormat::fp8_e4m3, WeightFormat::fp8_e4m3_block128})
-    for (int tokens : {1, 16}) {
-      check_case(2 * 14336, 4096, tokens, false, false, false, ++salt, {.format = format, .norm = true});
-      check_case(4096, 14336, tokens, false, true, true, ++salt, {.format = format});
+    {  // one token: the fp64 reference of these shapes takes seconds per token
+      check_case(2 * 14336, 4096, 1, false, false, false, ++salt, {.format = format, .norm = true});
+      check_case(4096, 14336, 1, false, true, true, ++salt, {.format = format});
     }
 }
 
