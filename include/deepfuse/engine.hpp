@@ -59,6 +59,14 @@ struct EngineOptions {
   // blocks an earlier prompt computed takes their pages (reference counted; unreferenced ones stay
   // cached until a fresh page is needed, least recently used first) and prefills only the rest.
   bool prefix_caching = false;
+  // Mixed steps: a step's prompt chunks and the running sequences' decode rows go through one
+  // forward pass (the chunks' tokens and one token per decoding sequence in the same cuBLASLt
+  // GEMMs, prefill attention for the chunks, decode attention for the rows), launched eagerly and
+  // ahead of the host like a decode step, instead of a prefill pass the decode rows sit out. One
+  // pass holds at most prefill_chunk prompt tokens, so no step prefills more. Steps of decode rows
+  // only stay CUDA graphs. A prompt's first token comes back with its step, as decode tokens do
+  // (docs/runtime.md, "Mixed steps").
+  bool mixed_steps = false;
   // Decode steps run one ahead of the host: step() launches the next decode step before it reads
   // back this one's tokens, so the GPU does not wait for the host between steps (docs/runtime.md,
   // "Steps launched ahead").

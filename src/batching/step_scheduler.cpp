@@ -21,8 +21,9 @@ bool in_prefill(const StepPlan& plan, const Sequence* sequence) {
 }  // namespace
 
 StepScheduler::StepScheduler(SchedulerOptions options, KvBlockPool& pool) : options_(options), pool_(pool) {
-  DF_CHECK(options.max_batch >= 1 && options.max_context >= 2 && options.prefill_tokens_per_step >= 0,
-           "internal: the step scheduler needs max_batch >= 1, max_context >= 2 and a prefill budget >= 0");
+  DF_CHECK(options.max_batch >= 1 && options.max_context >= 2 && options.prefill_tokens_per_step >= 0 &&
+               options.mixed_step_prompt_tokens >= 0,
+           "internal: the step scheduler needs max_batch >= 1, max_context >= 2 and token budgets >= 0");
 }
 
 void StepScheduler::add(SequenceKey key, SequenceSpec spec) {
@@ -190,6 +191,7 @@ bool StepScheduler::admit_front(int& budget, StepPlan& plan) {
 
 void StepScheduler::plan_prefill(StepPlan& plan) {
   int budget = options_.prefill_tokens_per_step > 0 ? options_.prefill_tokens_per_step : INT_MAX;
+  if (options_.mixed_step_prompt_tokens > 0) budget = std::min(budget, options_.mixed_step_prompt_tokens);
   std::vector<Sequence*> continuing;
   for (const Owned& s : running_)
     if (s->prefilling()) continuing.push_back(s.get());
@@ -239,9 +241,12 @@ void StepScheduler::plan_decode(StepPlan& plan) {
     ++s->computed;
     ++s->in_flight;
   }
-  if (plan.decode.empty()) return;  // nothing runs: no row's sample is overwritten
-  // The step's sampler writes every row: those it does not feed lose their sample. (Those it
-  // feeds have a sample in flight, so none of them was preempted after being fed.)
+}
+
+void StepScheduler::mark_row_samples(const StepPlan& plan) {
+  // Rows the step feeds, and those whose chunk samples into them (a mixed step's, or a prefill
+  // pass run before the step), hold a sample after it; the others lose theirs. (Those it feeds
+  // have a sample in flight, so none of them was preempted after being fed.)
   for (const Owned& s : running_) s->sample_in_row = s->in_flight > 0 && in_prefill(plan, s.get());
   for (const DecodeRow& d : plan.decode) d.sequence->sample_in_row = true;
 }
@@ -250,6 +255,12 @@ StepPlan StepScheduler::schedule(Phase phase) {
   StepPlan plan;
   if (static_cast<int>(phase) & static_cast<int>(Phase::prefill)) plan_prefill(plan);
   if (static_cast<int>(phase) & static_cast<int>(Phase::decode)) plan_decode(plan);
+  // Prompt chunks ride in the decode rows' pass when steps are mixed (and both phases were
+  // planned: a backend that asks for one phase runs it alone).
+  plan.mixed = options_.mixed_step_prompt_tokens > 0 && phase == Phase::both && !plan.prefill.empty();
+  // A step that runs samples every row; a plan with nothing but prompt chunks that are not mixed
+  // runs no decode step, and a prefill pass writes only the rows it samples into.
+  if (!plan.decode.empty() || plan.mixed) mark_row_samples(plan);
   return plan;
 }
 

@@ -25,6 +25,11 @@
 // The engine plans the phases in two calls, running the prefill (and reading its first tokens
 // back) between them, so a prompt prefilled in a step also decodes in it; the reference backend
 // plans both at once. No sequence appears twice in one plan.
+// Mixed steps (SchedulerOptions::mixed_step_prompt_tokens > 0): the engine plans both phases at
+// once and runs a plan with prompt chunks as one pass, the chunks' tokens and the decode rows in
+// the same GEMMs (StepPlan::mixed). Its sampler writes every row, a chunk that ends its prompt
+// sampling its first token into its row, so a mixed plan clobbers the samples of the rows it
+// leaves out even when no row decodes.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +50,10 @@ struct SchedulerOptions {
   int max_batch = 16;                 // running sequences (rows) at once
   int max_context = 0;                // positions per sequence, prompt and generated together
   int prefill_tokens_per_step = 0;    // prompt tokens a step prefills, over all sequences (0: no limit)
+  // > 0: steps are mixed (the backend runs a plan's prompt chunks and decode rows as one pass,
+  // planned with Phase::both), and one pass holds at most this many prompt tokens, so no step
+  // prefills more (whatever prefill_tokens_per_step allows). 0: steps are not mixed.
+  int mixed_step_prompt_tokens = 0;
 };
 
 struct SequenceSpec {
@@ -101,6 +110,9 @@ struct DecodeRow {
 struct StepPlan {
   std::vector<PrefillChunk> prefill;  // in admission order
   std::vector<DecodeRow> decode;      // oldest first
+  // Run as one pass: the prompt chunks and the decode rows together, one sampler over every row
+  // (steps are mixed and the plan has prompt chunks; a plan of decode rows only is a plain step).
+  bool mixed = false;
   bool empty() const { return prefill.empty() && decode.empty(); }
 };
 
@@ -177,6 +189,8 @@ class StepScheduler {
   // do not fit now.
   bool admit_front(int& budget, StepPlan& plan);
   bool wants_decode(const Sequence& sequence) const;
+  // The plan's step samples every row: rows it leaves out lose the sample they held.
+  void mark_row_samples(const StepPlan& plan);
   // Grows the sequence's pages to hold `tokens` positions; false when the pool ran dry.
   bool grow(Sequence& sequence, int tokens);
   // Gives the sequence's pages back and queues it again at its arrival place.

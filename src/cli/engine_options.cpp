@@ -54,6 +54,11 @@ void add_engine_options(CLI::App& command, EngineArgs& args) {
       .add_flag("--no-overlap-steps", args.no_overlap_steps,
                 "read each decode step's tokens back before launching the next (debugging)")
       ->group(group);
+  command
+      .add_flag("--mixed-steps,!--no-mixed-steps", args.mixed_steps,
+                std::string("run a step's prompt chunks and decode rows in one forward pass (default ") +
+                    (args.mixed_steps ? "on" : "off") + ")")
+      ->group(group);
   add_plan_options(command, args);
   command
       .add_option("--quantize", args.quantize,
@@ -155,6 +160,7 @@ EngineOptions engine_options(const EngineArgs& args) {
   options.cuda_graphs = !args.no_cuda_graphs;
   options.overlap_steps = !args.no_overlap_steps;
   options.tune_gemms = args.tune_gemms;
+  options.mixed_steps = args.mixed_steps;
   options.tensor_parallel = args.tensor_parallel;
   if (args.tensor_parallel > 1) {
     const int gpus = cuda_device_count();
@@ -179,6 +185,15 @@ EngineOptions engine_options(const EngineArgs& args) {
              "--tuning-cache " + options.tuning_cache.string() + ": not a readable file");
   }
   return options;
+}
+
+std::string describe_steps(const EngineOptions& options) {
+  const std::string chunk = std::to_string(options.prefill_chunk);
+  if (options.mixed_steps)
+    return "steps: mixed (prompt chunks and the decode rows in one eager pass, at most " + chunk +
+           " prompt tokens per step; decode rows alone: the bucket's graph)";
+  return "steps: separate (prompt chunks in passes of up to " + chunk +
+         " tokens the decode rows sit out, then the decode step; --mixed-steps joins them)";
 }
 
 LoadProgress stderr_progress_bar() {

@@ -36,6 +36,7 @@ struct EngineArgs {
   std::string tuning_cache;                 // --tuning-cache; empty: default_tuning_cache()
   bool no_tuning_cache = false;
   bool tune_gemms = false;
+  bool mixed_steps = false;                 // --mixed-steps / --no-mixed-steps (serve: on by default)
   int tensor_parallel = 1;                  // --tp
   std::string quantize;                     // --quantize: empty, or "fp8"
   bool quantize_lm_head = false;            // --quantize-lm-head
@@ -67,9 +68,13 @@ SpeculativeChoice speculative_choice(const std::string& name);
 void check_speculative_backend(SpeculativeChoice choice, Backend backend);
 
 // Adds --max-batch, --max-context, --kv-cache-mb, --no-cuda-graphs, --no-overlap-steps,
-// --plan-override, --tuning-cache, --no-tuning-cache, --tune-gemms, --tp, --quantize and
-// --quantize-lm-head.
+// --mixed-steps / --no-mixed-steps, --plan-override, --tuning-cache, --no-tuning-cache,
+// --tune-gemms, --tp, --quantize and --quantize-lm-head.
 void add_engine_options(CLI::App& command, EngineArgs& args);
+
+// How the engine's steps run prompts next to decode rows (EngineOptions::mixed_steps), one line
+// for `inspect --plan`.
+std::string describe_steps(const EngineOptions& options);
 
 // Adds --plan-override, --tuning-cache / --no-tuning-cache and --tp alone (bench decode has its
 // own engine flags).

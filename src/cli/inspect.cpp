@@ -30,6 +30,7 @@ void print_plan(const ModelConfig& config, const EngineArgs& args) {
   std::printf("\ndecode plan (max_batch %d, tuning cache %s):\n%s", options.max_batch,
               options.tuning_cache.empty() ? "none" : options.tuning_cache.string().c_str(),
               describe(preview.plan).c_str());
+  std::printf("%s\n", describe_steps(options).c_str());
   std::printf("weights on the GPU: %zu bytes (%.2f GiB) in the layouts this plan runs\n", preview.gpu_weight_bytes,
               static_cast<double>(preview.gpu_weight_bytes) / (1ull << 30));
 }

@@ -181,6 +181,7 @@ void register_serve(CLI::App& app, Action& action) {
   auto* command = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, streaming)");
   auto args = std::make_shared<ServeArgs>();
   args->engine.max_batch = 16;
+  args->engine.mixed_steps = true;  // prompts ride in the decode rows' pass (docs/server.md, "Mixed steps")
   command->add_option("--model", args->model_dir, "checkpoint directory (config.json + safetensors)");
   command->add_flag("--random-weights", args->random_weights, "no checkpoint: random weights on the GPU, with --arch");
   command->add_option("--arch", args->random_arch, "the architecture preset for --random-weights");

@@ -219,7 +219,7 @@ void Engine::Impl::prepare_setup() {
     lane.graphs = std::make_unique<runtime::DecodeGraphCache>(max_batch, options.cuda_graphs, 4);
   }
   prefill_sampled = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t));
-  prefill_host = PinnedBuffer(3 * static_cast<size_t>(max_tokens()) * sizeof(int32_t));
+  prefill_host = PinnedBuffer(buffers->prefill_inputs.bytes());
   slot_host = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(kernels::SamplingSlot));
   penalty_host = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(kernels::PenaltySlot));
   if (link.shard.split()) {
@@ -265,7 +265,9 @@ void Engine::Impl::complete_setup(int kv_pages) {
                                           KvBlockPool::pages_for(options.max_context), stream());
   pool = std::make_unique<batching::KvBlockPool>(kv_pages, options.prefix_caching);
   step_scheduler = std::make_unique<batching::StepScheduler>(
-      batching::SchedulerOptions{options.max_batch, options.max_context, options.prefill_tokens_per_step}, *pool);
+      batching::SchedulerOptions{options.max_batch, options.max_context, options.prefill_tokens_per_step,
+                                 options.mixed_steps ? options.prefill_chunk : 0},
+      *pool);
   step_scheduler->on_row_move([this](int from, int to) { move_row(from, to); });
   forward = std::make_unique<runtime::ForwardPass>(config, *weights, *kv, *buffers, *gemm, plan, &link);
   if (options.tune_gemms) gemm_tunings = forward->tune_decode_gemms(stream());

@@ -42,6 +42,12 @@ namespace deepfuse {
 
 namespace runtime {
 
+// Rows of the activation buffers: the largest pass, a prefill chunk, a decode step or a mixed
+// step (a prefill chunk's tokens with every decode row).
+inline int max_pass_tokens(const EngineOptions& o) {
+  return o.mixed_steps ? o.prefill_chunk + o.max_batch : std::max(o.prefill_chunk, o.max_batch);
+}
+
 // How a sequence samples (SequenceRequest); the scheduler holds the rest of it.
 struct SequenceSettings {
   SamplingParams sampling;
@@ -97,7 +103,7 @@ struct Engine::Impl {
   // in a graph and replayed `replays` times (median). Every rank must call it together.
   double time_all_reduce(int tokens, AllReduceChoice choice, int calls, int replays);
 
-  int max_tokens() const { return std::max(options.prefill_chunk, options.max_batch); }
+  int max_tokens() const { return runtime::max_pass_tokens(options); }
   // The decode plan: the GPU class's built-in, or the tuning cache's entry, then the overrides
   // (scheduler/); then fit_plan_to_memory. `all_layouts`: the tuner's engine, whose weights hold
   // every layout some candidate needs.
@@ -139,13 +145,27 @@ struct Engine::Impl {
   // at most prefill_chunk tokens; after each chunk, after_chunk(first_position, tokens) may use
   // the chunk's final hidden states (residual rows 0..tokens-1).
   void prefill(int row, std::span<const int32_t> ids, int start, const std::function<void(int, int)>& after_chunk);
+  // A decode step's input for a row: false where the row sits out, else the id it feeds and its position.
+  using DecodeInput = std::function<bool(int row, int32_t& id, int& position)>;
   // Decode inputs for rows 0..max_batch-1 (-1 / -1 / 0 where `input` returns false) through
   // `lane` to the device, then the step (step.cpp).
   // `penalties`: some row has presence/frequency penalties (the step's graph with the penalty
   // kernel); `logprob_rows`: rows whose logits go to lane.logits behind the step.
-  void run_decode_step(runtime::StepLane& lane, int sequences,
-                       const std::function<bool(int row, int32_t& id, int& position)>& input, bool penalties = false,
+  void run_decode_step(runtime::StepLane& lane, int sequences, const DecodeInput& input, bool penalties = false,
                        std::span<const int> logprob_rows = {});
+  // The same, with the prompt chunks of a mixed plan in the pass (ForwardPass::mixed_step), eager.
+  void run_mixed_step(runtime::StepLane& lane, int sequences, const DecodeInput& input,
+                      std::span<const batching::PrefillChunk> chunks, bool penalties, std::span<const int> logprob_rows);
+  // run_decode_step's upload (after the lane's last step has run); returns the longest length.
+  int upload_decode_inputs(runtime::StepLane& lane, int sequences, const DecodeInput& input);
+  // Bucket `bucket_index`'s decode attention plan for a step whose longest sequence has `longest`
+  // keys: its short-context plan (short_context set) where that serves it.
+  const kernels::DecodeAttentionPlan& attention_plan(int bucket_index, int longest, bool& short_context) const;
+  // Logits rows to lane.logits behind the step.
+  void copy_logprob_rows(runtime::StepLane& lane, std::span<const int> rows);
+  // An admitted sequence's row: its pages, and its sampling slot (its counts and draws resume
+  // from the tokens it generated before a preemption).
+  void admit_row(const batching::Sequence& sequence);
   // The row's sampling and penalty slots; with penalties, its counts start from `counted` (the
   // tokens it generated before: SequenceRequest::prior_generated), and so do its draws.
   void upload_slot(int row, const SamplingParams& sampling, const kernels::PenaltySlot& penalties = {},

@@ -46,7 +46,7 @@ StepBuffers::StepBuffers(const ModelConfig& c, int max_tokens_in, int max_batch_
       logits_gathered(shard.split() ? logits_slice.bytes() * shard.ranks : 0),
       decode_inputs(3 * static_cast<size_t>(max_batch) * sizeof(int32_t)),
       decode_rows(static_cast<size_t>(max_batch) * sizeof(int32_t)),
-      prefill_inputs(3 * static_cast<size_t>(max_tokens) * sizeof(int32_t)),
+      prefill_inputs((3 * static_cast<size_t>(max_tokens) + max_batch) * sizeof(int32_t)),
       sampling_slots(static_cast<size_t>(max_batch) * sizeof(kernels::SamplingSlot)),
       penalty_slots(static_cast<size_t>(max_batch) * sizeof(kernels::PenaltySlot)),
       penalty_counts(shard.rank == 0 ? static_cast<size_t>(max_batch) * c.vocab_size * sizeof(int32_t) : 0),
@@ -284,26 +284,30 @@ const __nv_bfloat16* ForwardPass::gemm_weights(const LinearWeight& weight, const
 }
 
 void ForwardPass::attend(const kernels::PagedKv& kv, int tokens, const Attention& attention, cudaStream_t stream) {
+  // 4. attention over the paged cache: rows [offset, ...) of q_rot and attention_out
+  const size_t q_size = config_.q_size();
+  auto* q = buffers_.q_rot.as<__nv_bfloat16>();
   auto* attention_out = buffers_.attention_out.as<__nv_bfloat16>();
-  // 4. attention over the paged cache
   if (attention.decode_plan) {
     kernels::DecodeAttentionParams p;
-    p.q = buffers_.q_rot.as<__nv_bfloat16>();
-    p.out = attention_out;
+    p.q = q + attention.decode_offset * q_size;
+    p.out = attention_out + attention.decode_offset * q_size;
     p.kv = kv;
     p.seq_lens = buffers_.decode_seq_lens();
     p.workspace = buffers_.attention_workspace.data();
     p.scale = attention_scale_;
     p.sliding_window = config_.sliding_window;
     DF_CHECK_CUDA(kernels::launch_decode_attention(*attention.decode_plan, p, stream));
-  } else {
+  }
+  for (const StepChunk& chunk : attention.chunks) {
+    DF_CHECK(chunk.offset + chunk.tokens <= tokens, "internal: a prompt chunk beyond its pass's tokens");
     kernels::PrefillAttentionParams p;
-    p.q = buffers_.q_rot.as<__nv_bfloat16>();
-    p.out = attention_out;
+    p.q = q + chunk.offset * q_size;
+    p.out = attention_out + chunk.offset * q_size;
     p.kv = kv;
-    p.sequence = attention.prefill_row;
-    p.q_start = attention.prefill_start;
-    p.q_len = tokens;
+    p.sequence = chunk.row;
+    p.q_start = chunk.start;
+    p.q_len = chunk.tokens;
     p.q_heads = config_.num_attention_heads;
     p.scale = attention_scale_;
     p.sliding_window = config_.sliding_window;
@@ -320,7 +324,7 @@ void ForwardPass::decode_step(const BucketPlan& bucket, const kernels::DecodeAtt
   embed(buffers_.decode_ids(), batch, stream);
   DF_CHECK(batch <= bucket.batch, "decode step batch " + std::to_string(batch) + " exceeds its bucket's " +
                                       std::to_string(bucket.batch));
-  const Attention attention{choices_of(bucket), &plan};
+  const Attention attention{choices_of(bucket), &plan, 0, {}};
   float* pending = nullptr;
   for (int l = 0; l < config_.num_hidden_layers; ++l)
     pending = layer(l, batch, buffers_.decode_positions(), buffers_.decode_rows.as<int32_t>(), attention, pending, stream);
@@ -334,8 +338,8 @@ void ForwardPass::prefill_chunk(int row, int start, int tokens, cudaStream_t str
   DF_CHECK(tokens >= 1 && tokens <= buffers_.max_tokens,
            "prefill chunk of " + std::to_string(tokens) + " tokens outside 1.." + std::to_string(buffers_.max_tokens));
   embed(buffers_.prefill_ids(), tokens, stream);
-  // Prefill: hundreds of tokens, cuBLASLt's projections and prefill attention.
-  const Attention attention{{plan_.prefill_mlp, FrontChoice::unfused, OProjChoice::cublaslt}, nullptr, row, start};
+  const StepChunk chunk{row, start, tokens, 0, false};
+  const Attention attention{prefill_choices(), nullptr, 0, std::span(&chunk, 1)};
   for (int l = 0; l < config_.num_hidden_layers; ++l)
     layer(l, tokens, buffers_.prefill_positions(), buffers_.prefill_rows(), attention, nullptr, stream);
 }
@@ -389,7 +393,7 @@ void ForwardPass::sample(int first_entry, int batch, cudaStream_t stream, int32_
 void ForwardPass::sample_here(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids, bool penalized,
                               Source source) {
   // Before the sampler overwrites decode_ids with this step's tokens they still hold the fed ones.
-  const int32_t* fed_ids = source == Source::decode_step ? buffers_.decode_ids() + first_entry : nullptr;
+  const int32_t* fed_ids = source == Source::prompt ? nullptr : buffers_.decode_ids() + first_entry;
   if (penalized) {
     kernels::TokenPenaltyParams t;
     t.logits = buffers_.logits.as<float>();
@@ -405,7 +409,7 @@ void ForwardPass::sample_here(int first_entry, int batch, cudaStream_t stream, i
   p.slots = buffers_.slots() + first_entry;
   p.ids = buffers_.decode_ids() + first_entry;
   p.host_ids = host_ids;
-  p.fed_ids = fed_ids;
+  p.fed_ids = source == Source::mixed_step ? buffers_.step_draws() + first_entry : fed_ids;
   p.workspace = buffers_.sampling_workspace.data();
   p.batch = batch;
   p.vocab = config_.vocab_size;

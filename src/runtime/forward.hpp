@@ -1,10 +1,13 @@
-// The ops of one forward pass, in launch order. Two passes share one per-layer op list:
+// The ops of one forward pass, in launch order. Three passes share one per-layer op list:
 //   decode step   one token for each of `batch` sequences (a batch bucket; padded entries have
 //                 id -1, position -1, length 0), paged split-KV decode attention, then final norm,
 //                 lm_head to fp32 logits and GPU sampling straight into the ids buffer;
 //   prefill chunk `tokens` consecutive prompt tokens of one sequence, causal prefill attention;
 //                 the caller then asks for logits of the rows it needs (the last one to sample the
-//                 first token, or all of them for score()).
+//                 first token, or all of them for score());
+//   mixed step    prompt chunks of several sequences and a decode step's entries after them in the
+//                 same GEMMs, prefill attention per chunk and decode attention for the entries, then
+//                 sampled as a decode step (forward_mixed.cpp).
 // Per layer (residual stream bf16 [tokens, H], updated in place):
 //   1 rms_norm(residual; input_norm)                   -> normed
 //   2 GEMM normed · Wqkv^T                             -> qkv [tokens, q | k | v]
@@ -69,7 +72,9 @@ struct StepBuffers {
   DeviceBuffer logits_gathered;   // tensor parallel: fp32 [ranks, logits_rows, vocab_rows], every rank's
   DeviceBuffer decode_inputs;     // int32 [3, max_batch]: ids | positions | seq_lens (upload_decode_inputs order)
   DeviceBuffer decode_rows;       // int32 [max_batch] = 0, 1, ...: decode entry i is block-table row i
-  DeviceBuffer prefill_inputs;    // int32 [3, max_tokens]: ids | positions | block-table rows
+  // int32 [3, max_tokens]: ids | positions | block-table rows, then int32 [max_batch]: a mixed
+  // step's draws (step_draws)
+  DeviceBuffer prefill_inputs;
   DeviceBuffer sampling_slots;    // kernels::SamplingSlot [max_batch], entry i belongs to row i
   DeviceBuffer penalty_slots;     // kernels::PenaltySlot [max_batch], entry i belongs to row i
   // int32 [max_batch, vocab]: how often row i's sequence generated each id, kept only for rows
@@ -84,9 +89,24 @@ struct StepBuffers {
   int32_t* prefill_ids() const { return prefill_inputs.as<int32_t>(); }
   int32_t* prefill_positions() const { return prefill_inputs.as<int32_t>() + max_tokens; }
   int32_t* prefill_rows() const { return prefill_inputs.as<int32_t>() + 2 * max_tokens; }
+  // A mixed step's sampler advances the draw index of rows >= 0 here: the rows it feeds and
+  // those its prompt chunks sample into (fed nothing: decode_ids holds -1 there, which the
+  // penalties count as no token).
+  int32_t* step_draws() const { return prefill_inputs.as<int32_t>() + 3 * max_tokens; }
   kernels::SamplingSlot* slots() const { return sampling_slots.as<kernels::SamplingSlot>(); }
   kernels::PenaltySlot* penalties() const { return penalty_slots.as<kernels::PenaltySlot>(); }
   int32_t* counts_row(int row) const { return penalty_counts.as<int32_t>() + static_cast<size_t>(row) * vocab; }
+};
+
+// A prompt chunk inside a mixed step: `tokens` prompt tokens of the sequence on block-table row
+// `row`, from position `start`, at token `offset` of the step's inputs. `samples`: its last
+// token's logits give the sequence's next token, sampled into decode entry `row`.
+struct StepChunk {
+  int row = 0;
+  int start = 0;
+  int tokens = 0;
+  int offset = 0;
+  bool samples = false;
 };
 
 class ForwardPass {
@@ -111,6 +131,16 @@ class ForwardPass {
   // stay in residual rows 0..tokens-1.
   void prefill_chunk(int row, int start, int tokens, cudaStream_t stream);
 
+  // A mixed step, eager: the chunks' tokens (offsets 0, 1st chunk's tokens, ...) then plan.batch
+  // decode entries, inputs in buffers.prefill_inputs (ids | positions | block-table rows: the
+  // entries' are rows 0..batch-1) and their lengths in decode_seq_lens. Every token goes through
+  // cuBLASLt's projections and the prefill MLP, each chunk through prefill attention and the
+  // entries through decode attention (`decode` false: no entry is fed, none runs). Then rows
+  // 0..batch-1 are sampled as decode_step samples them, a sampling chunk's last token standing in
+  // its row; step_draws says which rows draw, penalties count decode_ids.
+  void mixed_step(const kernels::DecodeAttentionPlan& plan, bool decode, std::span<const StepChunk> chunks,
+                  int32_t* host_sampled, bool penalties, cudaStream_t stream);
+
   // Final RMSNorm of residual rows [first_row, first_row + rows) -> normed rows 0..rows-1.
   void final_norm(int first_row, int rows, cudaStream_t stream);
   // lm_head of normed rows [first_row, first_row + rows) -> fp32 logits rows 0..rows-1 (tensor
@@ -118,8 +148,9 @@ class ForwardPass {
   void lm_head(int first_row, int rows, cudaStream_t stream);
   // What sample() samples: a prompt's first token, or a decode step, whose entries were fed
   // decode_ids (the tokens they generated last; -1 where an entry sat the step out). A decode
-  // step's penalties first count the fed ids, and an entry that sat out keeps its draw index.
-  enum class Source { prompt, decode_step };
+  // step's penalties first count the fed ids, and an entry that sat out keeps its draw index. A
+  // mixed step's penalties count the fed ids too, and its entries draw as step_draws says.
+  enum class Source { prompt, decode_step, mixed_step };
   // Samples logits rows 0..batch-1 with the slots of entries first_entry.. and writes the ids
   // into decode_ids[first_entry..] (and into host_ids[0..batch-1] when given: mapped pinned memory),
   // after the presence/frequency penalties of the entries' PenaltySlots when `penalized`.
@@ -158,12 +189,17 @@ class ForwardPass {
   static Choices choices_of(const BucketPlan& bucket) {
     return {bucket.mlp, bucket.front, bucket.o_proj, bucket.all_reduce};
   }
-  // A pass's choices, and its decode (decode_plan set) or prefill attention.
+  // Prefill chunks and mixed steps: hundreds of tokens, cuBLASLt's projections and the plan's prefill MLP.
+  Choices prefill_choices() const {
+    return {plan_.prefill_mlp, FrontChoice::unfused, OProjChoice::cublaslt, AllReduceChoice::nccl};
+  }
+  // A pass's choices and its attention: decode attention for the entries from token
+  // decode_offset on (decode_plan set), prefill attention for each chunk.
   struct Attention {
     Choices choices;
     const kernels::DecodeAttentionPlan* decode_plan = nullptr;
-    int prefill_row = 0;
-    int prefill_start = 0;
+    int decode_offset = 0;
+    std::span<const StepChunk> chunks;
   };
   void embed(const int32_t* ids, int tokens, cudaStream_t stream);
   // One transformer block. pending: the previous block's MLP sum not yet in the residual stream

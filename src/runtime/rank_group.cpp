@@ -162,7 +162,7 @@ std::unique_ptr<RankGroup> RankGroup::build(const ModelConfig& model, const Engi
   std::string notice;
   std::string why_no_peers;
   // The inputs hold any forward pass's partial sums; messages are decode steps' (prefill uses NCCL).
-  const int max_tokens = std::max(options.prefill_chunk, options.max_batch);
+  const int max_tokens = max_pass_tokens(options);
   if (dist::enable_peer_access(devices, &why_no_peers))
     group->one_shot_ = std::make_unique<dist::OneShotBuffers>(devices, static_cast<size_t>(max_tokens) * model.hidden_size,
                                                               static_cast<size_t>(options.max_batch) * model.hidden_size);

@@ -4,6 +4,7 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/weight_sources.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gpu_weights.cpp
   ${CMAKE_CURRENT_LIST_DIR}/forward.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/forward_mixed.cpp
   ${CMAKE_CURRENT_LIST_DIR}/graph_cache.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine.cpp
   ${CMAKE_CURRENT_LIST_DIR}/rank_group.cpp

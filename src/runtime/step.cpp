@@ -14,6 +14,12 @@
 //
 // The sampler writes each step's ids straight into its lane's mapped pinned memory (StepLane):
 // no copy after the graph delays the next step's upload and launch.
+//
+// Mixed steps (EngineOptions::mixed_steps): there is no prefill phase. Each launch plans both
+// phases at once, and a plan with prompt chunks runs as one eager pass of the chunks' tokens and
+// the decode rows (ForwardPass::mixed_step), launched ahead and read back like a decode step: a
+// chunk that ends its prompt samples its first token into its row, where the next step reads it,
+// and the host learns it when it reads that step back.
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -45,7 +51,7 @@ std::vector<StepToken> Engine::step() {
   ranks_->run([&](Impl& s) {
     s.activate_device();
     std::vector<StepToken>& mine = out[s.link.shard.rank];
-    s.prefill_step(mine);
+    if (!s.options.mixed_steps) s.prefill_step(mine);  // mixed: the launches below carry the prompts
     s.decode_running(mine);
   });
   for (size_t r = 1; r < out.size(); ++r)
@@ -157,8 +163,14 @@ void Engine::Impl::prefill(int row, std::span<const int32_t> ids, int start,
   }
 }
 
-// Runs the scheduler's prefill phase: an admitted sequence's row gets its sampling slot (its
-// counts and draws resume from the tokens it generated before a preemption), then each chunk
+void Engine::Impl::admit_row(const batching::Sequence& sequence) {
+  const runtime::SequenceSettings& set = settings.at(static_cast<SequenceId>(sequence.key));
+  kv->set_row(sequence.row, sequence.pages);  // its whole prompt's pages, adopted ones first
+  const std::span<const int32_t> generated(sequence.tokens.begin() + sequence.first_generated, sequence.tokens.end());
+  upload_slot(sequence.row, set.sampling, set.penalties, generated);
+}
+
+// Runs the scheduler's prefill phase: an admitted sequence's row is set up, then each chunk
 // runs, and a chunk that ends a prompt samples its first token into the row's decode slot. One
 // download reads those tokens back.
 void Engine::Impl::prefill_step(std::vector<StepToken>& out) {
@@ -170,11 +182,7 @@ void Engine::Impl::prefill_step(std::vector<StepToken>& out) {
     batching::Sequence& sequence = *chunk.sequence;
     const int row = sequence.row;
     const runtime::SequenceSettings& set = settings.at(static_cast<SequenceId>(sequence.key));
-    if (chunk.admits) {
-      kv->set_row(row, sequence.pages);  // its whole prompt's pages, adopted ones first
-      const std::span<const int32_t> generated(sequence.tokens.begin() + sequence.first_generated, sequence.tokens.end());
-      upload_slot(row, set.sampling, set.penalties, generated);
-    }
+    if (chunk.admits) admit_row(sequence);
     const int end = chunk.first + chunk.count;
     prefill(row, std::span(sequence.tokens).subspan(chunk.first, chunk.count), chunk.first, [&](int first, int tokens) {
       if (!chunk.samples || first + tokens < end) return;
@@ -200,10 +208,84 @@ void Engine::Impl::prefill_step(std::vector<StepToken>& out) {
 // Uploads rows 0..max_batch-1 of the step's inputs (ids -1, positions -1, lengths 0 where `input`
 // says the row sits out; ids equal to kIdOnDevice stay as the device holds them), then the step,
 // whose sampler leaves the ids in lane.sampled.
-void Engine::Impl::run_decode_step(StepLane& lane, int sequences,
-                                   const std::function<bool(int row, int32_t& id, int& position)>& input,
-                                   bool penalties, std::span<const int> logprob_rows) {
+void Engine::Impl::run_decode_step(StepLane& lane, int sequences, const DecodeInput& input, bool penalties,
+                                   std::span<const int> logprob_rows) {
   const int bucket_index = lane.graphs->bucket_index(sequences);
+  const int longest = upload_decode_inputs(lane, sequences, input);
+  bool short_context = false;
+  const kernels::DecodeAttentionPlan& plan = attention_plan(bucket_index, longest, short_context);
+  int32_t* host_sampled = lane.sampled.device_as<int32_t>();
+  lane.graphs->run(bucket_index, graph_variant(short_context, penalties), stream(), [&](cudaStream_t s) {
+    forward->decode_step(this->plan.buckets[bucket_index], plan, host_sampled, penalties, s);
+  });
+  copy_logprob_rows(lane, logprob_rows);
+  lane.step_done.record(stream());
+}
+
+// The chunks' tokens go up behind the entries' positions and rows; the entries' ids are copied
+// on the device, where samples in flight are.
+void Engine::Impl::run_mixed_step(StepLane& lane, int sequences, const DecodeInput& input,
+                                  std::span<const batching::PrefillChunk> chunks, bool penalties,
+                                  std::span<const int> logprob_rows) {
+  const int longest = upload_decode_inputs(lane, sequences, input);
+  bool short_context = false;
+  const kernels::DecodeAttentionPlan& plan = attention_plan(lane.graphs->bucket_index(sequences), longest, short_context);
+  const int batch = plan.batch;
+  const size_t stride = max_tokens();
+  prefill_host_read.wait();  // the last pass's inputs have been copied out
+  int32_t* host = prefill_host.as<int32_t>();
+  int32_t* draws = host + 3 * stride;  // StepBuffers::step_draws
+  std::fill_n(draws, batch, -1);
+  std::vector<runtime::StepChunk> passes;
+  int offset = 0;
+  for (const batching::PrefillChunk& chunk : chunks) {
+    const batching::Sequence& sequence = *chunk.sequence;
+    for (int t = 0; t < chunk.count; ++t) {
+      host[offset + t] = sequence.tokens[chunk.first + t];
+      host[stride + offset + t] = chunk.first + t;
+      host[2 * stride + offset + t] = sequence.row;
+    }
+    passes.push_back({sequence.row, chunk.first, chunk.count, offset, chunk.samples});
+    if (chunk.samples) draws[sequence.row] = 0;
+    offset += chunk.count;
+  }
+  const int32_t* positions = lane.inputs.as<int32_t>() + options.max_batch;  // as upload_decode_inputs left them
+  bool decode = false;
+  for (int row = 0; row < batch; ++row) {
+    host[stride + offset + row] = positions[row];
+    host[2 * stride + offset + row] = row;
+    if (positions[row] < 0) continue;
+    draws[row] = 0;
+    decode = true;
+  }
+  DF_CHECK_CUDA(cudaMemcpyAsync(buffers->prefill_inputs.data(), host, prefill_host.bytes(), cudaMemcpyHostToDevice,
+                                stream()));
+  prefill_host_read.record(stream());
+  DF_CHECK_CUDA(cudaMemcpyAsync(buffers->prefill_ids() + offset, buffers->decode_ids(), batch * sizeof(int32_t),
+                                cudaMemcpyDeviceToDevice, stream()));
+  forward->mixed_step(plan, decode, passes, lane.sampled.device_as<int32_t>(), penalties, stream());
+  copy_logprob_rows(lane, logprob_rows);
+  lane.step_done.record(stream());
+}
+
+const kernels::DecodeAttentionPlan& Engine::Impl::attention_plan(int bucket_index, int longest,
+                                                                 bool& short_context) const {
+  // Short sequences: the bucket's short-context plan (splits merged in clusters), in a graph of its own.
+  const std::optional<kernels::DecodeAttentionPlan>& short_plan = short_context_plans[bucket_index];
+  short_context = short_plan && longest <= short_plan->max_context;
+  return short_context ? *short_plan : decode_plans[bucket_index];
+}
+
+// Stream order: the copies read this step's logits before the next step's lm_head rewrites them.
+void Engine::Impl::copy_logprob_rows(StepLane& lane, std::span<const int> rows) {
+  const size_t vocab = config.vocab_size;
+  for (const int row : rows)
+    DF_CHECK_CUDA(cudaMemcpyAsync(logits_host(lane.logits).as<float>() + row * vocab,
+                                  buffers->logits.as<float>() + row * vocab, vocab * sizeof(float),
+                                  cudaMemcpyDeviceToHost, stream()));
+}
+
+int Engine::Impl::upload_decode_inputs(StepLane& lane, int sequences, const DecodeInput& input) {
   const int max_batch = options.max_batch;
   lane.step_done.wait();  // the lane's last upload and step have run
   int32_t* ids = lane.inputs.as<int32_t>();
@@ -239,44 +321,38 @@ void Engine::Impl::run_decode_step(StepLane& lane, int sequences,
     upload(first, row - first);
   }
   upload(tail, 3 * max_batch - tail);
-  // Short sequences: the bucket's short-context plan (splits merged in clusters), in a graph of its own.
-  const std::optional<kernels::DecodeAttentionPlan>& short_plan = short_context_plans[bucket_index];
-  const bool short_context = short_plan && longest <= short_plan->max_context;
-  const kernels::DecodeAttentionPlan& plan = short_context ? *short_plan : decode_plans[bucket_index];
-  int32_t* host_sampled = lane.sampled.device_as<int32_t>();
-  lane.graphs->run(bucket_index, graph_variant(short_context, penalties), stream(), [&](cudaStream_t s) {
-    forward->decode_step(this->plan.buckets[bucket_index], plan, host_sampled, penalties, s);
-  });
-  // Stream order: the copies read this step's logits before the next step's lm_head rewrites them.
-  const size_t vocab = config.vocab_size;
-  for (const int row : logprob_rows)
-    DF_CHECK_CUDA(cudaMemcpyAsync(logits_host(lane.logits).as<float>() + row * vocab,
-                                  buffers->logits.as<float>() + row * vocab, vocab * sizeof(float),
-                                  cudaMemcpyDeviceToHost, stream()));
-  lane.step_done.record(stream());
+  return longest;
 }
 
 // Launches a decode step for the rows the scheduler's decode phase feeds (the others sit it out
-// as padded rows); nothing when it feeds none.
+// as padded rows), or with mixed steps a plan of both phases (as a mixed step when it has prompt
+// chunks); nothing when the plan is empty.
 void Engine::Impl::launch_decode() {
-  const batching::StepPlan plan = step_scheduler->schedule(batching::Phase::decode);  // may preempt: rows move
-  if (plan.decode.empty()) return;
+  const batching::StepPlan plan =  // may preempt: rows move
+      step_scheduler->schedule(options.mixed_steps ? batching::Phase::both : batching::Phase::decode);
+  if (plan.empty()) return;
   const int sequences = step_scheduler->running();
   std::vector<const batching::DecodeRow*> fed(sequences, nullptr);
   bool penalties = false;
   std::vector<int> logprob_rows;
-  for (const batching::DecodeRow& decode : plan.decode) {
-    const int row = decode.sequence->row;
-    fed[row] = &decode;
-    kv->grow_row(row, decode.sequence->pages);  // a page for the new position, every 16 steps
-    const runtime::SequenceSettings& set = settings.at(static_cast<SequenceId>(decode.sequence->key));
+  auto samples = [&](const batching::Sequence& sequence) {
+    const runtime::SequenceSettings& set = settings.at(static_cast<SequenceId>(sequence.key));
     penalties |= kernels::penalized(set.penalties);
-    if (set.top_logprobs >= 0 && samples_here()) logprob_rows.push_back(row);
+    if (set.top_logprobs >= 0 && samples_here()) logprob_rows.push_back(sequence.row);
+  };
+  for (const batching::PrefillChunk& chunk : plan.prefill) {  // a mixed plan's
+    if (chunk.admits) admit_row(*chunk.sequence);
+    if (chunk.samples) samples(*chunk.sequence);
+  }
+  for (const batching::DecodeRow& decode : plan.decode) {
+    fed[decode.sequence->row] = &decode;
+    kv->grow_row(decode.sequence->row, decode.sequence->pages);  // a page for the new position, every 16 steps
+    samples(*decode.sequence);
   }
   const int lane_index = next_lane;
   next_lane = (next_lane + 1) % static_cast<int>(lanes.size());
   StepLane& lane = lanes[lane_index];
-  run_decode_step(lane, sequences, [&](int row, int32_t& id, int& position) {
+  const DecodeInput input = [&](int row, int32_t& id, int& position) {
     const batching::DecodeRow* decode = fed[row];
     if (!decode) return false;
     // A sample in flight is in the row's decode id (the scheduler feeds it only while the row
@@ -284,8 +360,14 @@ void Engine::Impl::launch_decode() {
     id = decode->feeds_sample_in_flight() ? kIdOnDevice : decode->sequence->tokens[decode->position];
     position = decode->position;
     return true;
-  }, penalties, logprob_rows);
+  };
+  if (plan.mixed)
+    run_mixed_step(lane, sequences, input, plan.prefill, penalties, logprob_rows);
+  else
+    run_decode_step(lane, sequences, input, penalties, logprob_rows);
   lane.rows.assign(sequences, 0);
+  for (const batching::PrefillChunk& chunk : plan.prefill)
+    if (chunk.samples) lane.rows[chunk.sequence->row] = static_cast<SequenceId>(chunk.sequence->key);
   for (const batching::DecodeRow& decode : plan.decode)
     lane.rows[decode.sequence->row] = static_cast<SequenceId>(decode.sequence->key);
   step_scheduler->complete(plan);

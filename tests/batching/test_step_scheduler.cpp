@@ -1,11 +1,12 @@
 // The step scheduler both backends run: FIFO admission up to max_batch, the prefill token budget
 // and chunking, preemption of the youngest with requeue, prefix-cache matching, rows kept compact.
 //
-// Beyond the unit cases, two simulated backends drive it on a fake model whose next token hashes
+// Beyond the unit cases, simulated backends drive it on a fake model whose next token hashes
 // every key/value slot the sequence reads through its block table: the CPU backend's pattern (one
-// plan per step, run and reported at once) and the CUDA engine's (prefill, then decode steps
+// plan per step, run and reported at once), the CUDA engine's (prefill, then decode steps
 // launched ahead of their read-back, each row's sample kept where its next step reads it, padded
-// rows clobbering the samples of rows a step leaves out). A wrong page, a block shared before it
+// rows clobbering the samples of rows a step leaves out), and the engine's with mixed steps (one
+// plan per launch, prompt chunks and decode rows in one pass whose sampler writes every row). A wrong page, a block shared before it
 // was written, a stale sample or a recompute from the wrong tokens changes some output, so every
 // sequence's tokens must equal those it gets alone.
 #include <gtest/gtest.h>
@@ -294,6 +295,45 @@ TEST(StepScheduler, DraftsTakeOnlyFreePagesAndNeverAnInFlightRow) {
   ASSERT_EQ(ahead_again.decode.size(), 1u);
   EXPECT_TRUE(ahead_again.decode[0].feeds_sample_in_flight());
   EXPECT_THROW(scheduler.add_drafts(ahead_again.decode[0], 2), Error);
+
+TEST(StepScheduler, MixedStepsCarryChunksAndDecodeRowsUnderTheirCap) {
+  KvBlockPool pool(64, false);
+  StepScheduler scheduler({4, 512, 100, /*mixed_step_prompt_tokens=*/40}, pool);
+  scheduler.add(1, spec_of(10, 100));
+  StepPlan first = scheduler.schedule(Phase::both);
+  EXPECT_TRUE(first.mixed) << "prompt chunks alone run as a mixed step too";
+  ASSERT_EQ(first.prefill.size(), 1u);
+  EXPECT_TRUE(first.prefill[0].samples);
+  EXPECT_TRUE(first.decode.empty());
+  scheduler.complete(first);
+  Sequence& s = *scheduler.find(1);
+  EXPECT_TRUE(s.sample_in_row) << "the mixed step samples its first token into its row";
+  scheduler.add(2, spec_of(100, 100));
+  // Launched before the first is read back: sequence 1 feeds its first token from its row while
+  // sequence 2's prompt rides along, capped at what one pass holds (40 < the budget of 100).
+  const StepPlan mixed = scheduler.schedule(Phase::both);
+  EXPECT_TRUE(mixed.mixed);
+  ASSERT_EQ(mixed.prefill.size(), 1u);
+  EXPECT_EQ(mixed.prefill[0].count, 40);
+  ASSERT_EQ(mixed.decode.size(), 1u);
+  EXPECT_TRUE(mixed.decode[0].feeds_sample_in_flight());
+  scheduler.complete(mixed);
+  scheduler.report(s, 3);
+  scheduler.report(s, 4);
+  // A mixed step that leaves a row out (pretend sequence 1 had no page) overwrites its sample.
+  s.preempting = true;
+  const StepPlan without = scheduler.schedule(Phase::both);
+  s.preempting = false;
+  EXPECT_TRUE(without.mixed);
+  EXPECT_TRUE(without.decode.empty());
+  EXPECT_FALSE(s.sample_in_row);
+  scheduler.complete(without);
+  // Decode rows only: a plain step, whichever phases were asked for.
+  scheduler.cancel(2);
+  const StepPlan plain = scheduler.schedule(Phase::both);
+  EXPECT_FALSE(plain.mixed);
+  ASSERT_EQ(plain.decode.size(), 1u);
+  EXPECT_FALSE(plain.decode[0].feeds_sample_in_flight()) << "the host feeds what it read back";
 }
 
 TEST(StepScheduler, BenchmarkContextsDecodeFromTheirLength) {
@@ -346,13 +386,14 @@ struct Workload {
   int pages = 64;
   bool prefix_caching = true;
   int max_batch = 4, max_context = 200, budget = 0;  // the scheduler's options
+  int mixed_tokens = 0;                              // SchedulerOptions::mixed_step_prompt_tokens
 };
 
 // A backend on the fake model: the scheduler, its pool, and what each sequence produced.
 class SimulatedBackend {
  public:
   explicit SimulatedBackend(const Workload& w)
-      : w_(w), pool_(w.pages, w.prefix_caching), scheduler_({w.max_batch, w.max_context, w.budget}, pool_),
+      : w_(w), pool_(w.pages, w.prefix_caching), scheduler_({w.max_batch, w.max_context, w.budget, w.mixed_tokens}, pool_),
         model_(w.pages, w.max_batch) {
     scheduler_.on_row_move([&](int from, int to) { model_.row_samples()[to] = model_.row_samples()[from]; });
     for (size_t i = 0; i < w.specs.size(); ++i) scheduler_.add(i + 1, w.specs[i]);
@@ -467,6 +508,51 @@ Outputs run_like_engine(const Workload& w, bool overlap, uint64_t* preemptions =
   }, preemptions);  // steps still in flight at the end feed sequences that ended: dropped
 }
 
+// The CUDA engine's pattern with mixed steps: every launch one plan of both phases; a mixed one
+// runs its chunks and decode rows in one pass whose sampler writes every row (a chunk that ends
+// its prompt into its own row, the rows it leaves out garbage), read back like a decode step.
+Outputs run_like_mixed_engine(const Workload& w, bool overlap, uint64_t* preemptions = nullptr) {
+  SimulatedBackend backend(w);
+  StepScheduler& scheduler = backend.scheduler();
+  FakeModel& model = backend.model();
+  struct Sampled {
+    SequenceKey key;
+    int row;
+    int32_t sample;
+  };
+  std::deque<std::vector<Sampled>> launched;
+  auto launch = [&] {
+    const StepPlan plan = scheduler.schedule(Phase::both);
+    if (plan.empty()) return;
+    EXPECT_EQ(plan.mixed, !plan.prefill.empty());
+    std::vector<int32_t> next(w.max_batch, -1);  // padded rows sample garbage: -1 here
+    std::vector<Sampled> lane;
+    for (auto [s, id] : backend.prefill(plan, false)) {
+      next[s->row] = id;
+      lane.push_back({s->key, s->row, id});
+    }
+    for (const DecodeRow& d : plan.decode) {
+      const Sequence& s = *d.sequence;
+      const int32_t token = d.feeds_sample_in_flight() ? model.row_samples()[s.row] : s.tokens[d.position];
+      next[s.row] = model.run(s, d.position, token, true);
+      lane.push_back({s.key, s.row, next[s.row]});
+    }
+    model.row_samples() = next;
+    scheduler.complete(plan);
+    launched.push_back(std::move(lane));
+  };
+  auto read_back_oldest = [&] {
+    for (const Sampled& sampled : launched.front())
+      if (Sequence* s = scheduler.find_running(sampled.key, sampled.row)) backend.report(*s, sampled.sample);
+    launched.pop_front();
+  };
+  return backend.run([&] {
+    if (launched.empty()) launch();
+    if (overlap) launch();
+    if (!launched.empty()) read_back_oldest();
+  }, preemptions);
+}
+
 // Each sequence alone, on a cache with room to spare: the outputs every schedule must give.
 Outputs solo(const Workload& w) {
   Outputs out;
@@ -521,6 +607,22 @@ TEST(StepScheduler, EnginePatternGivesEverySequenceItsSoloOutput) {
       w.prefix_caching = round % 2 == 0;
       uint64_t p = 0;
       EXPECT_EQ(run_like_engine(w, overlap, &p), solo(w)) << "round " << round << " overlap " << overlap;
+      preemptions += p;
+    }
+    EXPECT_GT(preemptions, 0u) << "overlap " << overlap << ": the cache was meant to be tight enough to preempt";
+  }
+}
+
+TEST(StepScheduler, MixedEnginePatternGivesEverySequenceItsSoloOutput) {
+  auto rng = testing::make_rng(503);
+  for (const bool overlap : {true, false}) {
+    uint64_t preemptions = 0;
+    for (int round = 0; round < 20; ++round) {
+      Workload w = random_workload(rng, 10, 12);
+      w.prefix_caching = round % 2 == 0;
+      w.mixed_tokens = round % 3 == 0 ? 16 : 20;  // below the budget of 24, or one pass holds it
+      uint64_t p = 0;
+      EXPECT_EQ(run_like_mixed_engine(w, overlap, &p), solo(w)) << "round " << round << " overlap " << overlap;
       preemptions += p;
     }
     EXPECT_GT(preemptions, 0u) << "overlap " << overlap << ": the cache was meant to be tight enough to preempt";
