@@ -196,8 +196,10 @@ class Engine {
   // sequence. Finished sequences are reported once and then removed automatically. A sequence
   // prefilled in this step reports its first token (sampled from the prefill) and, unless that
   // finished it, its second from the decode step, in this call, or in the next one when the step
-  // read back now was launched ahead before it joined (overlap_steps). At most max_batch
-  // sequences run; the rest wait in the queue (first in, first out).
+  // read back now was launched ahead before it joined (overlap_steps). With mixed_steps the
+  // prompt chunks ride in the launched steps instead, and a sequence's first token comes with the
+  // read-back of the step that ended its prompt (with overlap_steps, in the next call). At most
+  // max_batch sequences run; the rest wait in the queue (first in, first out).
   std::vector<StepToken> step();
 
   // Teacher forcing, for tests and `score`: runs `ids` through a fresh sequence (prefill of

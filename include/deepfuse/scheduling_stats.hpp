@@ -15,6 +15,7 @@ struct SchedulingStats {
   uint64_t preemptions = 0;
   uint64_t prefix_cache_queried_tokens = 0;  // prompt tokens looked up in the prefix cache at admission
   uint64_t prefix_cache_hit_tokens = 0;      // of those, served from it
+  uint64_t mixed_steps = 0;                  // steps whose one pass carried prompt chunks and decode rows
 };
 
 }  // namespace deepfuse

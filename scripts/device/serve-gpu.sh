@@ -6,7 +6,10 @@
 #   ttft   scripts/bench/first_token_latency.py: one stream's first token, 512 ids in, as a kept-alive
 #          client (aiohttp's pattern), fresh connections (urllib's), aiohttp / openai / curl where
 #          present; then `bench decode`'s isolated 512-token prefill on the same GPU (issue 53)
-# usage: scripts/device/serve-gpu.sh OUT BUILD_DIR [smoke] [bench] [ttft]
+#   mixed  16 streams of 512 ids in and 128 out, and Poisson 8 req/s, with mixed steps on (the
+#          default) and off (--no-mixed-steps), then `bench decode` batch 1 and 16 and the isolated
+#          512-token prefill (issue 53's targets)
+# usage: scripts/device/serve-gpu.sh OUT BUILD_DIR [smoke] [bench] [ttft] [mixed]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -84,6 +87,18 @@ for step in "$@"; do
       stop_server
       "$bin/deepfuse" bench decode --archs "$arch" --batches 1 --contexts 576 --ttft-prompts 512 2>&1 |
         tee -a "$out/ttft.txt" ;;
+    mixed)
+      for steps in --mixed-steps --no-mixed-steps; do
+        start_server --max-batch 16 --max-context 8192 "$steps"
+        b="python3 scripts/bench/bench_serve.py --model $arch --base-url http://127.0.0.1:$port --json $out/mixed.json"
+        $b --label "16-streams $steps" --max-concurrency 16 --num-prompts 64 2>&1 | tee -a "$out/mixed.txt"
+        $b --label "one-stream $steps" --max-concurrency 1 --num-prompts 8 2>&1 | tee -a "$out/mixed.txt"
+        $b --label "poisson $steps" --rates 8 --num-prompts 64 --max-concurrency 16 2>&1 | tee -a "$out/mixed.txt"
+        metrics "$out/metrics$steps.txt"
+        stop_server
+      done
+      "$bin/deepfuse" bench decode --archs "$arch" --batches 1,16 --contexts 576 --ttft-prompts 512 \
+        --json "$out/mixed-decode.json" 2>&1 | tee -a "$out/mixed.txt" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

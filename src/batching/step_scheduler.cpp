@@ -70,6 +70,7 @@ SchedulingStats StepScheduler::stats() const {
   stats.preemptions = preemptions_;
   stats.prefix_cache_queried_tokens = prefix_queried_tokens_;
   stats.prefix_cache_hit_tokens = prefix_hit_tokens_;
+  stats.mixed_steps = mixed_steps_;
   return stats;
 }
 
@@ -258,6 +259,7 @@ StepPlan StepScheduler::schedule(Phase phase) {
   // Prompt chunks ride in the decode rows' pass when steps are mixed (and both phases were
   // planned: a backend that asks for one phase runs it alone).
   plan.mixed = options_.mixed_step_prompt_tokens > 0 && phase == Phase::both && !plan.prefill.empty();
+  mixed_steps_ += plan.mixed && !plan.decode.empty();
   // A step that runs samples every row; a plan with nothing but prompt chunks that are not mixed
   // runs no decode step, and a prefill pass writes only the rows it samples into.
   if (!plan.decode.empty() || plan.mixed) mark_row_samples(plan);

@@ -210,6 +210,7 @@ class StepScheduler {
   uint64_t preemptions_ = 0;
   uint64_t prefix_queried_tokens_ = 0;
   uint64_t prefix_hit_tokens_ = 0;
+  uint64_t mixed_steps_ = 0;
 };
 
 }  // namespace deepfuse::batching

@@ -55,6 +55,21 @@ const std::vector<AllReduceTiming>& EngineBench::all_reduce_timings(const Engine
   return engine.ranks_->all_reduce_timings();
 }
 
+void EngineBench::poison_buffers(Engine& engine) {
+  constexpr uint16_t kNan = 0x7fc0;  // bf16 NaN; two of them are an fp32 NaN
+  engine.ranks_->run([&](Engine::Impl& s) {
+    s.activate_device();
+    DF_CHECK(!s.step_scheduler->has_work() && s.launched.empty(), "poison_buffers: the engine must be idle and new");
+    s.kv->fill_pools(kNan);
+    runtime::StepBuffers& b = *s.buffers;
+    for (DeviceBuffer* buffer : {&b.residual, &b.normed, &b.qkv, &b.q_rot, &b.attention_out, &b.logits,
+                                 &b.decode_inputs, &b.prefill_inputs}) {
+      const std::vector<uint16_t> host(buffer->bytes() / sizeof(uint16_t), kNan);
+      buffer->upload(host.data(), buffer->bytes());
+    }
+  });
+}
+
 double EngineBench::decode_replay_ms(Engine::Impl& s, int replays) {
   s.activate_device();
   DF_CHECK(replays >= 1, "replays is " + std::to_string(replays) + "; it must be at least 1");

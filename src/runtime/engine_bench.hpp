@@ -27,6 +27,10 @@ class EngineBench {
   // Tensor parallel: the all-reduce times measured at engine start, per decode bucket (empty or
   // zero for one GPU).
   static const std::vector<AllReduceTiming>& all_reduce_timings(const Engine& engine);
+  // Tests: the KV pools, the forward pass's activations, logits and inputs filled with NaN (16-bit
+  // 0x7fc0, which as an id is out of the vocabulary), so whatever a step reads that no step wrote
+  // shows in its tokens. Only with no sequence added yet.
+  static void poison_buffers(Engine& engine);
 
  private:
   static SequenceId add_prefilled(Engine::Impl& s, int context, int max_new_tokens);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "deepfuse/error.hpp"
 
@@ -34,6 +35,12 @@ KvCache::KvCache(const KvGeometry& geometry, int pages, int max_rows, int max_pa
   // Entries past a row's pages are never read (lengths bound every kernel), but -1 everywhere
   // makes a stray read an obvious out-of-range page rather than a plausible one.
   DF_CHECK_CUDA(cudaMemsetAsync(block_table_.data(), 0xff, block_table_.bytes(), stream_));
+}
+
+void KvCache::fill_pools(uint16_t bits) {
+  DF_CHECK_CUDA(cudaStreamSynchronize(stream_));
+  const std::vector<uint16_t> host(pool_.bytes() / sizeof(uint16_t), bits);
+  pool_.upload(host.data(), pool_.bytes());
 }
 
 kernels::PagedKv KvCache::layer(int layer) const {

@@ -51,6 +51,9 @@ class KvCache {
   void grow_row(int row, std::span<const int32_t> pages);
   // Row `to` takes row `from`'s entries (a sequence moved rows).
   void move_row(int from, int to);
+  // Tests: every element of the pools set to the 16-bit pattern `bits` (a NaN, so a read of a
+  // position no step wrote shows up). Synchronous.
+  void fill_pools(uint16_t bits);
 
  private:
   void check_row(int row) const;

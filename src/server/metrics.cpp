@@ -128,6 +128,9 @@ std::string Metrics::render() const {
   sample(out, "deepfuse_prefix_cache_queries_total", static_cast<double>(backend_.prefix_cache_queried_tokens));
   header(out, "deepfuse_prefix_cache_hits_total", "counter", "Prompt tokens served from the prefix cache.");
   sample(out, "deepfuse_prefix_cache_hits_total", static_cast<double>(backend_.prefix_cache_hit_tokens));
+  header(out, "deepfuse_mixed_steps_total", "counter",
+         "Steps whose one forward pass carried prompt chunks and decode rows together (CUDA backend).");
+  sample(out, "deepfuse_mixed_steps_total", static_cast<double>(backend_.mixed_steps));
   header(out, "deepfuse_spec_draft_tokens_total", "counter", "Draft tokens verified (speculative decoding).");
   sample(out, "deepfuse_spec_draft_tokens_total", static_cast<double>(backend_.draft_tokens));
   header(out, "deepfuse_spec_accepted_tokens_total", "counter", "Of those, tokens accepted.");

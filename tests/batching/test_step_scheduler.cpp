@@ -295,6 +295,7 @@ TEST(StepScheduler, DraftsTakeOnlyFreePagesAndNeverAnInFlightRow) {
   ASSERT_EQ(ahead_again.decode.size(), 1u);
   EXPECT_TRUE(ahead_again.decode[0].feeds_sample_in_flight());
   EXPECT_THROW(scheduler.add_drafts(ahead_again.decode[0], 2), Error);
+}
 
 TEST(StepScheduler, MixedStepsCarryChunksAndDecodeRowsUnderTheirCap) {
   KvBlockPool pool(64, false);
@@ -317,6 +318,7 @@ TEST(StepScheduler, MixedStepsCarryChunksAndDecodeRowsUnderTheirCap) {
   EXPECT_EQ(mixed.prefill[0].count, 40);
   ASSERT_EQ(mixed.decode.size(), 1u);
   EXPECT_TRUE(mixed.decode[0].feeds_sample_in_flight());
+  EXPECT_EQ(scheduler.stats().mixed_steps, 1u) << "the first had no decode row";
   scheduler.complete(mixed);
   scheduler.report(s, 3);
   scheduler.report(s, 4);

@@ -45,33 +45,11 @@ using testing::compare_logits;
 using testing::random_ids;
 using testing::ScratchDir;
 using testing::tiny_config;
+using testing::tiny_models;
 using testing::TinyModel;
 
 using testing::kMaxLogitsError;
 using testing::kMinTop1Agreement;
-
-// One per architecture feature the engine must get right. Vocabularies are odd-sized on purpose.
-std::vector<TinyModel> tiny_models() {
-  using A = Architecture;
-  std::vector<TinyModel> models;
-  // GQA 4:2, head_dim 64.
-  models.push_back({"llama_gqa", tiny_config(A::llama, 512, 256, 512, 2, 4, 2, 64, 10000.0)});
-  // head_dim 128 with q_size 512 != hidden 256, Llama 3 rope scaling with all three wavelength
-  // bands inside theta 500000's spectrum.
-  ModelConfig llama3 = tiny_config(A::llama, 1000, 256, 384, 3, 4, 2, 128, 500000.0);
-  testing::use_llama3_rope_scaling(llama3);
-  models.push_back({"llama3_rope_headdim128", llama3});
-  // q/k/v biases, tied embeddings, GQA 4:1.
-  ModelConfig qwen2 = tiny_config(A::qwen2, 997, 256, 448, 2, 4, 1, 64, 1000000.0);
-  qwen2.qkv_bias = true;
-  qwen2.tie_word_embeddings = true;
-  models.push_back({"qwen2_bias_tied", qwen2});
-  // A 24-token sliding window, shorter than the prompts below; GQA 3:1.
-  ModelConfig mistral = tiny_config(A::mistral, 771, 192, 320, 3, 3, 1, 64, 10000.0);
-  mistral.sliding_window = 24;
-  models.push_back({"mistral_window24", mistral});
-  return models;
-}
 
 // Small pools and one or two batch buckets: GPU tests run side by side under ctest -j.
 EngineOptions tiny_engine_options() {

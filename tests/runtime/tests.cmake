@@ -6,3 +6,4 @@ deepfuse_test(test_decode_buckets ${CMAKE_CURRENT_LIST_DIR}/test_decode_buckets.
 deepfuse_test(test_rank_threads ${CMAKE_CURRENT_LIST_DIR}/test_rank_threads.cpp)
 deepfuse_test(test_gpu_weights_gpu ${CMAKE_CURRENT_LIST_DIR}/test_gpu_weights_gpu.cpp GPU)
 deepfuse_test(test_engine_fp8_gpu ${CMAKE_CURRENT_LIST_DIR}/test_engine_fp8_gpu.cpp GPU)
+deepfuse_test(test_mixed_steps_gpu ${CMAKE_CURRENT_LIST_DIR}/test_mixed_steps_gpu.cpp GPU)
