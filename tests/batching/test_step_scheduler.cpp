@@ -17,6 +17,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <string>
 
 #include "batching/step_scheduler.hpp"
 #include "deepfuse/error.hpp"
@@ -469,62 +470,21 @@ Outputs run_like_cpu_backend(const Workload& w, uint64_t* preemptions = nullptr)
 
 // The CUDA engine's pattern (src/runtime/step.cpp): prefill, read its first tokens back, then
 // decode steps launched ahead (overlap: one stays in flight), the oldest read back per step.
-Outputs run_like_engine(const Workload& w, bool overlap, uint64_t* preemptions = nullptr) {
-  SimulatedBackend backend(w);
-  StepScheduler& scheduler = backend.scheduler();
-  FakeModel& model = backend.model();
-  struct Fed {
-    SequenceKey key;
-    int row;  // at launch: rows move when sequences leave, so the read-back may find it elsewhere
-    int32_t sample;
-  };
-  std::deque<std::vector<Fed>> launched;
-  auto launch_decode = [&] {
-    const StepPlan plan = scheduler.schedule(Phase::decode);
-    if (plan.decode.empty()) return;
-    std::vector<int32_t> next(w.max_batch, -1);  // padded rows sample garbage: -1 here
-    std::vector<Fed> lane;
-    for (const DecodeRow& d : plan.decode) {
-      const Sequence& s = *d.sequence;
-      const int32_t token = d.feeds_sample_in_flight() ? model.row_samples()[s.row] : s.tokens[d.position];
-      next[s.row] = model.run(s, d.position, token, true);
-      lane.push_back({s.key, s.row, next[s.row]});
-    }
-    model.row_samples() = next;
-    scheduler.complete(plan);
-    launched.push_back(std::move(lane));
-  };
-  auto read_back_oldest = [&] {
-    for (const Fed& fed : launched.front())  // as the engine matches them; ended since: dropped
-      if (Sequence* s = scheduler.find_running(fed.key, fed.row)) backend.report(*s, fed.sample);
-    launched.pop_front();
-  };
-  return backend.run([&] {
-    const StepPlan plan = scheduler.schedule(Phase::prefill);
-    const std::vector<std::pair<Sequence*, int32_t>> firsts = backend.prefill(plan, true);
-    scheduler.complete(plan);
-    for (auto [s, id] : firsts) backend.report(*s, id);
-    if (launched.empty()) launch_decode();
-    if (overlap) launch_decode();
-    if (!launched.empty()) read_back_oldest();
-  }, preemptions);  // steps still in flight at the end feed sequences that ended: dropped
-}
-
-// The CUDA engine's pattern with mixed steps: every launch one plan of both phases; a mixed one
-// runs its chunks and decode rows in one pass whose sampler writes every row (a chunk that ends
-// its prompt into its own row, the rows it leaves out garbage), read back like a decode step.
-Outputs run_like_mixed_engine(const Workload& w, bool overlap, uint64_t* preemptions = nullptr) {
+// `mixed` (mixed steps): no prefill phase; every launch plans both phases, and a mixed plan runs
+// its chunks and decode rows in one pass whose sampler writes every row (a chunk that ends its
+// prompt into its own row), read back like a decode step.
+Outputs run_like_engine(const Workload& w, bool overlap, bool mixed, uint64_t* preemptions = nullptr) {
   SimulatedBackend backend(w);
   StepScheduler& scheduler = backend.scheduler();
   FakeModel& model = backend.model();
   struct Sampled {
     SequenceKey key;
-    int row;
+    int row;  // at launch: rows move when sequences leave, so the read-back may find it elsewhere
     int32_t sample;
   };
   std::deque<std::vector<Sampled>> launched;
   auto launch = [&] {
-    const StepPlan plan = scheduler.schedule(Phase::both);
+    const StepPlan plan = scheduler.schedule(mixed ? Phase::both : Phase::decode);
     if (plan.empty()) return;
     EXPECT_EQ(plan.mixed, !plan.prefill.empty());
     std::vector<int32_t> next(w.max_batch, -1);  // padded rows sample garbage: -1 here
@@ -544,15 +504,21 @@ Outputs run_like_mixed_engine(const Workload& w, bool overlap, uint64_t* preempt
     launched.push_back(std::move(lane));
   };
   auto read_back_oldest = [&] {
-    for (const Sampled& sampled : launched.front())
+    for (const Sampled& sampled : launched.front())  // as the engine matches them; ended since: dropped
       if (Sequence* s = scheduler.find_running(sampled.key, sampled.row)) backend.report(*s, sampled.sample);
     launched.pop_front();
   };
   return backend.run([&] {
+    if (!mixed) {
+      const StepPlan plan = scheduler.schedule(Phase::prefill);
+      const std::vector<std::pair<Sequence*, int32_t>> firsts = backend.prefill(plan, true);
+      scheduler.complete(plan);
+      for (auto [s, id] : firsts) backend.report(*s, id);
+    }
     if (launched.empty()) launch();
     if (overlap) launch();
     if (!launched.empty()) read_back_oldest();
-  }, preemptions);
+  }, preemptions);  // steps still in flight at the end feed sequences that ended: dropped
 }
 
 // Each sequence alone, on a cache with room to spare: the outputs every schedule must give.
@@ -600,34 +566,24 @@ TEST(StepScheduler, CpuBackendPatternGivesEverySequenceItsSoloOutput) {
   EXPECT_GT(preemptions, 0u) << "the cache was meant to be tight enough to preempt";
 }
 
+// Separate prefill passes, and mixed steps whose pass holds 16 prompt tokens (below the budget
+// of 24) or 40 (the budget rules).
 TEST(StepScheduler, EnginePatternGivesEverySequenceItsSoloOutput) {
   auto rng = testing::make_rng(502);
-  for (const bool overlap : {true, false}) {
-    uint64_t preemptions = 0;
-    for (int round = 0; round < 20; ++round) {
-      Workload w = random_workload(rng, 10, 12);
-      w.prefix_caching = round % 2 == 0;
-      uint64_t p = 0;
-      EXPECT_EQ(run_like_engine(w, overlap, &p), solo(w)) << "round " << round << " overlap " << overlap;
-      preemptions += p;
+  for (const bool mixed : {false, true}) {
+    for (const bool overlap : {true, false}) {
+      const std::string what = std::string(mixed ? "mixed" : "separate") + (overlap ? ", overlapped" : "");
+      uint64_t preemptions = 0;
+      for (int round = 0; round < 20; ++round) {
+        Workload w = random_workload(rng, 10, 12);
+        w.prefix_caching = round % 2 == 0;
+        if (mixed) w.mixed_tokens = round % 3 == 0 ? 16 : 40;
+        uint64_t p = 0;
+        EXPECT_EQ(run_like_engine(w, overlap, mixed, &p), solo(w)) << what << ", round " << round;
+        preemptions += p;
+      }
+      EXPECT_GT(preemptions, 0u) << what << ": the cache was meant to be tight enough to preempt";
     }
-    EXPECT_GT(preemptions, 0u) << "overlap " << overlap << ": the cache was meant to be tight enough to preempt";
-  }
-}
-
-TEST(StepScheduler, MixedEnginePatternGivesEverySequenceItsSoloOutput) {
-  auto rng = testing::make_rng(503);
-  for (const bool overlap : {true, false}) {
-    uint64_t preemptions = 0;
-    for (int round = 0; round < 20; ++round) {
-      Workload w = random_workload(rng, 10, 12);
-      w.prefix_caching = round % 2 == 0;
-      w.mixed_tokens = round % 3 == 0 ? 16 : 20;  // below the budget of 24, or one pass holds it
-      uint64_t p = 0;
-      EXPECT_EQ(run_like_mixed_engine(w, overlap, &p), solo(w)) << "round " << round << " overlap " << overlap;
-      preemptions += p;
-    }
-    EXPECT_GT(preemptions, 0u) << "overlap " << overlap << ": the cache was meant to be tight enough to preempt";
   }
 }
 
