@@ -21,7 +21,8 @@ struct TokenLogprobs {
 
 // log_softmax of `logits` (in double; after presence and frequency penalties, before
 // temperature, top-k, top-p and min-p, as OpenAI reports them) at `chosen`, and the `top` most
-// likely ids (none when top <= 0; at most the vocabulary). Empty logits or `chosen` outside
+// likely ids (none when top <= 0; at most the vocabulary; never an id whose logit is -inf, which a
+// token bitmask left out). Empty logits or `chosen` outside
 // them throw deepfuse::Error.
 TokenLogprobs token_logprobs(std::span<const float> logits, int32_t chosen, int top);
 

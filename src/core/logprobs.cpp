@@ -27,7 +27,9 @@ TokenLogprobs token_logprobs(std::span<const float> logits, int32_t chosen, int 
   std::iota(ids.begin(), ids.end(), 0);
   std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
                     [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
-  for (int i = 0; i < k; ++i) out.top.push_back({ids[i], logprob(ids[i])});
+  // A token left out by a constraint (logit -inf, deepfuse/token_bitmask.hpp) has no probability
+  // to report: the list stops before it (JSON has no -inf).
+  for (int i = 0; i < k && std::isfinite(logits[ids[i]]); ++i) out.top.push_back({ids[i], logprob(ids[i])});
   return out;
 }
 

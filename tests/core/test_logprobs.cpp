@@ -29,6 +29,24 @@ TEST(TokenLogprobs, AreTheLogSoftmaxAtTheChosenId) {
   EXPECT_NEAR(token_logprobs(shifted, 17, 0).logprob, token_logprobs(logits, 17, 0).logprob, 1e-3);
 }
 
+// Under a token bitmask most logits are -inf: the top list holds only the allowed ids.
+TEST(TokenLogprobs, LeftOutIdsAreNeverAmongTheTop) {
+  auto rng = testing::make_rng(33);
+  std::vector<float> logits = testing::random_uniform(rng, 1000, 10.0f);
+  std::vector<int32_t> allowed = {3, 500, 999};
+  for (int id = 0; id < 1000; ++id)
+    if (std::find(allowed.begin(), allowed.end(), id) == allowed.end()) logits[id] = -INFINITY;
+  const TokenLogprobs lp = token_logprobs(logits, 500, 10);
+  ASSERT_EQ(lp.top.size(), 3u);
+  double mass = 0;
+  for (const TokenLogprob& t : lp.top) {
+    EXPECT_NE(std::find(allowed.begin(), allowed.end(), t.id), allowed.end()) << t.id;
+    EXPECT_TRUE(std::isfinite(t.logprob));
+    mass += std::exp(static_cast<double>(t.logprob));
+  }
+  EXPECT_NEAR(mass, 1.0, 1e-5);
+}
+
 TEST(TokenLogprobs, TopIdsAreTheMostLikelyInOrder) {
   auto rng = testing::make_rng(32);
   std::vector<float> logits = testing::random_uniform(rng, 3000, 10.0f);

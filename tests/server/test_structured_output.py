@@ -13,6 +13,7 @@ Run by ctest (tests/server/tests.cmake) with test_server.py's helpers and venv.
 """
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -187,6 +188,19 @@ class StructuredOutput(unittest.TestCase):
         final, chunks = assemble(self.chat(response_format=schema, stream=True, temperature=0))
         self.assertGreater(chunks, 10)  # token by token, and the client's own stream helper reads it
         validate(json.loads(final.choices[0].message.content), ORDER_SCHEMA)
+
+    def test_logprobs_of_a_constrained_answer(self):
+        # Inside an enum most ids are left out: the alternatives listed are allowed ones only.
+        schema = {"type": "json_schema", "json_schema": {"name": "order", "schema": ORDER_SCHEMA}}
+        r = self.chat(response_format=schema, temperature=0, logprobs=True, top_logprobs=5)
+        validate(json.loads(r.choices[0].message.content), ORDER_SCHEMA)
+        tokens = r.choices[0].logprobs.content
+        self.assertGreater(len(tokens), 10)
+        self.assertTrue(any(len(t.top_logprobs) < 5 for t in tokens))  # forced tokens: fewer than asked
+        for t in tokens:
+            self.assertTrue(t.top_logprobs)
+            self.assertGreaterEqual(t.logprob, t.top_logprobs[0].logprob - 1e-6)  # greedy: the most likely
+            self.assertLessEqual(sum(math.exp(a.logprob) for a in t.top_logprobs), 1 + 1e-4)
 
     def test_unconstrained_answer_is_not_json(self):
         # The same model and prompt without a response format: what the grammar changes.
