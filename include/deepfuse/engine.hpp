@@ -28,6 +28,7 @@
 #include "deepfuse/model_config.hpp"
 #include "deepfuse/sampling_params.hpp"
 #include "deepfuse/scheduling_stats.hpp"
+#include "deepfuse/weight_format.hpp"
 
 namespace deepfuse {
 
@@ -89,6 +90,11 @@ struct EngineOptions {
   // thread each in this process, two all-reduces per block (docs/dist.md). Stats and the plan are
   // rank 0's (per GPU).
   int tensor_parallel = 1;
+  // Linear weights made in another format at load (--quantize fp8: per-channel FP8 e4m3, the
+  // lm_head kept bf16 unless quantize_lm_head), checkpoints and random weights alike (random
+  // weights are drawn in bf16 and then quantized, so bf16 and FP8 engines of one seed hold the
+  // same model up to FP8 rounding). An FP8 checkpoint loads in its own format without it.
+  WeightLoadOptions weights;
 };
 
 // Called while weights load: bytes done, bytes total.

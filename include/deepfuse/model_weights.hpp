@@ -44,18 +44,20 @@ void validate_checkpoint(const Checkpoint& checkpoint, const ModelConfig& config
 // BF16, F16, F32, F8_E4M3 or F8_E5M2 bytes -> fp32 (8-bit values unscaled).
 std::vector<float> to_float32(std::span<const std::byte> data, SafetensorsDType dtype);
 
-// How the reference backend loads weights beyond what the checkpoint stores.
-struct WeightLoadOptions {
-  // fp8_e4m3: round every 16-bit linear weight through FP8 with per-output-channel absmax scales
-  // (--quantize fp8), lm_head too only with quantize_lm_head. bf16: as stored.
-  WeightFormat quantize = WeightFormat::bf16;
-  bool quantize_lm_head = false;
-};
-
 // The format `tensor` runs in once loaded with `options`: its stored format, or the quantize
 // format for a 16-bit linear weight (lm_head only with quantize_lm_head).
 WeightFormat loaded_weight_format(const ModelConfig& config, const ExpectedTensor& tensor,
                                   const WeightLoadOptions& options);
+
+// Throws deepfuse::Error for a --quantize the checkpoint cannot take: a format other than fp8
+// (fp8_e4m3, per-channel scales), a checkpoint already quantized, --quantize-lm-head on a tied
+// lm_head (the 16-bit embedding). Both backends check it before loading.
+void check_weight_load_options(const ModelConfig& config, const WeightLoadOptions& options);
+
+// The format the decoder blocks' linear weights load in: the first non-bf16 one (the checkpoint's
+// quantized format or --quantize's), bf16 when every one stays 16-bit. What the decode plan's
+// choices depend on (the fused MLP reads bf16 only).
+WeightFormat block_weight_format(const ModelConfig& config, const WeightLoadOptions& options);
 
 // Validates, then converts every tensor to fp32 in the reference decoder's layout: FP8 weights
 // dequantized with their scales (the oracle for the FP8 kernels), 16-bit ones as stored or

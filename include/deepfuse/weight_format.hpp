@@ -98,6 +98,17 @@ class WeightFormats {
   uint32_t bits_ = 0;
 };
 
+// The formats linear weights are made in at load beyond what the checkpoint stores (--quantize):
+// fp8_e4m3 rounds every 16-bit linear weight through FP8 with one absmax scale per output channel,
+// lm_head too only with quantize_lm_head; bf16 keeps them as stored. Both backends load so, and
+// the CUDA engine's random weights are drawn in bf16 and then made so (src/runtime).
+struct WeightLoadOptions {
+  WeightFormat quantize = WeightFormat::bf16;
+  bool quantize_lm_head = false;
+
+  bool operator==(const WeightLoadOptions&) const = default;
+};
+
 // How a linear weight's elements are ordered on the device.
 enum class WeightLayout : uint8_t {
   row_major,        // [out, in] as Hugging Face stores it (cuBLASLt's operand)
@@ -126,6 +137,8 @@ struct LinearWeight {
   const uint4* bf16_tiles(const char* who) const;
   // The packed tiles in any format, for a kernel that takes the format (and scales) alongside.
   const uint4* tiles(const char* who) const;
+  // The row-major e4m3 bytes of an FP8 format (what the FP8 packing reads).
+  const uint8_t* e4m3(const char* who) const;
 
  private:
   const void* checked(bool packed, const char* who, bool any_format = false) const;

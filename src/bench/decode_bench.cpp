@@ -85,6 +85,15 @@ struct Report {
   }
 };
 
+// How tables name an engine's model: its arch, and its weights' format where not bf16
+// ("llama3-8b fp8_e4m3"); the JSON rows say both apart ("arch", "weights").
+std::string model_name(const std::string& arch, WeightFormat weights) {
+  return weights == WeightFormat::bf16 ? arch : arch + " " + weight_format_name(weights);
+}
+std::string model_name(const std::string& arch, const Engine& engine) {
+  return model_name(arch, engine.options().weights.quantize);
+}
+
 // Tokens each sequence of a case generates: warm-up, timed and traced steps, and one to spare.
 int tokens_per_case(const DecodeBenchOptions& options) {
   return options.warmup + options.steps + (options.trace_path.empty() ? 0 : 1) + 1;
@@ -140,11 +149,13 @@ void trace_one_step(Engine& engine, const std::string& arch, int batch, int cont
 void run_decode_case(Engine& engine, const std::string& arch, int batch, int context, const DecodeBenchOptions& options,
                      double copy_bytes_per_s, Report& report) {
   const ModelConfig& config = engine.config();
-  nlohmann::json row = {{"kind", "decode"}, {"arch", arch}, {"batch", batch}, {"context", context},
-                        {"max_context", engine.options().max_context}};
+  nlohmann::json row = {{"kind", "decode"}, {"arch", arch},
+                        {"weights", weight_format_name(engine.options().weights.quantize)}, {"batch", batch},
+                        {"context", context}, {"max_context", engine.options().max_context}};
   const int tokens_per_sequence = tokens_per_case(options);
   const int pages_needed = batch * pages_for(context + tokens_per_sequence);
-  const std::string label = arch + " batch " + std::to_string(batch) + " context " + std::to_string(context);
+  const std::string model = model_name(arch, engine);
+  const std::string label = model + " batch " + std::to_string(batch) + " context " + std::to_string(context);
   const EngineStats before = engine.stats();
   if (pages_needed > before.kv_pages_free) {
     report.skip(label, row, "needs " + std::to_string(pages_needed) + " KV pages, the cache has " +
@@ -178,7 +189,7 @@ void run_decode_case(Engine& engine, const std::string& arch, int batch, int con
     power_capped = capped.fraction();
     cudaProfilerStop();
     replay_ms = runtime::EngineBench::decode_replay_ms(engine, options.steps);
-    if (!options.trace_path.empty()) trace_one_step(engine, arch, batch, context, options.trace_path);
+    if (!options.trace_path.empty()) trace_one_step(engine, model, batch, context, options.trace_path);
   } catch (const Error& e) {
     remove_all(engine, sequences);
     report.skip(label, row, e.what());
@@ -219,7 +230,7 @@ void run_decode_case(Engine& engine, const std::string& arch, int batch, int con
                        {"one_shot_flag_us", t->flag_us},  {"one_shot_lines_us", t->lines_us},
                        {"share_of_step_pct", share}};
   }
-  report.decode.add({arch, std::to_string(batch), std::to_string(context), format_fixed(ms, 3),
+  report.decode.add({model, std::to_string(batch), std::to_string(context), format_fixed(ms, 3),
                      format_fixed(1e3 / ms, 1), format_fixed(batch * 1e3 / ms, 1), format_fixed(roofline_ms, 3),
                      format_fixed(percent, 1), std::to_string(stats.launches_per_decode_step),
                      stats.kernels_per_decode_step > 0 ? std::to_string(stats.kernels_per_decode_step) : "-",
@@ -263,8 +274,11 @@ double time_to_first_token_ms(Engine& engine, const std::vector<int32_t>& prompt
 
 void run_ttft_case(Engine& engine, const std::string& arch, int prompt_tokens, const DecodeBenchOptions& options,
                    std::mt19937_64& rng, Report& report) {
-  nlohmann::json row = {{"kind", "ttft"}, {"arch", arch}, {"prompt_tokens", prompt_tokens}};
-  const std::string label = arch + " time to first token at " + std::to_string(prompt_tokens) + " tokens";
+  nlohmann::json row = {{"kind", "ttft"}, {"arch", arch},
+                        {"weights", weight_format_name(engine.options().weights.quantize)},
+                        {"prompt_tokens", prompt_tokens}};
+  const std::string model = model_name(arch, engine);
+  const std::string label = model + " time to first token at " + std::to_string(prompt_tokens) + " tokens";
   const EngineStats stats = engine.stats();
   if (pages_for(prompt_tokens + 1) > stats.kv_pages_free) {
     report.skip(label, row, "the prompt needs more KV pages than the cache has free");
@@ -281,13 +295,16 @@ void run_ttft_case(Engine& engine, const std::string& arch, int prompt_tokens, c
     report.skip(label, row, e.what());
     return;
   }
-  report.ttft.add({arch, std::to_string(prompt_tokens), format_fixed(median(ms), 2)});
+  report.ttft.add({model, std::to_string(prompt_tokens), format_fixed(median(ms), 2)});
   row.update({{"ms", median(ms)}, {"ms_min", *std::min_element(ms.begin(), ms.end())}});
   report.rows.push_back(row);
 }
 
-void run_arch(const std::string& arch, const DecodeBenchOptions& options, double copy_bytes_per_s, Report& report) {
+void run_arch(const std::string& arch, WeightFormat weights, const DecodeBenchOptions& options, double copy_bytes_per_s,
+              Report& report) {
+  const std::string model = model_name(arch, weights);
   EngineOptions engine_options;
+  engine_options.weights.quantize = weights;  // random weights drawn in bf16, then quantized: one model
   engine_options.max_batch = *std::max_element(options.batches.begin(), options.batches.end());
   // The attention's plans (splits per sequence) are made for max_context, so a step's speed at a
   // given length depends on it: --max-context measures an engine planned as a server would be.
@@ -304,7 +321,7 @@ void run_arch(const std::string& arch, const DecodeBenchOptions& options, double
   ModelConfig config = random_arch_config(arch);
   if (config.max_position_embeddings < engine_options.max_context) {
     // Random weights: positions past the trained length cost the same and only speed is measured.
-    std::printf("  %s: max_position_embeddings %d raised to %d for the planned context\n", arch.c_str(),
+    std::printf("  %s: max_position_embeddings %d raised to %d for the planned context\n", model.c_str(),
                 config.max_position_embeddings, engine_options.max_context);
     config.max_position_embeddings = engine_options.max_context;
   }
@@ -312,39 +329,40 @@ void run_arch(const std::string& arch, const DecodeBenchOptions& options, double
   try {
     engine.emplace(Engine::with_random_weights(config, engine_options, options.seed));
   } catch (const Error& e) {
-    report.skip(arch, {{"kind", "engine"}, {"arch", arch}}, e.what());
+    report.skip(model, {{"kind", "engine"}, {"arch", arch}, {"weights", weight_format_name(weights)}}, e.what());
     return;
   }
   for (const GemmTuning& t : engine->gemm_tunings()) {
     const double gain = t.heuristic_us > 0 ? 100.0 * (t.heuristic_us - t.chosen_us) / t.heuristic_us : 0.0;
-    report.gemms.add({arch, t.op, std::to_string(t.m), std::to_string(t.n), std::to_string(t.k),
+    report.gemms.add({model, t.op, std::to_string(t.m), std::to_string(t.n), std::to_string(t.k),
                       std::to_string(t.candidates), std::to_string(t.chosen), std::to_string(t.chosen_splits),
                       format_fixed(t.heuristic_us, 2),
                       format_fixed(t.chosen_us, 2), format_fixed(gain, 1) + "%"});
-    report.rows.push_back({{"kind", "gemm_tuning"}, {"arch", arch}, {"op", t.op}, {"m", t.m}, {"n", t.n}, {"k", t.k},
+    report.rows.push_back({{"kind", "gemm_tuning"}, {"arch", arch}, {"weights", weight_format_name(weights)}, {"op", t.op}, {"m", t.m}, {"n", t.n}, {"k", t.k},
                            {"candidates", t.candidates}, {"chosen", t.chosen}, {"split_k", t.chosen_splits},
                            {"heuristic_us", t.heuristic_us},
                            {"chosen_us", t.chosen_us}});
   }
-  if (!engine->plan_notice().empty()) std::fprintf(stderr, "  %s: %s\n", arch.c_str(), engine->plan_notice().c_str());
-  if (options.print_plan) std::printf("  %s decode plan:\n%s", arch.c_str(), describe(engine->plan()).c_str());
-  report.rows.push_back({{"kind", "plan"}, {"arch", arch}, {"plan", scheduler::plan_json(engine->plan())}});
+  if (!engine->plan_notice().empty()) std::fprintf(stderr, "  %s: %s\n", model.c_str(), engine->plan_notice().c_str());
+  if (options.print_plan) std::printf("  %s decode plan:\n%s", model.c_str(), describe(engine->plan()).c_str());
+  report.rows.push_back({{"kind", "plan"}, {"arch", arch}, {"weights", weight_format_name(weights)},
+                         {"plan", scheduler::plan_json(engine->plan())}});
   const EngineStats stats = engine->stats();
   std::fprintf(stderr, "  %s: %.2f GB of weights, %.1f GB KV pool (%d pages), %d launches per step, planned for %d tokens\n",
-               arch.c_str(), stats.weight_bytes / 1e9, stats.kv_cache_bytes / 1e9, stats.kv_pages_total,
+               model.c_str(), stats.weight_bytes / 1e9, stats.kv_cache_bytes / 1e9, stats.kv_pages_total,
                stats.launches_per_decode_step, engine->options().max_context);
   for (int context : options.contexts)
     for (int batch : options.batches) {
       run_decode_case(*engine, arch, batch, context, options, copy_bytes_per_s, report);
-      std::fprintf(stderr, "  measured %s batch %d context %d\n", arch.c_str(), batch, context);
+      std::fprintf(stderr, "  measured %s batch %d context %d\n", model.c_str(), batch, context);
     }
   std::mt19937_64 rng(options.seed);
   for (int prompt_tokens : options.ttft_prompts) run_ttft_case(*engine, arch, prompt_tokens, options, rng, report);
 }
 
 void check_options(const DecodeBenchOptions& options) {
-  DF_CHECK(!options.archs.empty() && !options.batches.empty() && !options.contexts.empty(),
-           "bench decode: give at least one arch, batch and context");
+  DF_CHECK(!options.archs.empty() && !options.batches.empty() && !options.contexts.empty() && !options.weights.empty(),
+           "bench decode: give at least one arch, batch, context and weight format");
   for (int b : options.batches) DF_CHECK(b >= 1, "bench decode: --batches must be at least 1");
   for (int c : options.contexts) DF_CHECK(c >= 1, "bench decode: --contexts must be at least 1");
   for (int p : options.ttft_prompts) DF_CHECK(p >= 1, "bench decode: --ttft-prompts must be at least 1");
@@ -379,7 +397,10 @@ int run_decode_bench(const DecodeBenchOptions& options) {
       options.plan_override_text.empty() ? "" : " + overrides ", options.plan_override_text.c_str(),
       options.tune_gemms ? "timed at construction" : "as cuBLASLt's heuristic ranks them");
   Report report(device, copy_bw);
-  for (const auto& arch : options.archs) run_arch(arch, options, copy_bw, report);
+  // Each arch in every format asked, one after the other in this run: bf16 and FP8 of the same
+  // random weights against the same copy bandwidth.
+  for (const auto& arch : options.archs)
+    for (WeightFormat weights : options.weights) run_arch(arch, weights, options, copy_bw, report);
 
   std::printf("\ndecode step (ms/step: wall time of %d steps from an idle GPU until the last is done, per step; "
               "roofline = (weights + KV read) / copy bandwidth%s)\n",

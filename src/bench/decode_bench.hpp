@@ -1,7 +1,7 @@
 // `deepfuse bench decode`: the whole engine's decode step on real-shaped random-weight models,
-// per (architecture, batch, context), against its roofline: the bytes one step must read (every
-// weight once, plus each sequence's K and V up to its context) over the copy bandwidth measured in
-// the same run. Also time to first token for random prompts at batch 1.
+// per (architecture, weight format, batch, context), against its roofline: the bytes one step must
+// read (every weight once in its format, scales included, plus each sequence's K and V up to its
+// context) over the copy bandwidth measured in the same run. Also time to first token for random prompts at batch 1.
 //
 // Long contexts need no prefill: runtime::EngineBench::add_prefilled gives sequences whose KV
 // pages count as filled, so a 32k-context step costs a 32k-context step and nothing else.
@@ -14,11 +14,15 @@
 
 #include "deepfuse/engine.hpp"
 #include "deepfuse/mlp.hpp"
+#include "deepfuse/weight_format.hpp"
 
 namespace deepfuse::bench {
 
 struct DecodeBenchOptions {
   std::vector<std::string> archs;      // names from random_arch_names()
+  // Each arch's linear weights in each of these formats, one engine each (EngineOptions::weights:
+  // drawn in bf16, then quantized, so the formats hold the same model).
+  std::vector<WeightFormat> weights{WeightFormat::bf16};
   std::vector<int> batches;            // sequences decoded together
   std::vector<int> contexts;           // tokens already in each sequence's KV cache
   std::vector<int> ttft_prompts;       // prompt lengths for time to first token (batch 1)

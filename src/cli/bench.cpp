@@ -36,10 +36,15 @@ void register_bench_decode(CLI::App& bench, Action& action) {
     bool no_cuda_graphs = false;
     bool no_overlap_steps = false;
     bool no_ttft = false;
+    std::vector<std::string> weights;
   };
   auto args = std::make_shared<DecodeArgs>();
   auto& o = args->options;
   decode->add_option("--archs", o.archs, "random-weight presets (default llama3-8b,llama3.2-1b,qwen2.5-7b)")
+      ->delimiter(',');
+  decode->add_option("--weights", args->weights,
+                     "linear weight formats, each arch once per format: bf16, fp8 (per-channel FP8 e4m3 of the same "
+                     "random weights; lm_head stays bf16) (default bf16)")
       ->delimiter(',');
   decode->add_option("--batches", o.batches, "sequences decoded together (default 1,8,32)")->delimiter(',');
   decode->add_option("--contexts", o.contexts, "tokens in each sequence's KV cache (default 512,8192,32768)")
@@ -74,6 +79,8 @@ void register_bench_decode(CLI::App& bench, Action& action) {
     action = [args] {
       bench::DecodeBenchOptions options = args->options;
       if (options.archs.empty()) options.archs = bench::default_decode_bench_archs();
+      if (!args->weights.empty()) options.weights.clear();
+      for (const std::string& name : args->weights) options.weights.push_back(parse_weights_flag(name));
       if (options.batches.empty()) options.batches = bench::default_decode_bench_batches();
       if (options.contexts.empty()) options.contexts = bench::default_decode_bench_contexts();
       if (args->no_ttft) options.ttft_prompts.clear();

@@ -25,9 +25,10 @@ Backend resolve_backend(const std::string& name) {
 }
 
 std::string cuda_unsupported_reason(const ModelConfig& config, const EngineArgs& args) {
-  if (config.quantization.quantized())
-    return std::string("a ") + quantization_method_name(config.quantization.method) + " FP8 checkpoint";
-  if (!args.quantize.empty()) return "--quantize " + args.quantize;
+  if (!format_info(config.quantization.format).implemented)
+    return std::string("a ") + quantization_method_name(config.quantization.method) + " " +
+           weight_format_name(config.quantization.format) + " checkpoint";
+  if (!format_info(weight_load_options(args).quantize).implemented) return "--quantize " + args.quantize;
   if (config.head_dim != 64 && config.head_dim != 128)
     return "head_dim " + std::to_string(config.head_dim) + " (the CUDA kernels take 64 or 128)";
   if (config.hidden_size % 64 != 0 || config.intermediate_size % 64 != 0)
@@ -104,10 +105,20 @@ WeightLoadOptions weight_load_options(const EngineArgs& args) {
   return options;
 }
 
+WeightFormat parse_weights_flag(const std::string& value) {
+  if (value == "fp8") return WeightFormat::fp8_e4m3;
+  try {
+    return parse_weight_format(value);
+  } catch (const Error&) {
+    throw Error("--weights '" + value + "': unknown (bf16, fp8)");
+  }
+}
+
 void check_quantize_backend(const EngineArgs& args, Backend backend) {
-  weight_load_options(args);
-  DF_CHECK(args.quantize.empty() || backend == Backend::reference,
-           "--quantize " + args.quantize + ": the CUDA backend has no FP8 kernels yet; use --backend reference");
+  const WeightLoadOptions options = weight_load_options(args);
+  DF_CHECK(backend == Backend::reference || format_info(options.quantize).implemented,
+           "--quantize " + args.quantize + ": the CUDA backend has no " + weight_format_name(options.quantize) +
+               " kernels yet; use --backend reference");
 }
 
 void add_speculative_option(CLI::App& command, std::string& name) {
@@ -162,6 +173,7 @@ EngineOptions engine_options(const EngineArgs& args) {
   options.tune_gemms = args.tune_gemms;
   options.mixed_steps = args.mixed_steps;
   options.tensor_parallel = args.tensor_parallel;
+  options.weights = weight_load_options(args);
   if (args.tensor_parallel > 1) {
     const int gpus = cuda_device_count();
     DF_CHECK(args.tensor_parallel <= gpus, "--tp " + std::to_string(args.tensor_parallel) + " needs " +

@@ -52,8 +52,12 @@ std::string cuda_unsupported_reason(const ModelConfig& config, const EngineArgs&
 // naming the flag for an unknown format or --quantize-lm-head alone.
 WeightLoadOptions weight_load_options(const EngineArgs& args);
 
-// Throws deepfuse::Error unless `backend` runs --quantize (the reference backend only, until
-// the CUDA FP8 kernels exist).
+// A --weights value: "bf16", "fp8" (fp8_e4m3: per-channel FP8, what --quantize fp8 makes) or a
+// format's full name. Throws deepfuse::Error naming the flag and the known values.
+WeightFormat parse_weights_flag(const std::string& value);
+
+// Throws deepfuse::Error unless `backend` runs --quantize (the CUDA backend only where its
+// kernels take the format: WeightFormatInfo::implemented).
 void check_quantize_backend(const EngineArgs& args, Backend backend);
 
 // Adds --speculative (deepfuse/speculative.hpp's table: off, ngram, suffix; default off), kept as

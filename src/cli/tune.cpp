@@ -27,6 +27,7 @@ struct TuneArgs {
   std::string model_dir;
   bool random_weights = false;
   std::string arch;
+  std::string weights;  // --weights: the random weights' format
   EngineArgs engine;
   int context = 1024;
   int long_context = 16384;
@@ -50,7 +51,13 @@ std::function<void(int, int)> progress_bar() {
 int run_tune(const TuneArgs& args) {
   DF_CHECK(args.random_weights != !args.model_dir.empty(), "give a model: --model DIR, or --random-weights --arch NAME");
   DF_CHECK(!args.random_weights || !args.arch.empty(), "--random-weights needs --arch NAME");
+  DF_CHECK(args.weights.empty() || args.random_weights,
+           "--weights is the random weights' format; a checkpoint loads in its own (or --quantize fp8)");
   EngineOptions options = engine_options(args.engine);  // bad flags fail here, before any GPU work
+  if (!args.weights.empty()) {
+    DF_CHECK(args.engine.quantize.empty(), "give --weights or --quantize, not both");
+    options.weights.quantize = parse_weights_flag(args.weights);
+  }
   check_quantize_backend(args.engine, Backend::cuda);
   const std::filesystem::path cache = options.tuning_cache;
   DF_CHECK(!cache.empty(), "tune: no tuning cache to write (give --tuning-cache PATH, or set HOME)");
@@ -118,6 +125,9 @@ void register_tune(CLI::App& app, Action& action) {
   command->add_option("--model", args->model_dir, "checkpoint directory");
   command->add_flag("--random-weights", args->random_weights, "random weights of --arch's shape, made on the GPU");
   command->add_option("--arch", args->arch, "the architecture preset for --random-weights");
+  command->add_option("--weights", args->weights,
+                      "with --random-weights: the linear weights' format, bf16 (default) or fp8 (per-channel FP8 "
+                      "e4m3; plans are cached per format)");
   add_engine_options(*command, args->engine);
   command->add_option("--context", args->context, "keys in each timed sequence's cache (default 1024)")
       ->check(CLI::PositiveNumber);

@@ -64,4 +64,9 @@ const uint4* LinearWeight::bf16_tiles(const char* who) const { return static_cas
 
 const uint4* LinearWeight::tiles(const char* who) const { return static_cast<const uint4*>(checked(true, who, true)); }
 
+const uint8_t* LinearWeight::e4m3(const char* who) const {
+  DF_CHECK(format != WeightFormat::bf16, std::string(who) + " reads FP8 weights; these are bf16");
+  return static_cast<const uint8_t*>(checked(false, who, true));
+}
+
 }  // namespace deepfuse

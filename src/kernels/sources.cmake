@@ -14,6 +14,7 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/mlp/swiglu_fused.cu
   ${CMAKE_CURRENT_LIST_DIR}/mlp/swiglu_fused_packing.cu
   ${CMAKE_CURRENT_LIST_DIR}/qkv/qkv_rope_fused.cu
+  ${CMAKE_CURRENT_LIST_DIR}/quantize/quantize_fp8.cu
   ${CMAKE_CURRENT_LIST_DIR}/norm/folded_norm.cu
   ${CMAKE_CURRENT_LIST_DIR}/norm/rms_norm.cu
   ${CMAKE_CURRENT_LIST_DIR}/rope_kv/rope_kv_append.cu

@@ -95,21 +95,26 @@ void check_stored_weight(const Checkpoint& checkpoint, const ModelConfig& config
   check_scale(checkpoint, *scale, tensor.name);
 }
 
+std::vector<float> stored_fp8_scales(const Checkpoint& checkpoint, const ModelConfig& config,
+                                     const ExpectedTensor& tensor) {
+  const Checkpoint::Entry& entry = *checkpoint.find(expected_scale(config, tensor)->name);
+  std::vector<float> scales = to_float32(checkpoint.data(entry), entry.info->dtype);
+  if (config.quantization.scale_scope == ScaleScope::tensor)
+    scales.assign(static_cast<size_t>(tensor.shape[0]), scales[0]);
+  return scales;
+}
+
 std::vector<float> dequantize_fp8(const Checkpoint& checkpoint, const ModelConfig& config,
                                   const ExpectedTensor& tensor) {
   const Checkpoint::Entry& weight = *checkpoint.find(tensor.name);
-  const std::optional<ExpectedScale> expected = expected_scale(config, tensor);
-  const Checkpoint::Entry& scale_entry = *checkpoint.find(expected->name);
-  const std::vector<float> scales = to_float32(checkpoint.data(scale_entry), scale_entry.info->dtype);
+  const std::vector<float> scales = stored_fp8_scales(checkpoint, config, tensor);
   const std::span<const std::byte> bytes = checkpoint.data(weight);
   const int64_t rows = tensor.shape[0], columns = tensor.shape[1];
   const int side = format_info(stored_weight_format(config, tensor)).scale_block;
   std::vector<float> out(static_cast<size_t>(rows * columns));
   for (int64_t o = 0; o < rows; ++o) {
     for (int64_t i = 0; i < columns; ++i) {
-      float s = scales[0];  // per tensor
-      if (config.quantization.scale_scope == ScaleScope::channel) s = scales[o];
-      if (config.quantization.scale_scope == ScaleScope::block) s = scales[(o / side) * (columns / side) + i / side];
+      const float s = side > 0 ? scales[(o / side) * (columns / side) + i / side] : scales[o];
       const size_t k = static_cast<size_t>(o * columns + i);
       out[k] = float8_e4m3_to_float(std::to_integer<uint8_t>(bytes[k])) * s;
     }
@@ -117,13 +122,20 @@ std::vector<float> dequantize_fp8(const Checkpoint& checkpoint, const ModelConfi
   return out;
 }
 
+float quantize_row_fp8(std::span<const float> row, std::span<uint8_t> out) {
+  float absmax = 0.0f;
+  for (float v : row) absmax = std::max(absmax, std::fabs(v));
+  const float scale = absmax > 0.0f ? absmax / kFloat8E4m3Max : 1.0f;
+  for (size_t i = 0; i < row.size(); ++i) out[i] = float_to_float8_e4m3(row[i] / scale);
+  return scale;
+}
+
 void quantize_rows_fp8(std::span<float> weight, int64_t rows, int64_t columns) {
+  std::vector<uint8_t> bytes(static_cast<size_t>(columns));
   for (int64_t o = 0; o < rows; ++o) {
     const std::span<float> row = weight.subspan(static_cast<size_t>(o * columns), static_cast<size_t>(columns));
-    float absmax = 0.0f;
-    for (float v : row) absmax = std::max(absmax, std::fabs(v));
-    const float scale = absmax > 0.0f ? absmax / kFloat8E4m3Max : 1.0f;
-    for (float& v : row) v = float8_e4m3_to_float(float_to_float8_e4m3(v / scale)) * scale;
+    const float scale = quantize_row_fp8(row, bytes);
+    for (size_t i = 0; i < row.size(); ++i) row[i] = float8_e4m3_to_float(bytes[i]) * scale;
   }
 }
 

@@ -3,6 +3,7 @@
 // backend, and FP8 quantization at load (--quantize fp8).
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
@@ -31,6 +32,15 @@ void check_stored_weight(const Checkpoint& checkpoint, const ModelConfig& config
 // says). `weight` and `scales` are the checkpoint's tensors, already checked.
 std::vector<float> dequantize_fp8(const Checkpoint& checkpoint, const ModelConfig& config,
                                   const ExpectedTensor& tensor);
+
+// The fp32 scales of a stored FP8 tensor as the device keeps them: per channel [rows] (a
+// per-tensor checkpoint scale repeated for every row), per block [rows / 128, columns / 128].
+std::vector<float> stored_fp8_scales(const Checkpoint& checkpoint, const ModelConfig& config,
+                                     const ExpectedTensor& tensor);
+
+// One output row through FP8 e4m3: returns its absmax scale (absmax / 448; 1 for an all-zero row)
+// and writes the e4m3 bytes of row / scale (round to nearest even, saturating) to `out`.
+float quantize_row_fp8(std::span<const float> row, std::span<uint8_t> out);
 
 // Rounds a [rows, columns] fp32 weight through FP8 e4m3 with one absmax scale per output row
 // (absmax / 448; an all-zero row keeps scale 1), in place: what the weight would be stored as.

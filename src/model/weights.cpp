@@ -100,19 +100,33 @@ WeightFormat loaded_weight_format(const ModelConfig& config, const ExpectedTenso
   return tensor.spec->role == TensorRole::lm_head && !options.quantize_lm_head ? stored : options.quantize;
 }
 
+void check_weight_load_options(const ModelConfig& config, const WeightLoadOptions& options) {
+  if (options.quantize == WeightFormat::bf16) {
+    DF_CHECK(!options.quantize_lm_head, "--quantize-lm-head needs --quantize fp8");
+    return;
+  }
+  DF_CHECK(options.quantize == WeightFormat::fp8_e4m3, std::string("--quantize ") + weight_format_name(options.quantize) +
+                                                           ": only fp8 (fp8_e4m3, per-channel scales) is made at load");
+  DF_CHECK(!config.quantization.quantized(), std::string("--quantize fp8: the checkpoint is already quantized (") +
+                                                 quantization_method_name(config.quantization.method) + ")");
+  DF_CHECK(!options.quantize_lm_head || !config.tie_word_embeddings,
+           "--quantize-lm-head: this model ties its lm_head to the embedding, which stays 16-bit");
+}
+
+WeightFormat block_weight_format(const ModelConfig& config, const WeightLoadOptions& options) {
+  // Every block has the same tensors; formats differ between blocks only through an ignore list.
+  for (const ExpectedTensor& tensor : expected_tensors(config)) {
+    if (tensor.spec->scope != TensorScope::layer) continue;
+    const WeightFormat format = loaded_weight_format(config, tensor, options);
+    if (format != WeightFormat::bf16) return format;
+  }
+  return WeightFormat::bf16;
+}
+
 reference::DecoderWeights load_reference_weights(const Checkpoint& checkpoint, const ModelConfig& config,
                                                  const WeightLoadOptions& options) {
   validate_checkpoint(checkpoint, config);
-  const bool quantize = options.quantize != WeightFormat::bf16;
-  if (quantize) {
-    DF_CHECK(options.quantize == WeightFormat::fp8_e4m3, std::string("--quantize ") +
-                                                             weight_format_name(options.quantize) +
-                                                             ": only fp8 (fp8_e4m3, per-channel scales) is made at load");
-    DF_CHECK(!config.quantization.quantized(), std::string("--quantize fp8: the checkpoint is already quantized (") +
-                                                   quantization_method_name(config.quantization.method) + ")");
-    DF_CHECK(!options.quantize_lm_head || !config.tie_word_embeddings,
-             "--quantize-lm-head: this model ties its lm_head to the embedding, which stays 16-bit");
-  }
+  check_weight_load_options(config, options);
   reference::DecoderWeights weights;
   weights.layers.resize(config.num_hidden_layers);
   for (const ExpectedTensor& tensor : expected_tensors(config)) {

@@ -88,6 +88,7 @@ void StreamOwner::create() { DF_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, c
 Engine::Impl::Impl(ModelConfig model_config, const EngineOptions& engine_options)
     : config(std::move(model_config)), options(engine_options) {
   validate_engine_setup(config, options);
+  check_weight_load_options(config, options.weights);
   int devices = 0;
   DF_CHECK_CUDA(cudaGetDeviceCount(&devices));
   DF_CHECK(options.device >= 0 && options.device < devices,
@@ -115,12 +116,16 @@ scheduler::TuningKey Engine::Impl::tuning_key() const {
   DF_CHECK_CUDA(cudaDriverGetVersion(&key.driver));
   DF_CHECK_CUDA(cudaRuntimeGetVersion(&key.runtime));
   key.deepfuse = DEEPFUSE_VERSION;
-  key.model = scheduler::PlanShape::of(config).signature();
+  key.model = plan_shape().signature();
   return key;
 }
 
+scheduler::PlanShape Engine::Impl::plan_shape() const {
+  return scheduler::PlanShape::of(config, block_weight_format(config, options.weights));
+}
+
 void Engine::Impl::make_plan(bool all_layouts) {
-  const scheduler::PlanShape shape = scheduler::PlanShape::of(config);
+  const scheduler::PlanShape shape = plan_shape();
   const std::vector<int> buckets = runtime::decode_buckets(options.max_batch);
   plan = scheduler::builtin_plan(shape, gpu, buckets);
   if (!options.tuning_cache.empty()) {
@@ -144,7 +149,7 @@ void Engine::Impl::make_plan(bool all_layouts) {
   plan.tensor_parallel = link.shard.ranks;
   plan = scheduler::apply_overrides(std::move(plan), options.plan_overrides, shape, gpu);
   scheduler::check_plan(plan, shape, gpu);
-  layouts = runtime::WeightLayouts::of(plan, max_tokens());
+  layouts = runtime::WeightLayouts::of(plan, max_tokens(), options.weights);
   if (all_layouts) {
     // Every layout a candidate of any bucket may need (the registry's supports rules).
     for (const BucketPlan& bucket : plan.buckets) {
@@ -167,7 +172,7 @@ void Engine::Impl::fit_plan_to_memory() {
   const size_t one_sequence = static_cast<size_t>(KvBlockPool::pages_for(options.max_context)) * kv_geometry().page_bytes();
   const size_t kv_first = options.keep_mlp_copy ? 0 : one_sequence * options.max_batch;
   if (runtime::fits_with_kv(config, layouts, free_bytes, kv_first + kMemoryReserve, link.shard)) return;
-  const scheduler::PlanShape shape = scheduler::PlanShape::of(config);
+  const scheduler::PlanShape shape = plan_shape();
   if (!scheduler::why_unsupported(MlpChoice::fused, shape, max_tokens(), gpu).empty()) return;  // the copy is needed
   for (BucketPlan& bucket : plan.buckets) bucket.mlp = MlpChoice::fused;
   plan.prefill_mlp = MlpChoice::fused;
@@ -317,7 +322,7 @@ EngineStats Engine::stats(int decode_batch) const {
   const Impl& s = ranks_->lead();
   s.activate_device();
   EngineStats stats;
-  stats.weight_bytes = runtime::decode_weight_bytes(s.config, s.link.shard);
+  stats.weight_bytes = runtime::decode_weight_bytes(s.config, s.link.shard, s.options.weights);
   stats.gpu_weight_bytes = runtime::gpu_weight_bytes(s.config, s.layouts, s.link.shard);
   stats.kv_cache_bytes = s.kv->pool_bytes();
   stats.kv_pages_total = s.pool->total_pages();

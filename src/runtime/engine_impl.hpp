@@ -108,6 +108,8 @@ struct Engine::Impl {
   // (scheduler/); then fit_plan_to_memory. `all_layouts`: the tuner's engine, whose weights hold
   // every layout some candidate needs.
   void make_plan(bool all_layouts = false);
+  // The model facts the plan's choices depend on, the blocks' weight format included.
+  scheduler::PlanShape plan_shape() const;
   scheduler::TuningKey tuning_key() const;
   runtime::KvGeometry kv_geometry() const {
     return {config.num_hidden_layers, config.num_key_value_heads, config.head_dim};

@@ -15,7 +15,7 @@ namespace deepfuse::runtime {
 
 // The largest attention workspace any candidate of any bucket asks for.
 size_t EngineTuning::attention_candidates_workspace(const Engine::Impl& s) {
-  const scheduler::PlanShape shape = scheduler::PlanShape::of(s.config);
+  const scheduler::PlanShape shape = s.plan_shape();
   size_t bytes = 0;
   for (const BucketPlan& bucket : s.plan.buckets)
     for (const AttentionChoice& choice : scheduler::attention_candidates(shape, bucket.batch, s.gpu, s.options.max_context))
@@ -94,5 +94,6 @@ int EngineTuning::longest_timed_context(const Engine& engine, int batch, int lim
 
 scheduler::GpuInfo EngineTuning::gpu(const Engine& engine) { return engine.ranks_->lead().gpu; }
 scheduler::TuningKey EngineTuning::key(const Engine& engine) { return engine.ranks_->lead().tuning_key(); }
+scheduler::PlanShape EngineTuning::plan_shape(const Engine& engine) { return engine.ranks_->lead().plan_shape(); }
 
 }  // namespace deepfuse::runtime

@@ -32,6 +32,7 @@ class EngineTuning {
   static int longest_timed_context(const Engine& engine, int batch, int limit);
 
   static scheduler::GpuInfo gpu(const Engine& engine);
+  static scheduler::PlanShape plan_shape(const Engine& engine);
   static scheduler::TuningKey key(const Engine& engine);
 
  private:

@@ -5,15 +5,19 @@
 // model table (include/deepfuse/model_tensors.hpp); one loop (build_weights in gpu_weights.cpp)
 // serves checkpoints and random weights, one GPU and tensor-parallel ranks alike.
 //
-// Layouts (16-bit: linear weights in bf16, the one WeightFormat implemented; norms, biases and
-// the embedding table in bf16 in every format):
+// Formats: linear weights in bf16, or in an FP8 format (the checkpoint's, or fp8_e4m3 made at load
+// by --quantize, WeightLayouts::load): e4m3 bytes in the same layouts, with fp32 scales beside them
+// (per output channel, or per 128x128 block) that the row-major and packed copies share. Norms,
+// biases and the embedding table are bf16 in every format; the lm_head stays bf16 unless the
+// checkpoint quantizes it or --quantize-lm-head.
+// Layouts:
 //   groups: embed_tokens [V, H]; final_norm [H]; lm_head [V, H] (absent when tied: embed_tokens
 //   is used); per layer: input_norm [H]; qkv [q_size + 2 kv_size, H] = q_proj rows, then k_proj,
 //   then v_proj, so one GEMM yields the q | k | v row rope_kv_append expects; qkv_bias likewise
 //   merged (Qwen2, Llama attention_bias); o_proj [H, q_size]; o_bias [H]; post_attention_norm
 //   [H]; the MLP in the layouts of the variants the plan runs (WeightLayouts): fragment-packed
 //   for the fused kernel, row-major gate_up / down for cuBLASLt.
-//   Norms folded (bf16 only): the row-major qkv holds input_norm's weight in its columns and the
+//   Norms folded (bf16 only, WeightFormatInfo::folds_norm): the row-major qkv holds input_norm's weight in its columns and the
 //   row-major MLP post_attention_norm's in gate_up, so those paths need no norm launch
 //   (folded_norm.hpp; docs/design.md, "Weight formats", says why only in bf16).
 //   fragments: packed copies of qkv and o_proj for the decode kernels that stream them (the fused
@@ -53,8 +57,19 @@ struct WeightLayouts {
   bool front_packed = true;   // fragment-packed qkv, the fused front's
   bool o_proj_packed = true;  // fragment-packed o_proj, the cluster GEMV's
   int max_tokens = 1;         // per MLP call, prefill chunks included
+  // The formats linear weights are made in beyond the checkpoint's own (--quantize): not a
+  // layout, but what every layout's bytes depend on with it.
+  WeightLoadOptions load{};
 
-  static WeightLayouts of(const DecodePlan& plan, int max_tokens);
+  static WeightLayouts of(const DecodePlan& plan, int max_tokens, const WeightLoadOptions& load = {});
+};
+
+// The format of each group's linear weight, indexed by TensorGroup (bf16 for vectors and for
+// groups the config leaves out).
+struct GroupFormats {
+  std::array<WeightFormat, kTensorGroupCount> formats{};
+  WeightFormat& operator[](TensorGroup group) { return formats[static_cast<int>(group)]; }
+  WeightFormat operator[](TensorGroup group) const { return formats[static_cast<int>(group)]; }
 };
 
 // One device matrix or vector per group of the model table (include/deepfuse/model_tensors.hpp),
@@ -66,11 +81,13 @@ struct GroupBuffers {
 };
 
 struct GpuLayerWeights {
-  WeightFormat format = WeightFormat::bf16;  // the linear weights' (the only one implemented)
+  GroupFormats formats{};  // of qkv, o_proj, gate, up and down
+  WeightFormat format = WeightFormat::bf16;  // the block's: its first non-bf16 group's, else bf16
   GroupBuffers row_major;  // the block's norms, biases, qkv and o_proj; the MLP's groups are
                            // only staged while loading, then packed into mlp_fused / mlp_unfused
   GroupBuffers fragments;  // fragment-packed qkv and o_proj, when the plan runs their kernels
-  GroupBuffers scales;     // fp32 per output channel, for formats with channel_scales (none in bf16)
+  GroupBuffers scales;     // fp32 scales of qkv and o_proj in a format with scales (empty in bf16):
+                           // scale_shape(format, rows, columns), shared by both layouts
   std::unique_ptr<MlpLayer> mlp_fused;    // WeightLayouts::mlp_fused
   std::unique_ptr<MlpLayer> mlp_unfused;  // WeightLayouts::mlp_unfused
   MlpLayer& mlp(MlpChoice choice) const;  // the layout must be held
@@ -83,7 +100,9 @@ struct GpuLayerWeights {
 };
 
 struct GpuWeights {
-  GroupBuffers groups;  // embed_tokens, final_norm, lm_head (empty when tied on one GPU)
+  GroupFormats formats{};  // the lm_head's (bf16 unless the checkpoint or --quantize-lm-head says)
+  GroupBuffers groups;     // embed_tokens, final_norm, lm_head (empty when tied on one GPU)
+  GroupBuffers scales;     // the lm_head's, in a format with scales
   std::vector<GpuLayerWeights> layers;
   DeviceBuffer rope_inv_freq;
 
@@ -96,13 +115,15 @@ struct GpuWeights {
   std::vector<const __nv_bfloat16*> layer_operands(TensorGroup group, const ModelConfig& config, const char* who) const;
 };
 
-// Bytes of every weight on the device (bf16) in these layouts, and the subset one decode step
-// reads (all but the embedding table, of which a step gathers only a few rows, unless it doubles
-// as the lm_head; each op reads one of its layouts). `config` is the rank's model
+// Bytes of every weight on the device in these layouts and formats (linear weights in theirs with
+// their scales, the rest bf16), and the subset one decode step reads (all but the embedding table,
+// of which a step gathers only a few rows, unless it doubles as the lm_head; each op reads one of
+// its layouts): the decode roofline's weight bytes. `config` is the rank's model
 // (dist::rank_config); a split one holds its lm_head slice of shard.vocab_rows rows apart from the
 // replicated embedding table.
 size_t gpu_weight_bytes(const ModelConfig& config, const WeightLayouts& layouts, const dist::RankShard& shard = {});
-size_t decode_weight_bytes(const ModelConfig& config, const dist::RankShard& shard = {});
+size_t decode_weight_bytes(const ModelConfig& config, const dist::RankShard& shard = {},
+                           const WeightLoadOptions& load = {});
 
 // Whether the weights in `layouts`, their load staging and `kv_reserve_bytes` fit `free_bytes`.
 bool fits_with_kv(const ModelConfig& config, const WeightLayouts& layouts, size_t free_bytes, size_t kv_reserve_bytes,
@@ -115,14 +136,16 @@ void check_weights_fit(const ModelConfig& config, const WeightLayouts& layouts, 
 
 // Validates the checkpoint against `model` (the whole model), then loads the slices of `shard`
 // (everything for one GPU) straight from the files: a rank reads only its own rows and columns.
-// progress (may be empty) gets checkpoint bytes done / total.
+// Linear weights in their stored format, or made fp8_e4m3 as layouts.load asks (on the host, as
+// the reference backend quantizes them). progress (may be empty) gets checkpoint bytes done / total.
 GpuWeights load_checkpoint_weights(const Checkpoint& checkpoint, const ModelConfig& model, const WeightLayouts& layouts,
                                    cudaStream_t stream, const LoadProgress& progress, const dist::RankShard& shard = {});
 
 // Uniform random weights at ~1/sqrt(fan_in) scale (norm weights 1, biases small, embedding ±1),
 // the statistics of trained weights closely enough that activations stay finite over 80 layers.
 // A shard holds the slices of the same model (each tensor is drawn whole, then sliced), so tensor
-// parallel and one-GPU engines of one seed compute the same function.
+// parallel and one-GPU engines of one seed compute the same function. layouts.load's fp8_e4m3:
+// the same bf16 numbers quantized per output row on the device.
 GpuWeights make_random_weights(const ModelConfig& model, const WeightLayouts& layouts, uint64_t seed,
                                cudaStream_t stream, const dist::RankShard& shard = {});
 

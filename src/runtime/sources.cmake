@@ -1,6 +1,7 @@
 list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/kv_cache.cpp
   ${CMAKE_CURRENT_LIST_DIR}/mlp_layer.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/fp8_slice.cpp
   ${CMAKE_CURRENT_LIST_DIR}/weight_sources.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gpu_weights.cpp
   ${CMAKE_CURRENT_LIST_DIR}/forward.cpp

@@ -27,7 +27,7 @@ TuneOutcome tune(Engine& engine, const TuneOptions& options) {
            "tuning context " + std::to_string(options.context) + " must leave room for the timed steps within max_context " +
                std::to_string(engine.options().max_context));
   const scheduler::GpuInfo gpu = EngineTuning::gpu(engine);
-  const scheduler::PlanShape shape = scheduler::PlanShape::of(engine.config());
+  const scheduler::PlanShape shape = EngineTuning::plan_shape(engine);
   TuneOutcome outcome;
   outcome.builtin = engine.plan();
   const scheduler::StepTimer timer = [&](const BucketPlan& bucket) {

@@ -10,8 +10,10 @@
 #include "deepfuse/bf16.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/kernels/fill.hpp"
+#include "deepfuse/kernels/quantize_fp8.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "model/float16.hpp"
+#include "runtime/fp8_slice.hpp"
 #include "runtime/pinned_buffer.hpp"
 
 namespace deepfuse::runtime {
@@ -47,91 +49,52 @@ void convert_to_bf16(const std::byte* source, SafetensorsDType dtype, size_t n, 
   }
 }
 
-// Copies checkpoint tensors to device memory as bf16, chunk by chunk through two pinned buffers
-// used in turn: the host fills one while the previous chunk's copy from the other runs.
+// Copies checkpoint tensors to device memory, chunk by chunk through two pinned buffers used in
+// turn: the host fills one (converting, or making FP8) while the previous chunk's copy from the
+// other runs.
 class StagedUploader {
  public:
-  StagedUploader(const Checkpoint& checkpoint, size_t total_bytes, cudaStream_t stream, const LoadProgress& progress)
-      : checkpoint_(checkpoint), stream_(stream), progress_(progress), total_(total_bytes) {
-    for (PinnedBuffer& buffer : staging_) buffer = PinnedBuffer(bf16_bytes(kChunkElements));
+  StagedUploader(size_t total_bytes, cudaStream_t stream, const LoadProgress& progress)
+      : stream_(stream), progress_(progress), total_(total_bytes) {
+    for (PinnedBuffer& buffer : staging_) buffer = PinnedBuffer(kChunkBytes);
     if (progress_) progress_(0, total_);
   }
   // Pending copies read the staging buffers: let them finish before the buffers are freed.
   ~StagedUploader() { cudaStreamSynchronize(stream_); }
-  // Every tensor uploaded: the progress reaches its total.
-  void finish() {
-    if (progress_) progress_(total_, total_);
-  }
   StagedUploader(const StagedUploader&) = delete;
   StagedUploader& operator=(const StagedUploader&) = delete;
 
-  // Tensor `name` -> destination, which holds its element count of bf16.
-  void upload(const std::string& name, void* destination) {
-    const Checkpoint::Entry* entry = checkpoint_.find(name);
-    DF_CHECK(entry != nullptr, "checkpoint is missing tensor '" + name + "'");
-    const std::span<const std::byte> source = checkpoint_.data(*entry);
-    const SafetensorsDType dtype = entry->info->dtype;
-    const size_t source_element_bytes = dtype_size(dtype);
-    const size_t elements = source.size() / source_element_bytes;
-    auto* out = static_cast<uint16_t*>(destination);
-    for (size_t first = 0; first < elements; first += kChunkElements) {
-      const size_t count = std::min(kChunkElements, elements - first);
+  // `items` items of `item_bytes` each -> `destination`, in chunks: produce(first, count, chunk)
+  // writes items [first, first + count) to the staging chunk.
+  template <typename Produce>
+  void copy(void* destination, size_t items, size_t item_bytes, Produce produce) {
+    DF_CHECK(item_bytes > 0 && item_bytes <= kChunkBytes, "internal: a row larger than the staging buffer");
+    const size_t per_chunk = kChunkBytes / item_bytes;
+    auto* out = static_cast<std::byte*>(destination);
+    for (size_t first = 0; first < items; first += per_chunk) {
+      const size_t count = std::min(per_chunk, items - first);
       staging_read_[next_].wait();  // the copy that last read this buffer is done
-      convert_to_bf16(source.data() + first * source_element_bytes, dtype, count, staging_[next_].as<uint16_t>());
-      DF_CHECK_CUDA(cudaMemcpyAsync(out + first, staging_[next_].data(), bf16_bytes(count), cudaMemcpyHostToDevice,
-                                    stream_));
-      staging_read_[next_].record(stream_);
-      next_ ^= 1;
-    }
-    done_ += source.size();
-    report();
-  }
-
-  // Uploads into `buffer` at element `offset` (one of q/k/v into the merged qkv).
-  void upload(const std::string& name, DeviceBuffer& buffer, size_t offset = 0) {
-    upload(name, buffer.as<uint16_t>() + offset);
-  }
-
-  // Rows [block.row_begin, +block.rows) x columns [block.column_begin, +block.columns) of tensor
-  // `name` (a matrix of `block.row_length` columns; a vector is one column) -> `buffer` at element
-  // `offset`, packed: a tensor-parallel rank's slice, read from the file and nothing else.
-  void upload(const std::string& name, DeviceBuffer& buffer, size_t offset, const dist::TensorSlice& block) {
-    const Checkpoint::Entry* entry = checkpoint_.find(name);
-    DF_CHECK(entry != nullptr, "checkpoint is missing tensor '" + name + "'");
-    const std::span<const std::byte> source = checkpoint_.data(*entry);
-    const SafetensorsDType dtype = entry->info->dtype;
-    const size_t element_bytes = dtype_size(dtype);
-    DF_CHECK(block.columns <= kChunkElements && (block.row_begin + block.rows) * block.row_length * element_bytes <=
-                                                    source.size(),
-             "internal: slice outside tensor '" + name + "'");
-    auto* out = buffer.as<uint16_t>() + offset;
-    const size_t rows_per_chunk = kChunkElements / block.columns;
-    for (size_t first = 0; first < block.rows; first += rows_per_chunk) {
-      const size_t rows = std::min(rows_per_chunk, block.rows - first);
-      staging_read_[next_].wait();
-      for (size_t r = 0; r < rows; ++r) {
-        const size_t element = (block.row_begin + first + r) * block.row_length + block.column_begin;
-        convert_to_bf16(source.data() + element * element_bytes, dtype, block.columns,
-                        staging_[next_].as<uint16_t>() + r * block.columns);
-      }
-      DF_CHECK_CUDA(cudaMemcpyAsync(out + first * block.columns, staging_[next_].data(), bf16_bytes(rows * block.columns),
+      produce(first, count, staging_[next_].as<std::byte>());
+      DF_CHECK_CUDA(cudaMemcpyAsync(out + first * item_bytes, staging_[next_].data(), count * item_bytes,
                                     cudaMemcpyHostToDevice, stream_));
       staging_read_[next_].record(stream_);
       next_ ^= 1;
     }
-    done_ += block.rows * block.columns * element_bytes;
-    report();
+  }
+
+  // `bytes` of the checkpoint read: below the total until finish(), which comes once every copy
+  // is enqueued and the stream synchronised.
+  void read(size_t bytes) {
+    done_ += bytes;
+    if (progress_) progress_(std::min(done_, total_ > 0 ? total_ - 1 : 0), total_);
+  }
+  void finish() {
+    if (progress_) progress_(total_, total_);
   }
 
  private:
-  // Below the total until finish(): done only when every copy is enqueued and the stream synchronised.
-  void report() const {
-    if (progress_) progress_(std::min(done_, total_ > 0 ? total_ - 1 : 0), total_);
-  }
+  static constexpr size_t kChunkBytes = size_t{16} << 20;  // per staging buffer
 
-  static constexpr size_t kChunkElements = size_t{8} << 20;  // 16 MiB of bf16 per staging buffer
-
-  const Checkpoint& checkpoint_;
   cudaStream_t stream_;
   const LoadProgress& progress_;
   size_t done_ = 0;
@@ -141,14 +104,29 @@ class StagedUploader {
   int next_ = 0;
 };
 
+// Rank `shard`'s slice of each tensor: rows [row_begin, +rows) x columns [column_begin, +columns)
+// of the checkpoint's tensor (a vector is one column), read from the file and nothing else, as
+// bf16 or, for an FP8 target, as Fp8Slice makes it.
 class CheckpointSource final : public TensorSource {
  public:
-  CheckpointSource(const Checkpoint& checkpoint, size_t total_bytes, cudaStream_t stream, const LoadProgress& progress)
-      : stream_(stream), uploader_(checkpoint, total_bytes, stream, progress) {}
-  void fill(const TensorSpec& spec, int layer, const dist::TensorSlice& slice, DeviceBuffer& destination,
-            size_t offset) override {
-    if (slice.whole()) uploader_.upload(tensor_name(spec, layer), destination, offset);
-    else uploader_.upload(tensor_name(spec, layer), destination, offset, slice);
+  CheckpointSource(const Checkpoint& checkpoint, const ModelConfig& model, const dist::RankShard& shard,
+                   size_t total_bytes, cudaStream_t stream, const LoadProgress& progress)
+      : checkpoint_(checkpoint), model_(model), shard_(shard), stream_(stream),
+        uploader_(total_bytes, stream, progress) {}
+
+  void fill(const TensorSpec& spec, int layer, const dist::TensorSlice& slice, const SliceTarget& target) override {
+    const std::string name = tensor_name(spec, layer);
+    const Checkpoint::Entry* entry = checkpoint_.find(name);
+    DF_CHECK(entry != nullptr, "checkpoint is missing tensor '" + name + "'");
+    const SafetensorsDType dtype = entry->info->dtype;
+    const size_t element_bytes = dtype_size(dtype);
+    DF_CHECK((slice.row_begin + slice.rows) * slice.row_length * element_bytes <= checkpoint_.data(*entry).size(),
+             "internal: slice outside tensor '" + name + "'");
+    if (target.format == WeightFormat::bf16)
+      upload_bf16(*entry, slice, target.data->as<uint16_t>() + target.offset);
+    else
+      upload_fp8({name, tensor_shape(spec, model_), &spec, layer}, target);
+    uploader_.read(slice.elements() * element_bytes);
   }
   void finish() override {
     DF_CHECK_CUDA(cudaStreamSynchronize(stream_));
@@ -156,6 +134,36 @@ class CheckpointSource final : public TensorSource {
   }
 
  private:
+  void upload_bf16(const Checkpoint::Entry& entry, const dist::TensorSlice& slice, uint16_t* out) {
+    const std::span<const std::byte> source = checkpoint_.data(entry);
+    const SafetensorsDType dtype = entry.info->dtype;
+    const size_t element_bytes = dtype_size(dtype);
+    uploader_.copy(out, slice.rows, bf16_bytes(slice.columns), [&](size_t first, size_t count, std::byte* chunk) {
+      for (size_t r = 0; r < count; ++r) {
+        const size_t element = (slice.row_begin + first + r) * slice.row_length + slice.column_begin;
+        convert_to_bf16(source.data() + element * element_bytes, dtype, slice.columns,
+                        reinterpret_cast<uint16_t*>(chunk) + r * slice.columns);
+      }
+    });
+  }
+
+  void upload_fp8(const ExpectedTensor& tensor, const SliceTarget& target) {
+    Fp8Slice fp8(checkpoint_, model_, shard_, tensor, target.format);
+    const dist::TensorSlice& slice = fp8.slice();
+    uploader_.copy(target.data->as<uint8_t>() + target.offset, slice.rows, slice.columns,
+                   [&](size_t first, size_t count, std::byte* chunk) {
+                     fp8.rows(first, count, reinterpret_cast<uint8_t*>(chunk));
+                   });
+    const std::vector<float>& scales = fp8.scales();  // complete now that every row is made
+    uploader_.copy(target.scales->as<float>() + target.scale_offset, scales.size(), sizeof(float),
+                   [&](size_t first, size_t count, std::byte* chunk) {
+                     std::memcpy(chunk, scales.data() + first, count * sizeof(float));
+                   });
+  }
+
+  const Checkpoint& checkpoint_;
+  const ModelConfig& model_;
+  dist::RankShard shard_;
   cudaStream_t stream_;
   StagedUploader uploader_;
 };
@@ -174,29 +182,40 @@ class RandomSource final : public TensorSource {
     ones_.assign(longest_norm, float_to_bf16_bits(1.0f));
   }
 
-  void fill(const TensorSpec& spec, int, const dist::TensorSlice& slice, DeviceBuffer& destination,
-            size_t offset) override {
-    auto* out = destination.as<__nv_bfloat16>() + offset;
+  void fill(const TensorSpec& spec, int, const dist::TensorSlice& slice, const SliceTarget& target) override {
     if (spec.init == TensorInit::norm) {  // exactly 1 (and no numbers drawn)
       // ones_ never changes and outlives the copies (finish() synchronises).
-      DF_CHECK_CUDA(cudaMemcpyAsync(out, ones_.data(), bf16_bytes(slice.elements()), cudaMemcpyHostToDevice, stream_));
+      DF_CHECK_CUDA(cudaMemcpyAsync(target.data->as<__nv_bfloat16>() + target.offset, ones_.data(),
+                                    bf16_bytes(slice.elements()), cudaMemcpyHostToDevice, stream_));
       return;
     }
     const size_t elements = slice.tensor_rows * slice.row_length;
     const uint64_t tensor_seed = seed_ + (++tensors_) * 0x9e3779b97f4a7c15ull;
-    if (slice.whole()) {
-      DF_CHECK_CUDA(kernels::fill_uniform_bf16(out, elements, tensor_seed, scale(spec, slice), stream_));
+    if (target.format == WeightFormat::bf16 && slice.whole()) {
+      DF_CHECK_CUDA(kernels::fill_uniform_bf16(target.data->as<__nv_bfloat16>() + target.offset, elements, tensor_seed,
+                                               scale(spec, slice), stream_));
       return;
     }
     // Drawn whole (the numbers one GPU's engine draws), then this rank's rectangle copied out.
-    if (whole_.bytes() < bf16_bytes(elements)) {
-      DF_CHECK_CUDA(cudaStreamSynchronize(stream_));  // the old scratch may still be read
-      whole_ = DeviceBuffer(bf16_bytes(elements));
-    }
+    reserve(whole_, bf16_bytes(elements));
     DF_CHECK_CUDA(kernels::fill_uniform_bf16(whole_.as<__nv_bfloat16>(), elements, tensor_seed, scale(spec, slice), stream_));
-    const auto* source = whole_.as<__nv_bfloat16>() + slice.row_begin * slice.row_length + slice.column_begin;
-    DF_CHECK_CUDA(cudaMemcpy2DAsync(out, bf16_bytes(slice.columns), source, bf16_bytes(slice.row_length),
-                                    bf16_bytes(slice.columns), slice.rows, cudaMemcpyDeviceToDevice, stream_));
+    if (target.format == WeightFormat::bf16) {
+      copy_rectangle(whole_.as<std::byte>(), sizeof(__nv_bfloat16), slice,
+                     target.data->as<std::byte>() + bf16_bytes(target.offset));
+      return;
+    }
+    DF_CHECK(target.format == WeightFormat::fp8_e4m3, std::string("random weights are drawn in bf16 or fp8_e4m3, not ") +
+                                                          weight_format_name(target.format));
+    // One scale per whole row (the slice of a column-split weight keeps its rows' scales).
+    reserve(whole_fp8_, elements);
+    reserve(whole_scales_, slice.tensor_rows * sizeof(float));
+    DF_CHECK_CUDA(kernels::quantize_rows_fp8(whole_.as<__nv_bfloat16>(), whole_fp8_.as<uint8_t>(),
+                                             whole_scales_.as<float>(), static_cast<int>(slice.tensor_rows),
+                                             static_cast<int>(slice.row_length), stream_));
+    copy_rectangle(whole_fp8_.as<std::byte>(), 1, slice, target.data->as<std::byte>() + target.offset);
+    DF_CHECK_CUDA(cudaMemcpyAsync(target.scales->as<float>() + target.scale_offset,
+                                  whole_scales_.as<float>() + slice.row_begin, slice.rows * sizeof(float),
+                                  cudaMemcpyDeviceToDevice, stream_));
   }
   void finish() override { DF_CHECK_CUDA(cudaStreamSynchronize(stream_)); }
   ~RandomSource() override { cudaStreamSynchronize(stream_); }
@@ -214,11 +233,25 @@ class RandomSource final : public TensorSource {
     throw Error("internal: norm weights are not drawn");
   }
 
+  // Scratch of at least `bytes`; an older, smaller one may still be read by queued work.
+  void reserve(DeviceBuffer& scratch, size_t bytes) {
+    if (scratch.bytes() >= bytes) return;
+    DF_CHECK_CUDA(cudaStreamSynchronize(stream_));
+    scratch = DeviceBuffer(bytes);
+  }
+  // The slice's rectangle of a whole row-major tensor of `element_bytes` elements -> out, packed.
+  void copy_rectangle(const std::byte* whole, size_t element_bytes, const dist::TensorSlice& slice, std::byte* out) {
+    const std::byte* source = whole + (slice.row_begin * slice.row_length + slice.column_begin) * element_bytes;
+    DF_CHECK_CUDA(cudaMemcpy2DAsync(out, slice.columns * element_bytes, source, slice.row_length * element_bytes,
+                                    slice.columns * element_bytes, slice.rows, cudaMemcpyDeviceToDevice, stream_));
+  }
+
   uint64_t seed_;
   uint64_t tensors_ = 0;
   cudaStream_t stream_;
   std::vector<uint16_t> ones_;  // bf16 1.0, as long as the longest norm weight
-  DeviceBuffer whole_;
+  DeviceBuffer whole_;          // a whole tensor drawn in bf16
+  DeviceBuffer whole_fp8_, whole_scales_;  // ... and quantized
 };
 
 }  // namespace
@@ -232,7 +265,7 @@ std::unique_ptr<TensorSource> checkpoint_source(const Checkpoint& checkpoint, co
   for (const ExpectedTensor& tensor : expected_tensors(model))
     total_bytes += dist::slice_of(*tensor.spec, model, shard).elements() *
                    dtype_size(checkpoint.find(tensor.name)->info->dtype);
-  return std::make_unique<CheckpointSource>(checkpoint, total_bytes, stream, progress);
+  return std::make_unique<CheckpointSource>(checkpoint, model, shard, total_bytes, stream, progress);
 }
 
 std::unique_ptr<TensorSource> random_source(const ModelConfig& model, uint64_t seed, cudaStream_t stream) {

@@ -22,7 +22,7 @@
 
 namespace deepfuse::scheduler {
 
-PlanShape PlanShape::of(const ModelConfig& config) {
+PlanShape PlanShape::of(const ModelConfig& config, WeightFormat weights) {
   PlanShape shape;
   shape.hidden = config.hidden_size;
   shape.intermediate = config.intermediate_size;
@@ -32,6 +32,7 @@ PlanShape PlanShape::of(const ModelConfig& config) {
   shape.layers = config.num_hidden_layers;
   shape.vocab = config.vocab_size;
   shape.qkv_bias = config.qkv_bias;
+  shape.weights = weights;
   return shape;
 }
 
@@ -46,6 +47,8 @@ std::string PlanShape::signature() const {
   add("-l", layers);
   add("-v", vocab);
   if (qkv_bias) text += "-bias";
+  // bf16 adds nothing, so the keys of plans tuned before FP8 weights existed still match.
+  if (weights != WeightFormat::bf16) text.append("-").append(weight_format_name(weights));
   return text;
 }
 
@@ -83,7 +86,7 @@ int GpuInfo::shared_bytes_per_sm() const {
 std::string why_unsupported(MlpChoice choice, const PlanShape& shape, int tokens, const GpuInfo& gpu) {
   if (choice == MlpChoice::unfused) return "";
   return kernels::swiglu_fused_unsupported(shape.hidden, shape.intermediate, tokens,
-                                           {gpu.sms, gpu.clusters(), gpu.shared_bytes_per_sm()});
+                                           {gpu.sms, gpu.clusters(), gpu.shared_bytes_per_sm()}, shape.weights);
 }
 
 std::string why_unsupported(FrontChoice choice, const PlanShape& shape, int tokens, const GpuInfo& gpu) {

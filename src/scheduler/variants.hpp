@@ -8,6 +8,7 @@
 
 #include "deepfuse/decode_plan.hpp"
 #include "deepfuse/model_config.hpp"
+#include "deepfuse/weight_format.hpp"
 
 namespace deepfuse::scheduler {
 
@@ -28,8 +29,10 @@ struct PlanShape {
   int q_heads = 0, kv_heads = 0, head_dim = 0;
   int layers = 0, vocab = 0;
   bool qkv_bias = false;
-  static PlanShape of(const ModelConfig& config);
-  // "h4096-i14336-q32-kv8-d128-l32-v128256" (+"-bias"): the tuning cache's model key.
+  WeightFormat weights = WeightFormat::bf16;  // the blocks' linear weights (block_weight_format)
+  static PlanShape of(const ModelConfig& config, WeightFormat weights = WeightFormat::bf16);
+  // "h4096-i14336-q32-kv8-d128-l32-v128256" (+"-bias", +"-fp8_e4m3" for weights other than bf16):
+  // the tuning cache's model key.
   std::string signature() const;
 };
 

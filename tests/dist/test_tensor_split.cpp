@@ -119,6 +119,23 @@ TEST(TensorSplit, WeightBytesOfARank) {
   EXPECT_EQ(runtime::decode_weight_bytes(local, s), rank - embedding);
 }
 
+// FP8 under tensor parallelism: a rank holds its slice's bytes and the scales that go with it,
+// its rows' for a row-split weight and every row's for a column-split one (o_proj, down).
+TEST(TensorSplit, Fp8WeightBytesOfARank) {
+  const ModelConfig c = random_arch_config("llama3-70b");
+  runtime::WeightLayouts one{.mlp_fused = false, .mlp_unfused = true, .front_packed = false, .o_proj_packed = false};
+  one.load.quantize = WeightFormat::fp8_e4m3;
+  const dist::RankShard s = dist::shard_of(c, 2, 4);
+  const size_t H = 8192, I = 28672 / 4, Q = 8192 / 4, KV = 1024 / 4, V = 128256, layers = 80;
+  const size_t elements = H * (Q + 2 * KV) + H * Q + 3 * I * H;
+  const size_t scales = (Q + 2 * KV) + H /* o_proj: every row */ + 2 * I + H /* down: every row */;
+  const size_t read = layers * (elements + 4 * scales + 2 * H * 2) + V * H * 2 /* embedding */ +
+                      size_t{32064} * H * 2 /* the bf16 lm_head slice */ + H * 2;
+  // The unfused FP8 MLP also holds its packed copy.
+  EXPECT_EQ(runtime::gpu_weight_bytes(dist::rank_config(c, s), one, s), read + layers * 3 * I * H);
+  EXPECT_EQ(runtime::decode_weight_bytes(dist::rank_config(c, s), s, one.load), read - V * H * 2);
+}
+
 // Every tensor of the model table, split by its row's TensorSplit: the ranks' slices cover each
 // split axis exactly once (key/value heads: ranks / kv_heads times when replicated), replicated
 // tensors are whole on every rank, and each slice has the shape of the rank's own model.

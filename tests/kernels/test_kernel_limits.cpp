@@ -79,6 +79,11 @@ TEST(KernelLimits, FusedMlpShapeAndResidency) {
   EXPECT_EQ(swiglu_fused_unsupported(4096, 6 * 16 * 108, 8, a100), "");
   EXPECT_NE(swiglu_fused_unsupported(4096, 6 * 16 * 108 + 64, 8, a100).find("10368"), std::string::npos);
   EXPECT_EQ(swiglu_fused_unsupported(4096, 14336, 8, {0, false, 0}), "");  // no GPU facts: the shape only
+  // FP8: per-row scales up to kSwigluFusedFp8MaxTokens tokens; block scales not at all.
+  EXPECT_EQ(swiglu_fused_unsupported(4096, 14336, kSwigluFusedFp8MaxTokens, h100, WeightFormat::fp8_e4m3), "");
+  EXPECT_NE(swiglu_fused_unsupported(4096, 14336, kSwigluFusedFp8MaxTokens + 1, h100, WeightFormat::fp8_e4m3), "");
+  EXPECT_NE(swiglu_fused_unsupported(4096, 14336, 1, h100, WeightFormat::fp8_e4m3_block128).find("fp8_e4m3_block128"),
+            std::string::npos);
   SwigluFusedParams p;  // the launcher refuses the shape the header refuses
   p.x = fake<const __nv_bfloat16>(), p.gate_up = fake<const uint4>(), p.down = fake<const uint4>();
   p.y = fake<__nv_bfloat16>(), p.accumulator = fake<float>(), p.counters = fake<unsigned>();

@@ -10,6 +10,7 @@ deepfuse_test(test_prefill_attention_params ${kernel_tests}/attention/test_prefi
 deepfuse_test(test_prefill_attention_gpu ${kernel_tests}/attention/test_prefill_attention_gpu.cpp GPU)
 
 deepfuse_test(test_dequantize_gpu ${kernel_tests}/dequantize/test_dequantize_gpu.cpp GPU)
+deepfuse_test(test_quantize_fp8_gpu ${kernel_tests}/quantize/test_quantize_fp8_gpu.cpp GPU)
 
 deepfuse_test(test_embedding_checks ${kernel_tests}/embedding/test_embedding_checks.cpp)
 deepfuse_test(test_embedding_gpu ${kernel_tests}/embedding/test_embedding_gpu.cpp GPU)

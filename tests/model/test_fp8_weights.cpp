@@ -15,12 +15,23 @@
 #include "deepfuse/reference_decoder.hpp"
 #include "model/float8.hpp"
 #include "model/fp8_weights.hpp"
+#include "model/fp8_test_util.hpp"
 #include "model/model_test_util.hpp"
 
 namespace deepfuse {
 namespace {
 
+using testing::compressed_tensors;
+using testing::config_json_with;
+using testing::draw_fp8_pair;
 using testing::expect_error;
+using testing::fp8_cases;
+using testing::Fp8Case;
+using testing::Fp8Pair;
+using testing::kBlockFp8;
+using testing::kChannelWeights;
+using testing::RawTensor;
+using testing::write_raw_checkpoint;
 
 TEST(Float8, E4m3DecodesTheSpecValues) {
   EXPECT_EQ(float8_e4m3_to_float(0x00), 0.0f);
@@ -93,18 +104,6 @@ ModelConfig parse_with(const std::string& quantization_config) {
   return parse_model_config(config.dump(), "config.json");
 }
 
-std::string compressed_tensors(const std::string& weights, const std::string& extra = "",
-                               const std::string& input = R"({"num_bits": 8, "type": "float", "strategy": "token",
-                                                              "dynamic": true, "symmetric": true})") {
-  return R"({"quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
-             "config_groups": {"group_0": {"targets": ["Linear"], "weights": )" +
-         weights + R"(, "input_activations": )" + input + R"(}}, "ignore": ["lm_head"], "kv_cache_scheme": null)" +
-         extra + "}";
-}
-
-const std::string kChannelWeights =
-    R"({"num_bits": 8, "type": "float", "strategy": "channel", "dynamic": false, "symmetric": true})";
-
 TEST(QuantizationConfig, CompressedTensorsAndBlockFp8Parse) {
   const WeightQuantization channel = parse_with(compressed_tensors(kChannelWeights)).quantization;
   EXPECT_EQ(channel.method, QuantizationMethod::compressed_tensors);
@@ -161,105 +160,6 @@ TEST(QuantizationConfig, EverythingElseIsRefusedNamingTheField) {
 }
 
 // --- FP8 checkpoints ------------------------------------------------------------------------
-
-struct RawTensor {
-  std::string name, dtype;
-  std::vector<int64_t> shape;
-  std::string bytes;
-};
-
-void write_raw_checkpoint(const std::filesystem::path& dir, const std::string& config_json,
-                          const std::vector<RawTensor>& tensors) {
-  nlohmann::json header = nlohmann::json::object();
-  std::string data;
-  for (const RawTensor& t : tensors) {
-    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + t.bytes.size()}}};
-    data += t.bytes;
-  }
-  const std::string text = header.dump();
-  std::string image(8, '\0');
-  for (int i = 0; i < 8; ++i) image[i] = static_cast<char>(text.size() >> (8 * i) & 0xff);
-  testing::write_file(dir / "config.json", config_json);
-  testing::write_file(dir / "model.safetensors", image + text + data);
-}
-
-template <typename T>
-std::string bytes_of(const std::vector<T>& values) {
-  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
-}
-
-std::string config_json_with(const ModelConfig& config, const std::string& quantization_config) {
-  nlohmann::json j = nlohmann::json::parse(model_config_json(config, SafetensorsDType::F32));
-  if (!quantization_config.empty()) j["quantization_config"] = nlohmann::json::parse(quantization_config);
-  return j.dump();
-}
-
-// One FP8 checkpoint and its dequantized F32 twin, drawn together.
-struct Fp8Pair {
-  std::vector<RawTensor> fp8, f32;
-};
-
-Fp8Pair draw_fp8_pair(const ModelConfig& config, ScaleScope scope, const std::string& scale_name, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  Fp8Pair pair;
-  for (const ExpectedTensor& t : expected_tensors(config)) {
-    const bool quantized = t.spec->formats.has(WeightFormat::fp8_e4m3) && t.spec->role != TensorRole::lm_head;
-    int64_t count = 1;
-    for (int64_t e : t.shape) count *= e;
-    if (!quantized) {
-      std::vector<float> values(static_cast<size_t>(count));
-      for (float& v : values) v = t.spec->init == TensorInit::norm ? 1.0f + 0.1f * uniform(rng) : 0.3f * uniform(rng);
-      pair.fp8.push_back({t.name, "F32", t.shape, bytes_of(values)});
-      pair.f32.push_back(pair.fp8.back());
-      continue;
-    }
-    const int64_t rows = t.shape[0], columns = t.shape[1];
-    std::vector<uint8_t> codes(static_cast<size_t>(count));
-    for (uint8_t& c : codes) c = static_cast<uint8_t>(rng() % 0x7f) | (rng() % 2 ? 0x80 : 0);  // never NaN
-    std::vector<int64_t> scale_shape = scope == ScaleScope::channel ? std::vector<int64_t>{rows, 1}
-                                       : scope == ScaleScope::tensor ? std::vector<int64_t>{1}
-                                                                     : std::vector<int64_t>{rows / 128, columns / 128};
-    // BF16 scales (as compressed-tensors writes them) for per channel, F32 otherwise.
-    const bool bf16_scales = scope == ScaleScope::channel;
-    std::vector<float> scales(static_cast<size_t>(scale_shape.empty() ? 1 : scale_shape[0] * (scale_shape.size() > 1 ? scale_shape[1] : 1)));
-    std::vector<uint16_t> scale_bits(scales.size());
-    for (size_t i = 0; i < scales.size(); ++i) {
-      scale_bits[i] = float_to_bf16_bits(std::ldexp(1.0f + 0.5f * uniform(rng), -9));
-      scales[i] = bf16_scales ? bf16_bits_to_float(scale_bits[i]) : std::ldexp(1.0f + 0.5f * uniform(rng), -9);
-    }
-    std::vector<float> dequantized(static_cast<size_t>(count));
-    for (int64_t o = 0; o < rows; ++o)
-      for (int64_t i = 0; i < columns; ++i) {
-        const float s = scope == ScaleScope::channel ? scales[o]
-                        : scope == ScaleScope::tensor ? scales[0]
-                                                      : scales[(o / 128) * (columns / 128) + i / 128];
-        dequantized[o * columns + i] = float8_e4m3_to_float(codes[o * columns + i]) * s;
-      }
-    pair.fp8.push_back({t.name, "F8_E4M3", t.shape, bytes_of(codes)});
-    const std::string scale_tensor = t.name.substr(0, t.name.size() - 6) + scale_name;
-    pair.fp8.push_back({scale_tensor, bf16_scales ? "BF16" : "F32", scale_shape,
-                        bf16_scales ? bytes_of(scale_bits) : bytes_of(scales)});
-    pair.f32.push_back({t.name, "F32", t.shape, bytes_of(dequantized)});
-  }
-  return pair;
-}
-
-const std::string kBlockFp8 = R"({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
-                                  "modules_to_not_convert": ["lm_head"]})";
-
-struct Fp8Case {
-  const char* name;
-  ScaleScope scope;
-  std::string quantization_config, scale_name;
-};
-
-std::vector<Fp8Case> fp8_cases() {
-  return {{"compressed_tensors_channel", ScaleScope::channel, compressed_tensors(kChannelWeights), "weight_scale"},
-          {"compressed_tensors_tensor", ScaleScope::tensor,
-           compressed_tensors(R"({"num_bits": 8, "type": "float", "strategy": "tensor"})"), "weight_scale"},
-          {"fp8_block", ScaleScope::block, kBlockFp8, "weight_scale_inv"}};
-}
 
 class Fp8Checkpoint : public ::testing::TestWithParam<int> {};
 
@@ -417,6 +317,28 @@ TEST(Fp8Checkpoint, MakeModelWritesCompressedTensorsFp8) {
     differ += q[i] != w[i];
   }
   EXPECT_GT(differ, q.size() / 2);  // it really is 8-bit
+}
+
+// The decode plan's weight format: the blocks' quantized format wherever one loads FP8.
+TEST(Fp8Checkpoint, BlockWeightFormatAndLoadOptions) {
+  ModelConfig config = model_preset("tiny");
+  const WeightLoadOptions plain, fp8{.quantize = WeightFormat::fp8_e4m3};
+  EXPECT_EQ(block_weight_format(config, plain), WeightFormat::bf16);
+  EXPECT_EQ(block_weight_format(config, fp8), WeightFormat::fp8_e4m3);
+  EXPECT_NO_THROW(check_weight_load_options(config, fp8));
+  expect_error([&] { check_weight_load_options(config, {.quantize_lm_head = true}); }, {"--quantize-lm-head", "--quantize fp8"});
+  expect_error([&] { check_weight_load_options(config, {.quantize = WeightFormat::fp8_e4m3_block128}); },
+               {"--quantize fp8_e4m3_block128", "only fp8"});
+  config.tie_word_embeddings = true;
+  expect_error([&] { check_weight_load_options(config, {.quantize = WeightFormat::fp8_e4m3, .quantize_lm_head = true}); },
+               {"--quantize-lm-head", "ties"});
+  config.tie_word_embeddings = false;
+  config.quantization = fp8_checkpoint_quantization();
+  EXPECT_EQ(block_weight_format(config, plain), WeightFormat::fp8_e4m3);
+  expect_error([&] { check_weight_load_options(config, fp8); }, {"already quantized", "compressed-tensors"});
+  // Every block projection in the ignore list: the blocks stay 16-bit.
+  config.quantization.ignore = {"lm_head", "re:.*layers.*"};
+  EXPECT_EQ(block_weight_format(config, plain), WeightFormat::bf16);
 }
 
 }  // namespace

@@ -67,6 +67,42 @@ TEST(RandomArch, WeightBytesFollowTheLayouts) {
             static_cast<size_t>(c.num_hidden_layers) * 3 * c.hidden_size * c.intermediate_size * 2);
 }
 
+// FP8 weights (--quantize fp8, bench decode --weights fp8): every block projection one byte an
+// element plus an fp32 scale per output row; the embedding, norms and lm_head stay bf16 (the
+// lm_head too only with --quantize-lm-head). The decode roofline reads these bytes; the unfused
+// FP8 MLP holds its elements twice (row-major for the widened GEMMs, packed for the GEMVs) and a
+// step reads one of them.
+TEST(RandomArch, Fp8WeightBytesAreOneBytePerProjectionElementPlusRowScales) {
+  const ModelConfig c = random_arch_config("llama3-8b");
+  const size_t H = 4096, I = 14336, Q = 4096, KV = 1024, V = 128256, layers = 32;
+  const size_t elements = H * (Q + 2 * KV) + H * Q + 3 * I * H;  // a block's projections
+  const size_t scales = (Q + 2 * KV) + H + 2 * I + H;            // their output rows
+  const size_t norms = 2 * H * 2;
+  runtime::WeightLayouts fp8 = kOneLayout;
+  fp8.load.quantize = WeightFormat::fp8_e4m3;
+  const size_t once = layers * (elements + 4 * scales + norms) + V * H * 2 /* embedding */ +
+                      V * H * 2 /* lm_head */ + H * 2 /* final norm */;
+  const size_t expected = once + layers * 3 * I * H;  // the MLP's packed copy
+  EXPECT_EQ(runtime::gpu_weight_bytes(c, fp8), expected);
+  EXPECT_EQ(runtime::decode_weight_bytes(c, {}, fp8.load), once - V * H * 2);
+  // About half of bf16's: 8.03e9 parameters, of which the embedding and lm_head stay 16-bit.
+  const double ratio = static_cast<double>(runtime::decode_weight_bytes(c, {}, fp8.load)) /
+                       static_cast<double>(runtime::decode_weight_bytes(c));
+  EXPECT_GT(ratio, 0.5);
+  EXPECT_LT(ratio, 0.6);
+  runtime::WeightLayouts head = fp8;
+  head.load.quantize_lm_head = true;
+  EXPECT_EQ(runtime::gpu_weight_bytes(c, head), expected - V * H * 2 + V * H + V * 4);
+  // The packed copies of qkv and o_proj share the row-major copy's scales; each MLP copy has its own.
+  runtime::WeightLayouts packed = fp8;
+  packed.front_packed = packed.o_proj_packed = true;
+  EXPECT_EQ(runtime::gpu_weight_bytes(c, packed) - expected, layers * (H * (Q + 2 * KV) + H * Q));
+  // Loading stages one layer's MLP in the blocks' format: gate, up and down with their scales.
+  const size_t reserve = size_t{1} << 30, staging = 3 * I * H + 4 * (2 * I + H);
+  EXPECT_TRUE(runtime::fits_with_kv(c, fp8, expected + staging + reserve, reserve));
+  EXPECT_FALSE(runtime::fits_with_kv(c, fp8, expected + staging + reserve - 1, reserve));
+}
+
 // The MLP's second copy is kept only when it, the weights, their staging and the KV reserve fit.
 TEST(RandomArch, SecondMlpCopyOnlyWhenItFits) {
   const ModelConfig c = random_arch_config("llama3-8b");

@@ -4,6 +4,7 @@
 
 #include "scheduler/builtin_plans.hpp"
 #include "scheduler/scheduler_test_util.hpp"
+#include "model/model_test_util.hpp"
 
 namespace deepfuse {
 namespace {
@@ -90,6 +91,42 @@ TEST(BuiltinPlan, ShapesTheFusedKernelsRefuseFallBackToUnfused) {
   odd.intermediate = 14336 + 32;
   for (const BucketPlan& b : builtin_plan(odd, testing::h100(), testing::buckets()).buckets)
     EXPECT_EQ(b.mlp, MlpChoice::unfused);
+}
+
+// FP8 weights: the plan asks each kernel about the format. The fused MLP takes per-row fp8_e4m3
+// up to 16 tokens (the built-in rule keeps it to 8, as in bf16) and no block-scaled FP8, whose
+// buckets run the unfused MLP; front and o_proj are bf16's choices.
+TEST(BuiltinPlan, Fp8WeightsFollowTheKernelsLimits) {
+  for (const auto& [name, bf16] : testing::model_shapes()) {
+    if (bf16.head_dim % 64 != 0) continue;  // the tiny shape: unfused everywhere in every format
+    for (WeightFormat format : {WeightFormat::fp8_e4m3, WeightFormat::fp8_e4m3_block128}) {
+      PlanShape fp8 = bf16;
+      fp8.weights = format;
+      SCOPED_TRACE(name + " " + weight_format_name(format));
+      const DecodePlan plan = builtin_plan(fp8, testing::h100(), testing::buckets());
+      const DecodePlan reference = builtin_plan(bf16, testing::h100(), testing::buckets());
+      ASSERT_EQ(plan.buckets.size(), reference.buckets.size());
+      for (size_t i = 0; i < plan.buckets.size(); ++i) {
+        const BucketPlan& b = plan.buckets[i];
+        const bool fused = b.batch <= 8 && why_unsupported(MlpChoice::fused, fp8, b.batch, testing::h100()).empty();
+        EXPECT_EQ(b.mlp, fused ? MlpChoice::fused : MlpChoice::unfused) << b.batch;
+        if (format == WeightFormat::fp8_e4m3_block128) EXPECT_EQ(b.mlp, MlpChoice::unfused) << b.batch;
+        EXPECT_EQ(b.front, reference.buckets[i].front) << b.batch;
+        EXPECT_EQ(b.o_proj, reference.buckets[i].o_proj) << b.batch;
+      }
+      EXPECT_EQ(plan.prefill_mlp, MlpChoice::unfused);
+    }
+  }
+  PlanShape fp8 = testing::model_shapes()[0].shape;
+  fp8.weights = WeightFormat::fp8_e4m3;
+  const DecodePlan plan = builtin_plan(fp8, testing::h100(), testing::buckets());
+  EXPECT_EQ(plan.bucket_for(1).mlp, MlpChoice::fused);
+  testing::expect_error([&] { apply_overrides(plan, parse_plan_overrides("mlp@32=fused"), fp8, testing::h100()); },
+                        {"mlp@32=fused", "at most 16 tokens of FP8"});
+  fp8.weights = WeightFormat::fp8_e4m3_block128;
+  testing::expect_error([&] { apply_overrides(builtin_plan(fp8, testing::h100(), testing::buckets()),
+                                              parse_plan_overrides("mlp@1=fused"), fp8, testing::h100()); },
+                        {"mlp@1=fused", "fp8_e4m3_block128"});
 }
 
 TEST(BuiltinPlan, FollowsTheEnginesBuckets) {

@@ -329,6 +329,9 @@ TEST(SchedulerVariants, ShapeSignature) {
   config.hidden_size = 2048, config.intermediate_size = 8192, config.num_attention_heads = 32;
   config.num_key_value_heads = 8, config.head_dim = 64, config.num_hidden_layers = 16, config.vocab_size = 128256;
   EXPECT_EQ(PlanShape::of(config).signature(), testing::model_shapes()[1].shape.signature());
+  // FP8 weights are another plan (and tuning cache entry); bf16's keys stay as they were.
+  EXPECT_EQ(PlanShape::of(config, WeightFormat::fp8_e4m3).signature(),
+            testing::model_shapes()[1].shape.signature() + "-fp8_e4m3");
 }
 
 TEST(SchedulerVariants, CheckPlanNamesTheBucketAndOp) {

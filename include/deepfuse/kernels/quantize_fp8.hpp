@@ -1,0 +1,19 @@
+// FP8 quantization on the device: random FP8 weights for benchmarks are drawn in bf16 and made
+// FP8 here, without a trip through the host.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace deepfuse::kernels {
+
+// Row-major [rows, columns] bf16 -> e4m3 bytes [rows, columns] and one fp32 scale per row, bit for
+// bit what the host quantizer makes (src/model, quantize_row_fp8): scale = absmax / 448 (1 for an
+// all-zero row), byte = e4m3(x / scale), rounded to nearest even and saturating at ±448.
+// rows and columns positive; `in` must not overlap the outputs.
+cudaError_t quantize_rows_fp8(const __nv_bfloat16* in, uint8_t* out, float* scales, int rows, int columns,
+                              cudaStream_t stream);
+
+}  // namespace deepfuse::kernels

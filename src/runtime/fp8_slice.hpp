@@ -1,0 +1,44 @@
+// A rank's slice of one linear weight in an FP8 format, made on the host from the checkpoint as
+// the device stores it: e4m3 bytes, row-major, and fp32 scales. A tensor the checkpoint stores in
+// FP8 gives its own bytes and scales (a per-tensor scale repeated for every row; per block the
+// blocks the slice covers, dist::scale_slice_of); a 16-bit tensor is quantized at load exactly as
+// the reference backend quantizes it (quantize_rows_fp8: one absmax scale per whole row, so a
+// column slice, o_proj's or down's under tensor parallelism, keeps its rows' scales). Host only:
+// the checkpoint source streams the rows through its pinned staging (weight_sources.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "deepfuse/model_weights.hpp"
+#include "dist/tensor_split.hpp"
+
+namespace deepfuse::runtime {
+
+class Fp8Slice {
+ public:
+  // `tensor` of `model` (the whole model's config), as rank `shard` holds it, in `format` (an FP8
+  // format: the stored one, or fp8_e4m3 for a 16-bit tensor quantized at load). Throws
+  // deepfuse::Error for a format the tensor cannot be made in.
+  Fp8Slice(const Checkpoint& checkpoint, const ModelConfig& model, const dist::RankShard& shard,
+           const ExpectedTensor& tensor, WeightFormat format);
+
+  const dist::TensorSlice& slice() const { return slice_; }
+
+  // Rows [first, first + count) of the slice: count x slice().columns bytes to `out`.
+  void rows(size_t first, size_t count, uint8_t* out);
+
+  // The slice's scales, row-major: per channel one per slice row, per block scale_slice_of's
+  // rectangle. Those of a quantized tensor are complete once rows() has made every row.
+  const std::vector<float>& scales() const { return scales_; }
+
+ private:
+  const Checkpoint::Entry& entry_;
+  dist::TensorSlice slice_;
+  bool quantize_ = false;        // a 16-bit tensor made FP8 here
+  std::vector<float> scales_;
+  std::vector<uint8_t> row_bytes_;  // one whole quantized row
+};
+
+}  // namespace deepfuse::runtime
