@@ -1,6 +1,7 @@
 #include "model/float8.hpp"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "model/float16.hpp"
@@ -18,19 +19,25 @@ float float8_e4m3_to_float(uint8_t bits) {
 float float8_e5m2_to_float(uint8_t bits) { return half_bits_to_float(static_cast<uint16_t>(bits << 8)); }
 
 uint8_t float_to_float8_e4m3(float value) {
-  const uint8_t sign = std::signbit(value) ? 0x80 : 0x00;
-  if (std::isnan(value)) return sign | 0x7f;
-  const float magnitude = std::fabs(value);
-  if (magnitude >= kFloat8E4m3Max) return sign | 0x7e;
-  // Exponent of the step between neighbours: 2^-9 below the smallest normal 2^-6, else 2^(e-3).
-  int exponent = 0;
-  std::frexp(magnitude, &exponent);  // magnitude = f * 2^exponent, f in [0.5, 1)
-  const int step = magnitude < std::ldexp(1.0f, -6) ? -9 : exponent - 1 - 3;
-  // nearbyint rounds half to even; a mantissa that rounds up to 16 carries into the exponent,
-  // which the same formula encodes. Values that round past 448 saturate.
-  const int steps = static_cast<int>(std::nearbyint(std::ldexp(magnitude, -step)));
-  const int code = step == -9 ? steps : ((step + 3 + 7) << 3) + (steps - 8);
-  return sign | static_cast<uint8_t>(code > 0x7e ? 0x7e : code);
+  // On the bits (quantizing a checkpoint at load encodes billions of values): a normal e4m3 value
+  // keeps the fp32 exponent, rebiased from 127 to 7, and the top 3 of the 23 mantissa bits.
+  uint32_t bits = 0;
+  std::memcpy(&bits, &value, sizeof bits);
+  const uint8_t sign = static_cast<uint8_t>(bits >> 24 & 0x80);
+  const uint32_t magnitude = bits & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return sign | 0x7f;         // NaN
+  if (magnitude >= 0x43e00000u) return sign | 0x7e;        // >= 448 (infinities too): saturate
+  if (magnitude < 0x3c800000u) {                           // below 2^-6: subnormal steps of 2^-9
+    float scaled = 0.0f;
+    std::memcpy(&scaled, &magnitude, sizeof scaled);
+    // Exact (a power-of-two scale), then rounded half to even; 8 steps is the smallest normal, 0x08.
+    return sign | static_cast<uint8_t>(std::nearbyint(scaled * 512.0f));
+  }
+  // Round the 20 dropped mantissa bits half to even; a carry moves into the exponent, and what
+  // rounds past 448 (0x7f, the NaN code) saturates.
+  const uint32_t rounded = (magnitude + 0x7ffffu + (magnitude >> 20 & 1u)) >> 20;
+  const uint32_t code = rounded - ((127u - 7u) << 3);
+  return sign | static_cast<uint8_t>(code > 0x7eu ? 0x7eu : code);
 }
 
 }  // namespace deepfuse

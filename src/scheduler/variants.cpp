@@ -91,8 +91,8 @@ std::string why_unsupported(MlpChoice choice, const PlanShape& shape, int tokens
 
 std::string why_unsupported(FrontChoice choice, const PlanShape& shape, int tokens, const GpuInfo& gpu) {
   if (choice == FrontChoice::unfused) return "";
-  const std::string why =
-      kernels::qkv_rope_fused_unsupported({tokens, shape.hidden, shape.q_heads, shape.kv_heads, shape.head_dim});
+  const std::string why = kernels::qkv_rope_fused_unsupported(
+      {tokens, shape.hidden, shape.q_heads, shape.kv_heads, shape.head_dim}, shape.weights);
   if (!why.empty()) return "the fused front " + why;
   return cluster_gemv_unsupported("the fused front", gpu);
 }
@@ -104,7 +104,8 @@ std::string why_unsupported(OProjChoice choice, FrontChoice front, const PlanSha
   // clears it (runtime/forward.cpp, ForwardPass::layer): the runtime pairs them.
   if (front != FrontChoice::fused) return "the o_proj GEMV needs the fused front";
   // rows = hidden, inner = q_heads x head_dim.
-  const std::string why = kernels::gemv_residual_unsupported(tokens, shape.hidden, shape.q_heads * shape.head_dim);
+  const std::string why =
+      kernels::gemv_residual_unsupported(tokens, shape.hidden, shape.q_heads * shape.head_dim, shape.weights);
   if (!why.empty()) return "the o_proj GEMV " + why;
   return cluster_gemv_unsupported("the o_proj GEMV", gpu);
 }

@@ -4,6 +4,7 @@
 // one line naming the tensor, and FP8 quantization at load.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -65,6 +66,44 @@ TEST(Float8, E4m3EncodeRoundsToNearestEvenAndSaturates) {
   EXPECT_EQ(float_to_float8_e4m3(-std::numeric_limits<float>::infinity()), 0xfe);
   EXPECT_EQ(float_to_float8_e4m3(std::numeric_limits<float>::quiet_NaN()), 0x7f);
   EXPECT_EQ(float_to_float8_e4m3(-std::numeric_limits<float>::quiet_NaN()), 0xff);
+}
+
+// The nearest e4m3 value by search over all of them (ties to the even code, beyond 448 the
+// largest): the spec, against which the encoder's bit arithmetic is checked.
+uint8_t nearest_e4m3(float value) {
+  static const std::vector<float> positive = [] {
+    std::vector<float> v;
+    for (int code = 0; code <= 0x7e; ++code) v.push_back(float8_e4m3_to_float(static_cast<uint8_t>(code)));
+    return v;
+  }();
+  const uint8_t sign = std::signbit(value) ? 0x80 : 0x00;
+  const float magnitude = std::fabs(value);
+  if (magnitude >= positive.back()) return sign | 0x7e;
+  const size_t above = static_cast<size_t>(std::upper_bound(positive.begin(), positive.end(), magnitude) - positive.begin());
+  const size_t below = above - 1;  // positive[0] = 0 <= magnitude
+  const float down = magnitude - positive[below], up = positive[above] - magnitude;
+  const size_t code = down < up ? below : up < down ? above : (below % 2 == 0 ? below : above);
+  return sign | static_cast<uint8_t>(code);
+}
+
+TEST(Float8, E4m3EncodeIsTheNearestValueEverywhere) {
+  std::vector<float> values;
+  auto add = [&](uint32_t bits) {
+    float v = 0;
+    std::memcpy(&v, &bits, sizeof v);
+    values.push_back(v);
+    values.push_back(-v);
+  };
+  for (uint32_t bits = 0; bits < 0x44000000u; bits += 4099) add(bits);                 // 0 .. 512, sampled
+  for (uint32_t bits = 0; bits < 0x44000000u; bits += 0x10000) add(bits);              // every bf16 value there
+  for (int code = 0; code < 0x7e; ++code) {  // every tie between neighbours, and a few ulps around it
+    const float mid = (float8_e4m3_to_float(static_cast<uint8_t>(code)) +
+                       float8_e4m3_to_float(static_cast<uint8_t>(code + 1))) / 2;
+    uint32_t bits = 0;
+    std::memcpy(&bits, &mid, sizeof bits);
+    for (uint32_t d = 0; d <= 3; ++d) add(bits + d), add(bits - d);
+  }
+  for (float v : values) ASSERT_EQ(float_to_float8_e4m3(v), nearest_e4m3(v)) << v;
 }
 
 TEST(Float8, E5m2DecodesTheSpecValues) {

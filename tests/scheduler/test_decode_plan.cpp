@@ -217,29 +217,37 @@ TEST(SchedulerVariants, RulesRestateTheLaunchersLimits) {
 }
 
 // The registry's answers are the kernels' own (their public headers' `..._unsupported`), over the
-// README models, an odd shape, every token count a bucket or prefill chunk takes and each GPU class.
+// README models, an odd shape, every token count a bucket or prefill chunk takes, each GPU class
+// and each weight format.
 TEST(SchedulerVariants, RulesAreTheKernelsAnswers) {
   std::vector<PlanShape> shapes;
   for (const auto& named : testing::model_shapes()) shapes.push_back(named.shape);
   PlanShape odd = shapes[0];
   odd.intermediate += 32, odd.hidden += 16, odd.kv_heads = 5;
   shapes.push_back(odd);
+  for (size_t i = 0, bf16 = shapes.size(); i < bf16; ++i)
+    for (WeightFormat format : {WeightFormat::fp8_e4m3, WeightFormat::fp8_e4m3_block128}) {
+      shapes.push_back(shapes[i]);
+      shapes.back().weights = format;
+    }
   for (const PlanShape& shape : shapes)
     for (const GpuInfo& gpu : testing::gpus())
       for (int tokens : {0, 1, 8, 9, 16, 17, 32, 33, 64, 1024}) {
         const std::string where = shape.signature() + " " + gpu.name + " tokens " + std::to_string(tokens);
         const std::string gemv_gpu = kernels::cluster_gemv_unsupported(gpu.shared_bytes_per_block());
         const bool front = kernels::qkv_rope_fused_unsupported(
-                               {tokens, shape.hidden, shape.q_heads, shape.kv_heads, shape.head_dim})
+                               {tokens, shape.hidden, shape.q_heads, shape.kv_heads, shape.head_dim}, shape.weights)
                                .empty() &&
                            gemv_gpu.empty();
         EXPECT_EQ(why_unsupported(FrontChoice::fused, shape, tokens, gpu).empty(), front) << where;
         const bool gemv =
-            kernels::gemv_residual_unsupported(tokens, shape.hidden, shape.q_heads * shape.head_dim).empty() &&
+            kernels::gemv_residual_unsupported(tokens, shape.hidden, shape.q_heads * shape.head_dim, shape.weights)
+                .empty() &&
             gemv_gpu.empty();
         EXPECT_EQ(why_unsupported(OProjChoice::gemv, FrontChoice::fused, shape, tokens, gpu).empty(), gemv) << where;
         const bool mlp = kernels::swiglu_fused_unsupported(shape.hidden, shape.intermediate, tokens,
-                                                           {gpu.sms, gpu.clusters(), gpu.shared_bytes_per_sm()})
+                                                           {gpu.sms, gpu.clusters(), gpu.shared_bytes_per_sm()},
+                                                           shape.weights)
                              .empty();
         EXPECT_EQ(why_unsupported(MlpChoice::fused, shape, tokens, gpu).empty(), mlp) << where;
       }
