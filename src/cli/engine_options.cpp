@@ -117,8 +117,8 @@ WeightFormat parse_weights_flag(const std::string& value) {
 void check_quantize_backend(const EngineArgs& args, Backend backend) {
   const WeightLoadOptions options = weight_load_options(args);
   DF_CHECK(backend == Backend::reference || format_info(options.quantize).implemented,
-           "--quantize " + args.quantize + ": the CUDA backend has no " + weight_format_name(options.quantize) +
-               " kernels yet; use --backend reference");
+           "--quantize " + args.quantize + ": the CUDA backend has no FP8 kernels for " +
+               weight_format_name(options.quantize) + " yet; use --backend reference");
 }
 
 void add_speculative_option(CLI::App& command, std::string& name) {

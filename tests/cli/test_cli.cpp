@@ -288,6 +288,12 @@ TEST_F(Cli, Fp8CheckpointsAndQuantizeAtLoad) {
   expect_bad_input(run_cli(scratch_, "score" + model + " --quantize int4"), {"--quantize 'int4'", "fp8"});
   expect_bad_input(run_cli(scratch_, "score" + model + " --quantize-lm-head"), {"--quantize-lm-head", "--quantize fp8"});
   expect_bad_input(run_cli(scratch_, "score" + model + " --compare-unquantized"), {"--compare-unquantized", "--quantize"});
+  // --weights: the random weights' format of bench decode and tune.
+  expect_bad_input(run_cli(scratch_, "bench decode --archs llama3-8b --weights bf16,fp9"), {"--weights 'fp9'", "bf16, fp8"});
+  expect_bad_input(run_cli(scratch_, "tune --model " + model_.string() + " --weights fp8"),
+                   {"--weights", "random weights' format"});
+  expect_bad_input(run_cli(scratch_, "tune --random-weights --arch llama3-8b --weights fp8 --quantize fp8"),
+                   {"--weights or --quantize"});
   expect_bad_input(run_cli(scratch_, "score --backend reference --model " + fp8.string() + " --prompt-ids 1 --quantize fp8"),
                    {"--quantize fp8", "already quantized", "compressed-tensors"});
   if (!cuda_device_available())
