@@ -354,7 +354,9 @@ __device__ __forceinline__ void down_pass(const SwigluFusedParams& p, SharedStor
       }
     }
     if (k == k2_steps - 1 || f == f2_end - 1) {  // group or range ends: reduce into L2
-      if constexpr (kFp8)
+      // Braced: a pragma right after an unbraced if is the if's whole body to nvcc, which left the
+      // loop below running in the bf16 instances too.
+      if constexpr (kFp8) {
 #pragma unroll
         for (int r = 0; r < RT; ++r) {
           if (group * RT + r >= work.rows) continue;
@@ -364,6 +366,7 @@ __device__ __forceinline__ void down_pass(const SwigluFusedParams& p, SharedStor
           for (int nt = 0; nt < NT; ++nt)
             acc[r][nt][0] *= low, acc[r][nt][1] *= low, acc[r][nt][2] *= high, acc[r][nt][3] *= high;
         }
+      }
       reduce_partial_y(p, shared, work, group, token0, acc, warp, lane);
 #pragma unroll
       for (int r = 0; r < RT; ++r)
