@@ -213,7 +213,8 @@ void Engine::Impl::prepare_setup() {
   attention_workspace = std::max(attention_workspace, attention_workspace_floor);
   gemm = std::make_unique<kernels::CublasLtGemm>();
   buffers = std::make_unique<runtime::StepBuffers>(config, max_tokens(), max_batch, std::max(max_batch, kScoreLogitRows),
-                                                   attention_workspace, stream(), link.shard);
+                                                   attention_workspace, stream(), link.shard,
+                                                   block_weight_format(config, options.weights));
   using runtime::PinnedBuffer;
   for (runtime::StepLane& lane : lanes) {
     lane.inputs = PinnedBuffer(3 * static_cast<size_t>(max_batch) * sizeof(int32_t));

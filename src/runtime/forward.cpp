@@ -28,7 +28,8 @@ constexpr size_t kMinWorkspaceBytes = 256;
 }  // namespace
 
 StepBuffers::StepBuffers(const ModelConfig& c, int max_tokens_in, int max_batch_in, int logits_rows_in,
-                         size_t attention_workspace_bytes, cudaStream_t stream, const dist::RankShard& shard)
+                         size_t attention_workspace_bytes, cudaStream_t stream, const dist::RankShard& shard,
+                         WeightFormat linear_format)
     : max_tokens(max_tokens_in),
       max_batch(max_batch_in),
       logits_rows(logits_rows_in),
@@ -39,7 +40,7 @@ StepBuffers::StepBuffers(const ModelConfig& c, int max_tokens_in, int max_batch_
       q_rot(bf16_bytes(static_cast<size_t>(max_tokens) * c.q_size())),
       attention_out(bf16_bytes(static_cast<size_t>(max_tokens) * c.q_size())),
       logits(static_cast<size_t>(logits_rows) * c.vocab_size * sizeof(float)),
-      widened(c.quantization.format == WeightFormat::bf16
+      widened(linear_format == WeightFormat::bf16
                   ? 0
                   : bf16_bytes(static_cast<size_t>(c.hidden_size) * std::max(c.q_size() + 2 * c.kv_size(), c.q_size()))),
       logits_slice(shard.split() ? static_cast<size_t>(logits_rows) * shard.vocab_rows * sizeof(float) : 0),

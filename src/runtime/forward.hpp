@@ -53,7 +53,8 @@ struct StepBuffers {
   // `shard`: a tensor-parallel rank's, whose lm_head yields its vocabulary slice, gathered from
   // every rank into `logits` (one GPU: the default, logits straight from lm_head).
   StepBuffers(const ModelConfig& config, int max_tokens, int max_batch, int logits_rows,
-              size_t attention_workspace_bytes, cudaStream_t stream, const dist::RankShard& shard = {});
+              size_t attention_workspace_bytes, cudaStream_t stream, const dist::RankShard& shard = {},
+              WeightFormat linear_format = WeightFormat::bf16);
 
   int max_tokens;   // rows of the activation buffers: max(prefill_chunk, max_batch)
   int max_batch;    // decode entries (= block-table rows)
@@ -65,7 +66,7 @@ struct StepBuffers {
   DeviceBuffer q_rot;             // bf16 [max_tokens, q_size]
   DeviceBuffer attention_out;     // bf16 [max_tokens, q_size]
   DeviceBuffer logits;            // fp32 [logits_rows, vocab]
-  // FP8 weights (config.quantization.format): the attention projection a GEMM reads (qkv or
+  // FP8 weights (linear_format): the attention projection a GEMM reads (qkv or
   // o_proj), widened to bf16 first (kernels/dequantize.hpp); empty for bf16 weights.
   DeviceBuffer widened;
   DeviceBuffer logits_slice;      // tensor parallel: fp32 [logits_rows, vocab_rows], this rank's lm_head

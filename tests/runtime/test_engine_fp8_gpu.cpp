@@ -43,6 +43,9 @@ class EngineFp8VsReference : public ::testing::TestWithParam<int> {};
 
 TEST_P(EngineFp8VsReference, LogitsAndGreedyTokensFollowTheDequantizedReference) {
   DF_REQUIRE_GPU();
+  // The CUDA backend takes FP8 weights once the format is marked implemented (weight_format.hpp),
+  // after this test has passed on a GPU; until then it refuses them in one line.
+  if (!format_info(WeightFormat::fp8_e4m3).implemented) GTEST_SKIP() << "fp8_e4m3 not enabled on the CUDA backend yet";
   const testing::TinyModel model = fp8_models()[GetParam()];
   testing::ScratchDir scratch;
   ModelConfig config = model.config;
