@@ -18,6 +18,7 @@ inline constexpr int kSpeculativeMaxRows = 16;
 struct SpeculativeAcceptParams {
   const int32_t* chosen = nullptr;        // [sequences, rows]: each verify row's token
   const int32_t* drafts = nullptr;        // [sequences, rows - 1]: what each sequence fed after its token
+                                          // (may be null when rows == 1)
   const int32_t* draft_counts = nullptr;  // [sequences]: drafts fed, 0 .. rows - 1 (rows past 1 + count: padding)
   int sequences = 0;
   int rows = 0;                           // per sequence: 1 + the most drafts, at most kSpeculativeMaxRows
@@ -26,7 +27,7 @@ struct SpeculativeAcceptParams {
   int32_t* next_ids = nullptr;            // [sequences] or null: the last emitted token (the next input)
 };
 
-// cudaErrorInvalidValue on null chosen, drafts, draft_counts, emitted or emitted_counts, sequences
+// cudaErrorInvalidValue on null chosen, drafts (rows > 1), draft_counts, emitted or emitted_counts, sequences
 // outside [1, 65535] or rows outside [1, kSpeculativeMaxRows]. A draft count outside [0, rows - 1]
 // is clamped on the device.
 cudaError_t launch_speculative_accept(const SpeculativeAcceptParams& params, cudaStream_t stream);

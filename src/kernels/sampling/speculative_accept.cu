@@ -24,8 +24,9 @@ __global__ void __launch_bounds__(kThreads) speculative_accept_kernel(Speculativ
 }
 
 bool valid(const SpeculativeAcceptParams& p) {
-  return p.chosen && p.drafts && p.draft_counts && p.emitted && p.emitted_counts && p.sequences >= 1 &&
-         p.sequences <= 65535 && p.rows >= 1 && p.rows <= kSpeculativeMaxRows;
+  // One row per sequence verifies no draft: the drafts array is empty then, and never read.
+  return p.chosen && (p.drafts || p.rows == 1) && p.draft_counts && p.emitted && p.emitted_counts &&
+         p.sequences >= 1 && p.sequences <= 65535 && p.rows >= 1 && p.rows <= kSpeculativeMaxRows;
 }
 
 }  // namespace
