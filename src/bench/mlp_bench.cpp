@@ -17,6 +17,7 @@
 #include "deepfuse/reference.hpp"
 #include "deepfuse/tensor.hpp"
 #include "deepfuse/kernels/fill.hpp"
+#include "deepfuse/kernels/quantize_fp8.hpp"
 
 namespace deepfuse::bench {
 
@@ -54,23 +55,19 @@ int weight_copies(const MlpShape& shape, size_t l2_bytes, double l2_multiple) {
   return std::max(2, static_cast<int>(std::ceil(needed)));
 }
 
-// Random e4m3 bytes (no NaN encodings) for a [rows, columns] weight, and per-row scales that give
-// the bf16 weights' spread.
+// A [rows, columns] bf16 weight quantized per row (kernels::quantize_rows_fp8): FP8 of the same
+// random weights the bf16 rows read.
 struct Fp8Weight {
   DeviceBuffer bytes, scales;
   LinearWeight view(int rows, int columns) const {
     return {WeightFormat::fp8_e4m3, WeightLayout::row_major, bytes.data(), scales.as<float>(), nullptr, rows, columns};
   }
 };
-Fp8Weight random_fp8(int rows, int columns, uint64_t seed, float scale) {
-  std::mt19937_64 rng(seed);
-  std::vector<uint8_t> bytes(static_cast<size_t>(rows) * columns);
-  for (size_t i = 0; i < bytes.size(); i += 8) {
-    uint64_t word = rng();
-    for (size_t j = 0; j < 8 && i + j < bytes.size(); ++j, word >>= 8)
-      bytes[i + j] = (word & 0x7f) == 0x7f ? static_cast<uint8_t>(word ^ 1) : static_cast<uint8_t>(word);
-  }
-  return {DeviceBuffer::from_host(bytes), DeviceBuffer::from_host(std::vector<float>(rows, scale / 448.0f))};
+Fp8Weight quantized_fp8(const DeviceBuffer& bf16, int rows, int columns, cudaStream_t stream) {
+  Fp8Weight w{DeviceBuffer(static_cast<size_t>(rows) * columns), DeviceBuffer(static_cast<size_t>(rows) * sizeof(float))};
+  DF_CHECK_CUDA(kernels::quantize_rows_fp8(bf16.as<__nv_bfloat16>(), w.bytes.as<uint8_t>(), w.scales.as<float>(), rows,
+                                           columns, stream));
+  return w;
 }
 
 int run_gpu(const MlpBenchOptions& options) {
@@ -102,9 +99,9 @@ int run_gpu(const MlpBenchOptions& options) {
     if (options.weights != WeightFormat::bf16) {
       DF_CHECK(options.weights == WeightFormat::fp8_e4m3, "bench mlp: --weights takes bf16 or fp8_e4m3");
       const int H = shape.hidden, I = shape.intermediate;
-      fp8.push_back(random_fp8(I, H, 11, w_scale));
-      fp8.push_back(random_fp8(I, H, 12, w_scale));
-      fp8.push_back(random_fp8(H, I, 13, w_scale));
+      fp8.push_back(quantized_fp8(gate, I, H, stream));
+      fp8.push_back(quantized_fp8(up, I, H, stream));
+      fp8.push_back(quantized_fp8(down, H, I, stream));
       hf = {fp8[0].view(I, H), fp8[1].view(I, H), fp8[2].view(H, I)};
     }
     const int copies = weight_copies(shape, device.l2_bytes, options.l2_multiple);

@@ -6,7 +6,6 @@
 #include <memory>
 #include <numeric>
 #include <optional>
-#include <random>
 
 #include "bench/timing.hpp"
 #include "deepfuse/device.hpp"
@@ -19,6 +18,7 @@
 #include "deepfuse/kernels/gemv_packing.hpp"
 #include "deepfuse/kernels/rms_norm.hpp"
 #include "deepfuse/kernels/qkv_rope_fused.hpp"
+#include "deepfuse/kernels/quantize_fp8.hpp"
 #include "deepfuse/kernels/rope_kv_append.hpp"
 
 namespace deepfuse::bench {
@@ -38,20 +38,16 @@ struct QkvWeights {
   DeviceBuffer row_major, packed, bias, norm, fp8_packed, fp8_scales;
 };
 
-// Random e4m3 bytes (no NaN encodings) packed for the FP8 stream, and per-row scales.
-void make_fp8_weights(int rows, int inner, uint64_t seed, DeviceBuffer& packed, DeviceBuffer& scales,
+// The bf16 weights quantized per row (kernels::quantize_rows_fp8) and packed for the FP8 stream:
+// FP8 of the same random weights the bf16 rows read.
+void make_fp8_weights(const DeviceBuffer& bf16, int rows, int inner, DeviceBuffer& packed, DeviceBuffer& scales,
                       cudaStream_t stream) {
-  std::mt19937_64 rng(seed);
-  std::vector<uint8_t> bytes(static_cast<size_t>(rows) * inner);
-  for (size_t i = 0; i < bytes.size(); i += 8) {
-    uint64_t word = rng();
-    for (size_t j = 0; j < 8 && i + j < bytes.size(); ++j, word >>= 8)
-      bytes[i + j] = (word & 0x7f) == 0x7f ? static_cast<uint8_t>(word ^ 1) : static_cast<uint8_t>(word);
-  }
-  const DeviceBuffer row_major = DeviceBuffer::from_host(bytes);
-  packed = DeviceBuffer(bytes.size());
+  const DeviceBuffer row_major(static_cast<size_t>(rows) * inner);
+  scales = DeviceBuffer(static_cast<size_t>(rows) * sizeof(float));
+  DF_CHECK_CUDA(kernels::quantize_rows_fp8(bf16.as<__nv_bfloat16>(), row_major.as<uint8_t>(), scales.as<float>(), rows,
+                                           inner, stream));
+  packed = DeviceBuffer(row_major.bytes());
   DF_CHECK_CUDA(kernels::pack_rows_fragments_fp8(row_major.as<uint8_t>(), packed.as<uint4>(), rows, inner, stream));
-  scales = DeviceBuffer::from_host(std::vector<float>(rows, 1.0f / (448.0f * std::sqrt(static_cast<float>(inner)))));
   DF_CHECK_CUDA(cudaStreamSynchronize(stream));  // row_major is freed on return
 }
 
@@ -97,7 +93,7 @@ int run_shape(const QkvBenchShape& s, const QkvBenchOptions& options, const GpuB
                                              1.0f / std::sqrt(float(s.hidden)), stream));
     DF_CHECK_CUDA(kernels::pack_qkv_weights(w.row_major.as<__nv_bfloat16>(), w.packed.as<uint4>(), rows, s.hidden, stream));
     DF_CHECK_CUDA(kernels::fill_uniform_bf16(w.norm.as<__nv_bfloat16>(), s.hidden, 50 + c, 1.0f, stream));
-    make_fp8_weights(rows, s.hidden, 30 + c, w.fp8_packed, w.fp8_scales, stream);
+    make_fp8_weights(w.row_major, rows, s.hidden, w.fp8_packed, w.fp8_scales, stream);
     if (s.bias) {
       w.bias = DeviceBuffer(static_cast<size_t>(rows) * 2);
       DF_CHECK_CUDA(kernels::fill_uniform_bf16(w.bias.as<__nv_bfloat16>(), rows, 70 + c, 0.1f, stream));
@@ -197,11 +193,11 @@ void run_projection(const std::string& name, int rows, int inner, const QkvBench
   for (int c = 0; c < copies; ++c) {
     row_major.emplace_back(bytes);
     packed.emplace_back(bytes);
-    make_fp8_weights(rows, inner, 400 + c, fp8_packed[c], fp8_scales[c], stream);
     DF_CHECK_CUDA(kernels::fill_uniform_bf16(row_major.back().as<__nv_bfloat16>(), bytes / 2, 200 + c,
                                              1.0f / std::sqrt(float(inner)), stream));
     DF_CHECK_CUDA(kernels::pack_rows_fragments(row_major.back().as<__nv_bfloat16>(), packed.back().as<uint4>(), rows,
                                                inner, stream));
+    make_fp8_weights(row_major.back(), rows, inner, fp8_packed[c], fp8_scales[c], stream);
   }
   const int max_tokens = *std::max_element(options.token_counts.begin(), options.token_counts.end());
   DeviceBuffer x(static_cast<size_t>(max_tokens) * inner * 2), residual(static_cast<size_t>(max_tokens) * rows * 2);

@@ -40,9 +40,10 @@ StepBuffers::StepBuffers(const ModelConfig& c, int max_tokens_in, int max_batch_
       q_rot(bf16_bytes(static_cast<size_t>(max_tokens) * c.q_size())),
       attention_out(bf16_bytes(static_cast<size_t>(max_tokens) * c.q_size())),
       logits(static_cast<size_t>(logits_rows) * c.vocab_size * sizeof(float)),
+      // qkv's [q_size + 2 kv_size, H] holds o_proj's [H, q_size] too
       widened(linear_format == WeightFormat::bf16
                   ? 0
-                  : bf16_bytes(static_cast<size_t>(c.hidden_size) * std::max(c.q_size() + 2 * c.kv_size(), c.q_size()))),
+                  : bf16_bytes(static_cast<size_t>(c.hidden_size) * (c.q_size() + 2 * c.kv_size()))),
       logits_slice(shard.split() ? static_cast<size_t>(logits_rows) * shard.vocab_rows * sizeof(float) : 0),
       logits_gathered(shard.split() ? logits_slice.bytes() * shard.ranks : 0),
       decode_inputs(3 * static_cast<size_t>(max_batch) * sizeof(int32_t)),
