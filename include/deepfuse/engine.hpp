@@ -28,6 +28,7 @@
 #include "deepfuse/model_config.hpp"
 #include "deepfuse/sampling_params.hpp"
 #include "deepfuse/scheduling_stats.hpp"
+#include "deepfuse/token_constraint.hpp"
 #include "deepfuse/weight_format.hpp"
 
 namespace deepfuse {
@@ -72,7 +73,8 @@ struct EngineOptions {
   // back this one's tokens, so the GPU does not wait for the host between steps (docs/runtime.md,
   // "Steps launched ahead").
   // A sequence that stops on a stop id has one step computed for nothing. false: one step per
-  // step(), nothing in flight when it returns.
+  // step(), nothing in flight when it returns. Suspended while a constrained sequence
+  // (SequenceRequest::constraint) is held.
   bool overlap_steps = true;
   // At construction, time cuBLASLt's suggested algorithms for each GEMM the decode steps run
   // through it (the lm_head at every batch; QKV, o_proj and the unfused MLP where the fused
@@ -120,6 +122,13 @@ struct SequenceRequest {
   // penalties, and its first sampling draw is draw prior_generated (reference::sample's step), not
   // 0. (A sequence the engine preempts resumes so by itself.)
   int prior_generated = 0;
+  // Structured output: the grammar the sequence's tokens must follow (its own matcher; null:
+  // free). The engine asks it for the allowed ids before each token it samples (the mask goes to
+  // the GPU sampler) and tells it each token it reports, on the thread that calls step(). A
+  // resumed sequence's constraint must already have accepted its prior_generated tokens. While a
+  // constrained sequence is held, steps are not launched ahead (EngineOptions::overlap_steps):
+  // its next mask needs the token of the step before.
+  std::shared_ptr<TokenConstraint> constraint;
 };
 
 using SequenceId = int64_t;

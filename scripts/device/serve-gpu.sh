@@ -9,7 +9,13 @@
 #   mixed  16 streams of 512 ids in and 128 out, and Poisson 8 req/s, with mixed steps on (the
 #          default) and off (--no-mixed-steps), then `bench decode` batch 1 and 16 and the isolated
 #          512-token prefill (issue 53's targets)
-# usage: scripts/device/serve-gpu.sh OUT BUILD_DIR [smoke] [bench] [ttft] [mixed]
+#   structured  structured output on the CUDA backend: scripts/device/serve_structured.py (json_schema,
+#          json_object, tool_choice required / named: every answer parses and validates; a constrained
+#          stream's pace against an unconstrained one at 1 and 16 streams) against a make-model
+#          checkpoint with a tokenizer (random weights have none; preset STRUCTURED_PRESET, default
+#          llama3.2-1b), then tests/server/test_structured_output.py --backend cuda where the `openai`
+#          client is installed
+# usage: scripts/device/serve-gpu.sh OUT BUILD_DIR [smoke] [bench] [ttft] [mixed] [structured]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -19,8 +25,10 @@ port=8123
 arch=llama3-8b
 pid=""
 
-start_server() {
-  "$bin/deepfuse" serve --random-weights --arch "$arch" --port "$port" "$@" >"$out/serve.log" 2>&1 &
+start_server() { start_server_with --random-weights --arch "$arch" "$@"; }
+
+start_server_with() {
+  "$bin/deepfuse" serve --port "$port" "$@" >"$out/serve.log" 2>&1 &
   pid=$!
   for _ in $(seq 600); do
     python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null &&
@@ -99,6 +107,25 @@ for step in "$@"; do
       done
       "$bin/deepfuse" bench decode --archs "$arch" --batches 1,16 --contexts 576 --ttft-prompts 512 \
         --json "$out/mixed-decode.json" 2>&1 | tee -a "$out/mixed.txt" ;;
+    structured)
+      model=/tmp/deepfuse-structured-${STRUCTURED_PRESET:-llama3.2-1b}
+      [[ -f $model/config.json ]] ||
+        "$bin/deepfuse" make-model --out "$model" --preset "${STRUCTURED_PRESET:-llama3.2-1b}" >/dev/null
+      python3 -c "import sys; sys.path.insert(0, 'tests/server'); import structured_cases as s
+s.use_qwen_template('$model', 'tests/fixtures')"
+      start_server_with --model "$model" --max-batch 16 --max-context 4096
+      python3 scripts/device/serve_structured.py "$port" --json "$out/structured.json" 2>&1 |
+        tee "$out/structured.log" || true
+      metrics "$out/metrics-structured.txt"
+      stop_server
+      if python3 -c "import openai" 2>/dev/null; then
+        python3 tests/server/test_structured_output.py --backend cuda --deepfuse "$bin/deepfuse" \
+          --work-dir /tmp/deepfuse-structured-test --fixtures tests/fixtures 2>&1 |
+          tee "$out/structured-openai.log" || true
+      else
+        echo "no openai client: tests/server/test_structured_output.py --backend cuda not run" |
+          tee -a "$out/structured.log"
+      fi ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

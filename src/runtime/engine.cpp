@@ -221,8 +221,9 @@ void Engine::Impl::prepare_setup() {
     lane.sampled = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t), PinnedBuffer::Access::mapped);
     // Room for a short-context graph per bucket even where none is planned yet (the profiler may
     // switch a bucket's attention back to the planner's choice), and for each a graph with the
-    // penalty kernel, so steps without penalties never launch it (step.cpp, kGraphVariants).
-    lane.graphs = std::make_unique<runtime::DecodeGraphCache>(max_batch, options.cuda_graphs, 4);
+    // penalty kernel and one with token masks, so steps without them never launch their work
+    // (step.cpp, graph_variant).
+    lane.graphs = std::make_unique<runtime::DecodeGraphCache>(max_batch, options.cuda_graphs, 8);
   }
   prefill_sampled = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(int32_t));
   prefill_host = PinnedBuffer(buffers->prefill_inputs.bytes());
@@ -385,7 +386,8 @@ SequenceId Engine::add_sequence(const SequenceRequest& request) {
   ranks_->lead().validate_request(request);  // every rank would say the same: once, before any rank changes
   ranks_->run([&](Impl& s) {
     const SequenceId id = s.next_id++;  // the same on every rank
-    s.settings[id] = {request.sampling, {request.presence_penalty, request.frequency_penalty}, request.top_logprobs};
+    s.settings[id] = {request.sampling, {request.presence_penalty, request.frequency_penalty}, request.top_logprobs,
+                      request.constraint};
     s.step_scheduler->add(static_cast<batching::SequenceKey>(id),
                      {request.prompt, request.max_new_tokens, request.stop_ids, request.prior_generated});
   });

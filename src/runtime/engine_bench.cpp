@@ -62,8 +62,10 @@ void EngineBench::poison_buffers(Engine& engine) {
     DF_CHECK(!s.step_scheduler->has_work() && s.launched.empty(), "poison_buffers: the engine must be idle and new");
     s.kv->fill_pools(kNan);
     runtime::StepBuffers& b = *s.buffers;
+    // token_masks too: a masked step that samples a row it did not upload reads a nonsense mask
     for (DeviceBuffer* buffer : {&b.residual, &b.normed, &b.qkv, &b.q_rot, &b.attention_out, &b.logits,
-                                 &b.decode_inputs, &b.prefill_inputs}) {
+                                 &b.decode_inputs, &b.prefill_inputs, &b.token_masks}) {
+      if (buffer->bytes() == 0) continue;
       const std::vector<uint16_t> host(buffer->bytes() / sizeof(uint16_t), kNan);
       buffer->upload(host.data(), buffer->bytes());
     }

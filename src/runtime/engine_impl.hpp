@@ -53,6 +53,20 @@ struct SequenceSettings {
   SamplingParams sampling;
   kernels::PenaltySlot penalties;  // presence / frequency
   int top_logprobs = -1;           // -1: no logprobs reported
+  std::shared_ptr<TokenConstraint> constraint;  // structured output (SequenceRequest); null: free
+};
+
+// A row whose next sample a grammar constrains: its mask is filled from `constraint` before the step.
+struct ConstrainedRow {
+  int row = 0;
+  TokenConstraint* constraint = nullptr;
+};
+
+// What a launched step's sampler applies, from the settings of the rows it samples.
+struct StepSampling {
+  SamplerExtras extras;
+  std::vector<int> logprob_rows;            // rows whose logits go to the lane's logits behind the step
+  std::vector<ConstrainedRow> constrained;  // with extras.token_masks
 };
 
 // One decode step's host side: its inputs, the ids it samples, and which sequence each row fed.
@@ -68,6 +82,9 @@ struct StepLane {
   // fp32 [max_batch, vocab]: the (penalized) logits of rows whose sequences report logprobs,
   // copied behind the step; allocated when a sequence first asks.
   PinnedBuffer logits;
+  // uint32 [max_batch, token_bitmask_words(vocab)]: the masks the step's sampler applied (uploaded
+  // before it), kept for the logprobs read back with it; allocated when a constrained row first runs.
+  PinnedBuffer masks;
 };
 
 // Owns the engine's stream; waits for it before destroying it.
@@ -139,8 +156,10 @@ struct Engine::Impl {
   void read_back_oldest(std::vector<StepToken>& out);
   // Hands the sequence's sampled `id` to the scheduler and reports it (logprobs from row
   // `logits_row` of `logits`).
-  void report(batching::Sequence& sequence, int32_t id, const runtime::PinnedBuffer& logits, int logits_row,
-              std::vector<StepToken>& out);
+  // Its constraint, if any, accepts the id (the rank that samples), and its logprobs are of the
+  // masked logits (`masks` row `logits_row`), as the CPU backend reports them.
+  void report(batching::Sequence& sequence, int32_t id, const runtime::PinnedBuffer& logits,
+              const runtime::PinnedBuffer& masks, int logits_row, std::vector<StepToken>& out);
   // With no sequence running: waits for the steps in flight and drops them (their sequences are gone).
   void forget_launched_steps();
   // Runs `ids` through the sequence on block-table row `row` from position `start`, in chunks of
@@ -151,13 +170,21 @@ struct Engine::Impl {
   using DecodeInput = std::function<bool(int row, int32_t& id, int& position)>;
   // Decode inputs for rows 0..max_batch-1 (-1 / -1 / 0 where `input` returns false) through
   // `lane` to the device, then the step (step.cpp).
-  // `penalties`: some row has presence/frequency penalties (the step's graph with the penalty
-  // kernel); `logprob_rows`: rows whose logits go to lane.logits behind the step.
-  void run_decode_step(runtime::StepLane& lane, int sequences, const DecodeInput& input, bool penalties = false,
-                       std::span<const int> logprob_rows = {});
+  // `sampling`: what the sampler applies (the step's graph variant), the constrained rows' masks
+  // (uploaded first), and the rows whose logits go to lane.logits behind the step.
+  void run_decode_step(runtime::StepLane& lane, int sequences, const DecodeInput& input,
+                       const runtime::StepSampling& sampling = {});
   // The same, with the prompt chunks of a mixed plan in the pass (ForwardPass::mixed_step), eager.
   void run_mixed_step(runtime::StepLane& lane, int sequences, const DecodeInput& input,
-                      std::span<const batching::PrefillChunk> chunks, bool penalties, std::span<const int> logprob_rows);
+                      std::span<const batching::PrefillChunk> chunks, const runtime::StepSampling& sampling);
+  // On the rank that samples: rows [first_row, first_row + rows) of `host` all ones but the
+  // constrained rows', which their grammars fill, then to StepBuffers::token_masks (stream
+  // ordered behind the steps in flight). `host` is rewritten only once its last copy has run
+  // (a lane after its step_done, prefill_masks after prefill_step's synchronisation).
+  void upload_token_masks(runtime::PinnedBuffer& host, int first_row, int rows,
+                          std::span<const runtime::ConstrainedRow> constrained);
+  // Whether a sequence held (queued or running) is constrained: steps are then not launched ahead.
+  bool holds_constraints() const;
   // run_decode_step's upload (after the lane's last step has run); returns the longest length.
   int upload_decode_inputs(runtime::StepLane& lane, int sequences, const DecodeInput& input);
   // Bucket `bucket_index`'s decode attention plan for a step whose longest sequence has `longest`
@@ -175,7 +202,9 @@ struct Engine::Impl {
   // `buffer` (a lane's logits or prefill_logits), allocated as fp32 [max_batch, vocab] on first use.
   runtime::PinnedBuffer& logits_host(runtime::PinnedBuffer& buffer);
   // With top_logprobs >= 0 (on the rank that samples), `token`'s from `logits` row `row`.
-  void attach_logprobs(StepToken& token, int top_logprobs, const runtime::PinnedBuffer& logits, int row) const;
+  // `mask`: the row's token bitmask when it was constrained (left-out ids at -inf first), else null.
+  void attach_logprobs(StepToken& token, int top_logprobs, const runtime::PinnedBuffer& logits, int row,
+                       const uint32_t* mask) const;
   // Whether this rank holds whole logits rows (tensor parallel: rank 0, which samples).
   bool samples_here() const { return link.shard.rank == 0; }
   // The lane whose graphs hold bucket `index` (stats and benchmark replays), or null: none yet.
@@ -219,6 +248,7 @@ struct Engine::Impl {
   std::deque<int> launched;              // lanes of the decode steps in flight, oldest first
   runtime::PinnedBuffer prefill_sampled; // int32 [max_batch]: first tokens of prefilled sequences
   runtime::PinnedBuffer prefill_logits;  // fp32 [max_batch, vocab]: their logits, for logprobs (on first use)
+  runtime::PinnedBuffer prefill_masks;   // uint32 [max_batch, words]: constrained ones' masks (on first use)
   runtime::PinnedBuffer prefill_host;  // int32 [3, max_tokens]: ids | positions | rows
   runtime::CopyEvent prefill_host_read;
   runtime::PinnedBuffer slot_host;     // kernels::SamplingSlot [max_batch]

@@ -52,6 +52,8 @@ StepBuffers::StepBuffers(const ModelConfig& c, int max_tokens_in, int max_batch_
       sampling_slots(static_cast<size_t>(max_batch) * sizeof(kernels::SamplingSlot)),
       penalty_slots(static_cast<size_t>(max_batch) * sizeof(kernels::PenaltySlot)),
       penalty_counts(shard.rank == 0 ? static_cast<size_t>(max_batch) * c.vocab_size * sizeof(int32_t) : 0),
+      token_masks(shard.rank == 0 ? static_cast<size_t>(max_batch) * token_bitmask_words(c.vocab_size) * sizeof(uint32_t)
+                                  : 0),
       sampling_workspace(std::max({kernels::sampling_workspace_bytes(max_batch, c.vocab_size),
                                    kernels::sampling_workspace_bytes(1, c.vocab_size), kMinWorkspaceBytes})),
       attention_workspace(std::max(attention_workspace_bytes, kMinWorkspaceBytes)) {
@@ -318,7 +320,7 @@ void ForwardPass::attend(const kernels::PagedKv& kv, int tokens, const Attention
 }
 
 void ForwardPass::decode_step(const BucketPlan& bucket, const kernels::DecodeAttentionPlan& plan,
-                              int32_t* host_sampled, bool penalties, cudaStream_t stream) {
+                              int32_t* host_sampled, SamplerExtras extras, cudaStream_t stream) {
   const int batch = plan.batch;
   DF_CHECK(batch >= 1 && batch <= buffers_.max_batch && batch <= buffers_.logits_rows,
            "decode step batch " + std::to_string(batch) + " outside 1.." + std::to_string(buffers_.max_batch));
@@ -333,7 +335,7 @@ void ForwardPass::decode_step(const BucketPlan& bucket, const kernels::DecodeAtt
   DF_CHECK(!pending, "the last block's MLP sum must reach the residual stream");
   final_norm(0, batch, stream);
   lm_head(0, batch, stream);
-  sample(0, batch, stream, host_sampled, penalties, Source::decode_step);
+  sample(0, batch, stream, host_sampled, extras, Source::decode_step);
 }
 
 void ForwardPass::prefill_chunk(int row, int start, int tokens, cudaStream_t stream) {
@@ -378,25 +380,25 @@ void ForwardPass::lm_head(int first_row, int rows, cudaStream_t stream) {
   }
 }
 
-void ForwardPass::sample(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids, bool penalized,
+void ForwardPass::sample(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids, SamplerExtras extras,
                          Source source) {
   if (split()) {
     // Rank 0 samples; every rank then feeds its ids (one sampler: no two draws can differ).
     int32_t* ids = buffers_.decode_ids() + first_entry;
-    if (rank_zero()) sample_here(first_entry, batch, stream, host_ids, penalized, source);
+    if (rank_zero()) sample_here(first_entry, batch, stream, host_ids, extras, source);
     dist::broadcast(link_->comm, ids, ids, batch, 0, stream);
     if (!rank_zero() && host_ids)
       DF_CHECK_CUDA(cudaMemcpyAsync(host_ids, ids, batch * sizeof(int32_t), cudaMemcpyDeviceToDevice, stream));
     return;
   }
-  sample_here(first_entry, batch, stream, host_ids, penalized, source);
+  sample_here(first_entry, batch, stream, host_ids, extras, source);
 }
 
-void ForwardPass::sample_here(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids, bool penalized,
+void ForwardPass::sample_here(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids, SamplerExtras extras,
                               Source source) {
   // Before the sampler overwrites decode_ids with this step's tokens they still hold the fed ones.
   const int32_t* fed_ids = source == Source::prompt ? nullptr : buffers_.decode_ids() + first_entry;
-  if (penalized) {
+  if (extras.penalties) {
     kernels::TokenPenaltyParams t;
     t.logits = buffers_.logits.as<float>();
     t.counts = buffers_.counts_row(first_entry);
@@ -412,6 +414,7 @@ void ForwardPass::sample_here(int first_entry, int batch, cudaStream_t stream, i
   p.ids = buffers_.decode_ids() + first_entry;
   p.host_ids = host_ids;
   p.fed_ids = source == Source::mixed_step ? buffers_.step_draws() + first_entry : fed_ids;
+  p.token_bitmask = extras.token_masks ? buffers_.mask_row(first_entry) : nullptr;  // a fixed address: graphs replay it
   p.workspace = buffers_.sampling_workspace.data();
   p.batch = batch;
   p.vocab = config_.vocab_size;

@@ -37,6 +37,7 @@
 #include "deepfuse/gemm_tuning.hpp"
 #include "deepfuse/model_config.hpp"
 #include "deepfuse/tensor.hpp"
+#include "deepfuse/token_bitmask.hpp"
 #include "deepfuse/kernels/decode_attention.hpp"
 #include "deepfuse/kernels/cublaslt_gemm.hpp"
 #include "deepfuse/kernels/sampling.hpp"
@@ -81,6 +82,10 @@ struct StepBuffers {
   // int32 [max_batch, vocab]: how often row i's sequence generated each id, kept only for rows
   // with penalties. On the rank that samples (rank 0 under tensor parallelism); elsewhere empty.
   DeviceBuffer penalty_counts;
+  // uint32 [max_batch, token_bitmask_words(vocab)]: row i's allowed ids (deepfuse/token_bitmask.hpp)
+  // for a step whose sampler applies masks (some row constrained; the others' rows all ones),
+  // uploaded before it. On the rank that samples; elsewhere empty.
+  DeviceBuffer token_masks;
   DeviceBuffer sampling_workspace;
   DeviceBuffer attention_workspace;  // decode attention partials, zeroed once
 
@@ -97,6 +102,17 @@ struct StepBuffers {
   kernels::SamplingSlot* slots() const { return sampling_slots.as<kernels::SamplingSlot>(); }
   kernels::PenaltySlot* penalties() const { return penalty_slots.as<kernels::PenaltySlot>(); }
   int32_t* counts_row(int row) const { return penalty_counts.as<int32_t>() + static_cast<size_t>(row) * vocab; }
+  uint32_t* mask_row(int row) const {
+    return token_masks.as<uint32_t>() + static_cast<size_t>(row) * token_bitmask_words(vocab);
+  }
+};
+
+// What a step's sampler applies besides its rows' sampling slots: presence/frequency penalties
+// (some row has them) and token bitmasks (some row is constrained: StepBuffers::token_masks).
+// Each combination is its own graph variant, so a step without them never launches their work.
+struct SamplerExtras {
+  bool penalties = false;
+  bool token_masks = false;
 };
 
 // A prompt chunk inside a mixed step: `tokens` prompt tokens of the sequence on block-table row
@@ -121,11 +137,12 @@ class ForwardPass {
   // A decode step for plan.batch entries read from buffers.decode_inputs; ends with their
   // logits in rows 0..batch-1 and the sampled ids in decode_ids and in `host_sampled` (the
   // device's view of mapped pinned host memory, [batch]); sampling slots advanced.
-  // The ops run the variants `bucket` names (the step's bucket of the plan). `penalties`: some
-  // entry has presence/frequency penalties, applied to the logits (in place) before sampling,
-  // each entry's fed id counted first.
+  // The ops run the variants `bucket` names (the step's bucket of the plan). `extras.penalties`:
+  // some entry has presence/frequency penalties, applied to the logits (in place) before
+  // sampling, each entry's fed id counted first; `extras.token_masks`: the entries' rows of
+  // token_masks apply.
   void decode_step(const BucketPlan& bucket, const kernels::DecodeAttentionPlan& plan, int32_t* host_sampled,
-                   bool penalties, cudaStream_t stream);
+                   SamplerExtras extras, cudaStream_t stream);
 
   // Tokens [start, start + tokens) of the sequence on block-table row `row`, inputs in
   // buffers.prefill_inputs: their keys and values go to the cache, their final hidden states
@@ -140,7 +157,7 @@ class ForwardPass {
   // 0..batch-1 are sampled as decode_step samples them, a sampling chunk's last token standing in
   // its row; step_draws says which rows draw, penalties count decode_ids.
   void mixed_step(const kernels::DecodeAttentionPlan& plan, bool decode, std::span<const StepChunk> chunks,
-                  int32_t* host_sampled, bool penalties, cudaStream_t stream);
+                  int32_t* host_sampled, SamplerExtras extras, cudaStream_t stream);
 
   // Final RMSNorm of residual rows [first_row, first_row + rows) -> normed rows 0..rows-1.
   void final_norm(int first_row, int rows, cudaStream_t stream);
@@ -154,10 +171,11 @@ class ForwardPass {
   enum class Source { prompt, decode_step, mixed_step };
   // Samples logits rows 0..batch-1 with the slots of entries first_entry.. and writes the ids
   // into decode_ids[first_entry..] (and into host_ids[0..batch-1] when given: mapped pinned memory),
-  // after the presence/frequency penalties of the entries' PenaltySlots when `penalized`.
+  // after the presence/frequency penalties of the entries' PenaltySlots when extras.penalties,
+  // and leaving out the ids their token_masks rows clear when extras.token_masks.
   // Tensor parallel: rank 0 penalizes, samples and broadcasts the ids, so every rank feeds the
   // same tokens.
-  void sample(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids, bool penalized, Source source);
+  void sample(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids, SamplerExtras extras, Source source);
 
   // Times cuBLASLt's candidate algorithms for every GEMM the decode steps of these batch buckets
   // run through cuBLASLt (per bucket: lm_head, and where the fused kernels do not serve it the
@@ -222,7 +240,8 @@ class ForwardPass {
   void attend(const kernels::PagedKv& kv, int tokens, const Attention& attention, cudaStream_t stream);
   const __nv_bfloat16* gemm_weights(const LinearWeight& weight, const char* who, cudaStream_t stream);
   void rms_norm(const __nv_bfloat16* weight, int first_row, int rows, cudaStream_t stream);
-  void sample_here(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids, bool penalized, Source source);
+  void sample_here(int first_entry, int batch, cudaStream_t stream, int32_t* host_ids, SamplerExtras extras,
+                   Source source);
   // Tensor parallel: whether this rank samples and adds the residual.
   bool split() const { return link_ != nullptr; }
   bool rank_zero() const { return !link_ || link_->shard.rank == 0; }

@@ -8,7 +8,7 @@
 namespace deepfuse::runtime {
 
 void ForwardPass::mixed_step(const kernels::DecodeAttentionPlan& plan, bool decode, std::span<const StepChunk> chunks,
-                             int32_t* host_sampled, bool penalties, cudaStream_t stream) {
+                             int32_t* host_sampled, SamplerExtras extras, cudaStream_t stream) {
   const int batch = plan.batch;
   DF_CHECK(!chunks.empty(), "internal: a mixed step without a prompt chunk");
   DF_CHECK(batch >= 1 && batch <= buffers_.max_batch && batch <= buffers_.logits_rows,
@@ -43,7 +43,7 @@ void ForwardPass::mixed_step(const kernels::DecodeAttentionPlan& plan, bool deco
                                     hidden * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice, stream));
   final_norm(prompt_tokens, batch, stream);
   lm_head(0, batch, stream);
-  sample(0, batch, stream, host_sampled, penalties, Source::mixed_step);
+  sample(0, batch, stream, host_sampled, extras, Source::mixed_step);
 }
 
 }  // namespace deepfuse::runtime

@@ -21,6 +21,7 @@
 // chunk that ends its prompt samples its first token into its row, where the next step reads it,
 // and the host learns it when it reads that step back.
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -39,8 +40,10 @@ constexpr int32_t kIdOnDevice = -2;
 
 // A bucket's decode graphs (DecodeGraphCache's plans): attention under the bucket's plan or the
 // short-context one, each without or with the penalty kernel (only steps feeding a penalized row
-// launch it).
-int graph_variant(bool short_context, bool penalties) { return (short_context ? 1 : 0) + (penalties ? 2 : 0); }
+// launch it) and without or with token masks (only steps sampling a constrained row read them).
+int graph_variant(bool short_context, runtime::SamplerExtras extras) {
+  return (short_context ? 1 : 0) + (extras.penalties ? 2 : 0) + (extras.token_masks ? 4 : 0);
+}
 
 }  // namespace
 
@@ -101,21 +104,35 @@ runtime::PinnedBuffer& Engine::Impl::logits_host(runtime::PinnedBuffer& buffer) 
 }
 
 void Engine::Impl::attach_logprobs(StepToken& token, int top_logprobs, const runtime::PinnedBuffer& logits,
-                                   int row) const {
+                                   int row, const uint32_t* mask) const {
   if (top_logprobs < 0 || !samples_here()) return;
   const size_t vocab = config.vocab_size;
-  TokenLogprobs logprobs = token_logprobs({logits.as<float>() + row * vocab, vocab}, token.id, top_logprobs);
+  std::span<const float> row_logits(logits.as<float>() + row * vocab, vocab);
+  std::vector<float> masked;  // the sampler read left-out ids as -inf (reference::apply_token_bitmask)
+  if (mask) {
+    masked.assign(row_logits.begin(), row_logits.end());
+    for (size_t id = 0; id < vocab; ++id)
+      if (!token_allowed(mask, static_cast<int>(id))) masked[id] = -std::numeric_limits<float>::infinity();
+    row_logits = masked;
+  }
+  TokenLogprobs logprobs = token_logprobs(row_logits, token.id, top_logprobs);
   token.logprob = logprobs.logprob;
   token.top_logprobs = std::move(logprobs.top);
 }
 
 void Engine::Impl::report(batching::Sequence& sequence, int32_t id, const runtime::PinnedBuffer& logits,
-                          int logits_row, std::vector<StepToken>& out) {
+                          const runtime::PinnedBuffer& masks, int logits_row, std::vector<StepToken>& out) {
   const SequenceId key = static_cast<SequenceId>(sequence.key);
-  const int top_logprobs = settings.at(key).top_logprobs;
+  const runtime::SequenceSettings& set = settings.at(key);
+  const int top_logprobs = set.top_logprobs;
+  const uint32_t* mask = nullptr;
+  if (set.constraint && samples_here()) {
+    set.constraint->accept(id);  // the id its mask allowed: throws otherwise
+    mask = masks.as<uint32_t>() + static_cast<size_t>(logits_row) * token_bitmask_words(config.vocab_size);
+  }
   const batching::Report report = step_scheduler->report(sequence, id);  // may end it: `sequence` is gone then
   out.push_back({key, id, report.finish, report.cached_tokens});
-  attach_logprobs(out.back(), top_logprobs, logits, logits_row);
+  attach_logprobs(out.back(), top_logprobs, logits, logits_row, mask);
   if (report.finish != FinishReason::none) settings.erase(key);
 }
 
@@ -188,7 +205,12 @@ void Engine::Impl::prefill_step(std::vector<StepToken>& out) {
       if (!chunk.samples || first + tokens < end) return;
       forward->final_norm(tokens - 1, 1, stream());
       forward->lm_head(0, 1, stream());
-      forward->sample(row, 1, stream(), nullptr, kernels::penalized(set.penalties), runtime::ForwardPass::Source::prompt);
+      const runtime::SamplerExtras extras{kernels::penalized(set.penalties), set.constraint != nullptr};
+      if (set.constraint) {
+        const runtime::ConstrainedRow constrained{row, set.constraint.get()};
+        upload_token_masks(prefill_masks, row, 1, std::span(&constrained, 1));
+      }
+      forward->sample(row, 1, stream(), nullptr, extras, runtime::ForwardPass::Source::prompt);
       if (set.top_logprobs >= 0 && samples_here())  // the logits it was sampled from, penalized
         DF_CHECK_CUDA(cudaMemcpyAsync(logits_host(prefill_logits).as<float>() + row * vocab, buffers->logits.data(),
                                       vocab * sizeof(float), cudaMemcpyDeviceToHost, stream()));
@@ -202,35 +224,38 @@ void Engine::Impl::prefill_step(std::vector<StepToken>& out) {
                                 step_scheduler->running() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream()));
   DF_CHECK_CUDA(cudaStreamSynchronize(stream()));
   // Rows as they were at the download: a report that ends a sequence moves another's row.
-  for (auto [sequence, row] : sampled) report(*sequence, prefill_sampled.as<int32_t>()[row], prefill_logits, row, out);
+  for (auto [sequence, row] : sampled)
+    report(*sequence, prefill_sampled.as<int32_t>()[row], prefill_logits, prefill_masks, row, out);
 }
 
 // Uploads rows 0..max_batch-1 of the step's inputs (ids -1, positions -1, lengths 0 where `input`
 // says the row sits out; ids equal to kIdOnDevice stay as the device holds them), then the step,
 // whose sampler leaves the ids in lane.sampled.
-void Engine::Impl::run_decode_step(StepLane& lane, int sequences, const DecodeInput& input, bool penalties,
-                                   std::span<const int> logprob_rows) {
+void Engine::Impl::run_decode_step(StepLane& lane, int sequences, const DecodeInput& input,
+                                   const runtime::StepSampling& sampling) {
   const int bucket_index = lane.graphs->bucket_index(sequences);
   const int longest = upload_decode_inputs(lane, sequences, input);
   bool short_context = false;
   const kernels::DecodeAttentionPlan& plan = attention_plan(bucket_index, longest, short_context);
+  if (sampling.extras.token_masks) upload_token_masks(lane.masks, 0, plan.batch, sampling.constrained);
   int32_t* host_sampled = lane.sampled.device_as<int32_t>();
-  lane.graphs->run(bucket_index, graph_variant(short_context, penalties), stream(), [&](cudaStream_t s) {
-    forward->decode_step(this->plan.buckets[bucket_index], plan, host_sampled, penalties, s);
+  const runtime::SamplerExtras extras = sampling.extras;
+  lane.graphs->run(bucket_index, graph_variant(short_context, extras), stream(), [&](cudaStream_t s) {
+    forward->decode_step(this->plan.buckets[bucket_index], plan, host_sampled, extras, s);
   });
-  copy_logprob_rows(lane, logprob_rows);
+  copy_logprob_rows(lane, sampling.logprob_rows);
   lane.step_done.record(stream());
 }
 
 // The chunks' tokens go up behind the entries' positions and rows; the entries' ids are copied
 // on the device, where samples in flight are.
 void Engine::Impl::run_mixed_step(StepLane& lane, int sequences, const DecodeInput& input,
-                                  std::span<const batching::PrefillChunk> chunks, bool penalties,
-                                  std::span<const int> logprob_rows) {
+                                  std::span<const batching::PrefillChunk> chunks, const runtime::StepSampling& sampling) {
   const int longest = upload_decode_inputs(lane, sequences, input);
   bool short_context = false;
   const kernels::DecodeAttentionPlan& plan = attention_plan(lane.graphs->bucket_index(sequences), longest, short_context);
   const int batch = plan.batch;
+  if (sampling.extras.token_masks) upload_token_masks(lane.masks, 0, batch, sampling.constrained);
   const size_t stride = max_tokens();
   prefill_host_read.wait();  // the last pass's inputs have been copied out
   int32_t* host = prefill_host.as<int32_t>();
@@ -263,8 +288,8 @@ void Engine::Impl::run_mixed_step(StepLane& lane, int sequences, const DecodeInp
   prefill_host_read.record(stream());
   DF_CHECK_CUDA(cudaMemcpyAsync(buffers->prefill_ids() + offset, buffers->decode_ids(), batch * sizeof(int32_t),
                                 cudaMemcpyDeviceToDevice, stream()));
-  forward->mixed_step(plan, decode, passes, lane.sampled.device_as<int32_t>(), penalties, stream());
-  copy_logprob_rows(lane, logprob_rows);
+  forward->mixed_step(plan, decode, passes, lane.sampled.device_as<int32_t>(), sampling.extras, stream());
+  copy_logprob_rows(lane, sampling.logprob_rows);
   lane.step_done.record(stream());
 }
 
@@ -333,12 +358,14 @@ void Engine::Impl::launch_decode() {
   if (plan.empty()) return;
   const int sequences = step_scheduler->running();
   std::vector<const batching::DecodeRow*> fed(sequences, nullptr);
-  bool penalties = false;
-  std::vector<int> logprob_rows;
+  runtime::StepSampling sampling;
   auto samples = [&](const batching::Sequence& sequence) {
     const runtime::SequenceSettings& set = settings.at(static_cast<SequenceId>(sequence.key));
-    penalties |= kernels::penalized(set.penalties);
-    if (set.top_logprobs >= 0 && samples_here()) logprob_rows.push_back(sequence.row);
+    sampling.extras.penalties |= kernels::penalized(set.penalties);
+    if (set.top_logprobs >= 0 && samples_here()) sampling.logprob_rows.push_back(sequence.row);
+    if (!set.constraint) return;
+    sampling.extras.token_masks = true;
+    sampling.constrained.push_back({sequence.row, set.constraint.get()});
   };
   for (const batching::PrefillChunk& chunk : plan.prefill) {  // a mixed plan's
     if (chunk.admits) admit_row(*chunk.sequence);
@@ -362,9 +389,9 @@ void Engine::Impl::launch_decode() {
     return true;
   };
   if (plan.mixed)
-    run_mixed_step(lane, sequences, input, plan.prefill, penalties, logprob_rows);
+    run_mixed_step(lane, sequences, input, plan.prefill, sampling);
   else
-    run_decode_step(lane, sequences, input, penalties, logprob_rows);
+    run_decode_step(lane, sequences, input, sampling);
   lane.rows.assign(sequences, 0);
   for (const batching::PrefillChunk& chunk : plan.prefill)
     if (chunk.samples) lane.rows[chunk.sequence->row] = static_cast<SequenceId>(chunk.sequence->key);
@@ -385,7 +412,7 @@ void Engine::Impl::read_back_oldest(std::vector<StepToken>& out) {
     batching::Sequence* sequence =
         step_scheduler->find_running(static_cast<batching::SequenceKey>(lane.rows[fed_row]), fed_row);
     if (!sequence) continue;
-    report(*sequence, lane.sampled.as<int32_t>()[fed_row], lane.logits, fed_row, out);
+    report(*sequence, lane.sampled.as<int32_t>()[fed_row], lane.logits, lane.masks, fed_row, out);
   }
 }
 
@@ -399,9 +426,31 @@ void Engine::Impl::decode_running(std::vector<StepToken>& out) {
     return false;
   };
   while (!launched.empty() && !feeds_someone(lanes[launched.front()])) read_back_oldest(out);
-  if (launched.empty()) launch_decode();        // nothing ahead: this call's own step
-  if (options.overlap_steps) launch_decode();   // and the next, before reading this one back
+  // A constrained row's next mask needs its last token accepted by its grammar: while one is
+  // held, every step in flight is read back before the next launches, and none is launched ahead
+  // (the GPU waits for the host between steps; docs/runtime.md, "Constrained rows").
+  const bool constrained = holds_constraints();
+  if (constrained)
+    while (!launched.empty()) read_back_oldest(out);
+  if (launched.empty()) launch_decode();                        // nothing ahead: this call's own step
+  if (options.overlap_steps && !constrained) launch_decode();  // and the next, before reading this one back
   if (!launched.empty()) read_back_oldest(out);
+}
+
+bool Engine::Impl::holds_constraints() const {
+  return std::any_of(settings.begin(), settings.end(), [](const auto& entry) { return entry.second.constraint; });
+}
+
+void Engine::Impl::upload_token_masks(runtime::PinnedBuffer& host, int first_row, int rows,
+                                      std::span<const runtime::ConstrainedRow> constrained) {
+  if (!samples_here()) return;  // the other ranks' samplers do not run
+  const size_t words = token_bitmask_words(config.vocab_size);
+  if (host.bytes() == 0) host = runtime::PinnedBuffer(static_cast<size_t>(options.max_batch) * words * sizeof(uint32_t));
+  uint32_t* masks = host.as<uint32_t>();
+  std::fill_n(masks + first_row * words, rows * words, ~0u);  // the free rows and padded entries
+  for (const runtime::ConstrainedRow& c : constrained) c.constraint->fill_next_mask({masks + c.row * words, words});
+  DF_CHECK_CUDA(cudaMemcpyAsync(buffers->mask_row(first_row), masks + first_row * words,
+                                rows * words * sizeof(uint32_t), cudaMemcpyHostToDevice, stream()));
 }
 
 void Engine::Impl::forget_launched_steps() {

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Structured output and forced tool calls end to end: `deepfuse serve` on the CPU reference
-backend with the tiny random model, driven by the `openai` client.
+backend (or, with --backend cuda on a GPU machine, the CUDA engine) with the tiny random model,
+driven by the `openai` client.
 
 The model is random, so nothing it writes is valid by itself: every answer that parses and
 validates here does so because the grammar (src/server/grammar, xgrammar) allowed nothing else.
@@ -23,91 +24,25 @@ import openai
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
 import test_server
+from structured_cases import CLOCK, ORDER_SCHEMA, WEATHER, use_qwen_template, validate
 from test_server import Server
 
 MODEL = None  # the tiny model with Qwen2.5's chat template
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The forecast for a city",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-        "required": ["city", "days"], "additionalProperties": False}}}
-CLOCK = {"type": "function", "function": {
-    "name": "get_time", "parameters": {"type": "object", "properties": {
-        "zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"], "additionalProperties": False}}}
-
-# Nested objects, enums, arrays, booleans, bounded strings and numbers (the issue's constrained stream).
-ORDER_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "customer": {"type": "object", "properties": {
-            "name": {"type": "string", "maxLength": 12},
-            "tier": {"type": "string", "enum": ["free", "pro", "team"]}},
-            "required": ["name", "tier"], "additionalProperties": False},
-        "items": {"type": "array", "minItems": 1, "maxItems": 3, "items": {
-            "type": "object", "properties": {
-                "sku": {"type": "string", "enum": ["A1", "B2", "C3"]},
-                "quantity": {"type": "integer", "minimum": 1, "maximum": 99}},
-            "required": ["sku", "quantity"], "additionalProperties": False}},
-        "gift": {"type": "boolean"},
-        "note": {"anyOf": [{"type": "null"}, {"type": "string", "maxLength": 8}]},
-    },
-    "required": ["customer", "items", "gift", "note"],
-    "additionalProperties": False,
-}
-
-
-def validate(value, schema, where="$"):
-    """The subset of JSON Schema the tests' schemas use; raises AssertionError naming the place."""
-    if "anyOf" in schema:
-        errors = []
-        for option in schema["anyOf"]:
-            try:
-                return validate(value, option, where)
-            except AssertionError as e:
-                errors.append(str(e))
-        raise AssertionError(f"{where}: no anyOf option matches: {errors}")
-    kind = schema.get("type")
-    checks = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
-    if kind == "integer":
-        assert isinstance(value, int) and not isinstance(value, bool), f"{where}: {value!r} is not an integer"
-        assert schema.get("minimum", value) <= value <= schema.get("maximum", value), f"{where}: {value} out of range"
-    elif kind:
-        assert isinstance(value, checks[kind]), f"{where}: {value!r} is not a {kind}"
-    if "enum" in schema:
-        assert value in schema["enum"], f"{where}: {value!r} not in {schema['enum']}"
-    if kind == "string" and "maxLength" in schema:
-        assert len(value) <= schema["maxLength"], f"{where}: {value!r} longer than {schema['maxLength']}"
-    if kind == "array":
-        assert schema.get("minItems", 0) <= len(value) <= schema.get("maxItems", len(value)), f"{where}: length"
-        for i, item in enumerate(value):
-            validate(item, schema["items"], f"{where}[{i}]")
-    if kind == "object":
-        properties = schema.get("properties", {})
-        for key in schema.get("required", []):
-            assert key in value, f"{where}: missing {key}"
-        for key, item in value.items():
-            if key in properties:
-                validate(item, properties[key], f"{where}.{key}")
-            else:
-                assert schema.get("additionalProperties", True) is not False, f"{where}: extra property {key}"
+# The CUDA kernels take head_dim 64 or 128: the tiny preset's 16 is the reference backend's only.
+CUDA_SHAPE = ["--hidden", "256", "--heads", "4", "--kv-heads", "2", "--head-dim", "64", "--intermediate", "512"]
 
 
 def make_model():
     """A tiny random model with room for the tools' system prompt (4096 positions) and Qwen2.5's
     chat template."""
-    path = os.path.join(test_server.ARGS.work_dir, "tiny-qwen-template")
+    cuda = test_server.ARGS.backend == "cuda"
+    # The served model's name is its folder's: the same for both shapes.
+    path = os.path.join(test_server.ARGS.work_dir, *(["cuda"] if cuda else []), "tiny-qwen-template")
     if not os.path.exists(os.path.join(path, "config.json")):
-        subprocess.run([test_server.ARGS.deepfuse, "make-model", "--out", path, "--max-position", "4096"], check=True,
-                       stdout=subprocess.DEVNULL)
-    config_path = os.path.join(path, "tokenizer_config.json")
-    with open(config_path) as f:
-        config = json.load(f)
-    with open(os.path.join(test_server.ARGS.fixtures, "tokenizers", "qwen2_bytelevel", "tokenizer_config.json")) as f:
-        config["chat_template"] = json.load(f)["chat_template"]
-    with open(config_path, "w") as f:
-        json.dump(config, f)
+        subprocess.run([test_server.ARGS.deepfuse, "make-model", "--out", path, "--max-position", "4096",
+                        *(CUDA_SHAPE if cuda else [])], check=True, stdout=subprocess.DEVNULL)
+    use_qwen_template(path, test_server.ARGS.fixtures)
     return path
 
 
@@ -124,7 +59,8 @@ class StructuredOutput(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.server = Server(command=[test_server.ARGS.deepfuse, "serve", "--model", MODEL,
-                                                         "--backend", "reference", "--port", "0", "--max-batch", "8"])
+                                                         "--backend", test_server.ARGS.backend, "--port", "0",
+                                                         "--max-batch", "8"])
         cls.client = cls.server.client()
 
     @classmethod
@@ -315,6 +251,8 @@ def main():
     parser.add_argument("--deepfuse", required=True)
     parser.add_argument("--work-dir", required=True)
     parser.add_argument("--fixtures", required=True, help="tests/fixtures")
+    parser.add_argument("--backend", choices=("reference", "cuda"), default="reference",
+                        help="cuda: on a GPU machine (scripts/device/serve-gpu.sh structured)")
     args, rest = parser.parse_known_args()
     test_server.ARGS = args
     os.makedirs(args.work_dir, exist_ok=True)

@@ -25,6 +25,9 @@ add_test(NAME server_structured_output
                  --fixtures ${PROJECT_SOURCE_DIR}/tests/fixtures)
 set_tests_properties(server_structured_output PROPERTIES FIXTURES_REQUIRED server_venv LABELS "cpu;pypi" TIMEOUT 900
                      ENVIRONMENT PYTHONUNBUFFERED=1)
+# The CUDA engine under grammars (skips without a GPU).
+deepfuse_test(test_structured_output_gpu ${CMAKE_CURRENT_LIST_DIR}/test_structured_output_gpu.cpp GPU)
+target_link_libraries(test_structured_output_gpu PRIVATE deepfuse_server)
 foreach(name openai_request tool_calls structured_output)
   target_compile_definitions(test_${name} PRIVATE DEEPFUSE_TOKENIZER_FIXTURES="${PROJECT_SOURCE_DIR}/tests/fixtures/tokenizers")
 endforeach()

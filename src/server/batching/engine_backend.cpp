@@ -16,13 +16,6 @@ EngineBackend::EngineBackend(std::unique_ptr<Engine> engine)
       kv_pages_total_(engine_->scheduling_stats().kv_pages_total) {}
 
 void EngineBackend::check(const GenerationSpec& spec) const {
-  // The sampling kernel takes per-row token bitmasks (kernels/sampling.hpp), but the engine's step
-  // does not pass them yet (docs/server.md, "Structured output": what is left).
-  if (spec.constraint)
-    throw ApiError(400, "Unsupported parameter: '" + spec.constraint_field +
-                            "' (constrained decoding) is not supported on the cuda backend yet; the reference "
-                            "backend serves it",
-                   spec.constraint_field, "unsupported_parameter");
   const int tokens = static_cast<int>(spec.prompt.size()) + spec.max_new_tokens;
   if (KvBlockPool::pages_for(tokens) > kv_pages_total_)
     throw ApiError::bad_field("max_tokens", "the prompt and max_tokens need " + std::to_string(tokens) +
@@ -39,6 +32,7 @@ void EngineBackend::add(SequenceKey key, GenerationSpec spec) {
   request.presence_penalty = spec.presence_penalty;
   request.frequency_penalty = spec.frequency_penalty;
   request.top_logprobs = spec.top_logprobs;
+  request.constraint = std::move(spec.constraint);  // the engine fills its masks and feeds it the tokens
   const SequenceId id = engine_->add_sequence(request);
   engine_id_of_[key] = id;
   key_of_[id] = key;

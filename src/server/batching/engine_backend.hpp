@@ -4,8 +4,8 @@
 // (EngineOptions::prefix_caching), and preemption of the youngest sequence when KV pages run out,
 // which then recomputes its prompt and tokens inside the engine. This wrapper maps the server's
 // keys to the engine's sequence ids and its gauges to the engine's scheduling stats.
-// Logprobs and presence/frequency penalties are the engine's (SequenceRequest), with the CPU
-// backend's semantics (token_choice.hpp).
+// Logprobs, presence/frequency penalties and structured output's grammars are the engine's
+// (SequenceRequest), with the CPU backend's semantics (token_choice.hpp).
 #pragma once
 
 #include <memory>
