@@ -96,7 +96,7 @@ class StagedUploader {
   static constexpr size_t kChunkBytes = size_t{16} << 20;  // per staging buffer
 
   cudaStream_t stream_;
-  const LoadProgress& progress_;
+  LoadProgress progress_;  // a copy: callers may pass a temporary (the source outlives the call)
   size_t done_ = 0;
   size_t total_;
   PinnedBuffer staging_[2];

@@ -299,9 +299,6 @@ TEST_F(Cli, Fp8CheckpointsAndQuantizeAtLoad) {
   if (!cuda_device_available())
     expect_bad_input(run_cli(scratch_, "generate --random-weights --arch llama3-8b --prompt-ids 1 --quantize fp8"),
                      {"--random-weights", "no CUDA device"});
-  else
-    expect_bad_input(run_cli(scratch_, "score --backend cuda --model " + model_.string() + " --prompt-ids 1 --quantize fp8"),
-                     {"--quantize fp8", "no FP8 kernels"});
   // A NaN among the scales: one line naming the scale tensor.
   const std::filesystem::path file = fp8 / "model.safetensors";
   std::string image = read_text_file(file);

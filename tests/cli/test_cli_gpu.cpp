@@ -195,29 +195,41 @@ TEST_F(CliCuda, CudaOnlyInputProblems) {
   expect_bad_input(run_cli(scratch_, "score" + kCuda + model() + " --prompt-ids 1,2"), {"model.safetensors"});
 }
 
-// Until the FP8 kernels exist (issue 51): an FP8 checkpoint and --quantize fp8 are one line on
-// --backend cuda; --backend auto runs them on the reference backend with a note, and its logits
-// are the reference backend's.
-TEST_F(CliCuda, Fp8RefusedOnCudaAndAutoFallsBack) {
+// FP8 (issue 51): an FP8 checkpoint and --quantize fp8 run on --backend cuda with logits within
+// bf16 error of the reference backend on the same FP8 weights, and --backend auto picks cuda
+// for them (no fallback note).
+TEST_F(CliCuda, Fp8RunsOnCudaLikeTheReferenceBackend) {
   DF_REQUIRE_GPU();
   ASSERT_NO_FATAL_FAILURE(make_model());
   const std::filesystem::path fp8 = scratch_.path() / "fp8";
   const RunResult made = run_cli(scratch_, "make-model --out " + fp8.string() +
                                                " --hidden 128 --heads 2 --kv-heads 1 --intermediate 320 --layers 2 --dtype fp8");
   ASSERT_EQ(made.exit_code, 0) << made.err;
-  expect_bad_input(run_cli(scratch_, "score" + kCuda + " --model " + fp8.string() + " --prompt-ids 1,2"),
-                   {"the CUDA backend", "fp8_e4m3", "not implemented"});
-  expect_bad_input(run_cli(scratch_, "score" + kCuda + model() + " --prompt-ids 1,2 --quantize fp8"),
-                   {"--quantize fp8", "no FP8 kernels"});
-  const RunResult fallback = run_cli(scratch_, "score --backend auto --model " + fp8.string() + " --prompt-ids 1,2,3");
-  EXPECT_EQ(fallback.exit_code, 0) << fallback.err;
-  EXPECT_NE(fallback.err.find("note: a compressed-tensors FP8 checkpoint has no CUDA kernels"), std::string::npos)
-      << fallback.err;
-  const RunResult reference = run_cli(scratch_, "score --backend reference --model " + fp8.string() + " --prompt-ids 1,2,3");
-  EXPECT_EQ(fallback.out, reference.out);
-  const RunResult quantized = run_cli(scratch_, "score --backend auto" + model() + " --prompt-ids 1,2,3 --quantize fp8");
-  EXPECT_EQ(quantized.exit_code, 0) << quantized.err;
-  EXPECT_NE(quantized.err.find("--quantize fp8 has no CUDA kernels"), std::string::npos) << quantized.err;
+  const std::string checkpoint = " --model " + fp8.string() + " --prompt-ids " + ids_;
+  const std::string quantized = model() + " --prompt-ids " + ids_ + " --quantize fp8";
+  for (const std::string& run : {checkpoint, quantized}) {
+    std::vector<std::vector<float>> logits;
+    for (const std::string backend : {std::string(" --backend reference"), kCuda, kCuda + " --plan-override mlp=unfused"}) {
+      const auto json = scratch_.path() / "score.json";
+      const RunResult scored = run_cli(scratch_, "score" + run + backend + " --json " + json.string());
+      ASSERT_EQ(scored.exit_code, 0) << run << backend << ": " << scored.err;
+      EXPECT_EQ(scored.err.find("no CUDA kernels"), std::string::npos) << scored.err;
+      const nlohmann::json parsed = nlohmann::json::parse(read_text_file(json));
+      logits.emplace_back();
+      for (const auto& row : parsed["logits"])
+        for (float v : row.get<std::vector<float>>()) logits.back().push_back(v);
+    }
+    ASSERT_EQ(logits[0].size(), 40u * 320u) << run;
+    for (size_t i = 1; i < logits.size(); ++i) {
+      ASSERT_EQ(logits[i].size(), logits[0].size()) << run;
+      const testing::LogitsComparison c = testing::compare_logits(logits[i], logits[0], 320);
+      EXPECT_LT(c.worst_error, 2e-2) << run << ": " << c.describe();
+      EXPECT_GT(c.top1_agreement(), 0.99) << run << ": " << c.describe();
+    }
+  }
+  const RunResult automatic = run_cli(scratch_, "score --backend auto --kv-cache-mb 32" + checkpoint);
+  EXPECT_EQ(automatic.exit_code, 0) << automatic.err;
+  EXPECT_EQ(automatic.err.find("no CUDA kernels"), std::string::npos) << automatic.err;
 }
 
 }  // namespace
