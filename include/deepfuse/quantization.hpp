@@ -7,7 +7,8 @@
 //   fp8                 F8_E4M3 weights with "weight_scale_inv" per 128x128 block
 //                       ("weight_block_size": [128, 128]), or, without a block size, a
 //                       per-tensor "weight_scale"; dynamic activations; modules in
-//                       "modules_to_not_convert" / "ignored_layers" stay 16-bit.
+//                       "modules_to_not_convert" / "ignored_layers" stay 16-bit, and lm_head
+//                       always (transformers never converts it).
 // Every other method (AWQ, GPTQ, bitsandbytes, ...) is refused by the parser, naming the field.
 #pragma once
 

@@ -32,12 +32,13 @@ Architecture parse_architecture(const std::string& name) {
   throw Error("--arch '" + name + "': unknown architecture (llama, qwen2, mistral)");
 }
 
-// fp8: BF16 tensors but the projections, which are compressed-tensors FP8 (the config says so).
+// fp8 / fp8-block128: BF16 tensors but the projections, which are FP8 in that format (the
+// config's quantization_config says so).
 SafetensorsDType parse_dtype(const std::string& name) {
-  if (name == "bf16" || name == "fp8") return SafetensorsDType::BF16;
+  if (name == "bf16" || name == "fp8" || name == "fp8-block128") return SafetensorsDType::BF16;
   if (name == "f16") return SafetensorsDType::F16;
   if (name == "f32") return SafetensorsDType::F32;
-  throw Error("--dtype '" + name + "': unknown weight dtype (bf16, f16, f32, fp8)");
+  throw Error("--dtype '" + name + "': unknown weight dtype (bf16, f16, f32, fp8, fp8-block128)");
 }
 
 // Vocabularies too small for the 256 byte tokens and the specials stay ids-only.
@@ -80,9 +81,10 @@ ModelConfig build_config(const MakeModelArgs& args) {
 
 int run_make_model(const MakeModelArgs& args) {
   ModelConfig config = build_config(args);
-  if (args.dtype == "fp8") config.quantization = fp8_checkpoint_quantization();
   MakeModelOptions options;
   options.dtype = parse_dtype(args.dtype);
+  if (args.dtype == "fp8") config.quantization = fp8_checkpoint_quantization(WeightFormat::fp8_e4m3);
+  if (args.dtype == "fp8-block128") config.quantization = fp8_checkpoint_quantization(WeightFormat::fp8_e4m3_block128);
   options.seed = args.seed;
   options.shards = args.shards;
   const std::filesystem::path dir = args.out_dir;
@@ -121,7 +123,9 @@ void register_make_model(CLI::App& app, Action& action) {
   command->add_option("--tie-embeddings", args->tie_embeddings, "true | false: lm_head shares embed_tokens");
   command->add_option("--dtype", args->dtype,
                       "bf16 | f16 | f32 | fp8 (compressed-tensors FP8 projections with per-channel scales, the "
-                      "rest bf16, lm_head kept bf16) (default bf16)");
+                      "rest bf16, lm_head kept bf16) | fp8-block128 (quant_method fp8 projections with a scale per "
+                      "128x128 block, as Qwen's and DeepSeek's FP8 checkpoints: every projection's sizes must be "
+                      "multiples of 128) (default bf16)");
   command->add_option("--seed", args->seed, "weight seed (default 0)");
   command->add_option("--shards", args->shards, "split into this many safetensors files (default 1)")
       ->check(CLI::PositiveNumber);

@@ -1,4 +1,5 @@
 // Presets, config.json writing and seeded random checkpoints (single file or sharded).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -62,7 +63,7 @@ float random_scale(const ExpectedTensor& tensor) {
 }
 
 // One tensor of a file: a table tensor's values, or for an FP8 projection its e4m3 codes or
-// their per-row scales (both from the same draw).
+// their scales (both from the same draw).
 enum class Part { values, fp8_codes, fp8_scales };
 
 struct PlannedTensor {
@@ -72,6 +73,8 @@ struct PlannedTensor {
   std::string name;
   SafetensorsDType dtype;
   std::vector<int64_t> shape;
+  WeightFormat format = WeightFormat::bf16;              // an FP8 part's
+  SafetensorsDType scale_dtype = SafetensorsDType::BF16;  // an FP8 part's scales, as stored
 };
 
 uint64_t byte_size(const PlannedTensor& planned) {
@@ -80,7 +83,14 @@ uint64_t byte_size(const PlannedTensor& planned) {
   return bytes;
 }
 
-// The files' tensors in model order, each FP8 projection followed by its scales.
+// compressed-tensors stores its scales in the weights' 16-bit dtype (BF16 here); fp8's
+// weight_scale_inv is F32, as transformers and DeepSeek write it.
+SafetensorsDType scale_dtype_of(const WeightQuantization& q) {
+  return q.method == QuantizationMethod::fp8 ? SafetensorsDType::F32 : SafetensorsDType::BF16;
+}
+
+// The files' tensors in model order, each FP8 projection followed by its scales. Throws naming
+// the first projection that is not whole scale blocks.
 std::vector<PlannedTensor> plan_tensors(const ModelConfig& config, const std::vector<ExpectedTensor>& tensors,
                                         SafetensorsDType dtype) {
   std::vector<PlannedTensor> planned;
@@ -90,8 +100,17 @@ std::vector<PlannedTensor> plan_tensors(const ModelConfig& config, const std::ve
       planned.push_back({&tensors[i], i, Part::values, tensors[i].name, dtype, tensors[i].shape});
       continue;
     }
-    planned.push_back({&tensors[i], i, Part::fp8_codes, tensors[i].name, SafetensorsDType::F8_E4M3, tensors[i].shape});
-    planned.push_back({&tensors[i], i, Part::fp8_scales, scale->name, SafetensorsDType::BF16, scale->shapes.front()});
+    const WeightFormat format = stored_weight_format(config, tensors[i]);
+    const int64_t side = format_info(format).scale_block;
+    DF_CHECK(side == 0 || (tensors[i].shape[0] % side == 0 && tensors[i].shape[1] % side == 0),
+             "make-model: " + tensors[i].name + " is " + shape_text(tensors[i].shape) + ", not whole " +
+                 std::to_string(side) + "x" + std::to_string(side) + " blocks (" + weight_format_name(format) +
+                 " needs hidden, intermediate, heads x head_dim and kv-heads x head_dim in multiples of " +
+                 std::to_string(side) + ")");
+    const SafetensorsDType scales = scale_dtype_of(config.quantization);
+    planned.push_back({&tensors[i], i, Part::fp8_codes, tensors[i].name, SafetensorsDType::F8_E4M3, tensors[i].shape,
+                       format, scales});
+    planned.push_back({&tensors[i], i, Part::fp8_scales, scale->name, scales, scale->shapes.front(), format, scales});
   }
   return planned;
 }
@@ -107,34 +126,50 @@ void append_value(std::vector<char>& chunk, float value, SafetensorsDType dtype)
   }
 }
 
+float stored_as(float value, SafetensorsDType dtype) {
+  return dtype == SafetensorsDType::BF16 ? bf16_bits_to_float(float_to_bf16_bits(value)) : value;
+}
+
+// The scales of one band of rows (values: rows x `columns`), one per `width` columns: each the
+// absmax / 448 (1 where all zero) as stored, so codes times the stored scale is the weight.
+std::vector<float> band_scales(const std::vector<float>& values, size_t columns, size_t width, SafetensorsDType dtype) {
+  std::vector<float> absmax(columns / width, 0.0f);
+  for (size_t k = 0; k < values.size(); ++k)
+    absmax[(k % columns) / width] = std::max(absmax[(k % columns) / width], std::fabs(values[k]));
+  for (float& m : absmax) m = stored_as(m > 0.0f ? m / kFloat8E4m3Max : 1.0f, dtype);
+  return absmax;
+}
+
 void write_random_tensor(std::ofstream& out, const PlannedTensor& planned, uint64_t seed) {
   const ExpectedTensor& tensor = *planned.tensor;
   std::mt19937_64 rng(seed ^ ((planned.index + 1) * 0x9e3779b97f4a7c15ull));
   const float scale = random_scale(tensor);
   std::uniform_real_distribution<float> dist(-scale, scale);
   const float offset = tensor.spec->init == TensorInit::norm ? 1.0f : 0.0f;
-  // Row by row for FP8 (each row's absmax is its scale), in chunks of up to 1M values otherwise.
-  const uint64_t columns = planned.part == Part::values ? 1 << 20 : static_cast<uint64_t>(tensor.shape[1]);
+  // FP8 a band of the rows one scale spans at a time (one row per channel, 128 per block), the
+  // same numbers in the same order as the 16-bit tensor's chunks of up to 1M values.
+  const uint64_t columns = static_cast<uint64_t>(tensor.shape.back());
+  const int side = format_info(planned.format).scale_block;
+  const uint64_t band = planned.part == Part::values ? 1 << 20 : columns * (side > 0 ? side : 1);
+  const size_t scale_width = side > 0 ? static_cast<size_t>(side) : static_cast<size_t>(columns);
   uint64_t remaining = 1;
   for (int64_t extent : tensor.shape) remaining *= static_cast<uint64_t>(extent);
   std::vector<float> values;
   std::vector<char> chunk;
   while (remaining > 0) {
-    values.resize(static_cast<size_t>(std::min(remaining, columns)));
+    values.resize(static_cast<size_t>(std::min(remaining, band)));
     for (float& value : values) value = offset + dist(rng);
     remaining -= values.size();
     chunk.clear();
     if (planned.part == Part::values) {
       for (float value : values) append_value(chunk, value, planned.dtype);
     } else {
-      float absmax = 0.0f;
-      for (float value : values) absmax = std::max(absmax, std::fabs(value));
-      // The scale as stored (BF16), so codes times the stored scale is the weight.
-      const float row_scale = bf16_bits_to_float(float_to_bf16_bits(absmax > 0.0f ? absmax / kFloat8E4m3Max : 1.0f));
+      const std::vector<float> scales = band_scales(values, static_cast<size_t>(columns), scale_width, planned.scale_dtype);
       if (planned.part == Part::fp8_scales) {
-        append_value(chunk, row_scale, SafetensorsDType::BF16);
+        for (float s : scales) append_value(chunk, s, planned.scale_dtype);
       } else {
-        for (float value : values) chunk.push_back(static_cast<char>(float_to_float8_e4m3(value / row_scale)));
+        for (size_t k = 0; k < values.size(); ++k)
+          chunk.push_back(static_cast<char>(float_to_float8_e4m3(values[k] / scales[(k % columns) / scale_width])));
       }
     }
     out.write(chunk.data(), static_cast<std::streamsize>(chunk.size()));
@@ -168,6 +203,29 @@ void write_text(const std::filesystem::path& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << text;
   DF_CHECK(out.good(), path.string() + ": write failed");
+}
+
+// config.json's quantization_config for what fp8_checkpoint_quantization makes, as the
+// checkpoints users download have it: compressed-tensors per channel (llm-compressor's), or fp8
+// 128x128 blocks (Qwen's and DeepSeek's FP8 releases: no module list, transformers keeps lm_head).
+nlohmann::ordered_json quantization_config_json(const WeightQuantization& q) {
+  DF_CHECK(q.ignore == std::vector<std::string>{"lm_head"},
+           "make-model writes FP8 checkpoints whose ignore list is lm_head alone");
+  if (q.method == QuantizationMethod::fp8 && q.scale_scope == ScaleScope::block)
+    return {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"}, {"quant_method", "fp8"},
+            {"weight_block_size", {format_info(q.format).scale_block, format_info(q.format).scale_block}}};
+  DF_CHECK(q.method == QuantizationMethod::compressed_tensors && q.scale_scope == ScaleScope::channel,
+           "make-model writes compressed-tensors per-channel or fp8 block FP8 only");
+  const nlohmann::ordered_json fp8 = {{"num_bits", 8}, {"type", "float"}, {"symmetric", true}};
+  nlohmann::ordered_json weights = fp8, input = fp8;
+  weights["strategy"] = "channel";
+  weights["dynamic"] = false;
+  input["strategy"] = "token";
+  input["dynamic"] = true;
+  return {{"quant_method", "compressed-tensors"}, {"format", "float-quantized"}, {"quantization_status", "compressed"},
+          {"config_groups", {{"group_0", {{"targets", {"Linear"}}, {"weights", weights}, {"input_activations", input},
+                                          {"output_activations", nullptr}, {"format", "float-quantized"}}}}},
+          {"ignore", q.ignore}, {"kv_cache_scheme", nullptr}, {"sparsity_config", nlohmann::ordered_json::object()}};
 }
 
 }  // namespace
@@ -236,32 +294,27 @@ std::string model_config_json(const ModelConfig& c, SafetensorsDType dtype) {
   if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];
   else if (!c.eos_token_ids.empty()) j["eos_token_id"] = c.eos_token_ids;
   j["torch_dtype"] = dtype == SafetensorsDType::BF16 ? "bfloat16" : dtype == SafetensorsDType::F16 ? "float16" : "float32";
-  if (c.quantization.quantized()) {
-    const WeightQuantization& q = c.quantization;
-    DF_CHECK(q.method == QuantizationMethod::compressed_tensors && q.scale_scope == ScaleScope::channel,
-             "make-model writes compressed-tensors per-channel FP8 only");
-    const nlohmann::ordered_json fp8 = {{"num_bits", 8}, {"type", "float"}, {"symmetric", true}};
-    nlohmann::ordered_json weights = fp8, input = fp8;
-    weights["strategy"] = "channel";
-    weights["dynamic"] = false;
-    input["strategy"] = "token";
-    input["dynamic"] = true;
-    j["quantization_config"] = {
-        {"quant_method", "compressed-tensors"}, {"format", "float-quantized"}, {"quantization_status", "compressed"},
-        {"config_groups", {{"group_0", {{"targets", {"Linear"}}, {"weights", weights}, {"input_activations", input},
-                                        {"output_activations", nullptr}, {"format", "float-quantized"}}}}},
-        {"ignore", q.ignore}, {"kv_cache_scheme", nullptr}, {"sparsity_config", nlohmann::ordered_json::object()}};
-  }
+  if (c.quantization.quantized()) j["quantization_config"] = quantization_config_json(c.quantization);
   return j.dump(2) + "\n";
 }
 
-WeightQuantization fp8_checkpoint_quantization() {
+WeightQuantization fp8_checkpoint_quantization(WeightFormat format) {
   WeightQuantization q;
-  q.method = QuantizationMethod::compressed_tensors;
-  q.format = WeightFormat::fp8_e4m3;
-  q.scale_scope = ScaleScope::channel;
-  q.scale_name = "weight_scale";
+  q.format = format;
   q.ignore = {"lm_head"};
+  if (format == WeightFormat::fp8_e4m3) {
+    q.method = QuantizationMethod::compressed_tensors;
+    q.scale_scope = ScaleScope::channel;
+    q.scale_name = "weight_scale";
+    return q;
+  }
+  DF_CHECK(format == WeightFormat::fp8_e4m3_block128,
+           std::string("make-model writes FP8 checkpoints in fp8_e4m3 or fp8_e4m3_block128, not ") +
+               weight_format_name(format));
+  q.method = QuantizationMethod::fp8;
+  q.scale_scope = ScaleScope::block;
+  q.scale_name = "weight_scale_inv";
+  q.ignore_by_substring = true;
   return q;
 }
 

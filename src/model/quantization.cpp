@@ -2,6 +2,7 @@
 // naming the field, so a checkpoint never runs with scales read the wrong way.
 #include "model/quantization.hpp"
 
+#include <algorithm>
 #include <regex>
 
 #include "deepfuse/error.hpp"
@@ -136,6 +137,9 @@ WeightQuantization parse_fp8(const Section& config) {
   }
   for (const char* key : {"modules_to_not_convert", "ignored_layers"})
     for (const std::string& module : config.strings(key)) q.ignore.push_back(module);
+  // transformers' FP8 quantizer never converts the output embedding, so these checkpoints keep
+  // lm_head 16-bit without listing it (Qwen's and DeepSeek's FP8 releases list nothing).
+  if (std::find(q.ignore.begin(), q.ignore.end(), "lm_head") == q.ignore.end()) q.ignore.push_back("lm_head");
   return q;
 }
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <random>
 
@@ -169,6 +170,13 @@ TEST(QuantizationConfig, CompressedTensorsAndBlockFp8Parse) {
   EXPECT_TRUE(quantizes_module(regex, "model.layers.0.mlp.up_proj"));
   // fp8 without a block size: per-tensor weight_scale (AutoFP8's checkpoints).
   EXPECT_EQ(parse_with(R"({"quant_method": "fp8"})").quantization.scale_scope, ScaleScope::tensor);
+  // Qwen's and DeepSeek's FP8 releases list no modules: lm_head stays 16-bit all the same.
+  const WeightQuantization released = parse_with(R"({"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                                     "weight_block_size": [128, 128]})")
+                                          .quantization;
+  EXPECT_EQ(released.format, WeightFormat::fp8_e4m3_block128);
+  EXPECT_FALSE(quantizes_module(released, "lm_head"));
+  EXPECT_TRUE(quantizes_module(released, "model.layers.0.self_attn.q_proj"));
 }
 
 TEST(QuantizationConfig, EverythingElseIsRefusedNamingTheField) {
@@ -356,6 +364,119 @@ TEST(Fp8Checkpoint, MakeModelWritesCompressedTensorsFp8) {
     differ += q[i] != w[i];
   }
   EXPECT_GT(differ, q.size() / 2);  // it really is 8-bit
+}
+
+// make-model --dtype fp8-block128: a checkpoint as Qwen's and DeepSeek's FP8 releases are (their
+// quantization_config exactly, F8_E4M3 weights, F32 weight_scale_inv per 128x128 block, lm_head
+// 16-bit), whose every projection is the 16-bit checkpoint of that seed rounded through e4m3 with
+// each block's absmax / 448 as its scale; the reference backend runs it.
+TEST(Fp8Checkpoint, MakeModelWritesBlockFp8AsHuggingFaceReleasesDo) {
+  ModelConfig config = testing::block_friendly_config();
+  config.num_hidden_layers = 2;
+  MakeModelOptions options;
+  options.dtype = SafetensorsDType::F32;  // the twin's numbers exactly as drawn
+  options.seed = 12;
+  options.shards = 3;
+  testing::ScratchDir f32_dir, fp8_dir;
+  write_random_checkpoint(config, f32_dir.path(), options);
+  config.quantization = fp8_checkpoint_quantization(WeightFormat::fp8_e4m3_block128);
+  write_random_checkpoint(config, fp8_dir.path(), options);
+  std::ifstream config_file(fp8_dir.path() / "config.json");
+  EXPECT_EQ(nlohmann::json::parse(config_file)["quantization_config"],
+            nlohmann::json::parse(R"({"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                      "weight_block_size": [128, 128]})"));
+  const ModelConfig loaded = load_model_config(fp8_dir.path());
+  ASSERT_EQ(loaded.quantization.format, WeightFormat::fp8_e4m3_block128);
+  const Checkpoint checkpoint(fp8_dir.path());
+  EXPECT_EQ(checkpoint.find("lm_head.weight")->info->dtype, SafetensorsDType::F32);
+  EXPECT_EQ(checkpoint.find("lm_head.weight_scale_inv"), nullptr);
+  const reference::DecoderWeights fp8 = load_reference_weights(checkpoint, loaded);
+  const reference::DecoderWeights f32 = load_reference_weights(Checkpoint(f32_dir.path()), load_model_config(f32_dir.path()));
+  EXPECT_EQ(fp8.model[TensorRole::lm_head], f32.model[TensorRole::lm_head]);
+  int projections = 0;
+  for (const ExpectedTensor& tensor : expected_tensors(loaded)) {
+    if (stored_weight_format(loaded, tensor) == WeightFormat::bf16) continue;
+    ++projections;
+    const Checkpoint::Entry& weight = *checkpoint.find(tensor.name);
+    const Checkpoint::Entry& scale = *checkpoint.find(tensor.name + "_scale_inv");
+    const int64_t rows = tensor.shape[0], columns = tensor.shape[1];
+    EXPECT_EQ(weight.info->dtype, SafetensorsDType::F8_E4M3) << tensor.name;
+    EXPECT_EQ(scale.info->dtype, SafetensorsDType::F32) << tensor.name;
+    ASSERT_EQ(scale.info->shape, (std::vector<int64_t>{rows / 128, columns / 128})) << tensor.name;
+    const std::vector<float> scales = to_float32(checkpoint.data(scale), SafetensorsDType::F32);
+    const std::vector<float>& w = f32.layers[tensor.layer][tensor.spec->role];
+    const std::vector<float>& q = fp8.layers[tensor.layer][tensor.spec->role];
+    ASSERT_EQ(q.size(), w.size());
+    std::vector<float> absmax(scales.size(), 0.0f);
+    for (int64_t o = 0; o < rows; ++o)
+      for (int64_t i = 0; i < columns; ++i) {
+        float& m = absmax[(o / 128) * (columns / 128) + i / 128];
+        m = std::max(m, std::fabs(w[o * columns + i]));
+      }
+    for (size_t b = 0; b < scales.size(); ++b) ASSERT_EQ(scales[b], absmax[b] / kFloat8E4m3Max) << tensor.name << " block " << b;
+    size_t differ = 0;
+    for (int64_t o = 0; o < rows; ++o)
+      for (int64_t i = 0; i < columns; ++i) {
+        const size_t k = static_cast<size_t>(o * columns + i);
+        const float s = scales[(o / 128) * (columns / 128) + i / 128];
+        ASSERT_EQ(q[k], float8_e4m3_to_float(float_to_float8_e4m3(w[k] / s)) * s) << tensor.name << " " << o << ", " << i;
+        differ += q[k] != w[k];
+      }
+    EXPECT_GT(differ, q.size() / 2) << tensor.name;  // it really is 8-bit
+  }
+  EXPECT_EQ(projections, 7 * config.num_hidden_layers);
+  const reference::Decoder decoder(loaded, fp8);
+  reference::KvCache cache = decoder.new_cache();
+  const std::vector<int32_t> ids = {1, 7, 3, 39, 12};
+  const std::vector<float> logits = decoder.forward(ids, cache);
+  float spread = 0;
+  for (float v : logits) {
+    ASSERT_TRUE(std::isfinite(v));
+    spread = std::max(spread, std::fabs(v));
+  }
+  EXPECT_GT(spread, 0.0f);
+}
+
+// A block format needs whole blocks: the first projection that is not is named, nothing written.
+TEST(Fp8Checkpoint, MakeModelRefusesProjectionsThatAreNotWholeBlocks) {
+  ModelConfig config = model_preset("tiny");  // hidden 64
+  config.quantization = fp8_checkpoint_quantization(WeightFormat::fp8_e4m3_block128);
+  testing::ScratchDir dir;
+  expect_error([&] { write_random_checkpoint(config, dir.path() / "out", {}); },
+               {"make-model", "model.layers.0.self_attn.q_proj.weight", "[64, 64]", "128x128", "multiples of 128"});
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "out"));
+  config = testing::block_friendly_config();
+  config.num_key_value_heads = 1;  // k and v: 64 rows
+  config.quantization = fp8_checkpoint_quantization(WeightFormat::fp8_e4m3_block128);
+  expect_error([&] { write_random_checkpoint(config, dir.path() / "out", {}); },
+               {"model.layers.0.self_attn.k_proj.weight", "[64, 256]"});
+  expect_error([&] { fp8_checkpoint_quantization(WeightFormat::bf16); }, {"bf16"});
+}
+
+// Bad block FP8 input: one line naming the tensor (the CLI exits 2 on it).
+TEST(Fp8Checkpoint, BadBlockInputIsOneLineNamingTheTensor) {
+  const ModelConfig config = testing::block_friendly_config();
+  const std::string gate = "model.layers.0.mlp.gate_proj.weight", scale = gate + "_scale_inv";
+  const std::string json = config_json_with(config, kBlockFp8);
+  const Fp8Pair good = draw_fp8_pair(config, ScaleScope::block, "weight_scale_inv", 8);
+  testing::ScratchDir dir;
+  auto refused = [&](auto change, std::initializer_list<std::string> parts) {
+    std::vector<RawTensor> tensors = good.fp8;
+    change(tensors);
+    write_raw_checkpoint(dir.path(), json, tensors);
+    expect_error([&] { load_reference_weights(Checkpoint(dir.path()), load_model_config(dir.path())); }, parts);
+  };
+  refused([&](auto& t) { t.erase(std::find_if(t.begin(), t.end(), [&](const RawTensor& r) { return r.name == scale; })); },
+          {"missing tensor '" + scale + "'", gate});
+  // [I / 128, H / 128] = [4, 2]; the transposed [2, 4] holds as many scales.
+  refused([&](auto& t) { find(t, scale).shape = {2, 4}; }, {"tensor '" + scale + "'", "shape [2, 4]", "[4, 2]"});
+  refused([&](auto& t) { find(t, scale).shape = {4, 1}; find(t, scale).bytes.resize(16); },
+          {"tensor '" + scale + "'", "shape [4, 1]", "[4, 2]"});
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+    refused([&](auto& t) { std::memcpy(find(t, scale).bytes.data() + 4 * 5, &bad, 4); },
+            {"tensor '" + scale + "'", "non-finite scale", "element 5"});
+  }
+  refused([&](auto& t) { find(t, gate).dtype = "F8_E5M2"; }, {"tensor '" + gate + "'", "F8_E5M2"});
 }
 
 // The decode plan's weight format: the blocks' quantized format wherever one loads FP8.

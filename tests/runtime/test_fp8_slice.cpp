@@ -122,6 +122,18 @@ TEST(StoredFp8, BlocksARankWouldCutAreRefused) {
                         {"k_proj", "128x128", "--tp 2"});
 }
 
+// 128x128 blocks split over two ranks where every slice is whole blocks (4 kv heads of 64: 128
+// k and v rows a rank; o_proj's and down's column slices 128 and 256 wide), in a checkpoint as
+// make-model --dtype fp8-block128 writes it.
+TEST(StoredFp8, WholeBlocksSplitOverTwoRanks) {
+  ModelConfig config = testing::block_friendly_config();
+  config.num_key_value_heads = 4;
+  config.quantization = fp8_checkpoint_quantization(WeightFormat::fp8_e4m3_block128);
+  testing::ScratchDir dir;
+  write_random_checkpoint(config, dir.path(), {.seed = 6});
+  EXPECT_EQ(expect_slices_match_reference(dir.path(), 2, {}), 2 * 7);
+}
+
 class QuantizedAtLoad : public ::testing::TestWithParam<SafetensorsDType> {};
 
 // --quantize fp8: the bytes and scales are the reference quantizer's, one absmax scale per whole
