@@ -49,9 +49,10 @@ std::vector<float> to_float32(std::span<const std::byte> data, SafetensorsDType 
 WeightFormat loaded_weight_format(const ModelConfig& config, const ExpectedTensor& tensor,
                                   const WeightLoadOptions& options);
 
-// Throws deepfuse::Error for a --quantize the checkpoint cannot take: a format other than fp8
-// (fp8_e4m3, per-channel scales), a checkpoint already quantized, --quantize-lm-head on a tied
-// lm_head (the 16-bit embedding). Both backends check it before loading.
+// Throws deepfuse::Error for a --quantize the checkpoint cannot take: a checkpoint already
+// quantized, --quantize-lm-head on a tied lm_head (the 16-bit embedding), fp8_e4m3_block128 on a
+// weight that is not whole 128x128 blocks (naming it). fp8_e4m3 gets one absmax scale per output
+// row, fp8_e4m3_block128 one per block (round_through_fp8). Both backends check it before loading.
 void check_weight_load_options(const ModelConfig& config, const WeightLoadOptions& options);
 
 // The format the decoder blocks' linear weights load in: the first non-bf16 one (the checkpoint's

@@ -44,7 +44,8 @@ void register_bench_decode(CLI::App& bench, Action& action) {
       ->delimiter(',');
   decode->add_option("--weights", args->weights,
                      "linear weight formats, each arch once per format: bf16, fp8 (per-channel FP8 e4m3 of the same "
-                     "random weights; lm_head stays bf16) (default bf16)")
+                     "random weights; lm_head stays bf16), fp8-block128 (the same with a scale per 128x128 block) "
+                     "(default bf16)")
       ->delimiter(',');
   decode->add_option("--batches", o.batches, "sequences decoded together (default 1,8,32)")->delimiter(',');
   decode->add_option("--contexts", o.contexts, "tokens in each sequence's KV cache (default 512,8192,32768)")

@@ -107,10 +107,11 @@ WeightLoadOptions weight_load_options(const EngineArgs& args) {
 
 WeightFormat parse_weights_flag(const std::string& value) {
   if (value == "fp8") return WeightFormat::fp8_e4m3;
+  if (value == "fp8-block128") return WeightFormat::fp8_e4m3_block128;
   try {
     return parse_weight_format(value);
   } catch (const Error&) {
-    throw Error("--weights '" + value + "': unknown (bf16, fp8)");
+    throw Error("--weights '" + value + "': unknown (bf16, fp8, fp8-block128)");
   }
 }
 

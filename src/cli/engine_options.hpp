@@ -52,8 +52,10 @@ std::string cuda_unsupported_reason(const ModelConfig& config, const EngineArgs&
 // naming the flag for an unknown format or --quantize-lm-head alone.
 WeightLoadOptions weight_load_options(const EngineArgs& args);
 
-// A --weights value: "bf16", "fp8" (fp8_e4m3: per-channel FP8, what --quantize fp8 makes) or a
-// format's full name. Throws deepfuse::Error naming the flag and the known values.
+// A --weights value: "bf16", "fp8" (fp8_e4m3: per-channel FP8, what --quantize fp8 makes),
+// "fp8-block128" (fp8_e4m3_block128: a scale per 128x128 block, as make-model --dtype
+// fp8-block128 writes) or a format's full name. Throws deepfuse::Error naming the flag and the
+// known values.
 WeightFormat parse_weights_flag(const std::string& value);
 
 // Throws deepfuse::Error unless `backend` runs --quantize (the CUDA backend only where its

@@ -126,8 +126,8 @@ void register_tune(CLI::App& app, Action& action) {
   command->add_flag("--random-weights", args->random_weights, "random weights of --arch's shape, made on the GPU");
   command->add_option("--arch", args->arch, "the architecture preset for --random-weights");
   command->add_option("--weights", args->weights,
-                      "with --random-weights: the linear weights' format, bf16 (default) or fp8 (per-channel FP8 "
-                      "e4m3; plans are cached per format)");
+                      "with --random-weights: the linear weights' format, bf16 (default), fp8 (per-channel FP8 "
+                      "e4m3) or fp8-block128 (a scale per 128x128 block); plans are cached per format");
   add_engine_options(*command, args->engine);
   command->add_option("--context", args->context, "keys in each timed sequence's cache (default 1024)")
       ->check(CLI::PositiveNumber);

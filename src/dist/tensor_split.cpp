@@ -31,6 +31,11 @@ Range rank_range(Extent extent, const ModelConfig& c, const RankShard& s) {
   throw Error("internal: the model table splits an axis that is never split");
 }
 
+// Whether the rectangle `w` starts and ends on the edges of `side` x `side` blocks.
+bool whole_blocks(const TensorSlice& w, size_t side) {
+  return w.row_begin % side == 0 && w.rows % side == 0 && w.column_begin % side == 0 && w.columns % side == 0;
+}
+
 }  // namespace
 
 TensorSlice slice_of(const TensorSpec& spec, const ModelConfig& model, const RankShard& shard) {
@@ -48,22 +53,30 @@ TensorSlice slice_of(const TensorSpec& spec, const ModelConfig& model, const Ran
   return slice;
 }
 
-TensorSlice scale_slice_of(const TensorSpec& spec, WeightFormat format, const ModelConfig& model,
-                           const RankShard& shard) {
-  const TensorSlice weight = slice_of(spec, model, shard);
-  const size_t rows = static_cast<size_t>(extent_size(spec.rows, model));
-  const ScaleShape whole = scale_shape(format, rows, weight.row_length);
+TensorSlice scale_slice_of(const TensorSlice& weight, WeightFormat format) {
+  const ScaleShape whole = scale_shape(format, weight.tensor_rows, weight.row_length);
   switch (format_info(format).scales) {
     case ScaleGranularity::none: return {};
-    case ScaleGranularity::channel: return {weight.row_begin, weight.rows, 0, 1, 1};
+    case ScaleGranularity::channel: return {weight.row_begin, weight.rows, 0, 1, 1, whole.rows};
     case ScaleGranularity::block: break;
   }
   const size_t side = static_cast<size_t>(format_info(format).scale_block);
-  DF_CHECK(weight.row_begin % side == 0 && weight.rows % side == 0 && weight.column_begin % side == 0 &&
-               weight.columns % side == 0,
+  DF_CHECK(whole_blocks(weight, side),
+           "a weight slice of " + std::to_string(weight.rows) + "x" + std::to_string(weight.columns) + " at (" +
+               std::to_string(weight.row_begin) + ", " + std::to_string(weight.column_begin) + ") is not whole " +
+               str(static_cast<int>(side)) + "x" + str(static_cast<int>(side)) + " scale blocks");
+  return {weight.row_begin / side, weight.rows / side, weight.column_begin / side, weight.columns / side, whole.columns,
+          whole.rows};
+}
+
+TensorSlice scale_slice_of(const TensorSpec& spec, WeightFormat format, const ModelConfig& model,
+                           const RankShard& shard) {
+  const TensorSlice weight = slice_of(spec, model, shard);
+  const size_t side = static_cast<size_t>(std::max(format_info(format).scale_block, 1));
+  DF_CHECK(whole_blocks(weight, side),
            std::string(spec.name) + ": rank " + str(shard.rank) + "'s slice is not whole " + str(static_cast<int>(side)) +
                "x" + str(static_cast<int>(side)) + " scale blocks (--tp " + str(shard.ranks) + ")");
-  return {weight.row_begin / side, weight.rows / side, weight.column_begin / side, weight.columns / side, whole.columns};
+  return scale_slice_of(weight, format);
 }
 
 std::string why_not_splittable(const ModelConfig& c, int ranks) {

@@ -62,6 +62,9 @@ TensorSlice slice_of(const TensorSpec& spec, const ModelConfig& model, const Ran
 // deepfuse::Error naming the tensor when the slice is not whole blocks; empty for bf16.
 TensorSlice scale_slice_of(const TensorSpec& spec, WeightFormat format, const ModelConfig& model,
                            const RankShard& shard);
+// The same for any rectangle `weight` of a tensor (its tensor_rows and row_length the whole
+// tensor's); throws deepfuse::Error when it is not whole blocks.
+TensorSlice scale_slice_of(const TensorSlice& weight, WeightFormat format);
 
 // The model one rank runs: its heads, key/value heads and intermediate size (vocabulary, hidden
 // size and everything else as the whole model's).

@@ -130,6 +130,42 @@ float quantize_row_fp8(std::span<const float> row, std::span<uint8_t> out) {
   return scale;
 }
 
+std::vector<float> quantize_blocks_fp8(std::span<const float> weight, int64_t rows, int64_t columns, int side,
+                                       std::span<uint8_t> out) {
+  DF_CHECK(side > 0 && rows % side == 0 && columns % side == 0,
+           "internal: a " + std::to_string(rows) + "x" + std::to_string(columns) + " weight is not whole " +
+               std::to_string(side) + "-wide blocks");
+  const int64_t block_columns = columns / side;
+  std::vector<float> scales(static_cast<size_t>(rows / side * block_columns), 0.0f);
+  for (int64_t o = 0; o < rows; ++o)
+    for (int64_t i = 0; i < columns; ++i) {
+      float& absmax = scales[static_cast<size_t>(o / side * block_columns + i / side)];
+      absmax = std::max(absmax, std::fabs(weight[static_cast<size_t>(o * columns + i)]));
+    }
+  for (float& s : scales) s = s > 0.0f ? s / kFloat8E4m3Max : 1.0f;
+  for (int64_t o = 0; o < rows; ++o)
+    for (int64_t i = 0; i < columns; ++i) {
+      const size_t k = static_cast<size_t>(o * columns + i);
+      out[k] = float_to_float8_e4m3(weight[k] / scales[static_cast<size_t>(o / side * block_columns + i / side)]);
+    }
+  return scales;
+}
+
+void round_through_fp8(std::span<float> weight, int64_t rows, int64_t columns, WeightFormat format) {
+  const int side = format_info(format).scale_block;
+  if (side == 0) {
+    quantize_rows_fp8(weight, rows, columns);
+    return;
+  }
+  std::vector<uint8_t> bytes(weight.size());
+  const std::vector<float> scales = quantize_blocks_fp8(weight, rows, columns, side, bytes);
+  for (int64_t o = 0; o < rows; ++o)
+    for (int64_t i = 0; i < columns; ++i) {
+      const size_t k = static_cast<size_t>(o * columns + i);
+      weight[k] = float8_e4m3_to_float(bytes[k]) * scales[static_cast<size_t>(o / side * (columns / side) + i / side)];
+    }
+}
+
 void quantize_rows_fp8(std::span<float> weight, int64_t rows, int64_t columns) {
   std::vector<uint8_t> bytes(static_cast<size_t>(columns));
   for (int64_t o = 0; o < rows; ++o) {

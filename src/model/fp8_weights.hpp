@@ -46,4 +46,14 @@ float quantize_row_fp8(std::span<const float> row, std::span<uint8_t> out);
 // (absmax / 448; an all-zero row keeps scale 1), in place: what the weight would be stored as.
 void quantize_rows_fp8(std::span<float> weight, int64_t rows, int64_t columns);
 
+// A [rows, columns] weight through FP8 e4m3 with one absmax scale per `side` x `side` block (per
+// block what quantize_row_fp8 does per row; side divides both): writes the e4m3 bytes to `out`
+// and returns the scales, row-major [rows / side, columns / side].
+std::vector<float> quantize_blocks_fp8(std::span<const float> weight, int64_t rows, int64_t columns, int side,
+                                       std::span<uint8_t> out);
+
+// Rounds a [rows, columns] fp32 weight through `format` (an FP8 one) in place, with its scales
+// (per row, or per block): what --quantize makes of it.
+void round_through_fp8(std::span<float> weight, int64_t rows, int64_t columns, WeightFormat format);
+
 }  // namespace deepfuse

@@ -105,12 +105,19 @@ void check_weight_load_options(const ModelConfig& config, const WeightLoadOption
     DF_CHECK(!options.quantize_lm_head, "--quantize-lm-head needs --quantize fp8");
     return;
   }
-  DF_CHECK(options.quantize == WeightFormat::fp8_e4m3, std::string("--quantize ") + weight_format_name(options.quantize) +
-                                                           ": only fp8 (fp8_e4m3, per-channel scales) is made at load");
   DF_CHECK(!config.quantization.quantized(), std::string("--quantize fp8: the checkpoint is already quantized (") +
                                                  quantization_method_name(config.quantization.method) + ")");
   DF_CHECK(!options.quantize_lm_head || !config.tie_word_embeddings,
            "--quantize-lm-head: this model ties its lm_head to the embedding, which stays 16-bit");
+  // Block scales need whole blocks (as a stored block checkpoint does).
+  const int side = format_info(options.quantize).scale_block;
+  if (side == 0) return;
+  for (const ExpectedTensor& tensor : expected_tensors(config))
+    DF_CHECK(loaded_weight_format(config, tensor, options) == WeightFormat::bf16 ||
+                 (tensor.shape[0] % side == 0 && tensor.shape[1] % side == 0),
+             std::string("--quantize ") + weight_format_name(options.quantize) + ": " + tensor.name + " is " +
+                 shape_text(tensor.shape) + ", not whole " + std::to_string(side) + "x" + std::to_string(side) +
+                 " blocks");
 }
 
 WeightFormat block_weight_format(const ModelConfig& config, const WeightLoadOptions& options) {
@@ -138,8 +145,8 @@ reference::DecoderWeights load_reference_weights(const Checkpoint& checkpoint, c
       continue;
     }
     values = to_float32(checkpoint.data(*entry), entry->info->dtype);
-    if (loaded_weight_format(config, tensor, options) != WeightFormat::bf16)
-      quantize_rows_fp8(values, tensor.shape[0], tensor.shape[1]);
+    if (const WeightFormat made = loaded_weight_format(config, tensor, options); made != WeightFormat::bf16)
+      round_through_fp8(values, tensor.shape[0], tensor.shape[1], made);
   }
   return weights;
 }

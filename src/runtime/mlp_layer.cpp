@@ -233,8 +233,11 @@ void MlpLayer::Impl::load_fp8(const MlpHfWeights& w, cudaStream_t stream) {
   for (const LinearWeight* l : {&w.gate, &w.up, &w.down})
     DF_CHECK(!l->empty() && l->scales && !l->tensor_scale && l->layout == WeightLayout::row_major,
              "MlpLayer::load_weights: FP8 weights need row-major bytes and per-row or per-block scales");
-  const std::string unsupported = kernels::gemv_residual_unsupported(1, 2 * I, H, format);
-  DF_CHECK(unsupported.empty(), "the FP8 MLP's GEMV " + unsupported);
+  // gate's [I, H] (its blocks, then up's, make gate_up's scales) and down's [H, I].
+  for (const auto& [rows, inner] : {std::pair{I, H}, std::pair{H, I}}) {
+    const std::string unsupported = kernels::gemv_residual_unsupported(1, rows, inner, format);
+    DF_CHECK(unsupported.empty(), "the FP8 MLP's GEMV " + unsupported);
+  }
   const size_t elements = static_cast<size_t>(H) * I;
   auto bytes_of_scales = [&](int rows, int columns) {
     const ScaleShape shape = scale_shape(format, rows, columns);

@@ -204,18 +204,22 @@ class RandomSource final : public TensorSource {
                      target.data->as<std::byte>() + bf16_bytes(target.offset));
       return;
     }
-    DF_CHECK(target.format == WeightFormat::fp8_e4m3, std::string("random weights are drawn in bf16 or fp8_e4m3, not ") +
-                                                          weight_format_name(target.format));
-    // One scale per whole row (the slice of a column-split weight keeps its rows' scales).
+    // One scale per whole row, or per 128x128 block of the whole tensor: a slice keeps the scales
+    // of its rows (a column slice) or of the blocks it covers.
+    const dist::TensorSlice scale_slice = dist::scale_slice_of(slice, target.format);
+    const int side = format_info(target.format).scale_block;
+    const auto rows = static_cast<int>(slice.tensor_rows), columns = static_cast<int>(slice.row_length);
     reserve(whole_fp8_, elements);
-    reserve(whole_scales_, slice.tensor_rows * sizeof(float));
-    DF_CHECK_CUDA(kernels::quantize_rows_fp8(whole_.as<__nv_bfloat16>(), whole_fp8_.as<uint8_t>(),
-                                             whole_scales_.as<float>(), static_cast<int>(slice.tensor_rows),
-                                             static_cast<int>(slice.row_length), stream_));
+    reserve(whole_scales_, scale_slice.tensor_rows * scale_slice.row_length * sizeof(float));
+    if (side > 0)
+      DF_CHECK_CUDA(kernels::quantize_blocks_fp8(whole_.as<__nv_bfloat16>(), whole_fp8_.as<uint8_t>(),
+                                                 whole_scales_.as<float>(), rows, columns, side, stream_));
+    else
+      DF_CHECK_CUDA(kernels::quantize_rows_fp8(whole_.as<__nv_bfloat16>(), whole_fp8_.as<uint8_t>(),
+                                               whole_scales_.as<float>(), rows, columns, stream_));
     copy_rectangle(whole_fp8_.as<std::byte>(), 1, slice, target.data->as<std::byte>() + target.offset);
-    DF_CHECK_CUDA(cudaMemcpyAsync(target.scales->as<float>() + target.scale_offset,
-                                  whole_scales_.as<float>() + slice.row_begin, slice.rows * sizeof(float),
-                                  cudaMemcpyDeviceToDevice, stream_));
+    copy_rectangle(whole_scales_.as<std::byte>(), sizeof(float), scale_slice,
+                   target.scales->as<std::byte>() + target.scale_offset * sizeof(float));
   }
   void finish() override { DF_CHECK_CUDA(cudaStreamSynchronize(stream_)); }
   ~RandomSource() override { cudaStreamSynchronize(stream_); }

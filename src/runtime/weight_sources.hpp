@@ -48,9 +48,10 @@ std::unique_ptr<TensorSource> checkpoint_source(const Checkpoint& checkpoint, co
 
 // Uniform random values by the table's TensorInit: embedding ±1, norms exactly 1, biases ±0.1,
 // linear weights at std 1/sqrt(fan_in). Each tensor is drawn whole from its own stream of numbers
-// and then sliced, so tensor-parallel ranks and one GPU of one seed hold the same model. An
-// fp8_e4m3 target gets the same bf16 numbers quantized per output row (kernels::quantize_rows_fp8,
-// the host quantizer's bits), so bf16 and FP8 weights of one seed are one model up to FP8 rounding.
+// and then sliced, so tensor-parallel ranks and one GPU of one seed hold the same model. An FP8
+// target gets the same bf16 numbers quantized per output row (fp8_e4m3, kernels::quantize_rows_fp8)
+// or per 128x128 block of the whole tensor (fp8_e4m3_block128, kernels::quantize_blocks_fp8), the
+// host quantizer's bits, so bf16 and FP8 weights of one seed are one model up to FP8 rounding.
 std::unique_ptr<TensorSource> random_source(const ModelConfig& model, uint64_t seed, cudaStream_t stream);
 
 }  // namespace deepfuse::runtime

@@ -135,6 +135,47 @@ TEST(Float8, QuantizeRowsKeepsEachRowsAbsmaxExactly) {
   }
 }
 
+// Per block what quantize_rows_fp8 does per row: each block's absmax / 448 is its scale (1 for an
+// all-zero block), its absmax element exact, every element within half an e4m3 step.
+TEST(Float8, QuantizeBlocksKeepsEachBlocksAbsmaxExactly) {
+  constexpr int64_t kRows = 256, kColumns = 384, kSide = 128;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> w(kRows * kColumns);
+  for (int64_t o = 0; o < kRows; ++o)
+    for (int64_t i = 0; i < kColumns; ++i)  // a different magnitude per block
+      w[o * kColumns + i] = normal(rng) * std::ldexp(1.0f, static_cast<int>(o / kSide * 3 + i / kSide) - 8);
+  for (int64_t o = 128; o < 256; ++o)
+    for (int64_t i = 256; i < 384; ++i) w[o * kColumns + i] = 0.0f;  // block (1, 2): all zero
+  std::vector<uint8_t> bytes(w.size(), 0x7f);
+  const std::vector<float> scales = quantize_blocks_fp8(w, kRows, kColumns, kSide, bytes);
+  ASSERT_EQ(scales.size(), 6u);
+  std::vector<float> rounded = w;
+  round_through_fp8(rounded, kRows, kColumns, WeightFormat::fp8_e4m3_block128);
+  for (int b = 0; b < 6; ++b) {
+    const int64_t row0 = b / 3 * kSide, column0 = b % 3 * kSide;
+    float absmax = 0;
+    for (int64_t o = row0; o < row0 + kSide; ++o)
+      for (int64_t i = column0; i < column0 + kSide; ++i) absmax = std::max(absmax, std::fabs(w[o * kColumns + i]));
+    EXPECT_EQ(scales[b], absmax > 0 ? absmax / kFloat8E4m3Max : 1.0f) << "block " << b;
+    for (int64_t o = row0; o < row0 + kSide; ++o)
+      for (int64_t i = column0; i < column0 + kSide; ++i) {
+        const size_t k = static_cast<size_t>(o * kColumns + i);
+        const float q = float8_e4m3_to_float(bytes[k]) * scales[b];
+        ASSERT_EQ(rounded[k], q) << o << ", " << i;
+        if (std::fabs(w[k]) == absmax) ASSERT_EQ(q, w[k]) << o << ", " << i;
+        ASSERT_LE(std::fabs(q - w[k]), std::max(std::fabs(w[k]) / 16, absmax / 448 * std::ldexp(1.0f, -10)) * 1.0001f)
+            << o << ", " << i;
+      }
+  }
+  // Per-channel formats round by rows.
+  std::vector<float> by_rows = w, expected = w;
+  round_through_fp8(by_rows, kRows, kColumns, WeightFormat::fp8_e4m3);
+  quantize_rows_fp8(expected, kRows, kColumns);
+  EXPECT_EQ(by_rows, expected);
+  expect_error([&] { quantize_blocks_fp8(w, kRows, kColumns - 1, kSide, bytes); }, {"not whole"});
+}
+
 // --- quantization_config --------------------------------------------------------------------
 
 ModelConfig parse_with(const std::string& quantization_config) {
@@ -319,6 +360,14 @@ TEST(Fp8Checkpoint, QuantizeAtLoadRoundsTheProjectionsOnly) {
   EXPECT_EQ(quantized.layers[0][TensorRole::input_norm], original.layers[0][TensorRole::input_norm]);
   EXPECT_EQ(quantized.model[TensorRole::lm_head], original.model[TensorRole::lm_head]);  // kept 16-bit
   EXPECT_EQ(quantized.model[TensorRole::embed_tokens], original.model[TensorRole::embed_tokens]);
+  // Blocks: each 128x128 block's absmax sets its scale.
+  const reference::DecoderWeights blocks =
+      load_reference_weights(checkpoint, config, {.quantize = WeightFormat::fp8_e4m3_block128});
+  expected = original.layers[0][TensorRole::gate_proj];
+  round_through_fp8(expected, config.intermediate_size, config.hidden_size, WeightFormat::fp8_e4m3_block128);
+  EXPECT_EQ(blocks.layers[0][TensorRole::gate_proj], expected);
+  EXPECT_NE(blocks.layers[0][TensorRole::gate_proj], quantized.layers[0][TensorRole::gate_proj]);
+  EXPECT_EQ(blocks.model[TensorRole::lm_head], original.model[TensorRole::lm_head]);
   fp8.quantize_lm_head = true;
   EXPECT_NE(load_reference_weights(checkpoint, config, fp8).model[TensorRole::lm_head],
             original.model[TensorRole::lm_head]);
@@ -487,8 +536,15 @@ TEST(Fp8Checkpoint, BlockWeightFormatAndLoadOptions) {
   EXPECT_EQ(block_weight_format(config, fp8), WeightFormat::fp8_e4m3);
   EXPECT_NO_THROW(check_weight_load_options(config, fp8));
   expect_error([&] { check_weight_load_options(config, {.quantize_lm_head = true}); }, {"--quantize-lm-head", "--quantize fp8"});
-  expect_error([&] { check_weight_load_options(config, {.quantize = WeightFormat::fp8_e4m3_block128}); },
-               {"--quantize fp8_e4m3_block128", "only fp8"});
+  // Blocks need whole blocks: the tiny preset's 64-wide hidden size is not.
+  const WeightLoadOptions blocks{.quantize = WeightFormat::fp8_e4m3_block128};
+  expect_error([&] { check_weight_load_options(config, blocks); },
+               {"--quantize fp8_e4m3_block128", "model.layers.0.self_attn.q_proj.weight", "[64, 64]", "128x128"});
+  EXPECT_NO_THROW(check_weight_load_options(testing::block_friendly_config(), blocks));
+  EXPECT_EQ(block_weight_format(testing::block_friendly_config(), blocks), WeightFormat::fp8_e4m3_block128);
+  expect_error([&] { check_weight_load_options(testing::block_friendly_config(), {.quantize = WeightFormat::fp8_e4m3_block128,
+                                                                                  .quantize_lm_head = true}); },
+               {"lm_head.weight", "[40, 256]", "128x128"});
   config.tie_word_embeddings = true;
   expect_error([&] { check_weight_load_options(config, {.quantize = WeightFormat::fp8_e4m3, .quantize_lm_head = true}); },
                {"--quantize-lm-head", "ties"});

@@ -1,9 +1,13 @@
-// The CUDA engine on FP8 checkpoints (compressed-tensors, per-channel scales, lm_head bf16: what
-// `make-model --dtype fp8` writes) against the CPU reference decoder on the same dequantized
-// weights (issue 51): teacher-forced logits within kMaxLogitsError (the issue's 2e-2) with top-1
-// agreement, and greedy tokens that follow the reference, for every path FP8 weights take: the
-// built-in plan (the fused FP8 MLP at small batches, the FP8 cluster GEMVs), the three-launch MLP,
-// and the widened GEMMs of the unfused front and o_proj.
+// The CUDA engine on FP8 checkpoints against the CPU reference decoder on the same dequantized
+// weights (issue 51), in both formats make-model writes: fp8_e4m3 (compressed-tensors, per-channel
+// scales: `make-model --dtype fp8`) on the engine tests' tiny models, and fp8_e4m3_block128
+// (quant_method fp8, a scale per 128x128 block: `--dtype fp8-block128`) on tiny models whose
+// projections are whole blocks; lm_head bf16 in both. Teacher-forced logits within
+// kMaxLogitsError (the issue's 2e-2) with top-1 agreement, and greedy tokens that follow the
+// reference, for every path FP8 weights take: the built-in plan (the fused FP8 MLP at small
+// batches for per-channel scales, the unfused GEMV MLP for blocks, the FP8 cluster GEMVs), the
+// three-launch MLP, and the widened GEMMs of the unfused front and o_proj. Each format skips until
+// the CUDA backend marks it implemented (weight_format.hpp).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -23,26 +27,58 @@
 namespace deepfuse {
 namespace {
 
-// The engine tests' tiny models (every shape a multiple of 64, I of 32: the FP8 kernels' limits).
-std::vector<testing::TinyModel> fp8_models() { return testing::tiny_models(); }
+struct Fp8Model {
+  std::string name;
+  ModelConfig config;
+  WeightFormat format;
+};
+
+// Whether every projection of `c` is whole blocks of `format` (always, for per-channel scales).
+bool whole_blocks(const ModelConfig& c, WeightFormat format) {
+  const int side = format_info(format).scale_block;
+  if (side == 0) return true;
+  for (int extent : {c.hidden_size, c.intermediate_size, c.q_size(), c.kv_size()})
+    if (extent % side != 0) return false;
+  return true;
+}
+
+// Per channel: the engine tests' tiny models (every shape a multiple of 64, I of 32: the FP8
+// kernels' limits). Blocks: those whose projections are whole 128x128 blocks (GQA 4:2 with
+// head_dim 64, and head_dim 128 with Llama 3 rope scaling), and a Qwen2 with q/k/v biases and tied
+// embeddings at GQA 4:2.
+std::vector<Fp8Model> fp8_models() {
+  std::vector<Fp8Model> models;
+  for (const WeightFormat format : {WeightFormat::fp8_e4m3, WeightFormat::fp8_e4m3_block128})
+    for (const testing::TinyModel& model : testing::tiny_models())
+      if (whole_blocks(model.config, format))
+        models.push_back({std::string(weight_format_name(format)) + "_" + model.name, model.config, format});
+  ModelConfig qwen2 = testing::tiny_config(Architecture::qwen2, 997, 256, 640, 2, 4, 2, 64, 1000000.0);
+  qwen2.qkv_bias = true;
+  qwen2.tie_word_embeddings = true;
+  models.push_back({"fp8_e4m3_block128_qwen2_bias_tied_gqa2", qwen2, WeightFormat::fp8_e4m3_block128});
+  return models;
+}
 
 class EngineFp8VsReference : public ::testing::TestWithParam<int> {};
 
 TEST_P(EngineFp8VsReference, LogitsAndGreedyTokensFollowTheDequantizedReference) {
   DF_REQUIRE_GPU();
-  // The CUDA backend takes FP8 weights once the format is marked implemented (weight_format.hpp),
-  // after this test has passed on a GPU; until then it refuses them in one line.
-  if (!format_info(WeightFormat::fp8_e4m3).implemented) GTEST_SKIP() << "fp8_e4m3 not enabled on the CUDA backend yet";
-  const testing::TinyModel model = fp8_models()[GetParam()];
+  const Fp8Model model = fp8_models()[GetParam()];
+  // The CUDA backend takes a format once it is marked implemented (weight_format.hpp), after this
+  // test has passed on a GPU; until then it refuses it in one line.
+  if (!format_info(model.format).implemented)
+    GTEST_SKIP() << weight_format_name(model.format) << " not enabled on the CUDA backend yet";
+  ASSERT_TRUE(whole_blocks(model.config, model.format)) << model.name;
   testing::ScratchDir scratch;
   ModelConfig config = model.config;
-  config.quantization = fp8_checkpoint_quantization();
+  config.quantization = fp8_checkpoint_quantization(model.format);
   auto rng = testing::make_rng(51 + GetParam());
   MakeModelOptions make;
   make.seed = rng();
   write_random_checkpoint(config, scratch.path(), make);
   const ModelConfig loaded = load_model_config(scratch.path());
-  ASSERT_TRUE(loaded.quantization.quantized());
+  ASSERT_EQ(loaded.quantization.format, model.format);
+  ASSERT_EQ(block_weight_format(loaded, {}), model.format);
   const reference::Decoder reference(loaded, load_reference_weights(Checkpoint(scratch.path()), loaded));
   const int vocab = loaded.vocab_size;
 
@@ -77,7 +113,7 @@ TEST_P(EngineFp8VsReference, LogitsAndGreedyTokensFollowTheDequantizedReference)
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, EngineFp8VsReference, ::testing::Range(0, static_cast<int>(testing::tiny_models().size())),
+INSTANTIATE_TEST_SUITE_P(Models, EngineFp8VsReference, ::testing::Range(0, static_cast<int>(fp8_models().size())),
                          [](const auto& info) { return fp8_models()[info.param].name; });
 
 }  // namespace

@@ -148,6 +148,18 @@ TEST_P(QuantizedAtLoad, EveryRanksSliceIsTheReferenceQuantizersOwn) {
   }
 }
 
+// --quantize in 128x128 blocks: each rank's slice holds the blocks the reference quantizer made of
+// the whole tensor (bands of 128 whole rows), on one GPU and on two (4 kv heads: whole blocks).
+TEST(QuantizedAtLoad, BlocksOfEveryRankAreTheReferenceQuantizersOwn) {
+  ModelConfig config = testing::block_friendly_config();
+  config.num_key_value_heads = 4;
+  testing::ScratchDir dir;
+  write_random_checkpoint(config, dir.path(), {.dtype = SafetensorsDType::BF16, .seed = 10});
+  const WeightLoadOptions options{.quantize = WeightFormat::fp8_e4m3_block128};
+  EXPECT_EQ(expect_slices_match_reference(dir.path(), 1, options), 7);
+  EXPECT_EQ(expect_slices_match_reference(dir.path(), 2, options), 2 * 7);
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, QuantizedAtLoad, ::testing::Values(SafetensorsDType::BF16, SafetensorsDType::F32),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 

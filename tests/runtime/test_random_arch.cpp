@@ -103,6 +103,16 @@ TEST(RandomArch, Fp8WeightBytesAreOneBytePerProjectionElementPlusRowScales) {
   EXPECT_FALSE(runtime::fits_with_kv(c, fp8, expected + staging + reserve - 1, reserve));
 }
 
+// Random weights in 128x128 blocks (bench decode --weights fp8-block128): one fp32 scale per block.
+TEST(RandomArch, BlockFp8WeightBytesCountOneScalePerBlock) {
+  const ModelConfig c = random_arch_config("llama3-8b");
+  const size_t H = 4096, I = 14336, Q = 4096, KV = 1024, V = 128256, layers = 32, B = 128;
+  const size_t elements = H * (Q + 2 * KV) + H * Q + 3 * I * H;
+  const size_t blocks = (Q + 2 * KV) / B * (H / B) + H / B * (Q / B) + 3 * (I / B) * (H / B);
+  const WeightLoadOptions load{.quantize = WeightFormat::fp8_e4m3_block128};
+  EXPECT_EQ(runtime::decode_weight_bytes(c, {}, load), layers * (elements + 4 * blocks + 2 * H * 2) + V * H * 2 + H * 2);
+}
+
 // The MLP's second copy is kept only when it, the weights, their staging and the KV reserve fit.
 TEST(RandomArch, SecondMlpCopyOnlyWhenItFits) {
   const ModelConfig c = random_arch_config("llama3-8b");

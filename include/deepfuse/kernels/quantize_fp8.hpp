@@ -16,4 +16,9 @@ namespace deepfuse::kernels {
 cudaError_t quantize_rows_fp8(const __nv_bfloat16* in, uint8_t* out, float* scales, int rows, int columns,
                               cudaStream_t stream);
 
+// The same with one scale per `side` x `side` block (side divides rows and columns): scales
+// [rows / side, columns / side] row-major, bit for bit the host's quantize_blocks_fp8.
+cudaError_t quantize_blocks_fp8(const __nv_bfloat16* in, uint8_t* out, float* scales, int rows, int columns, int side,
+                                cudaStream_t stream);
+
 }  // namespace deepfuse::kernels

@@ -8,29 +8,52 @@ namespace {
 constexpr int kThreads = 256;
 constexpr float kE4m3Max = 448.0f;
 
+// The largest |x| over what the block's threads saw, in every thread.
+__device__ float block_absmax(float absmax) {
+  for (int offset = 16; offset > 0; offset /= 2) absmax = fmaxf(absmax, __shfl_xor_sync(0xffffffffu, absmax, offset));
+  __shared__ float warp_max[kThreads / 32];
+  __shared__ float result;
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = absmax;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float m = 0.0f;
+    for (int w = 0; w < kThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
+    result = m;
+  }
+  __syncthreads();
+  return result;
+}
+
+// absmax / 448, 1 for all zeros. Divisions are IEEE round-to-nearest (__fdiv_rn), as the host's,
+// whatever the compiler flags.
+__device__ float scale_of(float absmax) { return absmax > 0.0f ? __fdiv_rn(absmax, kE4m3Max) : 1.0f; }
+
+__device__ uint8_t e4m3(__nv_bfloat16 x, float scale) {
+  return __nv_cvt_float_to_fp8(__fdiv_rn(__bfloat162float(x), scale), __NV_SATFINITE, __NV_E4M3);
+}
+
 // One block per row: the row's absmax, then every element divided by the scale and rounded.
-// Divisions are IEEE round-to-nearest (__fdiv_rn), as the host's, whatever the compiler flags.
 __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(const __nv_bfloat16* in, uint8_t* out, float* scales,
                                                                  int columns) {
   const size_t row_start = static_cast<size_t>(blockIdx.x) * columns;
   const __nv_bfloat16* row = in + row_start;
   float absmax = 0.0f;
   for (int i = threadIdx.x; i < columns; i += kThreads) absmax = fmaxf(absmax, fabsf(__bfloat162float(row[i])));
-  for (int offset = 16; offset > 0; offset /= 2) absmax = fmaxf(absmax, __shfl_xor_sync(0xffffffffu, absmax, offset));
-  __shared__ float warp_max[kThreads / 32];
-  __shared__ float row_scale;
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = absmax;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float m = 0.0f;
-    for (int w = 0; w < kThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
-    row_scale = m > 0.0f ? __fdiv_rn(m, kE4m3Max) : 1.0f;
-    scales[blockIdx.x] = row_scale;
-  }
-  __syncthreads();
-  const float scale = row_scale;
-  for (int i = threadIdx.x; i < columns; i += kThreads)
-    out[row_start + i] = __nv_cvt_float_to_fp8(__fdiv_rn(__bfloat162float(row[i]), scale), __NV_SATFINITE, __NV_E4M3);
+  const float scale = scale_of(block_absmax(absmax));
+  if (threadIdx.x == 0) scales[blockIdx.x] = scale;
+  for (int i = threadIdx.x; i < columns; i += kThreads) out[row_start + i] = e4m3(row[i], scale);
+}
+
+// One block per side x side weight block (blockIdx.x its column of blocks, blockIdx.y its row).
+__global__ void __launch_bounds__(kThreads) quantize_blocks_kernel(const __nv_bfloat16* in, uint8_t* out,
+                                                                   float* scales, int columns, int side) {
+  const size_t first = static_cast<size_t>(blockIdx.y) * side * columns + static_cast<size_t>(blockIdx.x) * side;
+  auto at = [&](int e) { return first + static_cast<size_t>(e / side) * columns + e % side; };
+  float absmax = 0.0f;
+  for (int e = threadIdx.x; e < side * side; e += kThreads) absmax = fmaxf(absmax, fabsf(__bfloat162float(in[at(e)])));
+  const float scale = scale_of(block_absmax(absmax));
+  if (threadIdx.x == 0) scales[static_cast<size_t>(blockIdx.y) * gridDim.x + blockIdx.x] = scale;
+  for (int e = threadIdx.x; e < side * side; e += kThreads) out[at(e)] = e4m3(in[at(e)], scale);
 }
 
 }  // namespace
@@ -39,6 +62,15 @@ cudaError_t quantize_rows_fp8(const __nv_bfloat16* in, uint8_t* out, float* scal
                               cudaStream_t stream) {
   if (!in || !out || !scales || rows < 1 || columns < 1) return cudaErrorInvalidValue;
   quantize_rows_kernel<<<rows, kThreads, 0, stream>>>(in, out, scales, columns);
+  return cudaGetLastError();
+}
+
+cudaError_t quantize_blocks_fp8(const __nv_bfloat16* in, uint8_t* out, float* scales, int rows, int columns, int side,
+                                cudaStream_t stream) {
+  if (!in || !out || !scales || side < 1 || rows < side || columns < side || rows % side || columns % side ||
+      rows / side > 65535)
+    return cudaErrorInvalidValue;
+  quantize_blocks_kernel<<<dim3(columns / side, rows / side), kThreads, 0, stream>>>(in, out, scales, columns, side);
   return cudaGetLastError();
 }
 
