@@ -11,6 +11,7 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/common/cluster_gemv.cu
   ${CMAKE_CURRENT_LIST_DIR}/gemv/gemv_residual.cu
   ${CMAKE_CURRENT_LIST_DIR}/mlp/swiglu_elementwise.cu
+  ${CMAKE_CURRENT_LIST_DIR}/mlp/swiglu_batched.cu
   ${CMAKE_CURRENT_LIST_DIR}/mlp/swiglu_fused.cu
   ${CMAKE_CURRENT_LIST_DIR}/mlp/swiglu_fused_packing.cu
   ${CMAKE_CURRENT_LIST_DIR}/qkv/qkv_rope_fused.cu
