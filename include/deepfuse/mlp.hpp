@@ -10,19 +10,22 @@
 //            GEMM whose epilogue adds the residual: 3 launches.
 //   fused    DeepFusion: ONE launch; silu(g)*u lives in shared memory and never reaches HBM.
 //            See docs/kernels/swiglu_fused.md for the design and measured versions.
+//   fused_batched  the same in one launch for batches (1-256 tokens, built for 16-256): every block
+//            holds a whole pass of up to 128 tokens against its weights, silu(g)*u passes through
+//            L2 once (deepfuse/kernels/swiglu_batched.hpp). Reads fused's packed layout.
 // The CPU reference lives in deepfuse/reference.hpp (reference::swiglu_mlp).
 //
 // Weight layouts on the device, made by MlpLayer::load_weights from Hugging Face tensors:
 //   naive    gate [I,H], up [I,H], down [H,I] as given.
 //   unfused  gate_up [2I,H] (gate rows then up rows), down [H,I].
-//   fused    "fragment-packed": every 16x16 bf16 tile stored as the 32 lanes x 16 bytes that an
+//   fused, fused_batched  "fragment-packed": every 16x16 bf16 tile stored as the 32 lanes x 16 bytes that an
 //            mma.m16n8k16 A operand wants, so one coalesced 16-byte load per lane fetches a tile.
 //            gate_up: for each 16-row I tile, for each 16-wide H step: gate tile, then up tile.
 //            down:    for each 16-wide I tile, for each 16-row H tile: the Wd tile.
 //
 // Determinism: naive and unfused are deterministic for a given cuBLASLt algorithm. fused adds its
 // partial sums in fp32 in whatever order they arrive (distributed-shared-memory atomics, then L2
-// bulk reductions, or atomics before sm_90), so results can differ in the last bits between runs
+// bulk reductions, or atomics before sm_90; fused_batched: L2 atomics), so results can differ in the last bits between runs
 // (not bitwise deterministic); the error bound vs the reference is unaffected.
 //
 // RMSNorm folded in (MlpNorm, given to load_weights): every run() works on rms_norm(x) * weight,
@@ -51,7 +54,7 @@
 
 namespace deepfuse {
 
-enum class MlpVariant { naive, unfused, fused };
+enum class MlpVariant { naive, unfused, fused, fused_batched };
 
 const char* mlp_variant_name(MlpVariant variant);
 MlpVariant parse_mlp_variant(const std::string& name);  // throws deepfuse::Error on unknown names

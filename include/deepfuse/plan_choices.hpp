@@ -15,7 +15,7 @@
 namespace deepfuse {
 
 // The SwiGLU MLP.
-enum class MlpChoice { fused, unfused };
+enum class MlpChoice { fused, unfused, fused_batched };
 struct MlpChoiceRow {
   MlpChoice value;
   const char* name;
@@ -30,6 +30,11 @@ struct ChoiceTable<MlpChoice> {
                    MlpVariant::fused, true},
       MlpChoiceRow{MlpChoice::unfused, "unfused", "cuBLASLt GEMMs around silu_and_mul, row-major weights",
                    MlpVariant::unfused, false},
+      // Not in any built-in plan until measured: --plan-override mlp=fused_batched, or a tuned plan.
+      MlpChoiceRow{MlpChoice::fused_batched, "fused_batched",
+                   "the batched fused kernel: one launch for 16-256 tokens, weights once per 128 tokens, silu(g)*u "
+                   "through L2 (its own fragment-packed copy)",
+                   MlpVariant::fused_batched, false},
   };
 };
 

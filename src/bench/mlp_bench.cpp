@@ -18,6 +18,7 @@
 #include "deepfuse/tensor.hpp"
 #include "deepfuse/kernels/fill.hpp"
 #include "deepfuse/kernels/quantize_fp8.hpp"
+#include "deepfuse/kernels/swiglu_batched.hpp"
 
 namespace deepfuse::bench {
 
@@ -110,7 +111,19 @@ int run_gpu(const MlpBenchOptions& options) {
     std::vector<std::pair<std::string, MlpVariant>> configurations;
     for (MlpVariant variant : options.variants) configurations.emplace_back(mlp_variant_name(variant), variant);
     for (const auto& tuning : options.fused_tunings) configurations.emplace_back("fused[" + tuning + "]", MlpVariant::fused);
+    // The batched kernel's limits on this GPU (tokens, shape, format, shared memory per SM).
+    auto batched_unsupported = [&](const MlpShape& s, int tokens) {
+      return kernels::swiglu_batched_unsupported(
+          s.hidden, s.intermediate, tokens,
+          {device.sm_count, device.compute_major >= 9, static_cast<int>(device.shared_memory_per_block_optin)},
+          options.weights);
+    };
     for (const auto& [name, variant] : configurations) {
+      if (variant == MlpVariant::fused_batched && !batched_unsupported(shape, 16).empty()) {
+        std::fprintf(stderr, "  skipping fused_batched at %s: %s\n", shape_name(shape).c_str(),
+                     batched_unsupported(shape, 16).c_str());
+        continue;
+      }
       std::vector<MlpLayer> layers;
       for (int c = 0; c < copies; ++c) {
         layers.emplace_back(variant, shape, max_tokens);
@@ -122,6 +135,8 @@ int run_gpu(const MlpBenchOptions& options) {
         if (variant == MlpVariant::fused && options.weights != WeightFormat::bf16 &&
             tokens > kernels::kSwigluFusedFp8MaxTokens)
           continue;  // beyond the FP8 fused kernel's passes (swiglu_fused.hpp)
+        if (variant == MlpVariant::fused_batched && !batched_unsupported(shape, tokens).empty())
+          continue;  // beyond the batched kernel's limits (swiglu_batched.hpp)
         const __nv_bfloat16* res = options.residual ? residual.as<__nv_bfloat16>() : nullptr;
         auto call = [&](int rep) {
           layers[rep % copies].run(x.as<__nv_bfloat16>(), res, y.as<__nv_bfloat16>(), tokens, stream);

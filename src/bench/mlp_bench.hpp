@@ -1,4 +1,4 @@
-// `deepfuse bench mlp`: naive vs unfused vs fused SwiGLU MLP over shapes and token counts, each
+// `deepfuse bench mlp`: naive vs unfused vs fused vs fused_batched SwiGLU MLP over shapes and token counts, each
 // as a fraction of the copy bandwidth measured in the same run.
 #pragma once
 
@@ -13,7 +13,8 @@ namespace deepfuse::bench {
 struct MlpBenchOptions {
   std::vector<MlpShape> shapes;
   std::vector<int> token_counts;
-  std::vector<MlpVariant> variants{MlpVariant::naive, MlpVariant::unfused, MlpVariant::fused};
+  std::vector<MlpVariant> variants{MlpVariant::naive, MlpVariant::unfused, MlpVariant::fused,
+                                   MlpVariant::fused_batched};
   int repetitions = 50;
   int warmup = 5;
   bool residual = true;

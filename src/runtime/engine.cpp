@@ -156,6 +156,7 @@ void Engine::Impl::make_plan(bool all_layouts) {
       const int m = bucket.batch;
       layouts.mlp_fused |= scheduler::why_unsupported(MlpChoice::fused, shape, m, gpu).empty();
       layouts.mlp_unfused |= scheduler::why_unsupported(MlpChoice::unfused, shape, m, gpu).empty();
+      layouts.mlp_fused_batched |= scheduler::why_unsupported(MlpChoice::fused_batched, shape, m, gpu).empty();
       layouts.front_packed |= scheduler::why_unsupported(FrontChoice::fused, shape, m, gpu).empty();
       layouts.o_proj_packed |=
           scheduler::why_unsupported(OProjChoice::gemv, FrontChoice::fused, shape, m, gpu).empty();
@@ -176,8 +177,10 @@ void Engine::Impl::fit_plan_to_memory() {
   if (!scheduler::why_unsupported(MlpChoice::fused, shape, max_tokens(), gpu).empty()) return;  // the copy is needed
   for (BucketPlan& bucket : plan.buckets) bucket.mlp = MlpChoice::fused;
   plan.prefill_mlp = MlpChoice::fused;
-  plan.source += "; unfused MLP copy dropped (the KV cache of max_batch x max_context comes first)";
+  plan.source += std::string("; ") + (layouts.mlp_fused_batched ? "unfused and batched MLP copies" : "unfused MLP copy") +
+                 " dropped (the KV cache of max_batch x max_context comes first)";
   layouts.mlp_unfused = false;
+  layouts.mlp_fused_batched = false;
 }
 
 kernels::DecodeAttentionPlan Engine::Impl::decode_attention_plan(int batch, const AttentionChoice& choice) const {

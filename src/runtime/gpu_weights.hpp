@@ -60,6 +60,9 @@ struct WeightLayouts {
   // The formats linear weights are made in beyond the checkpoint's own (--quantize): not a
   // layout, but what every layout's bytes depend on with it.
   WeightLoadOptions load{};
+  // The batched fused kernel's fragment-packed MLP: its own copy (the same layout as mlp_fused's,
+  // not yet shared with it), held only where a plan runs it.
+  bool mlp_fused_batched = false;
 
   static WeightLayouts of(const DecodePlan& plan, int max_tokens, const WeightLoadOptions& load = {});
 };
@@ -90,6 +93,7 @@ struct GpuLayerWeights {
                            // scale_shape(format, rows, columns), shared by both layouts
   std::unique_ptr<MlpLayer> mlp_fused;    // WeightLayouts::mlp_fused
   std::unique_ptr<MlpLayer> mlp_unfused;  // WeightLayouts::mlp_unfused
+  std::unique_ptr<MlpLayer> mlp_fused_batched;  // WeightLayouts::mlp_fused_batched
   MlpLayer& mlp(MlpChoice choice) const;  // the layout must be held
 
   // A projection (a group of linear weights: qkv, o_proj) in `layout`, shaped by `config` (the

@@ -10,6 +10,7 @@
 #include "deepfuse/kernels/gemv_packing.hpp"
 #include "deepfuse/kernels/gemv_residual.hpp"
 #include "deepfuse/kernels/swiglu_elementwise.hpp"
+#include "deepfuse/kernels/swiglu_batched.hpp"
 #include "deepfuse/kernels/swiglu_fused.hpp"
 #include "deepfuse/kernels/rms_norm.hpp"
 
@@ -20,14 +21,15 @@ const char* mlp_variant_name(MlpVariant variant) {
     case MlpVariant::naive: return "naive";
     case MlpVariant::unfused: return "unfused";
     case MlpVariant::fused: return "fused";
+    case MlpVariant::fused_batched: return "fused_batched";
   }
   return "?";
 }
 
 MlpVariant parse_mlp_variant(const std::string& name) {
-  for (MlpVariant v : {MlpVariant::naive, MlpVariant::unfused, MlpVariant::fused})
+  for (MlpVariant v : {MlpVariant::naive, MlpVariant::unfused, MlpVariant::fused, MlpVariant::fused_batched})
     if (name == mlp_variant_name(v)) return v;
-  throw Error("unknown MLP variant '" + name + "' (expected naive, unfused or fused)");
+  throw Error("unknown MLP variant '" + name + "' (expected naive, unfused, fused or fused_batched)");
 }
 
 void validate_mlp_shape(const MlpShape& shape) {
@@ -49,7 +51,7 @@ struct MlpScratch {
 
 std::shared_ptr<MlpScratch> make_mlp_scratch(MlpVariant variant, MlpShape shape, int max_tokens) {
   validate_mlp_shape(shape);
-  DF_CHECK(variant != MlpVariant::fused, "the fused MLP needs no scratch");
+  DF_CHECK(variant != MlpVariant::fused && variant != MlpVariant::fused_batched, "the fused MLPs need no scratch");
   DF_CHECK(max_tokens >= 1, "MLP max_tokens must be at least 1");
   auto s = std::make_shared<MlpScratch>();
   s->variant = variant;
@@ -77,7 +79,8 @@ struct MlpLayer::Impl {
   bool norm_folded = false;              // fused, and unfused asked to: the weight is in gate_up
   float norm_eps = 0.0f;
   std::shared_ptr<MlpScratch> scratch;   // naive/unfused
-  DeviceBuffer accumulator, counters;    // fused reduction state
+  DeviceBuffer accumulator, counters;    // fused reduction state (fused_batched: counters hold its grid barrier)
+  DeviceBuffer activations;              // fused_batched: silu(g)*u of a call, [tokens, I]
   FusedMlpTuning fused_tuning;
   // FP8 (unfused only): gate_up [2I, H] and down [H, I] as e4m3, row-major (the widening for GEMMs)
   // and packed for the cluster GEMV (calls of up to kGemvResidualMaxTokens tokens), and their scales.
@@ -143,6 +146,28 @@ struct MlpLayer::Impl {
     }
     DF_CHECK_CUDA(kernels::launch_swiglu_fused(p, fused_tuning, stream));
   }
+
+  void launch_batched(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
+                      cudaStream_t stream) {
+    DF_CHECK(tokens <= kernels::kSwigluBatchedMaxTokens,
+             "the batched fused MLP takes at most " + std::to_string(kernels::kSwigluBatchedMaxTokens) +
+                 " tokens per call, not " + std::to_string(tokens));
+    kernels::SwigluBatchedParams p;
+    p.x = x;
+    p.gate_up = gate_up.as<uint4>();
+    p.down = down.as<uint4>();
+    p.residual = residual;
+    p.y = y;
+    p.rms_normalize = normalize;
+    p.norm_eps = norm_eps;
+    p.activations = activations.as<__nv_bfloat16>();
+    p.accumulator = accumulator.as<float>();
+    p.barrier = counters.as<unsigned>();
+    p.tokens = tokens;
+    p.hidden = shape.hidden;
+    p.intermediate = shape.intermediate;
+    DF_CHECK_CUDA(kernels::launch_swiglu_batched(p, stream));
+  }
 };
 
 MlpLayer::MlpLayer(MlpVariant variant, MlpShape shape, int max_tokens, std::shared_ptr<MlpScratch> scratch)
@@ -168,6 +193,21 @@ MlpLayer::MlpLayer(MlpVariant variant, MlpShape shape, int max_tokens, std::shar
       s.down = DeviceBuffer(s.hi_bytes());
       s.accumulator = DeviceBuffer(kernels::swiglu_fused_accumulator_floats(shape.hidden, max_tokens) * sizeof(float));
       s.counters = DeviceBuffer(kernels::kSwigluFusedCounters * sizeof(unsigned));
+      s.accumulator.zero();
+      s.counters.zero();
+      DF_CHECK_CUDA(cudaDeviceSynchronize());
+      return;
+    case MlpVariant::fused_batched:  // up to kSwigluBatchedMaxTokens tokens a call: its scratch no larger
+      if (const std::string why = kernels::swiglu_batched_unsupported(shape.hidden, shape.intermediate, 1, {});
+          !why.empty())
+        throw Error(why);
+      s.gate_up = DeviceBuffer(2 * s.hi_bytes());
+      s.down = DeviceBuffer(s.hi_bytes());
+      s.accumulator =
+          DeviceBuffer(kernels::swiglu_batched_accumulator_floats(shape.hidden, max_tokens) * sizeof(float));
+      s.activations = DeviceBuffer(kernels::swiglu_batched_activation_elements(shape.intermediate, max_tokens) *
+                                   sizeof(__nv_bfloat16));
+      s.counters = DeviceBuffer(kernels::kSwigluBatchedBarrierWords * sizeof(unsigned));
       s.accumulator.zero();
       s.counters.zero();
       DF_CHECK_CUDA(cudaDeviceSynchronize());
@@ -206,7 +246,8 @@ int MlpLayer::launches_per_call(bool with_residual) const {
     case MlpVariant::naive: return (with_residual ? 6 : 5) + (with_norm ? 1 : 0);
     // the residual rides in the down GEMM's epilogue; FP8 decode calls: the two GEMVs and silu_and_mul
     case MlpVariant::unfused: return 3 + (with_norm && impl_->format == WeightFormat::bf16 ? 1 : 0);
-    case MlpVariant::fused: return 1;
+    case MlpVariant::fused:
+    case MlpVariant::fused_batched: return 1;
   }
   return 0;
 }
@@ -348,7 +389,7 @@ void MlpLayer::load_weights(const MlpHfWeights& w, cudaStream_t stream, const Ml
   // Folded only in a format that folds norms (bf16); the others apply the weight to x as they
   // stage it (docs/design.md, "Weight formats").
   s.norm_folded = s.normalize && format_info(w.gate.format).folds_norm &&
-                  (s.variant == MlpVariant::fused || norm.fold_into_weights);
+                  (s.variant == MlpVariant::fused || s.variant == MlpVariant::fused_batched || norm.fold_into_weights);
   s.norm_eps = norm.eps;
   if (s.normalize && !s.norm_folded) {
     s.norm_weight = DeviceBuffer(static_cast<size_t>(H) * sizeof(__nv_bfloat16));
@@ -368,6 +409,7 @@ void MlpLayer::load_weights(const MlpHfWeights& w, cudaStream_t stream, const Ml
         DF_CHECK_CUDA(kernels::launch_fold_norm_weight(s.gate_up.as<__nv_bfloat16>(), 2 * I, H, norm.weight, stream));
       break;
     case MlpVariant::fused:
+    case MlpVariant::fused_batched:
       DF_CHECK_CUDA(kernels::pack_swiglu_gate_up(gate, up, norm.weight, s.gate_up.as<uint4>(), H, I, stream));
       DF_CHECK_CUDA(kernels::pack_swiglu_down(down, s.down.as<uint4>(), H, I, stream));
       break;
@@ -384,6 +426,10 @@ void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_b
   const int H = s.shape.hidden, I = s.shape.intermediate;
   if (s.variant == MlpVariant::fused) {
     s.launch_fused(x, residual, y, tokens, false, stream);
+    return;
+  }
+  if (s.variant == MlpVariant::fused_batched) {
+    s.launch_batched(x, residual, y, tokens, stream);
     return;
   }
   if (s.format != WeightFormat::bf16) {

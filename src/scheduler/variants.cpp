@@ -18,6 +18,7 @@
 #include "deepfuse/kernels/gemv_residual.hpp"
 #include "deepfuse/kernels/paged_kv.hpp"
 #include "deepfuse/kernels/qkv_rope_fused.hpp"
+#include "deepfuse/kernels/swiglu_batched.hpp"
 #include "deepfuse/kernels/swiglu_fused.hpp"
 
 namespace deepfuse::scheduler {
@@ -85,8 +86,10 @@ int GpuInfo::shared_bytes_per_sm() const {
 // planner checks too); only the pairing rules of the runtime are the registry's own.
 std::string why_unsupported(MlpChoice choice, const PlanShape& shape, int tokens, const GpuInfo& gpu) {
   if (choice == MlpChoice::unfused) return "";
-  return kernels::swiglu_fused_unsupported(shape.hidden, shape.intermediate, tokens,
-                                           {gpu.sms, gpu.clusters(), gpu.shared_bytes_per_sm()}, shape.weights);
+  const kernels::SwigluFusedDevice device{gpu.sms, gpu.clusters(), gpu.shared_bytes_per_sm()};
+  if (choice == MlpChoice::fused_batched)
+    return kernels::swiglu_batched_unsupported(shape.hidden, shape.intermediate, tokens, device, shape.weights);
+  return kernels::swiglu_fused_unsupported(shape.hidden, shape.intermediate, tokens, device, shape.weights);
 }
 
 std::string why_unsupported(FrontChoice choice, const PlanShape& shape, int tokens, const GpuInfo& gpu) {

@@ -9,6 +9,7 @@
 #include "deepfuse/kernels/gemv_residual.hpp"
 #include "deepfuse/kernels/qkv_rope_fused.hpp"
 #include "deepfuse/kernels/speculative_accept.hpp"
+#include "deepfuse/kernels/swiglu_batched.hpp"
 #include "deepfuse/kernels/swiglu_fused.hpp"
 
 namespace deepfuse::kernels {
@@ -89,6 +90,34 @@ TEST(KernelLimits, FusedMlpShapeAndResidency) {
   p.y = fake<__nv_bfloat16>(), p.accumulator = fake<float>(), p.counters = fake<unsigned>();
   p.tokens = 1, p.hidden = 4096, p.intermediate = 14336 + 32;
   EXPECT_EQ(launch_swiglu_fused(p, {}, nullptr), cudaErrorInvalidValue);
+}
+
+TEST(KernelLimits, BatchedMlpShapeTokensFormatAndSharedMemory) {
+  const SwigluFusedDevice h100{132, true, 228 * 1024}, a100{108, false, 164 * 1024}, sm86{84, false, 100 * 1024};
+  for (const auto [hidden, intermediate] : {std::pair{4096, 14336}, std::pair{3584, 18944}, std::pair{5120, 13824}})
+    for (int tokens : {1, 16, 17, 64, 65, 128, 129, kSwigluBatchedMaxTokens})
+      EXPECT_EQ(swiglu_batched_unsupported(hidden, intermediate, tokens, h100), "") << hidden << " M=" << tokens;
+  EXPECT_NE(swiglu_batched_unsupported(4096, 14336, 0, h100), "");
+  EXPECT_NE(swiglu_batched_unsupported(4096, 14336, kSwigluBatchedMaxTokens + 1, h100).find("1 to 256"),
+            std::string::npos);
+  EXPECT_NE(swiglu_batched_unsupported(4160, 14336, 16, h100).find("multiple of 128"), std::string::npos);
+  EXPECT_NE(swiglu_batched_unsupported(4096, 14336 + 32, 16, h100).find("multiple of 64"), std::string::npos);
+  EXPECT_NE(swiglu_batched_unsupported(4096, 14336, 16, h100, WeightFormat::fp8_e4m3).find("fp8_e4m3"),
+            std::string::npos);
+  // An A100 holds the passes of up to 64 tokens, not the 128-token pass; an sm_86 none.
+  EXPECT_EQ(swiglu_batched_unsupported(4096, 14336, 64, a100), "");
+  EXPECT_NE(swiglu_batched_unsupported(4096, 14336, 65, a100).find("shared memory"), std::string::npos);
+  EXPECT_NE(swiglu_batched_unsupported(4096, 14336, 16, sm86).find("shared memory"), std::string::npos);
+  SwigluBatchedParams p;  // the launcher refuses what the header refuses, before touching a device
+  p.x = fake<const __nv_bfloat16>(), p.gate_up = fake<const uint4>(), p.down = fake<const uint4>();
+  p.y = fake<__nv_bfloat16>(), p.activations = fake<__nv_bfloat16>(), p.accumulator = fake<float>();
+  p.barrier = fake<unsigned>();
+  for (const auto [tokens, hidden, intermediate] :
+       {std::tuple{0, 4096, 14336}, std::tuple{kSwigluBatchedMaxTokens + 1, 4096, 14336}, std::tuple{16, 4160, 14336},
+        std::tuple{16, 4096, 14336 + 32}}) {
+    p.tokens = tokens, p.hidden = hidden, p.intermediate = intermediate;
+    EXPECT_EQ(launch_swiglu_batched(p, nullptr), cudaErrorInvalidValue) << tokens << " " << hidden;
+  }
 }
 
 TEST(KernelLimits, SpeculativeAcceptRefusesRowsPastItsLimitAndMissingBuffers) {

@@ -8,6 +8,7 @@
 #include "deepfuse/kernels/decode_attention.hpp"
 #include "deepfuse/kernels/gemv_residual.hpp"
 #include "deepfuse/kernels/qkv_rope_fused.hpp"
+#include "deepfuse/kernels/swiglu_batched.hpp"
 #include "deepfuse/kernels/swiglu_fused.hpp"
 #include "model/model_test_util.hpp"
 #include "scheduler/builtin_plans.hpp"
@@ -232,7 +233,7 @@ TEST(SchedulerVariants, RulesAreTheKernelsAnswers) {
     }
   for (const PlanShape& shape : shapes)
     for (const GpuInfo& gpu : testing::gpus())
-      for (int tokens : {0, 1, 8, 9, 16, 17, 32, 33, 64, 1024}) {
+      for (int tokens : {0, 1, 8, 9, 16, 17, 32, 33, 64, 65, 128, 256, 257, 1024}) {
         const std::string where = shape.signature() + " " + gpu.name + " tokens " + std::to_string(tokens);
         const std::string gemv_gpu = kernels::cluster_gemv_unsupported(gpu.shared_bytes_per_block());
         const bool front = kernels::qkv_rope_fused_unsupported(
@@ -250,6 +251,11 @@ TEST(SchedulerVariants, RulesAreTheKernelsAnswers) {
                                                            shape.weights)
                              .empty();
         EXPECT_EQ(why_unsupported(MlpChoice::fused, shape, tokens, gpu).empty(), mlp) << where;
+        const bool batched = kernels::swiglu_batched_unsupported(shape.hidden, shape.intermediate, tokens,
+                                                                 {gpu.sms, gpu.clusters(), gpu.shared_bytes_per_sm()},
+                                                                 shape.weights)
+                                 .empty();
+        EXPECT_EQ(why_unsupported(MlpChoice::fused_batched, shape, tokens, gpu).empty(), batched) << where;
       }
   const PlanShape llama = shapes[0];
   for (int splits : {0, 1, 8, 9, 256, 257})
