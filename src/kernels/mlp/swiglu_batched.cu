@@ -19,10 +19,11 @@
 // Then a last grid barrier, and every block converts its share of the accumulator to bf16 (+
 // residual) and zeroes it for the next call.
 //
-// Streaming: weights and the pass's x or act columns go through a 4-stage cp.async ring in shared
-// memory filled by all threads (three stages, 96 KB of weights per SM, in flight), weights marked
-// evict-first in L2; operands of the tensor cores: weights from the fragment-packed layout with one
-// 16-byte shared load per lane and fragment, tokens by ldmatrix from swizzled 128-byte rows.
+// Streaming: weights and the pass's x or act columns go through a cp.async ring in shared memory
+// filled by all threads (4 stages in phase 1, 6-7 of half the weights in phase 2: 80-96 KB of
+// weights per SM in flight), weights marked evict-first in L2; operands of the tensor cores:
+// weights from the fragment-packed layout with one 16-byte shared load per lane and fragment,
+// tokens by ldmatrix from swizzled 128-byte rows.
 // Portable (sm_80 and later): mma.sync and cp.async, no Hopper-only instruction; a first step
 // towards wgmma + TMA (the doc says what that would change).
 #include "deepfuse/kernels/swiglu_batched.hpp"
@@ -109,28 +110,29 @@ __device__ __forceinline__ void mma_pair(float (&c0)[4], float (&c1)[4], const u
   mma_bf16_m16n8k16(c1, a, b.z, b.w);
 }
 
-// The ring over a phase's stages (shared by all threads): stages 0..kStages-2 were issued (one
-// commit group each, empty past the end) by the caller; issue(stage, slot) fills a slot, consume
-// reads one. The barrier at the top of each step publishes the landed stage and retires the slot
-// the step refills.
-template <typename Issue, typename Consume>
+// The ring of S stages over a phase's stages (shared by all threads): stages 0..S-2 were issued
+// (one commit group each, empty past the end) by the caller; issue(stage, slot) fills a slot,
+// consume reads one. The barrier at the top of each step publishes the landed stage and retires the
+// slot the step refills. (Phase 2 issues its first stages' weights and rows as two sets of S-1
+// groups; waiting for all but the S-2 newest groups still finds stage i whole at step i.)
+template <int S, typename Issue, typename Consume>
 __device__ __forceinline__ void run_ring(int stages, Issue issue, Consume consume) {
   for (int stage = 0; stage < stages; ++stage) {
-    wait_async<kStages - 2>();
+    wait_async<S - 2>();
     __syncthreads();
-    const int next = stage + kStages - 1;
-    if (next < stages) issue(next, next % kStages);
+    const int next = stage + S - 1;
+    if (next < stages) issue(next, next % S);
     commit_async();
-    consume(stage, stage % kStages);
+    consume(stage, stage % S);
   }
   wait_async<0>();
   __syncthreads();  // every warp is done with the ring before the next phase fills it
 }
 
-template <typename Issue>
+template <int S, typename Issue>
 __device__ __forceinline__ void prime_ring(int stages, Issue issue) {
 #pragma unroll
-  for (int stage = 0; stage < kStages - 1; ++stage) {
+  for (int stage = 0; stage < S - 1; ++stage) {
     if (stage < stages) issue(stage, stage);
     commit_async();
   }
@@ -237,8 +239,8 @@ __device__ void gate_up_pass(const SwigluBatchedParams& p, unsigned char* shared
   };
 
   const int stages = groups * chunks;
-  prime_ring(stages, issue);
-  run_ring(stages, issue, consume);
+  prime_ring<kStages>(stages, issue);
+  run_ring<kStages>(stages, issue, consume);
 }
 
 // ---- Phase 2: this block's run of (row group, I chunk) units of y = act · Wd^T, added into the
@@ -263,7 +265,7 @@ struct DownPass {
   }
   __device__ void issue_weights(int stage, int slot) const {
     const int unit = unit_begin + stage, group = unit / chunks, chunk = unit % chunks;
-    auto* weights = reinterpret_cast<uint4*>(shared + slot * T::kStageBytes);
+    auto* weights = reinterpret_cast<uint4*>(shared + slot * T::kStageBytes2);
     // down: [I tile][row tile][32 lanes] uint4: a k-step's 8 row tiles are 256 contiguous uint4.
     const uint4* source =
         p.down + (static_cast<size_t>(chunk * kStepsPerStage) * h_tiles + group * kRowTiles) * 32 + threadIdx.x;
@@ -274,7 +276,7 @@ struct DownPass {
   }
   __device__ void issue_rows_of(int stage, int slot) const {
     const int chunk = (unit_begin + stage) % chunks;
-    issue_rows<NT>(shared + slot * T::kStageBytes + T::kWeightBytes, p.activations, p.intermediate,
+    issue_rows<NT>(shared + slot * T::kStageBytes2 + T::kWeightBytes2, p.activations, p.intermediate,
                    chunk * kStageColumns, token0, p.tokens);
   }
 
@@ -287,9 +289,9 @@ struct DownPass {
     };
     auto consume = [&](int stage, int slot) {
       const int unit = unit_begin + stage, group = unit / chunks, chunk = unit % chunks;
-      const unsigned char* base = shared + slot * T::kStageBytes;
+      const unsigned char* base = shared + slot * T::kStageBytes2;
       const auto* weights = reinterpret_cast<const uint4*>(base);
-      const unsigned rows = shared_address(base + T::kWeightBytes);
+      const unsigned rows = shared_address(base + T::kWeightBytes2);
 #pragma unroll
       for (int ks = 0; ks < kStepsPerStage; ++ks) {
         const uint4 a = weights[ks * kThreads + warp * 32 + lane];
@@ -310,7 +312,7 @@ struct DownPass {
           acc[n][c] = 0.0f;
         }
     };
-    run_ring(stages, issue, consume);
+    run_ring<T::kStages2>(stages, issue, consume);
   }
 };
 
@@ -333,15 +335,15 @@ template <int NT>
 __global__ void __launch_bounds__(kThreads, 1) swiglu_batched_kernel(const SwigluBatchedParams p) {
   using T = Tiles<NT>;
   extern __shared__ __align__(128) unsigned char shared[];
-  float* norm_squares = reinterpret_cast<float*>(shared + kStages * T::kStageBytes);
+  float* norm_squares = reinterpret_cast<float*>(shared + T::kRingBytes);
   const uint64_t streamed = evict_first_policy();  // the weights are read once per pass
   for (int token0 = 0; token0 < p.tokens; token0 += T::kPassTokens) {
     if (threadIdx.x < T::kPassTokens) norm_squares[threadIdx.x] = 0.0f;  // read after the ring's barriers
     gate_up_pass<NT>(p, shared, norm_squares, token0, streamed);
     const DownPass<NT> down(p, shared, token0, streamed);
-    prime_ring(down.stages, [&](int stage, int slot) { down.issue_weights(stage, slot); });
+    prime_ring<T::kStages2>(down.stages, [&](int stage, int slot) { down.issue_weights(stage, slot); });
     grid_barrier(p.barrier);  // every act of the pass is in L2
-    prime_ring(down.stages, [&](int stage, int slot) { down.issue_rows_of(stage, slot); });
+    prime_ring<T::kStages2>(down.stages, [&](int stage, int slot) { down.issue_rows_of(stage, slot); });
     down.run();
   }
   grid_barrier(p.barrier);  // every partial y is in the accumulator

@@ -9,7 +9,7 @@ namespace deepfuse::kernels::batched {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kStages = 4;         // ring stages: three in flight while one is consumed
+constexpr int kStages = 4;         // phase-1 ring stages: three in flight while one is consumed
 constexpr int kStepsPerStage = 4;  // 16-wide k-steps per stage: 64 columns of H (phase 1) or I (phase 2)
 constexpr int kStageColumns = 16 * kStepsPerStage;
 constexpr int kGroupTiles = 8;     // phase 1: 16-row I tiles (gate and up) a block streams at once
@@ -36,11 +36,16 @@ struct Tiles {
   static constexpr size_t kWeightBytes = static_cast<size_t>(kGroupTiles) * kStepsPerStage * 2 * 512;
   static constexpr size_t kRowBytes = kStageColumns * 2;
   static constexpr size_t kStageBytes = kWeightBytes + kPassTokens * kRowBytes;
-  static constexpr size_t kSharedBytes = kStages * kStageBytes + kPassTokens * sizeof(float);
+  static constexpr size_t kRingBytes = kStages * kStageBytes;
+  // Phase 2's stages hold half the weights of phase 1's, so the same ring bytes hold more of them
+  // (6 or 7): 80-96 KB of weights in flight instead of 48.
+  static constexpr size_t kWeightBytes2 = static_cast<size_t>(kRowTiles) * kStepsPerStage * 512;
+  static constexpr size_t kStageBytes2 = kWeightBytes2 + kPassTokens * kRowBytes;
+  static constexpr int kStages2 = static_cast<int>(kRingBytes / kStageBytes2);
+  static constexpr size_t kSharedBytes = kRingBytes + kPassTokens * sizeof(float);
 };
 
 static_assert(Tiles<16>::kSharedBytes <= 227 * 1024 - kSharedReservedPerBlock, "the largest pass fits an sm_90 SM");
-static_assert(static_cast<size_t>(kRowTiles) * kStepsPerStage * 512 <= Tiles<2>::kWeightBytes,
-              "phase 2's weights fit the stage");
+static_assert(Tiles<2>::kStages2 >= kStages && Tiles<16>::kStages2 >= kStages, "phase 2's ring is no shallower");
 
 }  // namespace deepfuse::kernels::batched
