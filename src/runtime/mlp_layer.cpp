@@ -118,23 +118,31 @@ struct MlpLayer::Impl {
              "MLP tokens " + std::to_string(tokens) + " outside 1.." + std::to_string(max_tokens));
   }
 
-  void launch_fused(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
-                    bool defer_sum, cudaStream_t stream, const kernels::LineExchange& exchange = {},
-                    const __nv_bfloat16* x_partial = nullptr, const kernels::LineExchange& x_exchange = {}) {
-    kernels::SwigluFusedParams p;
+  // The fields both fused kernels' params share: the packed weights, the call's rows, the folded
+  // norm, the fp32 accumulator.
+  template <typename Params>
+  Params packed_params(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens) const {
+    Params p;
     p.x = x;
     p.gate_up = gate_up.as<uint4>();
     p.down = down.as<uint4>();
     p.residual = residual;
     p.y = y;
-    p.accumulator = accumulator.as<float>();
-    p.counters = counters.as<unsigned>();
     p.rms_normalize = normalize;
     p.norm_eps = norm_eps;
-    p.defer_sum = defer_sum;
+    p.accumulator = accumulator.as<float>();
     p.tokens = tokens;
     p.hidden = shape.hidden;
     p.intermediate = shape.intermediate;
+    return p;
+  }
+
+  void launch_fused(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
+                    bool defer_sum, cudaStream_t stream, const kernels::LineExchange& exchange = {},
+                    const __nv_bfloat16* x_partial = nullptr, const kernels::LineExchange& x_exchange = {}) {
+    auto p = packed_params<kernels::SwigluFusedParams>(x, residual, y, tokens);
+    p.counters = counters.as<unsigned>();
+    p.defer_sum = defer_sum;
     p.exchange = exchange;
     p.x_partial = x_partial;
     p.x_exchange = x_exchange;
@@ -152,20 +160,9 @@ struct MlpLayer::Impl {
     DF_CHECK(tokens <= kernels::kSwigluBatchedMaxTokens,
              "the batched fused MLP takes at most " + std::to_string(kernels::kSwigluBatchedMaxTokens) +
                  " tokens per call, not " + std::to_string(tokens));
-    kernels::SwigluBatchedParams p;
-    p.x = x;
-    p.gate_up = gate_up.as<uint4>();
-    p.down = down.as<uint4>();
-    p.residual = residual;
-    p.y = y;
-    p.rms_normalize = normalize;
-    p.norm_eps = norm_eps;
+    auto p = packed_params<kernels::SwigluBatchedParams>(x, residual, y, tokens);
     p.activations = activations.as<__nv_bfloat16>();
-    p.accumulator = accumulator.as<float>();
     p.barrier = counters.as<unsigned>();
-    p.tokens = tokens;
-    p.hidden = shape.hidden;
-    p.intermediate = shape.intermediate;
     DF_CHECK_CUDA(kernels::launch_swiglu_batched(p, stream));
   }
 };

@@ -278,7 +278,8 @@ TEST_P(EngineVsReference, EveryPlanVariantMatchesReference) {
   for (const std::string plan :
        {"mlp=unfused", "mlp=fused,prefill.mlp=fused", "front=unfused,o_proj=cublaslt", "o_proj=cublaslt",
         "mlp=unfused,o_proj=gemv", "attention.merge=workspace", "attention.warps=4", "attention.warps=8",
-        "attention.splits=1", "attention.splits=3", "attention.short_context=off", "attention.merge@1=cluster"}) {
+        "attention.splits=1", "attention.splits=3", "attention.short_context=off", "attention.merge@1=cluster",
+        "mlp@1=fused_batched,mlp@2=fused_batched,mlp@4=fused_batched"}) {
     EngineOptions options = tiny_engine_options();
     try {
       options.plan_overrides = parse_plan_overrides(plan);

@@ -79,7 +79,8 @@ TEST(PlanOverrides, ParsesEveryForm) {
 
 TEST(PlanOverrides, MalformedTextIsAOneLineErrorNamingIt) {
   expect_error([] { parse_plan_overrides("attn=fused"); }, {"'attn=fused'", "unknown op 'attn'"});
-  expect_error([] { parse_plan_overrides("mlp=fast"); }, {"'mlp=fast'", "bad value 'fast'", "fused or unfused"});
+  expect_error([] { parse_plan_overrides("mlp=fast"); },
+               {"'mlp=fast'", "bad value 'fast'", "fused, unfused or fused_batched"});
   expect_error([] { parse_plan_overrides("o_proj=fused"); }, {"gemv or cublaslt"});
   expect_error([] { parse_plan_overrides("attention.warps=6"); }, {"auto, 4 or 8"});
   expect_error([] { parse_plan_overrides("attention.splits=-1"); }, {"count of splits"});

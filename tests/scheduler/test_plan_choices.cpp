@@ -65,7 +65,7 @@ TEST(ChoiceTable, AFakeValueRoundTripsThroughParseJsonOverrideAndInspect) {
 
   // Inspect: the column widens to the longest name, so rows stay aligned.
   EXPECT_EQ(choice_column_width<FakeMlp>("mlp"), 9);
-  EXPECT_EQ(choice_column_width<MlpChoice>("mlp"), 7);
+  EXPECT_EQ(choice_column_width<MlpChoice>("mlp"), 13);  // "fused_batched"
 }
 
 TEST(ChoiceTable, AValueWithoutARowIsAnError) {

@@ -36,6 +36,7 @@
 #include "kernels/common/fragment.cuh"
 #include "kernels/common/l2_policy.cuh"
 #include "kernels/common/residual_sum.cuh"
+#include "kernels/common/shared_opt_in.hpp"
 #include "kernels/common/warp_tiles.cuh"
 #include "kernels/mlp/silu.cuh"
 #include "kernels/mlp/swiglu_batched_config.cuh"
@@ -350,35 +351,30 @@ __global__ void __launch_bounds__(kThreads, 1) swiglu_batched_kernel(const Swigl
   finish_output(p);
 }
 
-// One block per SM where the instance's shared memory fits; blocks_per_sm 0 where it does not.
-struct Residency {
-  int sm_count = 0;
-  int blocks_per_sm = 0;
-};
-
+// How many blocks of the NT instance one SM holds (0 where its shared memory does not fit), asked
+// once per device.
 template <int NT>
-cudaError_t residency_for(Residency& out) {
-  static PerDevice<Residency> known;
-  return known.get(out, [](Residency& r) {
-    DeviceAttributes attributes;
-    if (cudaError_t e = current_device_attributes(attributes); e != cudaSuccess) return e;
-    r.sm_count = attributes.sm_count;
+cudaError_t blocks_per_sm(int& out) {
+  static PerDevice<int> known;
+  return known.get(out, [](int& blocks) {
+    DeviceAttributes device;
+    if (cudaError_t e = current_device_attributes(device); e != cudaSuccess) return e;
     const int bytes = static_cast<int>(Tiles<NT>::kSharedBytes);
-    if (bytes > attributes.shared_bytes_per_block_optin) return cudaSuccess;  // blocks_per_sm stays 0
-    auto kernel = swiglu_batched_kernel<NT>;
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes); e != cudaSuccess)
-      return e;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.blocks_per_sm, kernel, kThreads, bytes);
+    blocks = 0;
+    if (bytes > device.shared_bytes_per_block_optin) return cudaSuccess;
+    return opt_in_blocks_per_sm(swiglu_batched_kernel<NT>, kThreads, bytes, blocks);
   });
 }
 
 template <int NT>
 cudaError_t launch_with_pass(const SwigluBatchedParams& p, cudaStream_t stream) {
-  Residency residency;
-  if (cudaError_t e = residency_for<NT>(residency); e != cudaSuccess) return e;
-  if (residency.blocks_per_sm < 1) return cudaErrorNotSupported;
+  int per_sm = 0;
+  if (cudaError_t e = blocks_per_sm<NT>(per_sm); e != cudaSuccess) return e;
+  if (per_sm < 1) return cudaErrorNotSupported;
+  DeviceAttributes device;
+  if (cudaError_t e = current_device_attributes(device); e != cudaSuccess) return e;
   // Co-resident (grid barriers), and at least one I tile per block.
-  const int blocks = std::min(p.intermediate / 16, residency.sm_count * residency.blocks_per_sm);
+  const int blocks = std::min(p.intermediate / 16, device.sm_count * per_sm);
   swiglu_batched_kernel<NT><<<blocks, kThreads, Tiles<NT>::kSharedBytes, stream>>>(p);
   return cudaGetLastError();
 }

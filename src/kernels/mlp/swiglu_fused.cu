@@ -48,6 +48,7 @@
 #include "kernels/common/cluster_launch.hpp"
 #include "kernels/common/dependent_launch.cuh"
 #include "kernels/common/residual_sum.cuh"
+#include "kernels/common/shared_opt_in.hpp"
 #include "kernels/common/trace.cuh"
 #include "kernels/common/fragment.cuh"
 #include "kernels/mlp/silu.cuh"
@@ -530,10 +531,7 @@ cudaError_t residency_for(Residency& out) {
     if (C > 1 && !attributes.has_clusters()) return cudaSuccess;  // max_clusters stays 0: unsupported here
     const int smem = static_cast<int>(sizeof(SharedStorage<NT, C>));
     auto kernel = swiglu_fused_kernel<NT, C, kFp8>;
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); e != cudaSuccess)
-      return e;
-    if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.max_blocks_per_sm, kernel,
-                                                                      FusedConfig<NT, C>::kThreads, smem);
+    if (cudaError_t e = opt_in_blocks_per_sm(kernel, FusedConfig<NT, C>::kThreads, smem, r.max_blocks_per_sm);
         e != cudaSuccess)
       return e;
     if (C > 1) {

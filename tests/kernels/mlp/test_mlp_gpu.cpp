@@ -365,12 +365,21 @@ TEST(MlpLayer, LayersShareOneScratch) {
 
 TEST(MlpLayer, RejectsBadCalls) {
   DF_REQUIRE_GPU();
-  MlpLayer layer(MlpVariant::fused, {128, 256}, 8);
-  DeviceBuffer x(8 * 128 * 2), y(8 * 128 * 2);
-  EXPECT_THROW(layer.run(x.as<__nv_bfloat16>(), nullptr, y.as<__nv_bfloat16>(), 9, nullptr), Error);
-  EXPECT_THROW(layer.run(x.as<__nv_bfloat16>(), nullptr, y.as<__nv_bfloat16>(), 0, nullptr), Error);
-  EXPECT_THROW(layer.run(x.as<__nv_bfloat16>(), nullptr, x.as<__nv_bfloat16>(), 1, nullptr), Error);
+  for (MlpVariant v : {MlpVariant::fused, MlpVariant::fused_batched}) {
+    MlpLayer layer(v, {128, 256}, 8);
+    DeviceBuffer x(8 * 128 * 2), y(8 * 128 * 2);
+    EXPECT_THROW(layer.run(x.as<__nv_bfloat16>(), nullptr, y.as<__nv_bfloat16>(), 9, nullptr), Error);
+    EXPECT_THROW(layer.run(x.as<__nv_bfloat16>(), nullptr, y.as<__nv_bfloat16>(), 0, nullptr), Error);
+    EXPECT_THROW(layer.run(x.as<__nv_bfloat16>(), nullptr, x.as<__nv_bfloat16>(), 1, nullptr), Error);
+  }
   EXPECT_THROW(MlpLayer(MlpVariant::fused, {100, 256}, 8), Error);
+  // The batched kernel: a hidden size that is a multiple of 128, at most 256 tokens a call whatever
+  // the layer's max_tokens, no deferred sum.
+  EXPECT_THROW(MlpLayer(MlpVariant::fused_batched, {192, 256}, 8), Error);
+  MlpLayer batched(MlpVariant::fused_batched, {128, 256}, 300);
+  DeviceBuffer rows(300 * 128 * 2), out(300 * 128 * 2);
+  EXPECT_THROW(batched.run(rows.as<__nv_bfloat16>(), nullptr, out.as<__nv_bfloat16>(), 257, nullptr), Error);
+  EXPECT_THROW(batched.run_deferred(rows.as<__nv_bfloat16>(), 4, nullptr), Error);
 }
 
 }  // namespace
