@@ -29,6 +29,7 @@
 #include "deepfuse/sampling_params.hpp"
 #include "deepfuse/scheduling_stats.hpp"
 #include "deepfuse/token_constraint.hpp"
+#include "deepfuse/speculative.hpp"
 #include "deepfuse/weight_format.hpp"
 
 namespace deepfuse {
@@ -97,6 +98,15 @@ struct EngineOptions {
   // weights are drawn in bf16 and then quantized, so bf16 and FP8 engines of one seed hold the
   // same model up to FP8 rounding). An FP8 checkpoint loads in its own format without it.
   WeightLoadOptions weights;
+  // Speculative decoding without a draft model (issue 54; deepfuse/speculative.hpp,
+  // docs/runtime.md): a decode row whose sequence's drafter proposes tokens feeds them after its
+  // token, and the step verifies them on the GPU, emitting 1 to max_draft + 1 tokens. Output is
+  // unchanged (greedy token for token; sampled, the same distribution). Steps are then not
+  // launched ahead (a verify's next input is known only once it is read back), and a step that
+  // feeds a sequence with penalties or logprobs, or prompt chunks (mixed), verifies no drafts.
+  // One GPU only.
+  SpeculativeChoice speculative = SpeculativeChoice::off;
+  int max_draft = 8;  // drafts per sequence per step at most (1 .. 15)
 };
 
 // Called while weights load: bytes done, bytes total.
@@ -129,6 +139,8 @@ struct SequenceRequest {
   // constrained sequence is held, steps are not launched ahead (EngineOptions::overlap_steps):
   // its next mask needs the token of the step before.
   std::shared_ptr<TokenConstraint> constraint;
+  // false: never drafted, whatever EngineOptions::speculative says (a per-request opt-out).
+  bool speculative = true;
 };
 
 using SequenceId = int64_t;
@@ -206,6 +218,12 @@ class Engine {
   // Sequences added and not yet finished, queued ones included: step() while this is > 0.
   int running_sequences() const;
   SchedulingStats scheduling_stats() const;
+  // Speculative decoding since construction: draft tokens verified, and of those accepted.
+  struct SpeculativeCounts {
+    uint64_t draft_tokens = 0;
+    uint64_t accepted_draft_tokens = 0;
+  };
+  SpeculativeCounts speculative_counts() const;
 
   // Prefills what the scheduler admits or continues, then one decode step for every running
   // sequence. Finished sequences are reported once and then removed automatically. A sequence
@@ -214,7 +232,9 @@ class Engine {
   // read back now was launched ahead before it joined (overlap_steps). With mixed_steps the
   // prompt chunks ride in the launched steps instead, and a sequence's first token comes with the
   // read-back of the step that ended its prompt (with overlap_steps, in the next call). At most
-  // max_batch sequences run; the rest wait in the queue (first in, first out).
+  // max_batch sequences run; the rest wait in the queue (first in, first out). With
+  // EngineOptions::speculative a verify step reports a sequence's accepted drafts and one more
+  // token, several StepTokens of one sequence in order.
   std::vector<StepToken> step();
 
   // Teacher forcing, for tests and `score`: runs `ids` through a fresh sequence (prefill of

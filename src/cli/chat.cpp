@@ -136,9 +136,10 @@ int run_chat(const ChatArgs& args) {
   const std::vector<int32_t> stops = stop_ids(args.sampling, model);
   Speculation speculation;  // suffix: drafts from earlier replies too
   speculation.choice = speculative_choice(args.speculative);
-  check_speculative_backend(speculation.choice, model.backend);
   Conversation conversation(*model.tokenizer, args.system);
-  load_weights(args.model, model);
+  ModelArgs model_args = args.model;
+  model_args.engine.speculative = speculation.choice;  // the CUDA engine keeps its own suffix cache
+  load_weights(model_args, model);
   // A reply gets at least a quarter of the context, however long the conversation has grown.
   const int room = std::min(args.max_tokens, model.max_context / 4);
 

@@ -125,19 +125,13 @@ void check_quantize_backend(const EngineArgs& args, Backend backend) {
 void add_speculative_option(CLI::App& command, std::string& name) {
   std::string help = "speculative decoding without a draft model, verifying drafts in each decode step:";
   for (const auto& row : choice_rows<SpeculativeChoice>()) help += std::string("\n  ") + row.name + ": " + row.about;
-  help += std::string("\n(default ") + choice_name(kDefaultSpeculative) + ": not yet measured on a GPU)";
+  help += std::string("\n(default ") + choice_name(kDefaultSpeculative) + ")";
   command.add_option("--speculative", name, help);
 }
 
 SpeculativeChoice speculative_choice(const std::string& name) {
   if (const std::optional<SpeculativeChoice> choice = parse_choice<SpeculativeChoice>(name)) return *choice;
   throw Error("--speculative '" + name + "': unknown drafter (" + choice_names<SpeculativeChoice>() + ")");
-}
-
-void check_speculative_backend(SpeculativeChoice choice, Backend backend) {
-  DF_CHECK(choice == SpeculativeChoice::off || backend == Backend::reference,
-           std::string("--speculative ") + choice_name(choice) +
-               ": the CUDA backend has no verify step yet (issue 54); use --backend reference");
 }
 
 void check_tuning_cache_writable(const std::filesystem::path& path) {
@@ -174,6 +168,7 @@ EngineOptions engine_options(const EngineArgs& args) {
   options.tune_gemms = args.tune_gemms;
   options.mixed_steps = args.mixed_steps;
   options.tensor_parallel = args.tensor_parallel;
+  options.speculative = args.speculative;
   options.weights = weight_load_options(args);
   if (args.tensor_parallel > 1) {
     const int gpus = cuda_device_count();

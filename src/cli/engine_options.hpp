@@ -40,6 +40,8 @@ struct EngineArgs {
   int tensor_parallel = 1;                  // --tp
   std::string quantize;                     // --quantize: empty, or "fp8"
   bool quantize_lm_head = false;            // --quantize-lm-head
+  // --speculative (add_speculative_option, on the commands that take it): the engine verifies drafts
+  SpeculativeChoice speculative = SpeculativeChoice::off;
 };
 
 // Why the CUDA kernels cannot run `config` with these flags (head_dim other than 64 or 128,
@@ -68,10 +70,6 @@ void add_speculative_option(CLI::App& command, std::string& name);
 
 // The drafter `name` (--speculative's value). Throws deepfuse::Error naming the values for another.
 SpeculativeChoice speculative_choice(const std::string& name);
-
-// Throws deepfuse::Error unless `backend` runs `choice` (the reference backend only, until the
-// CUDA verify step exists).
-void check_speculative_backend(SpeculativeChoice choice, Backend backend);
 
 // Adds --max-batch, --max-context, --kv-cache-mb, --no-cuda-graphs, --no-overlap-steps,
 // --mixed-steps / --no-mixed-steps, --plan-override, --tuning-cache, --no-tuning-cache,

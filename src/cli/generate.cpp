@@ -1,7 +1,7 @@
 // `deepfuse generate`: a prompt (text, chat messages or ids) in, generated tokens streamed out as
 // they are sampled (text when the model has a tokenizer, ids otherwise), then one line of counts
 // and speed. Runs on the CPU reference decoder or the CUDA engine (one sequence, one token per
-// step(); on the reference decoder, --speculative verifies drafts each step).
+// step(), or with --speculative the tokens a verify step emits; on the reference decoder the same).
 #include <algorithm>
 #include <cstdio>
 
@@ -26,10 +26,11 @@ int run_generate(const GenerateArgs& args) {
   const SamplingParams sampling = backend_sampling(args.sampling, model);
   const std::vector<int32_t> stops = stop_ids(args.sampling, model);
   const SpeculativeChoice speculative = speculative_choice(args.speculative);
-  check_speculative_backend(speculative, model.backend);
   // Generation stops at the context length rather than running past what the model was built for.
   const int budget = std::min<int>(args.max_tokens, model.max_context - static_cast<int>(prompt.size()));
-  load_weights(args.model, model);
+  ModelArgs model_args = args.model;
+  model_args.engine.speculative = speculative;  // the CUDA engine verifies drafts itself
+  load_weights(model_args, model);
 
   TokenPrinter printer(model.tokenizer);
   Speculation speculation;

@@ -80,6 +80,7 @@ GenerationResult generate_on_engine(Engine& engine, const std::vector<int32_t>& 
   request.sampling = sampling;
   request.max_new_tokens = budget;
   request.stop_ids = stops;
+  const Engine::SpeculativeCounts counts_before = engine.speculative_counts();
   const SequenceId sequence = engine.add_sequence(request);
   FinishReason finish = FinishReason::none;
   // A step always advances a running sequence; this bound only turns a stuck engine into an error.
@@ -101,6 +102,9 @@ GenerationResult generate_on_engine(Engine& engine, const std::vector<int32_t>& 
   }
   // Stopped by the caller while still running: its pages go back now, not when it would have ended.
   if (finish == FinishReason::none) engine.remove_sequence(sequence);
+  const Engine::SpeculativeCounts counts = engine.speculative_counts();  // EngineOptions::speculative
+  result.drafted = static_cast<long>(counts.draft_tokens - counts_before.draft_tokens);
+  result.accepted = static_cast<long>(counts.accepted_draft_tokens - counts_before.accepted_draft_tokens);
   const auto end = Clock::now();
   if (finish == FinishReason::kv_cache_full)
     std::fprintf(stderr, "\nnote: generation ended early: the KV cache is full (raise --kv-cache-mb)\n");
@@ -167,7 +171,6 @@ GenerationResult generate_tokens(LoadedModel& model, const std::vector<int32_t>&
                                  int budget, const std::vector<int32_t>& stops, const OnToken& on_token,
                                  Speculation* speculation) {
   if (model.engine) {
-    if (speculation) check_speculative_backend(speculation->choice, Backend::cuda);
     return generate_on_engine(*model.engine, prompt, sampling, budget, stops, on_token);
   }
   return generate_on_reference(model, prompt, sampling, budget, stops, on_token, speculation);

@@ -64,8 +64,9 @@ struct GenerationResult {
   long accepted = 0;
 };
 
-// Speculative decoding for generate_tokens (the reference backend): the drafter, and the suffix
-// drafter's cache of earlier generations, which outlives one call (chat's turns).
+// Speculative decoding for generate_tokens on the reference backend: the drafter, and the suffix
+// drafter's cache of earlier generations, which outlives one call (chat's turns). The CUDA engine
+// keeps both itself (EngineOptions::speculative, set from the same flag).
 struct Speculation {
   SpeculativeChoice choice = kDefaultSpeculative;
   speculative::SuffixCache cache;
@@ -76,7 +77,7 @@ struct Speculation {
 using OnToken = std::function<bool(int32_t id)>;
 
 // Generates up to `budget` tokens after `prompt` on the backend `model` runs, ending at a stop id;
-// with `speculation` (not off: the reference backend only) verifying drafts each step.
+// with `speculation` (not off) verifying drafts each step; the result counts the drafts either way.
 GenerationResult generate_tokens(LoadedModel& model, const std::vector<int32_t>& prompt, const SamplingParams& sampling,
                                  int budget, const std::vector<int32_t>& stops, const OnToken& on_token,
                                  Speculation* speculation = nullptr);

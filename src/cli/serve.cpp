@@ -82,7 +82,6 @@ LoadedServe load(const ServeArgs& args) {
   }
   check_quantize_backend(args.engine, backend);
   const SpeculativeChoice speculative = speculative_choice(args.speculative);
-  check_speculative_backend(speculative, backend);
   if (!args.random_weights && fs::exists(fs::path(args.model_dir) / "tokenizer.json")) {
     loaded.tokenizer = Tokenizer::from_directory(args.model_dir);
     if (!loaded.tokenizer->chat_template().empty()) loaded.chat_template.emplace(loaded.tokenizer->chat_template());
@@ -107,6 +106,7 @@ LoadedServe load(const ServeArgs& args) {
   options.max_context = max_context;
   options.prefill_tokens_per_step = args.max_step_tokens;
   options.prefix_caching = !args.no_prefix_cache;
+  options.speculative = speculative;
   auto engine = std::make_unique<Engine>(args.random_weights
                                              ? Engine::with_random_weights(config, options, /*seed=*/0)
                                              : Engine::from_checkpoint(args.model_dir, options));

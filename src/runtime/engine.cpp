@@ -7,6 +7,7 @@
 #include <string>
 
 #include "deepfuse/error.hpp"
+#include "deepfuse/kernels/speculative_accept.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "deepfuse/safetensors.hpp"
 #include "dist/tensor_split.hpp"
@@ -50,6 +51,12 @@ void validate_engine_setup(const ModelConfig& c, EngineOptions& o) {
            "GPU engine: num_attention_heads " + std::to_string(c.num_attention_heads) +
                " is not a multiple of num_key_value_heads " + std::to_string(c.num_key_value_heads));
   DF_CHECK(c.num_hidden_layers >= 1 && c.vocab_size >= 1, "GPU engine: the model has no layers or no vocabulary");
+  DF_CHECK(o.speculative == SpeculativeChoice::off || o.tensor_parallel == 1,
+           std::string("speculative decoding (") + choice_name(o.speculative) +
+               ") runs on one GPU; it has no tensor parallel verify step yet");
+  DF_CHECK(o.speculative == SpeculativeChoice::off || (o.max_draft >= 1 && o.max_draft < kernels::kSpeculativeMaxRows),
+           "max_draft is " + std::to_string(o.max_draft) + "; it must be in [1, " +
+               std::to_string(kernels::kSpeculativeMaxRows - 1) + "]");
 }
 
 std::string describe_model(const ModelConfig& c) {
@@ -215,7 +222,9 @@ void Engine::Impl::prepare_setup() {
   // The tuner tries other attention shapes on these buffers: room for the largest it may try.
   attention_workspace = std::max(attention_workspace, attention_workspace_floor);
   gemm = std::make_unique<kernels::CublasLtGemm>();
-  buffers = std::make_unique<runtime::StepBuffers>(config, max_tokens(), max_batch, std::max(max_batch, kScoreLogitRows),
+  // A verify step's lm_head produces a row per entry (max_pass_tokens counts them).
+  const int logits_rows = std::max({max_batch, kScoreLogitRows, options.speculative == SpeculativeChoice::off ? 0 : max_tokens()});
+  buffers = std::make_unique<runtime::StepBuffers>(config, max_tokens(), max_batch, logits_rows,
                                                    attention_workspace, stream(), link.shard,
                                                    block_weight_format(config, options.weights));
   using runtime::PinnedBuffer;
@@ -232,6 +241,7 @@ void Engine::Impl::prepare_setup() {
   prefill_host = PinnedBuffer(buffers->prefill_inputs.bytes());
   slot_host = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(kernels::SamplingSlot));
   penalty_host = PinnedBuffer(static_cast<size_t>(max_batch) * sizeof(kernels::PenaltySlot));
+  if (options.speculative != SpeculativeChoice::off) prepare_speculation();
   if (link.shard.split()) {
     // The partial sums the all-reduces read: the peer-visible buffers where the one-shot
     // all-reduce exists, else two of this rank's own.
@@ -243,6 +253,17 @@ void Engine::Impl::prepare_setup() {
         link.partial[slot] = partials.as<__nv_bfloat16>() + slot * static_cast<size_t>(max_tokens()) * config.hidden_size;
     }
   }
+}
+
+// The verify steps' buffers and attention plans: every bucket's sequences x every row count.
+void Engine::Impl::prepare_speculation() {
+  speculation = std::make_unique<runtime::Speculation>(options.speculative, options.max_draft, options.max_batch,
+                                                       config.vocab_size);
+  size_t workspace = 0;
+  for (const BucketPlan& bucket : plan.buckets)
+    for (int rows = 1; rows <= speculation->max_rows(); ++rows)
+      workspace = std::max(workspace, decode_attention_plan(bucket.batch * rows, AttentionChoice{}).workspace_bytes);
+  speculation->allocate_attention_workspace(workspace, stream());
 }
 
 int Engine::Impl::affordable_kv_pages() {
@@ -390,7 +411,7 @@ SequenceId Engine::add_sequence(const SequenceRequest& request) {
   ranks_->run([&](Impl& s) {
     const SequenceId id = s.next_id++;  // the same on every rank
     s.settings[id] = {request.sampling, {request.presence_penalty, request.frequency_penalty}, request.top_logprobs,
-                      request.constraint};
+                      request.constraint, request.speculative};
     s.step_scheduler->add(static_cast<batching::SequenceKey>(id),
                      {request.prompt, request.max_new_tokens, request.stop_ids, request.prior_generated});
   });
@@ -405,6 +426,7 @@ void Engine::remove_sequence(SequenceId sequence) {
     s.activate_device();
     s.step_scheduler->cancel(static_cast<batching::SequenceKey>(sequence));  // its row's state moves on the stream
     s.settings.erase(sequence);
+    if (s.speculation) s.speculation->forget(sequence);
   });
 }
 
@@ -414,5 +436,10 @@ int Engine::running_sequences() const {
 }
 
 SchedulingStats Engine::scheduling_stats() const { return ranks_->lead().step_scheduler->stats(); }
+
+Engine::SpeculativeCounts Engine::speculative_counts() const {
+  const Impl& s = ranks_->lead();
+  return s.speculation ? s.speculation->counts : SpeculativeCounts{};
+}
 
 }  // namespace deepfuse

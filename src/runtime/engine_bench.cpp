@@ -72,6 +72,12 @@ void EngineBench::poison_buffers(Engine& engine) {
   });
 }
 
+void EngineBench::set_draft_source(Engine& engine, DraftSource source) {
+  Engine::Impl& s = engine.ranks_->lead();
+  DF_CHECK(s.speculation, "set_draft_source: the engine was built without EngineOptions::speculative");
+  s.speculation->force(std::move(source));
+}
+
 double EngineBench::decode_replay_ms(Engine::Impl& s, int replays) {
   s.activate_device();
   DF_CHECK(replays >= 1, "replays is " + std::to_string(replays) + "; it must be at least 1");

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "deepfuse/engine.hpp"
+#include "runtime/speculation.hpp"
 
 namespace deepfuse::runtime {
 
@@ -31,6 +32,10 @@ class EngineBench {
   // 0x7fc0, which as an id is out of the vocabulary), so whatever a step reads that no step wrote
   // shows in its tokens. Only with no sequence added yet.
   static void poison_buffers(Engine& engine);
+  // Speculative decoding (EngineOptions::speculative on): `source` proposes every sequence's
+  // drafts instead of its drafter (a verify step of k random drafts for `bench decode`, drafts
+  // that are mostly wrong or right for the tests). Empty: the drafters again.
+  static void set_draft_source(Engine& engine, DraftSource source);
 
  private:
   static SequenceId add_prefilled(Engine::Impl& s, int context, int max_new_tokens);

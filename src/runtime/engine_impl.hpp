@@ -35,6 +35,7 @@
 #include "runtime/kv_cache.hpp"
 #include "runtime/pinned_buffer.hpp"
 #include "runtime/rank_link.hpp"
+#include "runtime/speculation.hpp"
 #include "scheduler/tuning_cache.hpp"
 #include "scheduler/variants.hpp"
 
@@ -42,10 +43,12 @@ namespace deepfuse {
 
 namespace runtime {
 
-// Rows of the activation buffers: the largest pass, a prefill chunk, a decode step or a mixed
-// step (a prefill chunk's tokens with every decode row).
+// Rows of the activation buffers: the largest pass, a prefill chunk, a decode step, a mixed
+// step (a prefill chunk's tokens with every decode row)
+// step) or a speculative verify step (every row with max_draft drafts).
 inline int max_pass_tokens(const EngineOptions& o) {
-  return o.mixed_steps ? o.prefill_chunk + o.max_batch : std::max(o.prefill_chunk, o.max_batch);
+  const int verify = o.speculative == SpeculativeChoice::off ? 0 : o.max_batch * (1 + o.max_draft);
+  return std::max(o.mixed_steps ? o.prefill_chunk + o.max_batch : std::max(o.prefill_chunk, o.max_batch), verify);
 }
 
 // How a sequence samples (SequenceRequest); the scheduler holds the rest of it.
@@ -54,6 +57,7 @@ struct SequenceSettings {
   kernels::PenaltySlot penalties;  // presence / frequency
   int top_logprobs = -1;           // -1: no logprobs reported
   std::shared_ptr<TokenConstraint> constraint;  // structured output (SequenceRequest); null: free
+  bool speculative = true;         // may be drafted (SequenceRequest::speculative)
 };
 
 // A row whose next sample a grammar constrains: its mask is filled from `constraint` before the step.
@@ -79,6 +83,7 @@ struct StepLane {
   CopyEvent step_done;           // recorded after the lane's last upload and step
   std::vector<SequenceId> rows;  // the sequence each row fed when launched; 0 where none
   std::unique_ptr<DecodeGraphCache> graphs;
+  bool verify = false;           // a speculative verify step: its tokens are in Speculation::results
   // fp32 [max_batch, vocab]: the (penalized) logits of rows whose sequences report logprobs,
   // copied behind the step; allocated when a sequence first asks.
   PinnedBuffer logits;
@@ -114,6 +119,7 @@ struct Engine::Impl {
     complete_setup(affordable_kv_pages());
   }
   void prepare_setup();         // decode attention plans, step buffers, pinned lanes
+  void prepare_speculation();   // EngineOptions::speculative: the verify steps' buffers and plans
   int affordable_kv_pages();    // KV pages the memory left holds (at most max_batch x max_context)
   void complete_setup(int kv_pages);  // the KV cache, the forward pass, GEMM tuning
   // Tensor parallel: µs per all-reduce of `tokens` rows under `choice`, `calls` of them captured
@@ -160,6 +166,7 @@ struct Engine::Impl {
   // masked logits (`masks` row `logits_row`), as the CPU backend reports them.
   void report(batching::Sequence& sequence, int32_t id, const runtime::PinnedBuffer& logits,
               const runtime::PinnedBuffer& masks, int logits_row, std::vector<StepToken>& out);
+  bool may_end(const batching::Sequence& sequence, int32_t id) const;
   // With no sequence running: waits for the steps in flight and drops them (their sequences are gone).
   void forget_launched_steps();
   // Runs `ids` through the sequence on block-table row `row` from position `start`, in chunks of
@@ -213,6 +220,23 @@ struct Engine::Impl {
   // row, sampling and penalty slots, counts and next id on the device follow.
   void move_row(int from, int to);
 
+  // ---- speculative decoding (speculative_step.cpp)
+  // Drafts for the decode rows of `plan` (drafts[row]; every row empty where the step verifies
+  // none); false when no row feeds any.
+  bool draft_rows(batching::StepPlan& plan, std::vector<std::vector<int32_t>>& drafts);
+  // The verify step of the rows `fed` (by row; null where a row sits out) and their drafts, eager.
+  void run_verify_step(runtime::StepLane& lane, int sequences, std::span<const batching::DecodeRow* const> fed,
+                       std::vector<std::vector<int32_t>>& drafts);
+  // The ops of a verify step of `entries` tokens: the smallest bucket's that holds them; beyond the
+  // largest, its ops where each kernel takes that many tokens (their weight layouts are held); else
+  // none (the prefill pass's cuBLASLt projections and MLP).
+  std::optional<BucketPlan> verify_ops(int entries) const;
+  // Rolls each verified sequence's rejected drafts back, then reports its emitted tokens in order.
+  void read_back_verify(runtime::StepLane& lane, std::vector<StepToken>& out);
+  // The rows' sampling slots, their draw index set to what each sequence has generated + emitted[i]
+  // (a verify step drew on its own slots).
+  void advance_draws(std::span<const std::pair<int, int>> rows_and_emitted);
+
   // ---- scoring (score.cpp)
   std::vector<std::vector<float>> score_batch(const std::vector<std::vector<int32_t>>& sequences,
                                               const std::vector<int>& prefill_tokens);
@@ -256,6 +280,7 @@ struct Engine::Impl {
   runtime::PinnedBuffer counts_host;   // int32 [vocab]: a resumed sequence's first counts (on first use)
   runtime::CopyEvent slot_host_read;   // after the last upload from any of the three
 
+  std::unique_ptr<runtime::Speculation> speculation;  // EngineOptions::speculative on (null: off)
   std::unordered_map<SequenceId, runtime::SequenceSettings> settings;  // of every sequence the scheduler holds
   SequenceId next_id = 1;
 };

@@ -297,8 +297,9 @@ void ForwardPass::attend(const kernels::PagedKv& kv, int tokens, const Attention
     p.q = q + attention.decode_offset * q_size;
     p.out = attention_out + attention.decode_offset * q_size;
     p.kv = kv;
-    p.seq_lens = buffers_.decode_seq_lens();
-    p.workspace = buffers_.attention_workspace.data();
+    p.seq_lens = attention.seq_lens ? attention.seq_lens : buffers_.decode_seq_lens();
+    p.sequences = attention.sequences;
+    p.workspace = attention.workspace ? attention.workspace : buffers_.attention_workspace.data();
     p.scale = attention_scale_;
     p.sliding_window = config_.sliding_window;
     DF_CHECK_CUDA(kernels::launch_decode_attention(*attention.decode_plan, p, stream));

@@ -126,6 +126,27 @@ struct StepChunk {
   bool samples = false;
 };
 
+// A speculative verify step (forward_verify.cpp): `sequences` (a batch bucket; block-table rows
+// 0..sequences-1) of `rows` entries each, entry s * rows + j feeding sequence s's token (j = 0) or
+// its draft j at its position + j (padded entries: id -1, position -1, length 0). Device arrays of
+// sequences * rows entries unless said otherwise.
+struct VerifyPass {
+  int sequences = 0;
+  int rows = 0;                          // 1 + the most drafts a sequence feeds, <= kSpeculativeMaxRows
+  const int32_t* ids = nullptr;
+  const int32_t* positions = nullptr;
+  const int32_t* seq_lens = nullptr;     // position + 1: the causal mask among a sequence's entries
+  const int32_t* block_rows = nullptr;   // the entry's sequence's block-table row
+  kernels::SamplingSlot* slots = nullptr;  // entry (s, j): s's sampling with draw index generated + j
+  int32_t* chosen = nullptr;             // the token each entry samples
+  const int32_t* drafts = nullptr;       // [sequences, rows - 1]
+  const int32_t* draft_counts = nullptr; // [sequences]
+  int32_t* emitted = nullptr;            // [sequences, rows]: speculative_accept's (mapped host memory)
+  int32_t* emitted_counts = nullptr;     // [sequences]
+  void* sampling_workspace = nullptr;    // kernels::sampling_workspace_bytes(sequences * rows, vocab)
+  void* attention_workspace = nullptr;   // the attention plan's, zeroed once
+};
+
 class ForwardPass {
  public:
   // `plan` (the engine's, outliving this) says which variant each op runs, per decode bucket and
@@ -143,6 +164,14 @@ class ForwardPass {
   // token_masks apply.
   void decode_step(const BucketPlan& bucket, const kernels::DecodeAttentionPlan& plan, int32_t* host_sampled,
                    SamplerExtras extras, cudaStream_t stream);
+
+  // A verify step (VerifyPass), eager: every entry through the layers (the ops of `bucket`, a plan
+  // bucket of at least sequences x rows tokens, or null: the prefill choices), decode attention
+  // under `plan` (batch sequences x rows) reading each entry's block-table row, lm_head and the
+  // sampler over every entry, then speculative_accept into pass.emitted. Penalties, logprobs and
+  // bitmasks are not applied: the engine verifies no sequence that has them.
+  void verify_step(const VerifyPass& pass, const kernels::DecodeAttentionPlan& plan, const BucketPlan* bucket,
+                   cudaStream_t stream);
 
   // Tokens [start, start + tokens) of the sequence on block-table row `row`, inputs in
   // buffers.prefill_inputs: their keys and values go to the cache, their final hidden states
@@ -219,6 +248,11 @@ class ForwardPass {
     const kernels::DecodeAttentionPlan* decode_plan = nullptr;
     int decode_offset = 0;
     std::span<const StepChunk> chunks;
+    // Decode attention's lengths, block-table rows and workspace (null: a decode step's
+    // decode_seq_lens, entry i on row i, the step buffers' workspace); a verify step's own.
+    const int32_t* seq_lens = nullptr;
+    const int32_t* sequences = nullptr;
+    void* workspace = nullptr;
   };
   void embed(const int32_t* ids, int tokens, cudaStream_t stream);
   // One transformer block. pending: the previous block's MLP sum not yet in the residual stream

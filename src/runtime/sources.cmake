@@ -6,6 +6,9 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/gpu_weights.cpp
   ${CMAKE_CURRENT_LIST_DIR}/forward.cpp
   ${CMAKE_CURRENT_LIST_DIR}/forward_mixed.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/forward_verify.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/speculation.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/speculative_step.cpp
   ${CMAKE_CURRENT_LIST_DIR}/graph_cache.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine.cpp
   ${CMAKE_CURRENT_LIST_DIR}/rank_group.cpp

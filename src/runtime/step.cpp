@@ -130,10 +130,29 @@ void Engine::Impl::report(batching::Sequence& sequence, int32_t id, const runtim
     set.constraint->accept(id);  // the id its mask allowed: throws otherwise
     mask = masks.as<uint32_t>() + static_cast<size_t>(logits_row) * token_bitmask_words(config.vocab_size);
   }
+  // The suffix drafter's cache takes a finished sequence's tokens: kept while this token may end it.
+  std::vector<int32_t> ending;
+  int first_generated = 0;
+  if (speculation && speculation->keeps_outputs() && may_end(sequence, id)) {
+    ending = sequence.tokens;
+    ending.push_back(id);
+    first_generated = sequence.first_generated;
+  }
   const batching::Report report = step_scheduler->report(sequence, id);  // may end it: `sequence` is gone then
   out.push_back({key, id, report.finish, report.cached_tokens});
   attach_logprobs(out.back(), top_logprobs, logits, logits_row, mask);
-  if (report.finish != FinishReason::none) settings.erase(key);
+  if (report.finish == FinishReason::none) return;
+  settings.erase(key);  // `set` with it
+  if (speculation)
+    speculation->finished(key, std::span(ending).first(std::min<size_t>(first_generated, ending.size())),
+                          std::span(ending).subspan(std::min<size_t>(first_generated, ending.size())));
+}
+
+// Whether reporting `id` can end the sequence (a stop id, its token limit or the context's end).
+bool Engine::Impl::may_end(const batching::Sequence& sequence, int32_t id) const {
+  const size_t length = sequence.tokens.size() + 1;
+  return std::find(sequence.stop_ids.begin(), sequence.stop_ids.end(), id) != sequence.stop_ids.end() ||
+         length >= static_cast<size_t>(std::min(sequence.token_limit, options.max_context));
 }
 
 const StepLane* Engine::Impl::lane_with_graph(int bucket_index) const {
@@ -353,9 +372,11 @@ int Engine::Impl::upload_decode_inputs(StepLane& lane, int sequences, const Deco
 // as padded rows), or with mixed steps a plan of both phases (as a mixed step when it has prompt
 // chunks); nothing when the plan is empty.
 void Engine::Impl::launch_decode() {
-  const batching::StepPlan plan =  // may preempt: rows move
+  batching::StepPlan plan =  // may preempt: rows move
       step_scheduler->schedule(options.mixed_steps ? batching::Phase::both : batching::Phase::decode);
   if (plan.empty()) return;
+  std::vector<std::vector<int32_t>> drafts;  // speculative: per row, fed after its token
+  const bool verify = draft_rows(plan, drafts);  // before the rows' pages go up: drafts take pages
   const int sequences = step_scheduler->running();
   std::vector<const batching::DecodeRow*> fed(sequences, nullptr);
   runtime::StepSampling sampling;
@@ -388,8 +409,11 @@ void Engine::Impl::launch_decode() {
     position = decode->position;
     return true;
   };
+  lane.verify = false;
   if (plan.mixed)
     run_mixed_step(lane, sequences, input, plan.prefill, sampling);
+  else if (verify)
+    run_verify_step(lane, sequences, fed, drafts);
   else
     run_decode_step(lane, sequences, input, sampling);
   lane.rows.assign(sequences, 0);
@@ -407,6 +431,10 @@ void Engine::Impl::read_back_oldest(std::vector<StepToken>& out) {
   StepLane& lane = lanes[launched.front()];
   launched.pop_front();
   lane.step_done.wait();
+  if (lane.verify) {
+    read_back_verify(lane, out);
+    return;
+  }
   for (int fed_row = 0; fed_row < static_cast<int>(lane.rows.size()); ++fed_row) {
     if (lane.rows[fed_row] == 0) continue;
     batching::Sequence* sequence =
@@ -428,12 +456,13 @@ void Engine::Impl::decode_running(std::vector<StepToken>& out) {
   while (!launched.empty() && !feeds_someone(lanes[launched.front()])) read_back_oldest(out);
   // A constrained row's next mask needs its last token accepted by its grammar: while one is
   // held, every step in flight is read back before the next launches, and none is launched ahead
-  // (the GPU waits for the host between steps; docs/runtime.md, "Constrained rows").
+  // (the GPU waits for the host between steps; docs/runtime.md, "Constrained rows"). Nor with
+  // speculation: a row drafts only from a token the host has read back.
   const bool constrained = holds_constraints();
   if (constrained)
     while (!launched.empty()) read_back_oldest(out);
-  if (launched.empty()) launch_decode();                        // nothing ahead: this call's own step
-  if (options.overlap_steps && !constrained) launch_decode();  // and the next, before reading this one back
+  if (launched.empty()) launch_decode();                                        // nothing ahead: this call's own step
+  if (options.overlap_steps && !constrained && !speculation) launch_decode();  // and the next, before reading this one back
   if (!launched.empty()) read_back_oldest(out);
 }
 

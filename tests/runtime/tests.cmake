@@ -9,3 +9,4 @@ deepfuse_test(test_engine_fp8_gpu ${CMAKE_CURRENT_LIST_DIR}/test_engine_fp8_gpu.
 deepfuse_test(test_mixed_steps_gpu ${CMAKE_CURRENT_LIST_DIR}/test_mixed_steps_gpu.cpp GPU)
 deepfuse_test(test_fp8_slice ${CMAKE_CURRENT_LIST_DIR}/test_fp8_slice.cpp)
 deepfuse_test(test_weight_sources_gpu ${CMAKE_CURRENT_LIST_DIR}/test_weight_sources_gpu.cpp GPU)
+deepfuse_test(test_speculative_gpu ${CMAKE_CURRENT_LIST_DIR}/test_speculative_gpu.cpp GPU)

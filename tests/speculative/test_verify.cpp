@@ -13,6 +13,7 @@
 #include "deepfuse/reference.hpp"
 #include "reference/random_decoder.hpp"
 #include "speculative/reference_sequence.hpp"
+#include "speculative/chi_square.hpp"
 #include "speculative/verify.hpp"
 #include "test_util.hpp"
 
@@ -149,32 +150,6 @@ TEST(Verify, SampledOutputIsTheSameTokensForTheSameSeed) {
   EXPECT_GT(accepted, 0);
 }
 
-// Two-sample chi-square over the tokens at generated positions 1..4, both samples of `runs`
-// sequences; the statistic's largest excess over its critical value at p = 1e-4 (< 0 passes).
-double worst_chi_square_excess(const std::vector<std::vector<int32_t>>& a, const std::vector<std::vector<int32_t>>& b,
-                               int vocab) {
-  double worst = -1e300;
-  for (size_t position = 1; position < a[0].size(); ++position) {
-    std::vector<double> count_a(vocab), count_b(vocab);
-    for (const auto& run : a) count_a[run[position]] += 1;
-    for (const auto& run : b) count_b[run[position]] += 1;
-    double statistic = 0;
-    int bins = 0;
-    for (int v = 0; v < vocab; ++v) {
-      if (count_a[v] + count_b[v] == 0) continue;
-      statistic += (count_a[v] - count_b[v]) * (count_a[v] - count_b[v]) / (count_a[v] + count_b[v]);
-      ++bins;
-    }
-    const double dof = std::max(1, bins - 1);
-    const double z = 3.719;  // the standard normal's 1 - 1e-4 quantile; Wilson-Hilferty below
-    const double h = 2.0 / (9.0 * dof);
-    const double critical = dof * std::pow(1.0 - h + z * std::sqrt(h), 3.0);
-    std::printf("position %zu: chi-square %.1f, critical %.1f (%d bins)\n", position, statistic, critical, bins);
-    worst = std::max(worst, statistic - critical);
-  }
-  return worst;
-}
-
 TEST(Verify, SampledOutputHasTheNonSpeculativeDistribution) {
   auto rng = testing::make_rng(5440);
   ModelConfig config = tiny_config(Architecture::llama, 6);
@@ -213,8 +188,8 @@ TEST(Verify, SampledOutputHasTheNonSpeculativeDistribution) {
     spec.push_back(speculative(base + kRuns + run, false));  // other seeds: a distribution test
     wrong.push_back(speculative(base + 2 * kRuns + run, true));
   }
-  EXPECT_LT(worst_chi_square_excess(spec, plain, config.vocab_size), 0.0);
-  EXPECT_GT(worst_chi_square_excess(wrong, plain, config.vocab_size), 0.0) << "the test cannot tell a wrong rule";
+  EXPECT_LT(testing::worst_chi_square_excess(spec, plain, config.vocab_size), 0.0);
+  EXPECT_GT(testing::worst_chi_square_excess(wrong, plain, config.vocab_size), 0.0) << "the test cannot tell a wrong rule";
 }
 
 }  // namespace

@@ -32,6 +32,9 @@ void EngineBackend::add(SequenceKey key, GenerationSpec spec) {
   request.presence_penalty = spec.presence_penalty;
   request.frequency_penalty = spec.frequency_penalty;
   request.top_logprobs = spec.top_logprobs;
+  // A constrained sequence is never drafted: each verified row's mask would need the rows before
+  // it chosen first (docs/runtime.md, "Speculative decoding").
+  request.speculative = spec.speculative && !spec.constraint;
   request.constraint = std::move(spec.constraint);  // the engine fills its masks and feeds it the tokens
   const SequenceId id = engine_->add_sequence(request);
   engine_id_of_[key] = id;
@@ -70,6 +73,9 @@ std::vector<SequenceEvent> EngineBackend::step() {
 BackendGauges EngineBackend::gauges() const {
   BackendGauges gauges;
   static_cast<SchedulingStats&>(gauges) = engine_->scheduling_stats();
+  const Engine::SpeculativeCounts counts = engine_->speculative_counts();
+  gauges.draft_tokens = counts.draft_tokens;
+  gauges.accepted_draft_tokens = counts.accepted_draft_tokens;
   return gauges;
 }
 
