@@ -9,6 +9,7 @@
 #include <cuda_profiler_api.h>
 
 #include "bench/power_cap.hpp"
+#include "bench/speculative_bench.hpp"
 #include "bench/timing.hpp"
 #include "core/roofline.hpp"
 #include "deepfuse/device.hpp"
@@ -75,6 +76,7 @@ struct Report {
   PowerCapCounter power_cap;      // how much of each case's timed steps ran power-capped
   std::vector<std::string> capped;  // cases capped for more than kPowerCappedNote of their timed steps
   ImpossibleRows impossible{"decode"};
+  SpeculativeReport speculative;  // --verify-drafts, --speculative
   double read_bw;   // bytes/s, the fastest any read goes on this GPU (core/roofline.hpp)
   size_t l2_bytes;
 
@@ -105,7 +107,8 @@ int longest_case(const DecodeBenchOptions& options) {
   const int largest_context = *std::max_element(options.contexts.begin(), options.contexts.end());
   const int largest_prompt =
       options.ttft_prompts.empty() ? 0 : *std::max_element(options.ttft_prompts.begin(), options.ttft_prompts.end());
-  return std::max(largest_context + tokens_per_case(options), largest_prompt + 1);
+  const int request = options.speculative == SpeculativeChoice::off ? 0 : options.request_prompt + options.request_tokens;
+  return std::max({largest_context + tokens_per_case(options), largest_prompt + 1, request});
 }
 
 // Events per traced step: a few marks per block of every traced kernel, with room to spare.
@@ -358,6 +361,12 @@ void run_arch(const std::string& arch, WeightFormat weights, const DecodeBenchOp
     }
   std::mt19937_64 rng(options.seed);
   for (int prompt_tokens : options.ttft_prompts) run_ttft_case(*engine, arch, prompt_tokens, options, rng, report);
+  engine.reset();  // its memory, for the speculative rows' engines
+  try {
+    run_speculative_arch(model, config, engine_options, options, report.speculative);
+  } catch (const Error& e) {
+    report.skip(model + " speculative rows", {{"kind", "verify"}, {"arch", arch}}, e.what());
+  }
 }
 
 void check_options(const DecodeBenchOptions& options) {
@@ -372,6 +381,9 @@ void check_options(const DecodeBenchOptions& options) {
   for (const auto& arch : options.archs)
     DF_CHECK(std::find(known.begin(), known.end(), arch) != known.end(), "bench decode: unknown arch '" + arch + "'");
   DF_CHECK(options.max_context >= 0, "bench decode: --max-context must not be negative");
+  DF_CHECK(options.verify_drafts >= 0 && options.verify_drafts <= 15, "bench decode: --verify-drafts must be in [0, 15]");
+  DF_CHECK(options.request_prompt >= 1 && options.request_tokens >= 2,
+           "bench decode: --request-prompt must be at least 1 and --request-tokens at least 2");
   DF_CHECK(options.max_context == 0 || options.max_context >= longest_case(options),
            "bench decode: --max-context " + std::to_string(options.max_context) + " is below the " +
                std::to_string(longest_case(options)) + " tokens the longest case needs");
@@ -413,6 +425,18 @@ int run_decode_bench(const DecodeBenchOptions& options) {
     std::printf("\ntime to first token (batch 1, median of %d)\n", options.ttft_repetitions);
     std::fputs(report.ttft.render().c_str(), stdout);
   }
+  if (options.verify_drafts > 0) {
+    std::printf("\nspeculative verify step (every sequence verifies %d random drafts; ms/step of %d steps, each "
+                "read back before the next, against one-token steps of the same engine)\n",
+                options.verify_drafts, options.steps);
+    std::fputs(report.speculative.verify.render().c_str(), stdout);
+  }
+  if (options.speculative != SpeculativeChoice::off) {
+    std::printf("\nspeculative requests (greedy, %d random prompt tokens, %d new; decode tokens/s after the first "
+                "step; plain: no speculation, steps launched ahead; repeat: the second of two identical rounds)\n",
+                options.request_prompt, options.request_tokens);
+    std::fputs(report.speculative.requests.render().c_str(), stdout);
+  }
   if (options.tune_gemms) {
     std::printf("\ncuBLASLt GEMMs timed at construction (µs per call in a graph, weights from HBM; chosen 0: the "
                 "heuristic's first choice kept; past its suggestions, the split-K ones unsplit)\n");
@@ -425,7 +449,9 @@ int run_decode_bench(const DecodeBenchOptions& options) {
                  {"keep_mlp_copy", options.keep_mlp_copy}, {"tune_gemms", options.tune_gemms},
                  {"tensor_parallel", options.tensor_parallel},
                  {"steps", options.steps},
-                 {"warmup", options.warmup}, {"rows", report.rows}});
+                 {"warmup", options.warmup}, {"verify_drafts", options.verify_drafts},
+                 {"speculative", choice_name(options.speculative)}, {"rows", report.rows}});
+    for (const nlohmann::json& row : report.speculative.rows) json["rows"].push_back(row);
     write_json(options.json_path, json);
   }
   return report.impossible.finish();

@@ -43,6 +43,13 @@ struct DecodeBenchOptions {
   uint64_t seed = 1;                   // weights and TTFT prompts
   std::string json_path;               // empty: no JSON
   std::string trace_path;              // per-block timelines of one step per case (a DEEPFUSE_TRACE build)
+  // Speculative decoding (speculative_bench.hpp): drafts per sequence in the verify rows (0: none),
+  // and the drafter of the request rows (off: none), whose requests have request_prompt random
+  // prompt tokens and generate request_tokens.
+  int verify_drafts = 0;
+  SpeculativeChoice speculative = SpeculativeChoice::off;
+  int request_prompt = 256;
+  int request_tokens = 128;
 };
 
 // llama3-8b, llama3.2-1b, qwen2.5-7b; batches 1, 8, 32; contexts 512, 8192, 32768; TTFT 512, 4096.

@@ -37,6 +37,7 @@ void register_bench_decode(CLI::App& bench, Action& action) {
     bool no_overlap_steps = false;
     bool no_ttft = false;
     std::vector<std::string> weights;
+    std::string speculative = choice_name(SpeculativeChoice::off);
   };
   auto args = std::make_shared<DecodeArgs>();
   auto& o = args->options;
@@ -72,6 +73,17 @@ void register_bench_decode(CLI::App& bench, Action& action) {
       ->check(CLI::PositiveNumber);
   decode->add_flag("--tune-gemms", o.tune_gemms,
                    "time cuBLASLt's suggested algorithms at construction and keep the fastest (EngineOptions::tune_gemms)");
+  decode->add_option("--verify-drafts", o.verify_drafts,
+                     "speculative verify rows: each case's step with every sequence verifying this many random "
+                     "drafts, against a one-token step (default 0: none)")
+      ->check(CLI::Range(0, 15));
+  add_speculative_option(*decode, args->speculative);
+  decode->add_option("--request-prompt", o.request_prompt,
+                     "with --speculative: random prompt tokens of each request row (default 256)")
+      ->check(CLI::PositiveNumber);
+  decode->add_option("--request-tokens", o.request_tokens,
+                     "with --speculative: tokens each request row generates (default 128)")
+      ->check(CLI::Range(2, 1 << 20));
   decode->add_option("--seed", o.seed, "random weights and prompts (default 1)");
   decode->add_option("--json", o.json_path, "write the rows as JSON to this file");
   decode->add_option("--trace", o.trace_path,
@@ -96,6 +108,7 @@ void register_bench_decode(CLI::App& bench, Action& action) {
       options.keep_mlp_copy = !args->server_memory_plan;
       options.kv_cache_bytes = args->kv_cache_mb << 20;
       options.tensor_parallel = plan.tensor_parallel;
+      options.speculative = speculative_choice(args->speculative);
       return bench::run_decode_bench(options);
     };
   });

@@ -258,7 +258,7 @@ void Engine::Impl::prepare_setup() {
 // The verify steps' buffers and attention plans: every bucket's sequences x every row count.
 void Engine::Impl::prepare_speculation() {
   speculation = std::make_unique<runtime::Speculation>(options.speculative, options.max_draft, options.max_batch,
-                                                       config.vocab_size);
+                                                       config.vocab_size, options.cuda_graphs);
   size_t workspace = 0;
   for (const BucketPlan& bucket : plan.buckets)
     for (int rows = 1; rows <= speculation->max_rows(); ++rows)

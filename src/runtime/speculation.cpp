@@ -20,8 +20,8 @@ speculative::DrafterOptions drafter_options(int max_draft) {
 
 }  // namespace
 
-Speculation::Speculation(SpeculativeChoice choice, int max_draft, int max_sequences, int vocab)
-    : choice_(choice), drafter_options_(drafter_options(max_draft)) {
+Speculation::Speculation(SpeculativeChoice choice, int max_draft, int max_sequences, int vocab, bool use_graphs)
+    : graphs(max_sequences, use_graphs, 1 + max_draft), choice_(choice), drafter_options_(drafter_options(max_draft)) {
   DF_CHECK(max_draft >= 1 && max_draft < kernels::kSpeculativeMaxRows,
            "max_draft is " + std::to_string(max_draft) + "; it must be in [1, " +
                std::to_string(kernels::kSpeculativeMaxRows - 1) + "]");

@@ -21,6 +21,7 @@
 #include "deepfuse/kernels/decode_attention.hpp"
 #include "deepfuse/kernels/sampling.hpp"
 #include "deepfuse/tensor.hpp"
+#include "runtime/graph_cache.hpp"
 #include "runtime/pinned_buffer.hpp"
 #include "speculative/drafter.hpp"
 #include "speculative/suffix_cache.hpp"
@@ -51,8 +52,9 @@ struct VerifyLayout {
 
 class Speculation {
  public:
-  // Room for steps of up to max_sequences x (1 + max_draft) entries.
-  Speculation(SpeculativeChoice choice, int max_draft, int max_sequences, int vocab);
+  // Room for steps of up to max_sequences x (1 + max_draft) entries; `use_graphs`: verify steps
+  // captured per (batch bucket, rows), as decode steps are per bucket.
+  Speculation(SpeculativeChoice choice, int max_draft, int max_sequences, int vocab, bool use_graphs);
 
   int max_rows() const { return 1 + drafter_options_.max_draft; }
 
@@ -88,6 +90,9 @@ class Speculation {
   PinnedBuffer host_slots;
   PinnedBuffer results;            // mapped: speculative_accept writes emitted and counts here
   CopyEvent uploaded;              // after the last upload from the staging buffers
+  // Per batch bucket, one graph per row count (plan rows - 1): the inputs sit at offsets fixed by
+  // (sequences, rows), the attention plan and the ops by the entry count.
+  DecodeGraphCache graphs;
 
  private:
   SpeculativeChoice choice_;

@@ -103,7 +103,9 @@ void Engine::Impl::run_verify_step(StepLane& lane, int sequences, std::span<cons
   const kernels::DecodeAttentionPlan& attention = spec.attention_plan(
       layout.entries(), [&](int entries) { return decode_attention_plan(entries, AttentionChoice{}); });
   const std::optional<BucketPlan> ops = verify_ops(layout.entries());
-  forward->verify_step(pass, attention, ops ? &*ops : nullptr, stream());
+  spec.graphs.run(bucket_index, rows - 1, stream(), [&](cudaStream_t s) {
+    forward->verify_step(pass, attention, ops ? &*ops : nullptr, s);
+  });
   spec.layout = layout;
   for (int s = 0; s < layout.sequences && s < static_cast<int>(drafts.size()); ++s) spec.drafts[s] = std::move(drafts[s]);
   lane.verify = true;
