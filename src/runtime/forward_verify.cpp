@@ -34,14 +34,13 @@ void ForwardPass::verify_step(const VerifyPass& pass, const kernels::DecodeAtten
   lm_head(0, entries, stream);
 
   // Each entry's token, with its own draw index (the slots say), as a plain step would choose it.
-  kernels::SamplingParams p;
-  p.logits = buffers_.logits.as<float>();
-  p.slots = pass.slots;
-  p.ids = pass.chosen;
-  p.workspace = pass.sampling_workspace;
-  p.batch = entries;
-  p.vocab = config_.vocab_size;
-  DF_CHECK_CUDA(kernels::launch_sampling(p, stream));
+  DF_CHECK_CUDA(kernels::launch_sampling({.logits = buffers_.logits.as<float>(),
+                                           .slots = pass.slots,
+                                           .ids = pass.chosen,
+                                           .workspace = pass.sampling_workspace,
+                                           .batch = entries,
+                                           .vocab = config_.vocab_size},
+                                          stream));
 
   kernels::SpeculativeAcceptParams a;
   a.chosen = pass.chosen;

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <span>
@@ -105,6 +106,30 @@ inline int reference_greedy_matches(const reference::Decoder& reference, std::sp
     logits = reference.forward(ours.subspan(t, 1), cache);
   }
   return static_cast<int>(ours.size());
+}
+
+// `ours` equals `alone` (both after `prompt`), or the two part where the reference's logits
+// after their common prefix rate both picks a near tie. Returns whether they are equal.
+inline bool same_or_parted_at_near_tie(const reference::Decoder& reference, const std::vector<int32_t>& prompt,
+                                       const std::vector<int32_t>& ours, const std::vector<int32_t>& alone,
+                                       const std::string& what) {
+  const auto parted = std::mismatch(ours.begin(), ours.end(), alone.begin(), alone.end());
+  if (parted.first == ours.end() && parted.second == alone.end()) return true;
+  if (parted.first == ours.end() || parted.second == alone.end()) {
+    ADD_FAILURE() << what << ": " << ours.size() << " tokens, " << alone.size() << " alone, equal as far as both go";
+    return false;
+  }
+  std::vector<int32_t> ids = prompt;
+  ids.insert(ids.end(), ours.begin(), parted.first);
+  reference::KvCache cache = reference.new_cache();
+  const std::vector<float> logits = reference.forward(ids, cache);
+  const size_t vocab = reference.config().vocab_size;
+  const std::span<const float> last(logits.data() + logits.size() - vocab, vocab);
+  EXPECT_TRUE(testing::near_tie(last, *parted.first, *parted.second))
+      << what << ": token " << (parted.first - ours.begin()) << " is " << *parted.first << ", alone "
+      << *parted.second << ", not a near tie of the reference (logits " << last[*parted.first] << " vs "
+      << last[*parted.second] << ")";
+  return false;
 }
 
 }  // namespace deepfuse::testing

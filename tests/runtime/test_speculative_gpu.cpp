@@ -191,21 +191,9 @@ TEST_P(SpeculativeVsReference, GreedyOutputEqualsNonSpeculativeOutput) {
     const Engine::SpeculativeCounts before = engine.speculative_counts();
     const auto spec = generate(engine);
     const Engine::SpeculativeCounts after = engine.speculative_counts();
-    for (size_t s = 0; s < prompts.size(); ++s) {
-      ASSERT_EQ(spec[s].size(), plain[s].size()) << "round " << round << ", sequence " << s;
-      const auto diverged = std::mismatch(spec[s].begin(), spec[s].end(), plain[s].begin());
-      if (diverged.first == spec[s].end()) continue;
-      const size_t t = diverged.first - spec[s].begin();
-      // Where they part, the reference after the common text must rate both picks a near tie.
-      std::vector<int32_t> context = prompts[s];
-      context.insert(context.end(), plain[s].begin(), plain[s].begin() + t);
-      reference::KvCache cache = reference_->new_cache();
-      const std::vector<float> logits = reference_->forward(context, cache);
-      const std::span<const float> row(logits.end() - config_.vocab_size, logits.end());
-      EXPECT_TRUE(testing::near_tie(row, spec[s][t], plain[s][t]))
-          << "round " << round << ", sequence " << s << " token " << t << ": speculative " << spec[s][t]
-          << ", plain " << plain[s][t];
-    }
+    for (size_t s = 0; s < prompts.size(); ++s)
+      testing::same_or_parted_at_near_tie(*reference_, prompts[s], spec[s], plain[s],
+                                          "round " + std::to_string(round) + ", sequence " + std::to_string(s));
     const uint64_t drafted = after.draft_tokens - before.draft_tokens;
     const uint64_t accepted = after.accepted_draft_tokens - before.accepted_draft_tokens;
     std::printf("[ %s ] round %d: drafts accepted %llu of %llu\n", tiny_models()[GetParam()].name.c_str(), round,
