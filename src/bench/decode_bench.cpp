@@ -108,7 +108,8 @@ int longest_case(const DecodeBenchOptions& options) {
   const int largest_prompt =
       options.ttft_prompts.empty() ? 0 : *std::max_element(options.ttft_prompts.begin(), options.ttft_prompts.end());
   const int request = options.speculative == SpeculativeChoice::off ? 0 : options.request_prompt + options.request_tokens;
-  return std::max({largest_context + tokens_per_case(options), largest_prompt + 1, request});
+  const int verify = options.verify_drafts > 0 ? largest_context + 1 + verify_case_tokens(options) : 0;
+  return std::max({largest_context + tokens_per_case(options), largest_prompt + 1, request, verify});
 }
 
 // Events per traced step: a few marks per block of every traced kernel, with room to spare.

@@ -53,30 +53,40 @@ void run_verify_case(Engine& engine, const std::string& arch, int batch, int con
                      const DecodeBenchOptions& options, SpeculativeReport& report) {
   const int drafts = options.verify_drafts;
   nlohmann::json row = {{"kind", "verify"}, {"arch", arch}, {"batch", batch}, {"context", context}, {"drafts", drafts}};
-  // Random drafts almost never match, so a step emits one token; room for twice that.
-  const int tokens = 2 * (2 * (options.warmup + options.steps)) + drafts + 2;
-  const int pages = batch * pages_for(context + tokens);
-  if (pages > engine.stats().kv_pages_free) {
-    std::printf("  skipped verify %s batch %d context %d: needs %d KV pages\n", arch.c_str(), batch, context, pages);
-    row["skipped"] = "needs " + std::to_string(pages) + " KV pages";
+  const int tokens = verify_case_tokens(options);
+  const int pages = batch * pages_for(context + 1 + tokens);
+  auto skip = [&](const std::string& reason) {
+    std::printf("  skipped verify %s batch %d context %d: %s\n", arch.c_str(), batch, context, reason.c_str());
+    row["skipped"] = reason;
     report.rows.push_back(row);
-    return;
-  }
+  };
+  if (pages > engine.stats().kv_pages_free) return skip("needs " + std::to_string(pages) + " KV pages");
   std::vector<SequenceId> sequences;
-  for (int b = 0; b < batch; ++b) sequences.push_back(runtime::EngineBench::add_prefilled(engine, context, tokens));
-  std::mt19937_64 rng(options.seed);
-  const int vocab = engine.config().vocab_size;
-  runtime::EngineBench::set_draft_source(engine, [](SequenceId, std::span<const int32_t>, int) {
-    return std::vector<int32_t>{};
-  });
-  warm_up_clocks();
-  const double one_token_ms = ms_per_step(engine, batch, options.warmup, options.steps);
-  runtime::EngineBench::set_draft_source(engine, [&](SequenceId, std::span<const int32_t>, int limit) {
-    return random_tokens(rng, std::min(drafts, limit), vocab);
-  });
-  const double verify_ms = ms_per_step(engine, batch, options.warmup, options.steps);
+  double one_token_ms = 0, verify_ms = 0;
+  try {
+    for (int b = 0; b < batch; ++b) sequences.push_back(runtime::EngineBench::add_prefilled(engine, context, tokens));
+    std::mt19937_64 rng(options.seed);
+    const int vocab = engine.config().vocab_size;
+    runtime::EngineBench::set_draft_source(engine, [](SequenceId, std::span<const int32_t>, int) {
+      return std::vector<int32_t>{};
+    });
+    warm_up_clocks();
+    one_token_ms = ms_per_step(engine, batch, options.warmup, options.steps);
+    runtime::EngineBench::set_draft_source(engine, [&rng, drafts, vocab](SequenceId, std::span<const int32_t>, int limit) {
+      return random_tokens(rng, std::min(drafts, limit), vocab);
+    });
+    verify_ms = ms_per_step(engine, batch, options.warmup, options.steps);
+  } catch (const Error& e) {
+    skip(e.what());
+  }
   runtime::EngineBench::set_draft_source(engine, {});
-  for (SequenceId id : sequences) engine.remove_sequence(id);
+  for (SequenceId id : sequences) {
+    try {
+      engine.remove_sequence(id);
+    } catch (const Error&) {  // it finished: the engine removed it already
+    }
+  }
+  if (verify_ms == 0) return;
   const double ratio = verify_ms / one_token_ms;
   report.verify.add({arch, std::to_string(batch), std::to_string(context), std::to_string(drafts),
                      format_fixed(one_token_ms, 3), format_fixed(verify_ms, 3), format_fixed(ratio, 3) + "x"});
@@ -123,6 +133,11 @@ std::map<std::string, RequestTiming> time_workload(Engine& engine, const Workloa
 }
 
 }  // namespace
+
+// Random drafts almost never match, so a step emits one token; room for twice that.
+int verify_case_tokens(const DecodeBenchOptions& options) {
+  return 2 * (2 * (options.warmup + options.steps)) + options.verify_drafts + 2;
+}
 
 void run_speculative_arch(const std::string& arch, const ModelConfig& config, const EngineOptions& base,
                           const DecodeBenchOptions& options, SpeculativeReport& report) {

@@ -25,6 +25,10 @@ struct SpeculativeReport {
   nlohmann::json rows = nlohmann::json::array();
 };
 
+// Tokens each sequence of a verify case generates (room for its warm-up and timed steps of both
+// kinds), beyond its context: what the engine's max_context must hold.
+int verify_case_tokens(const DecodeBenchOptions& options);
+
 // The rows of `arch` (engine options as bench decode builds them: `base`; `config` its model).
 void run_speculative_arch(const std::string& arch, const ModelConfig& config, const EngineOptions& base,
                           const DecodeBenchOptions& options, SpeculativeReport& report);
