@@ -7,7 +7,7 @@
 //     and its repeat (whose drafts come from the suffix cache and hit), up to a first difference
 //     the reference rates a near tie (bf16 GEMMs of other row counts may round differently);
 //   - sampled output has the distribution of sampling without speculation: a chi-square test per
-//     generated position over 1000 seeds on an 8-token vocabulary, drafts of random tokens.
+//     generated position over 1000 seeds on a 16-token vocabulary, drafts of random tokens.
 // Engines are NaN-poisoned first (EngineBench::poison_buffers), so a verify that reads a position
 // no step wrote changes tokens.
 #include <gtest/gtest.h>
@@ -211,7 +211,8 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, SpeculativeVsReference, ::testing::Range(0,
 TEST(SpeculativeSampling, SampledOutputHasTheNonSpeculativeDistribution) {
   DF_REQUIRE_GPU();
   auto rng = testing::make_rng(5480);
-  const ModelConfig config = testing::tiny_config(Architecture::llama, 8, 128, 256, 1, 2, 1, 64, 10000.0);
+  // llama_gqa's shapes with one layer and a 16-token vocabulary (rows of 64 bytes of fp32 logits).
+  const ModelConfig config = testing::tiny_config(Architecture::llama, 16, 256, 512, 1, 4, 2, 64, 10000.0);
   const std::vector<int32_t> prompt = random_ids(rng, 6, config.vocab_size);
   constexpr int kRuns = 1000, kTokens = 5;
   const uint64_t weights_seed = rng(), base_seed = rng();
