@@ -52,7 +52,7 @@ struct WeightFormatInfo {
 inline constexpr WeightFormatInfo kWeightFormats[kWeightFormatCount] = {
     {WeightFormat::bf16, "bf16", 2, ScaleGranularity::none, 0, true, true},
     {WeightFormat::fp8_e4m3, "fp8_e4m3", 1, ScaleGranularity::channel, 0, false, true},
-    {WeightFormat::fp8_e4m3_block128, "fp8_e4m3_block128", 1, ScaleGranularity::block, 128, false, false},
+    {WeightFormat::fp8_e4m3_block128, "fp8_e4m3_block128", 1, ScaleGranularity::block, 128, false, true},
 };
 
 constexpr const WeightFormatInfo& format_info(WeightFormat format) { return kWeightFormats[static_cast<int>(format)]; }
