@@ -1,6 +1,8 @@
 list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/error.cpp
   ${CMAKE_CURRENT_LIST_DIR}/bf16.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/float16.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/float8.cpp
   ${CMAKE_CURRENT_LIST_DIR}/weight_format.cpp
   ${CMAKE_CURRENT_LIST_DIR}/logprobs.cpp
   ${CMAKE_CURRENT_LIST_DIR}/rope.cpp

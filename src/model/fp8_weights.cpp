@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "deepfuse/error.hpp"
-#include "model/float8.hpp"
+#include "core/float8.hpp"
 
 namespace deepfuse {
 
@@ -122,14 +122,6 @@ std::vector<float> dequantize_fp8(const Checkpoint& checkpoint, const ModelConfi
   return out;
 }
 
-float quantize_row_fp8(std::span<const float> row, std::span<uint8_t> out) {
-  float absmax = 0.0f;
-  for (float v : row) absmax = std::max(absmax, std::fabs(v));
-  const float scale = absmax > 0.0f ? absmax / kFloat8E4m3Max : 1.0f;
-  for (size_t i = 0; i < row.size(); ++i) out[i] = float_to_float8_e4m3(row[i] / scale);
-  return scale;
-}
-
 std::vector<float> quantize_blocks_fp8(std::span<const float> weight, int64_t rows, int64_t columns, int side,
                                        std::span<uint8_t> out) {
   DF_CHECK(side > 0 && rows % side == 0 && columns % side == 0,
@@ -164,15 +156,6 @@ void round_through_fp8(std::span<float> weight, int64_t rows, int64_t columns, W
       const size_t k = static_cast<size_t>(o * columns + i);
       weight[k] = float8_e4m3_to_float(bytes[k]) * scales[static_cast<size_t>(o / side * (columns / side) + i / side)];
     }
-}
-
-void quantize_rows_fp8(std::span<float> weight, int64_t rows, int64_t columns) {
-  std::vector<uint8_t> bytes(static_cast<size_t>(columns));
-  for (int64_t o = 0; o < rows; ++o) {
-    const std::span<float> row = weight.subspan(static_cast<size_t>(o * columns), static_cast<size_t>(columns));
-    const float scale = quantize_row_fp8(row, bytes);
-    for (size_t i = 0; i < row.size(); ++i) row[i] = float8_e4m3_to_float(bytes[i]) * scale;
-  }
 }
 
 }  // namespace deepfuse

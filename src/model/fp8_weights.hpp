@@ -38,13 +38,6 @@ std::vector<float> dequantize_fp8(const Checkpoint& checkpoint, const ModelConfi
 std::vector<float> stored_fp8_scales(const Checkpoint& checkpoint, const ModelConfig& config,
                                      const ExpectedTensor& tensor);
 
-// One output row through FP8 e4m3: returns its absmax scale (absmax / 448; 1 for an all-zero row)
-// and writes the e4m3 bytes of row / scale (round to nearest even, saturating) to `out`.
-float quantize_row_fp8(std::span<const float> row, std::span<uint8_t> out);
-
-// Rounds a [rows, columns] fp32 weight through FP8 e4m3 with one absmax scale per output row
-// (absmax / 448; an all-zero row keeps scale 1), in place: what the weight would be stored as.
-void quantize_rows_fp8(std::span<float> weight, int64_t rows, int64_t columns);
 
 // A [rows, columns] weight through FP8 e4m3 with one absmax scale per `side` x `side` block (per
 // block what quantize_row_fp8 does per row; side divides both): writes the e4m3 bytes to `out`

@@ -13,8 +13,8 @@
 #include "deepfuse/error.hpp"
 #include "deepfuse/make_model.hpp"
 #include "deepfuse/model_weights.hpp"
-#include "model/float16.hpp"
-#include "model/float8.hpp"
+#include "core/float16.hpp"
+#include "core/float8.hpp"
 #include "model/fp8_weights.hpp"
 
 namespace deepfuse {

@@ -2,8 +2,6 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/config.cpp
   ${CMAKE_CURRENT_LIST_DIR}/safetensors.cpp
   ${CMAKE_CURRENT_LIST_DIR}/checkpoint.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/float16.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/float8.cpp
   ${CMAKE_CURRENT_LIST_DIR}/quantization.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_tensors.cpp
   ${CMAKE_CURRENT_LIST_DIR}/weights.cpp

@@ -6,8 +6,8 @@
 #include "deepfuse/bf16.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/model_weights.hpp"
-#include "model/float16.hpp"
-#include "model/float8.hpp"
+#include "core/float16.hpp"
+#include "core/float8.hpp"
 #include "model/fp8_weights.hpp"
 
 namespace deepfuse {

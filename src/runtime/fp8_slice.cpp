@@ -6,6 +6,7 @@
 #include <string>
 
 #include "deepfuse/error.hpp"
+#include "core/float8.hpp"
 #include "model/fp8_weights.hpp"
 
 namespace deepfuse::runtime {

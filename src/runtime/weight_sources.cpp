@@ -12,7 +12,7 @@
 #include "deepfuse/kernels/fill.hpp"
 #include "deepfuse/kernels/quantize_fp8.hpp"
 #include "deepfuse/model_weights.hpp"
-#include "model/float16.hpp"
+#include "core/float16.hpp"
 #include "runtime/fp8_slice.hpp"
 #include "runtime/pinned_buffer.hpp"
 

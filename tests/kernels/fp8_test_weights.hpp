@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "deepfuse/weight_format.hpp"
-#include "model/float8.hpp"
+#include "core/float8.hpp"
 
 namespace deepfuse::testing {
 

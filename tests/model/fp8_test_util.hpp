@@ -13,7 +13,7 @@
 #include "deepfuse/bf16.hpp"
 #include "deepfuse/make_model.hpp"
 #include "deepfuse/model_weights.hpp"
-#include "model/float8.hpp"
+#include "core/float8.hpp"
 #include "model/model_test_util.hpp"
 
 namespace deepfuse::testing {

@@ -15,7 +15,7 @@
 #include "deepfuse/make_model.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "deepfuse/reference_decoder.hpp"
-#include "model/float8.hpp"
+#include "core/float8.hpp"
 #include "model/fp8_weights.hpp"
 #include "model/fp8_test_util.hpp"
 #include "model/model_test_util.hpp"

@@ -8,7 +8,7 @@
 #include "deepfuse/model_tensors.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "deepfuse/weight_format.hpp"
-#include "model/float16.hpp"
+#include "core/float16.hpp"
 #include "model/model_test_util.hpp"
 
 namespace deepfuse {

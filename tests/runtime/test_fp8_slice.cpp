@@ -13,7 +13,7 @@
 #include "deepfuse/make_model.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "dist/tensor_split.hpp"
-#include "model/float8.hpp"
+#include "core/float8.hpp"
 #include "model/fp8_test_util.hpp"
 #include "model/model_test_util.hpp"
 #include "runtime/fp8_slice.hpp"

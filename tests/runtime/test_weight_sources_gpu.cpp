@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "deepfuse/bf16.hpp"
+#include "core/float8.hpp"
 #include "deepfuse/make_model.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "dist/tensor_split.hpp"

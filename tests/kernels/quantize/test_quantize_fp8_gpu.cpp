@@ -1,13 +1,16 @@
-// kernels::quantize_rows_fp8 and quantize_blocks_fp8 against the host quantizer (src/model,
-// quantize_row_fp8 / quantize_blocks_fp8), bit for bit: fresh random bf16 rows (blocks) of several
-// magnitudes (subnormal e4m3 codes included), an all-zero row (block), one with a huge value,
-// outputs poisoned first.
+// kernels::quantize_rows_fp8 and quantize_blocks_fp8 against the host quantizer (core/float8.hpp's
+// quantize_row_fp8, src/model's quantize_blocks_fp8), bit for bit: fresh random bf16 rows (blocks)
+// of several magnitudes (subnormal e4m3 codes included), an all-zero row (block), one with a huge
+// value, outputs poisoned first. Rows: weight shapes and the per-token activation shapes of the FP8
+// GEMMs (M of 1 to 4096 tokens over hidden 4096 or intermediate 14336), on the vectorized path and
+// the scalar one (columns not a multiple of 8).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
+#include "core/float8.hpp"
 #include "deepfuse/bf16.hpp"
 #include "deepfuse/kernels/quantize_fp8.hpp"
 #include "deepfuse/tensor.hpp"
@@ -39,15 +42,19 @@ Quantized on_device(const std::vector<uint16_t>& bits, size_t scale_count, Quant
 TEST(QuantizeFp8, RowsMatchTheHostQuantizerBitForBit) {
   DF_REQUIRE_GPU();
   std::mt19937_64 rng = testing::make_rng(51);
-  for (const auto [rows, columns] : {std::pair{5, 64}, std::pair{37, 1000}, std::pair{130, 4096}}) {
+  for (const auto [rows, columns] : {std::pair{5, 64}, std::pair{37, 1000}, std::pair{130, 4096}, std::pair{3, 1001},
+                                       std::pair{1, 4096}, std::pair{17, 14336}, std::pair{64, 14336},
+                                       std::pair{200, 4096}, std::pair{4096, 4096}}) {
     std::vector<uint16_t> bits(static_cast<size_t>(rows) * columns);
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
     for (int r = 0; r < rows; ++r) {
       const float magnitude = std::ldexp(1.0f, r % 24 - 16);  // 2^-16 .. 2^7 across the rows
       for (int c = 0; c < columns; ++c) bits[r * columns + c] = float_to_bf16_bits(uniform(rng) * magnitude);
     }
-    for (int c = 0; c < columns; ++c) bits[c] = 0;                      // row 0: all zero
-    bits[static_cast<size_t>(rows - 1) * columns] = float_to_bf16_bits(3e4f);  // last row: one outlier
+    if (rows > 1) {
+      for (int c = 0; c < columns; ++c) bits[c] = 0;                      // row 0: all zero
+      bits[static_cast<size_t>(rows - 1) * columns] = float_to_bf16_bits(3e4f);  // last row: one outlier
+    }
     const Quantized device = on_device(bits, rows, [&](const __nv_bfloat16* in, uint8_t* out, float* scales) {
       return kernels::quantize_rows_fp8(in, out, scales, rows, columns, nullptr);
     });

@@ -1,10 +1,12 @@
-#include "model/float8.hpp"
+#include "core/float8.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
-#include "model/float16.hpp"
+#include "core/float16.hpp"
 
 namespace deepfuse {
 
@@ -38,6 +40,23 @@ uint8_t float_to_float8_e4m3(float value) {
   const uint32_t rounded = (magnitude + 0x7ffffu + (magnitude >> 20 & 1u)) >> 20;
   const uint32_t code = rounded - ((127u - 7u) << 3);
   return sign | static_cast<uint8_t>(code > 0x7eu ? 0x7eu : code);
+}
+
+float quantize_row_fp8(std::span<const float> row, std::span<uint8_t> out) {
+  float absmax = 0.0f;
+  for (float v : row) absmax = std::max(absmax, std::fabs(v));
+  const float scale = absmax > 0.0f ? absmax / kFloat8E4m3Max : 1.0f;
+  for (size_t i = 0; i < row.size(); ++i) out[i] = float_to_float8_e4m3(row[i] / scale);
+  return scale;
+}
+
+void quantize_rows_fp8(std::span<float> values, int64_t rows, int64_t columns) {
+  std::vector<uint8_t> bytes(static_cast<size_t>(columns));
+  for (int64_t o = 0; o < rows; ++o) {
+    const std::span<float> row = values.subspan(static_cast<size_t>(o * columns), static_cast<size_t>(columns));
+    const float scale = quantize_row_fp8(row, bytes);
+    for (size_t i = 0; i < row.size(); ++i) row[i] = float8_e4m3_to_float(bytes[i]) * scale;
+  }
 }
 
 }  // namespace deepfuse

@@ -1,4 +1,4 @@
-#include "model/float16.hpp"
+#include "core/float16.hpp"
 
 #include <cstring>
 
