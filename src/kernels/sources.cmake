@@ -8,6 +8,7 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/embedding/embedding.cu
   ${CMAKE_CURRENT_LIST_DIR}/fill/fill.cu
   ${CMAKE_CURRENT_LIST_DIR}/gemm/cublaslt_gemm.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gemm/fp8_scale_epilogue.cu
   ${CMAKE_CURRENT_LIST_DIR}/common/cluster_gemv.cu
   ${CMAKE_CURRENT_LIST_DIR}/gemv/gemv_residual.cu
   ${CMAKE_CURRENT_LIST_DIR}/mlp/swiglu_elementwise.cu

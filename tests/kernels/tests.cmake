@@ -16,6 +16,7 @@ deepfuse_test(test_embedding_checks ${kernel_tests}/embedding/test_embedding_che
 deepfuse_test(test_embedding_gpu ${kernel_tests}/embedding/test_embedding_gpu.cpp GPU)
 
 deepfuse_test(test_gemm_gpu ${kernel_tests}/gemm/test_gemm_gpu.cpp GPU)
+deepfuse_test(test_gemm_fp8_gpu ${kernel_tests}/gemm/test_gemm_fp8_gpu.cpp GPU)
 
 deepfuse_test(test_gemv_residual_gpu ${kernel_tests}/gemv/test_gemv_residual_gpu.cpp GPU)
 

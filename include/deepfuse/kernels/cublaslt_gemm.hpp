@@ -4,11 +4,17 @@
 // (M, N, K, epilogue, output type) and cached, unless tune() timed the candidates for that shape;
 // the workspace is allocated once, so every run after the first of its shape is graph-capturable
 // (the first only adds a host-side plan).
+//
+// FP8 (run_fp8): the same row-major product on FP8 tensor cores, X and W as e4m3 bytes each with
+// one fp32 scale per row (per token for X, dynamic: kernels::quantize_rows_fp8; per output channel
+// for W, the checkpoint's), applied by cuBLASLt's outer-vector scale modes (cuBLAS 12.9+, sm_90):
+// y[t, o] = (sum_i x[t, i] w[o, i]) * x_scale[t] * w_scale[o] (+ bias[o]) (+ addend[t, o]).
 #pragma once
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
+#include <cstdint>
 #include <map>
 #include <span>
 #include <string>
@@ -20,9 +26,39 @@
 
 namespace deepfuse::kernels {
 
+// A row-major e4m3 operand of run_fp8: [rows, k] bytes and one fp32 scale per row.
+struct Fp8Rows {
+  const uint8_t* data = nullptr;
+  const float* scales = nullptr;
+};
+
+// How run_fp8 applies the two scales: cuBLASLt's outer-vector scale modes where its heuristic has
+// an algorithm for the shape (automatic), else, or always with epilogue_kernel (tests), an fp32
+// product with unit scales and launch_fp8_scale_epilogue after it (one more launch and an fp32
+// round trip of the output).
+enum class Fp8Scaling { automatic, epilogue_kernel };
+
+// The fallback's epilogue: y[t, o] = accumulator[t, o] * x_scales[t] * w_scales[o] (+ bias[o])
+// (+ addend[t, o]), rounded once to bf16; addend may alias y, bias and addend may be null.
+struct Fp8ScaleEpilogueParams {
+  const float* accumulator = nullptr;  // [m, n]
+  const float* x_scales = nullptr;     // [m]
+  const float* w_scales = nullptr;     // [n]
+  const __nv_bfloat16* bias = nullptr;
+  const __nv_bfloat16* addend = nullptr;
+  __nv_bfloat16* y = nullptr;
+  int m = 0, n = 0;
+};
+cudaError_t launch_fp8_scale_epilogue(const Fp8ScaleEpilogueParams& params, cudaStream_t stream);
+
+// Why run_fp8 cannot run a GEMM of n outputs over k inputs on a GPU of compute capability
+// major.minor ("" when it can): FP8 tensor cores (sm_89+; the outer-vector scales are sm_90's),
+// and cuBLASLt's FP8 alignment (16-byte rows of e4m3 and of the bf16 output).
+std::string fp8_gemm_unsupported(int n, int k, int major, int minor);
+
 class CublasLtGemm {
  public:
-  CublasLtGemm();
+  explicit CublasLtGemm(Fp8Scaling fp8_scaling = Fp8Scaling::automatic);
   ~CublasLtGemm();
   CublasLtGemm(const CublasLtGemm&) = delete;
   CublasLtGemm& operator=(const CublasLtGemm&) = delete;
@@ -39,6 +75,12 @@ class CublasLtGemm {
   // y = x·w^T with fp32 output (logits: no rounding of the scores to bf16 before sampling).
   void run_fp32_out(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int m, int n, int k,
                     cudaStream_t stream);
+
+  // FP8 tensor cores: y = (x·w^T) * x.scales[t] * w.scales[o] + bias + addend (bias and addend as
+  // in run_with_bias), the scales as Fp8Scaling says. Throws deepfuse::Error, naming the shape,
+  // when cuBLASLt has no FP8 algorithm for it at all (check fp8_gemm_unsupported first).
+  void run_fp8(Fp8Rows x, Fp8Rows w, const __nv_bfloat16* bias, const __nv_bfloat16* addend, __nv_bfloat16* y, int m,
+               int n, int k, cudaStream_t stream);
 
   // One call's operands, for tune(): the weights come separately.
   struct Operands {
@@ -69,23 +111,39 @@ class CublasLtGemm {
     bool with_addend = false;
     bool with_bias = false;
     bool fp32_out = false;
-    auto key() const { return std::make_tuple(m, n, k, with_addend, with_bias, fp32_out); }
+    bool fp8 = false;  // e4m3 operands with per-row scales (run_fp8)
+    auto key() const { return std::make_tuple(m, n, k, with_addend, with_bias, fp32_out, fp8); }
+  };
+  // A call's pointers: x and w bf16, or e4m3 with their scales (fp8 shapes).
+  struct Pointers {
+    const void* x = nullptr;
+    const void* w = nullptr;
+    const float* x_scales = nullptr;
+    const float* w_scales = nullptr;
+    const __nv_bfloat16* bias = nullptr;
+    const void* addend = nullptr;
+    void* y = nullptr;
   };
   struct Plan {
     cublasLtMatmulDesc_t operation = nullptr;
     cublasLtMatrixLayout_t w_layout = nullptr, x_layout = nullptr, y_layout = nullptr;
     cublasLtMatmulAlgo_t algorithm{};
+    // fp8 shapes whose scales launch_fp8_scale_epilogue applies: cuBLASLt writes the unscaled
+    // fp32 product to fp8_accumulator_ (no bias, no addend in its epilogue).
+    bool scale_epilogue_kernel = false;
   };
   static Shape shape_of(const Operands& o) {
-    return {o.m, o.n, o.k, o.addend != nullptr, o.bias != nullptr, o.fp32_out};
+    return {o.m, o.n, o.k, o.addend != nullptr, o.bias != nullptr, o.fp32_out, false};
   }
   Plan& plan_for(const Shape& shape);
+  // The operation, layouts and heuristic's algorithm of `plan` for `shape`; false when cuBLASLt
+  // has none (fp8 only: the caller tries the epilogue-kernel form next).
+  bool make_plan(const Shape& shape, bool scale_epilogue_kernel, Plan& plan);
+  static void destroy(Plan& plan);
   std::vector<cublasLtMatmulAlgo_t> candidates_for(const Plan& plan);
   cublasStatus_t launch(const Plan& plan, const cublasLtMatmulAlgo_t& algorithm, const Shape& shape,
-                        const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
-                        const void* addend, void* y, cudaStream_t stream);
-  void matmul(const Shape& shape, const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
-              const void* addend, void* y, cudaStream_t stream);
+                        const Pointers& p, cudaStream_t stream);
+  void matmul(const Shape& shape, const Pointers& p, cudaStream_t stream);
   // Microseconds per call of `algorithm` in a graph of calls rotating over `weights`; < 0 when
   // cuBLASLt refuses the algorithm for these operands.
   double time_algorithm(Plan& plan, const cublasLtMatmulAlgo_t& algorithm, const Shape& shape,
@@ -94,7 +152,13 @@ class CublasLtGemm {
 
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer workspace_;
-  std::map<std::tuple<int, int, int, bool, bool, bool>, Plan> plans_;
+  Fp8Scaling fp8_scaling_;
+  // The epilogue-kernel plans' fp32 products, as large as the largest such plan's (grown when a
+  // plan is made, outside any capture); a captured graph keeps the address it saw, so a buffer
+  // outgrown stays allocated in retired_accumulators_.
+  DeviceBuffer fp8_accumulator_;
+  std::vector<DeviceBuffer> retired_accumulators_;
+  std::map<std::tuple<int, int, int, bool, bool, bool, bool>, Plan> plans_;
 };
 
 }  // namespace deepfuse::kernels
