@@ -37,9 +37,18 @@ struct KvCache {
   void truncate(int new_length);
 };
 
+// How the decoder computes, beyond its weights.
+struct DecoderOptions {
+  // Emulates the FP8 tensor-core GEMMs (GemmChoice::fp8): the input of every block projection
+  // (q/k/v, o_proj, gate/up, down; not lm_head) rounded to bf16, then through e4m3 with one absmax
+  // scale per token (quantize_rows_fp8), as the GPU quantizes its activations. Off: the oracle on
+  // the dequantized weights with float activations.
+  bool e4m3_activations = false;
+};
+
 class Decoder {
  public:
-  Decoder(ModelConfig config, DecoderWeights weights);
+  Decoder(ModelConfig config, DecoderWeights weights, DecoderOptions options = {});
 
   const ModelConfig& config() const { return config_; }
   KvCache new_cache() const;
@@ -54,8 +63,12 @@ class Decoder {
                        KvCache& cache) const;
   void mlp_block(const LayerWeights& layer, std::span<float> hidden, int tokens) const;
 
+  // A projection's input as the GEMM reads it (DecoderOptions::e4m3_activations), in place.
+  void as_gemm_input(std::vector<float>& x, int tokens, int columns) const;
+
   ModelConfig config_;
   DecoderWeights weights_;
+  DecoderOptions options_;
   std::vector<double> inv_freq_;
 };
 

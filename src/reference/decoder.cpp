@@ -5,6 +5,8 @@
 #include <cmath>
 #include <string>
 
+#include "core/float8.hpp"
+#include "deepfuse/bf16.hpp"
 #include "deepfuse/error.hpp"
 #include "deepfuse/reference.hpp"
 #include "deepfuse/reference_decoder.hpp"
@@ -33,8 +35,11 @@ std::vector<float> linear(std::span<const float> x, const std::vector<float>& we
 
 }  // namespace
 
-Decoder::Decoder(ModelConfig config, DecoderWeights weights)
-    : config_(std::move(config)), weights_(std::move(weights)), inv_freq_(rope_inverse_frequencies(config_.rope)) {
+Decoder::Decoder(ModelConfig config, DecoderWeights weights, DecoderOptions options)
+    : config_(std::move(config)),
+      weights_(std::move(weights)),
+      options_(options),
+      inv_freq_(rope_inverse_frequencies(config_.rope)) {
   DF_CHECK(static_cast<int>(weights_.layers.size()) == config_.num_hidden_layers,
            "reference decoder: weights hold " + std::to_string(weights_.layers.size()) + " layers, config says " +
                std::to_string(config_.num_hidden_layers));
@@ -49,6 +54,12 @@ void KvCache::truncate(int new_length) {
     values[layer].resize(per_position * new_length);
   }
   length = new_length;
+}
+
+void Decoder::as_gemm_input(std::vector<float>& x, int tokens, int columns) const {
+  if (!options_.e4m3_activations) return;
+  for (float& v : x) v = round_to_bf16(v);
+  quantize_rows_fp8(x, tokens, columns);
 }
 
 KvCache Decoder::new_cache() const {
@@ -92,6 +103,7 @@ void Decoder::attention_block(const LayerWeights& layer, int layer_index, std::s
   std::vector<float> normed(hidden.size());
   rms_norm(hidden.data(), layer[R::input_norm].data(), tokens, hidden_size, static_cast<float>(config_.rms_norm_eps),
            normed.data());
+  as_gemm_input(normed, tokens, hidden_size);
   std::vector<float> q = linear(normed, layer[R::q_proj], layer[R::q_bias], tokens, hidden_size, q_size);
   std::vector<float> k = linear(normed, layer[R::k_proj], layer[R::k_bias], tokens, hidden_size, kv_size);
   const std::vector<float> v = linear(normed, layer[R::v_proj], layer[R::v_bias], tokens, hidden_size, kv_size);
@@ -110,19 +122,32 @@ void Decoder::attention_block(const LayerWeights& layer, int layer_index, std::s
     attention_decode(q.data() + static_cast<size_t>(t) * q_size, keys.data(), values.data(), first_position + t + 1,
                      q_heads, kv_heads, head_dim, scale, config_.sliding_window,
                      attended.data() + static_cast<size_t>(t) * q_size);
+  as_gemm_input(attended, tokens, q_size);
   const std::vector<float> out = linear(attended, layer[R::o_proj], layer[R::o_bias], tokens, q_size, hidden_size);
   for (size_t i = 0; i < hidden.size(); ++i) hidden[i] += out[i];
 }
 
 // hidden += down(silu(gate(x)) * up(x)) with x = post_attention_norm(hidden).
 void Decoder::mlp_block(const LayerWeights& layer, std::span<float> hidden, int tokens) const {
-  const int hidden_size = config_.hidden_size;
+  const int hidden_size = config_.hidden_size, intermediate = config_.intermediate_size;
   std::vector<float> normed(hidden.size());
   rms_norm(hidden.data(), layer[R::post_attention_norm].data(), tokens, hidden_size,
            static_cast<float>(config_.rms_norm_eps), normed.data());
+  if (options_.e4m3_activations) {
+    // Each GEMM's input through e4m3 per token: x before gate/up, silu(g) * u before down.
+    as_gemm_input(normed, tokens, hidden_size);
+    const std::vector<float> gate = linear(normed, layer[R::gate_proj], {}, tokens, hidden_size, intermediate);
+    const std::vector<float> up = linear(normed, layer[R::up_proj], {}, tokens, hidden_size, intermediate);
+    std::vector<float> act(gate.size());
+    for (size_t i = 0; i < act.size(); ++i) act[i] = static_cast<float>(silu(gate[i]) * up[i]);
+    as_gemm_input(act, tokens, intermediate);
+    const std::vector<float> out = linear(act, layer[R::down_proj], {}, tokens, intermediate, hidden_size);
+    for (size_t i = 0; i < hidden.size(); ++i) hidden[i] += out[i];
+    return;
+  }
   std::vector<double> out(hidden.size());
   swiglu_mlp(normed.data(), layer[R::gate_proj].data(), layer[R::up_proj].data(), layer[R::down_proj].data(), hidden.data(),
-             out.data(), tokens, hidden_size, config_.intermediate_size);
+             out.data(), tokens, hidden_size, intermediate);
   for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = static_cast<float>(out[i]);
 }
 

@@ -41,6 +41,35 @@ TEST_P(DecoderPerArchitecture, IncrementalDecodeEqualsFullForward) {
 INSTANTIATE_TEST_SUITE_P(Architectures, DecoderPerArchitecture,
                          ::testing::Values(Architecture::llama, Architecture::qwen2, Architecture::mistral));
 
+// DecoderOptions::e4m3_activations (the FP8 GEMMs' per-token activation quantization): active
+// (the logits move off the float-activation ones) but small next to the logits (e4m3 keeps ~2
+// significant digits per element); per token, so a prompt run whole and one token at a time
+// still agree (a per-tensor scale would couple the tokens).
+TEST_P(DecoderPerArchitecture, E4m3ActivationsArePerTokenAndSmall) {
+  auto rng = testing::make_rng(71 + static_cast<int>(GetParam()));
+  const ModelConfig config = testing::small_decoder_config(GetParam());
+  const reference::DecoderWeights weights = testing::random_decoder_weights(config, rng);
+  const reference::Decoder plain(config, weights);
+  const reference::Decoder emulating(config, weights, {.e4m3_activations = true});
+  const auto ids = testing::random_ids(rng, 9, config.vocab_size);
+
+  auto plain_cache = plain.new_cache(), full_cache = emulating.new_cache();
+  const std::vector<float> exact = plain.forward(ids, plain_cache);
+  const std::vector<float> full = emulating.forward(ids, full_cache);
+  const double error = testing::relative_error(full, std::vector<double>(exact.begin(), exact.end()));
+  EXPECT_GT(error, 1e-4);
+  EXPECT_LT(error, 0.1);
+  EXPECT_EQ(testing::count_nan(full), 0u);
+
+  auto cache = emulating.new_cache();
+  std::vector<float> pieces;
+  for (size_t t = 0; t < ids.size(); ++t) {
+    const auto logits = emulating.forward(std::span(ids).subspan(t, 1), cache);
+    pieces.insert(pieces.end(), logits.begin(), logits.end());
+  }
+  EXPECT_LT(testing::relative_error(pieces, std::vector<double>(full.begin(), full.end())), 1e-6);
+}
+
 TEST(ReferenceDecoder, SlidingWindowHidesOldTokens) {
   auto rng = testing::make_rng(45);
   ModelConfig config = testing::small_decoder_config(Architecture::mistral);
