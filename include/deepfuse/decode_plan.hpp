@@ -31,6 +31,7 @@ struct BucketPlan {
   MlpChoice mlp = MlpChoice::fused;
   FrontChoice front = FrontChoice::fused;
   OProjChoice o_proj = OProjChoice::gemv;
+  GemmChoice gemm = GemmChoice::bf16;  // the cuBLASLt projections' (FP8 weights)
   AttentionChoice attention;
   AllReduceChoice all_reduce = AllReduceChoice::nccl;  // tensor parallel only
 
@@ -40,6 +41,7 @@ struct BucketPlan {
 struct DecodePlan {
   std::vector<BucketPlan> buckets;  // ascending batch; the engine's decode buckets
   MlpChoice prefill_mlp = MlpChoice::unfused;  // prefill chunks (hundreds of tokens)
+  GemmChoice prefill_gemm = GemmChoice::bf16;  // prefill chunks' and mixed steps' projections
   // GPUs the model is split over (the plan is one rank's: its shapes are the rank's slice); prefill
   // chunks sum over them with NCCL.
   int tensor_parallel = 1;
@@ -64,11 +66,13 @@ int sums_in_mlp(MlpChoice mlp, AllReduceChoice all_reduce);
 
 // One override, as `--plan-override` takes it: OP[@BUCKET]=VALUE, e.g. `mlp=unfused` (every
 // bucket and prefill), `mlp@16=unfused`, `attention.splits@1=8`, `attention.short_context=off`,
-// `prefill.mlp=fused`, `all_reduce=one_shot` (tensor parallel). Several are separated by commas.
+// `prefill.mlp=fused`, `gemm=fp8` (every bucket and prefill), `prefill.gemm=fp8`, `all_reduce=one_shot`
+// (tensor parallel). Several are separated by commas.
 // plan_override_help() lists every op and the values it takes.
 struct PlanOverride {
-  std::string op;             // mlp, front, o_proj, attention.splits, attention.warps,
-                              // attention.merge, attention.short_context, prefill.mlp, all_reduce
+  std::string op;             // mlp, front, o_proj, gemm, attention.splits, attention.warps,
+                              // attention.merge, attention.short_context, prefill.mlp, prefill.gemm,
+                              // all_reduce
   std::optional<int> bucket;  // none: every bucket
   std::string value;
   std::string text;           // as written, for messages and `source`

@@ -56,6 +56,11 @@ namespace deepfuse {
 
 enum class MlpVariant { naive, unfused, fused, fused_batched };
 
+// How the unfused variant's GEMMs read FP8 weights in calls above the FP8 GEMV's tokens: widened
+// to bf16 per call for a bf16 GEMM, or on FP8 tensor cores with x and silu(g)*u quantized to e4m3
+// per token (kernels::CublasLtGemm::run_fp8; fp8_e4m3 weights only). bf16 weights ignore it.
+enum class MlpGemms { bf16, fp8 };
+
 const char* mlp_variant_name(MlpVariant variant);
 MlpVariant parse_mlp_variant(const std::string& name);  // throws deepfuse::Error on unknown names
 
@@ -120,7 +125,8 @@ class MlpLayer {
   // y = mlp(x) (+ residual when residual != nullptr), x normalised first when load_weights had a
   // norm. Throws deepfuse::Error on bad arguments (tokens outside 1..max_tokens, null pointers)
   // and on launch failures.
-  void run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens, cudaStream_t stream);
+  void run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens, cudaStream_t stream,
+           MlpGemms gemms = MlpGemms::bf16);
 
   // Fused variant only: mlp(x) left in this layer's fp32 buffer [tokens, H], which is returned;
   // nothing else is written. The caller's later kernels must add it where y would have gone and
@@ -151,7 +157,7 @@ class MlpLayer {
   MlpVariant variant() const;
   MlpShape shape() const;
   int max_tokens() const;
-  int launches_per_call(bool with_residual) const;
+  int launches_per_call(bool with_residual, MlpGemms gemms = MlpGemms::bf16) const;
 
  private:
   void run_exchanged_checks(const __nv_bfloat16* x, const __nv_bfloat16* y, int tokens) const;

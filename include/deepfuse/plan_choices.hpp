@@ -61,6 +61,29 @@ struct ChoiceTable<OProjChoice> {
   };
 };
 
+// How the cuBLASLt projections of a pass (the unfused front's QKV, cuBLASLt o_proj, the unfused
+// MLP's gate_up and down) read FP8 weights: widened to bf16 per call for a bf16 GEMM, or on FP8
+// tensor cores with the activations quantized to e4m3 per token (kernels::CublasLtGemm::run_fp8;
+// needs per-channel fp8_e4m3 weights). bf16 weights always run bf16.
+enum class GemmChoice { bf16, fp8 };
+struct GemmChoiceRow {
+  GemmChoice value;
+  const char* name;
+  const char* about;
+  MlpGemms mlp_gemms;  // what the unfused MLP runs for it
+};
+template <>
+struct ChoiceTable<GemmChoice> {
+  static constexpr std::array rows{
+      GemmChoiceRow{GemmChoice::bf16, "bf16",
+                    "bf16 GEMMs (FP8 weights widened to a bf16 copy per call; docs/kernels/fp8.md)", MlpGemms::bf16},
+      GemmChoiceRow{GemmChoice::fp8, "fp8",
+                    "FP8 tensor-core GEMMs: activations quantized to e4m3 per token, per-channel weight scales "
+                    "(fp8_e4m3 weights, sm_90)",
+                    MlpGemms::fp8},
+  };
+};
+
 // Tensor parallel: how each block's two sums over the ranks run. The one-shot all-reduce
 // (deepfuse/kernels/one_shot_all_reduce.hpp) needs peer access between the GPUs. A TP engine times
 // the rows it can time per bucket at start and keeps the fastest, or, at 2 and 4 ranks, takes
@@ -111,6 +134,7 @@ struct ChoiceTable<kernels::SplitMerge> {
 static_assert(choice_table_well_formed<MlpChoice>());
 static_assert(choice_table_well_formed<FrontChoice>());
 static_assert(choice_table_well_formed<OProjChoice>());
+static_assert(choice_table_well_formed<GemmChoice>());
 static_assert(choice_table_well_formed<AllReduceChoice>());
 static_assert(choice_table_well_formed<kernels::SplitMerge>());
 

@@ -12,6 +12,7 @@
 #include "deepfuse/kernels/gemv_residual.hpp"
 #include "deepfuse/kernels/rms_norm.hpp"
 #include "deepfuse/kernels/qkv_rope_fused.hpp"
+#include "deepfuse/kernels/quantize_fp8.hpp"
 #include "deepfuse/kernels/rope_kv_append.hpp"
 #include "deepfuse/kernels/one_shot_all_reduce.hpp"
 #include "dist/nccl_group.hpp"
@@ -44,6 +45,10 @@ StepBuffers::StepBuffers(const ModelConfig& c, int max_tokens_in, int max_batch_
       widened(linear_format == WeightFormat::bf16
                   ? 0
                   : bf16_bytes(static_cast<size_t>(c.hidden_size) * (c.q_size() + 2 * c.kv_size()))),
+      e4m3_input(linear_format == WeightFormat::fp8_e4m3
+                     ? static_cast<size_t>(max_tokens) * std::max(c.hidden_size, c.q_size())
+                     : 0),
+      e4m3_scales(linear_format == WeightFormat::fp8_e4m3 ? static_cast<size_t>(max_tokens) * sizeof(float) : 0),
       logits_slice(shard.split() ? static_cast<size_t>(logits_rows) * shard.vocab_rows * sizeof(float) : 0),
       logits_gathered(shard.split() ? logits_slice.bytes() * shard.ranks : 0),
       decode_inputs(3 * static_cast<size_t>(max_batch) * sizeof(int32_t)),
@@ -121,11 +126,11 @@ float* ForwardPass::layer(int index, int tokens, const int32_t* positions, const
   if (c.front == FrontChoice::fused)
     fused_qkv(w, tokens, positions, rows, kv, pending, stream);
   else
-    unfused_qkv(w, tokens, positions, rows, kv, stream);
+    unfused_qkv(w, tokens, positions, rows, kv, c.gemm, stream);
   attend(kv, tokens, attention, stream);
   // 5. output projection, added into the residual stream in place (tensor parallel: each rank's
   // partial sum, rank 0's with the residual, summed over the ranks into the stream).
-  output_projection(w, tokens, c.o_proj == OProjChoice::gemv, pending, stream);
+  output_projection(w, tokens, c.o_proj == OProjChoice::gemv, c.gemm, pending, stream);
   const MlpSums mlp_sums = mlp_sums_over_ranks(c.mlp, c.all_reduce, tokens);
   if (split() && mlp_sums != MlpSums::input_and_output) all_reduce(0, tokens, c.all_reduce, stream);
   // 6-7. post-attention RMSNorm and the SwiGLU MLP, added into the residual stream in place (both
@@ -145,11 +150,11 @@ float* ForwardPass::layer(int index, int tokens, const int32_t* positions, const
       mlp.run_exchanged(residual, addend, residual, tokens, line_exchange(1, tokens), stream);
       return nullptr;
     }
-    mlp.run(residual, addend, link_->partial[1], tokens, stream);
+    mlp.run(residual, addend, link_->partial[1], tokens, stream, choice_row(c.gemm).mlp_gemms);
     all_reduce(1, tokens, c.all_reduce, stream);
     return nullptr;
   }
-  mlp.run(residual, residual, residual, tokens, stream);
+  mlp.run(residual, residual, residual, tokens, stream, choice_row(c.gemm).mlp_gemms);
   return nullptr;
 }
 
@@ -181,7 +186,7 @@ void ForwardPass::fused_qkv(const GpuLayerWeights& w, int tokens, const int32_t*
 // o_proj (+ Llama's o_proj bias) added into the residual stream in place: the cluster GEMV in
 // small decode steps (one launch, which also adds and clears a pending MLP sum; cuBLASLt's small-M
 // choice is a split-K GEMM plus a reduction kernel), cuBLASLt otherwise.
-void ForwardPass::output_projection(const GpuLayerWeights& w, int tokens, bool gemv, float* pending,
+void ForwardPass::output_projection(const GpuLayerWeights& w, int tokens, bool gemv, GemmChoice gemm, float* pending,
                                     cudaStream_t stream) {
   auto* residual = buffers_.residual.as<__nv_bfloat16>();
   const auto* attention_out = buffers_.attention_out.as<__nv_bfloat16>();
@@ -192,9 +197,8 @@ void ForwardPass::output_projection(const GpuLayerWeights& w, int tokens, bool g
   __nv_bfloat16* y = split() ? link_->partial[0] : residual;
   const int hidden = config_.hidden_size, q_size = config_.q_size();
   if (!gemv) {
-    gemm_.run_with_bias(attention_out,
-                        gemm_weights(w.linear(TensorGroup::o_proj, WeightLayout::row_major, config_), "the o_proj GEMM", stream),
-                        o_bias, addend, y, tokens, hidden, q_size, stream);
+    project(attention_out, w.linear(TensorGroup::o_proj, WeightLayout::row_major, config_), o_bias, addend, y, tokens,
+            gemm, "the o_proj GEMM", stream);
     return;
   }
   kernels::GemvResidualParams p;
@@ -248,18 +252,18 @@ void ForwardPass::connect_collectives(cudaStream_t stream) {
 }
 
 void ForwardPass::unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_t* positions, const int32_t* rows,
-                              const kernels::PagedKv& kv, cudaStream_t stream) {
+                              const kernels::PagedKv& kv, GemmChoice gemm, cudaStream_t stream) {
   const int hidden = config_.hidden_size;
-  const int qkv_width = config_.q_size() + 2 * config_.kv_size();
   const auto* residual = buffers_.residual.as<__nv_bfloat16>();
   // 1-2. merged QKV projection of the raw residual stream: the input RMSNorm's weight is folded
   // into qkv's columns (GpuWeights), and rope_kv_append applies its 1/rms. FP8 weights fold no
-  // norm: the rows are normalised first, and the GEMM reads the widened weights.
+  // norm: the rows are normalised first, and the GEMM reads the widened weights (or, with
+  // GemmChoice::fp8, the normalised rows quantized per token on FP8 tensor cores).
   const LinearWeight qkv = w.linear(TensorGroup::qkv, WeightLayout::row_major, config_);
   const bool folded = format_info(qkv.format).folds_norm;
   if (!folded) rms_norm(w.vector(TensorGroup::input_norm), 0, tokens, stream);
-  gemm_.run(folded ? residual : buffers_.normed.as<__nv_bfloat16>(), gemm_weights(qkv, "the QKV GEMM", stream), nullptr,
-            buffers_.qkv.as<__nv_bfloat16>(), tokens, qkv_width, hidden, stream);
+  project(folded ? residual : buffers_.normed.as<__nv_bfloat16>(), qkv, nullptr, nullptr, buffers_.qkv.as<__nv_bfloat16>(),
+          tokens, gemm, "the QKV GEMM", stream);
 
   // 3. 1/rms (folded norms), bias, RoPE, and the keys and values appended to the cache
   kernels::RopeKvAppendParams rope;
@@ -274,6 +278,26 @@ void ForwardPass::unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_
   rope.tokens = tokens;
   rope.q_heads = config_.num_attention_heads;
   DF_CHECK_CUDA(kernels::launch_rope_kv_append(rope, stream));
+}
+
+void ForwardPass::project(const __nv_bfloat16* x, const LinearWeight& weight, const __nv_bfloat16* bias,
+                          const __nv_bfloat16* addend, __nv_bfloat16* y, int tokens, GemmChoice gemm, const char* who,
+                          cudaStream_t stream) {
+  if (gemm == GemmChoice::bf16 || weight.format == WeightFormat::bf16) {
+    gemm_.run_with_bias(x, gemm_weights(weight, who, stream), bias, addend, y, tokens, weight.rows, weight.columns,
+                        stream);
+    return;
+  }
+  DF_CHECK(weight.format == WeightFormat::fp8_e4m3 && !weight.tensor_scale && weight.scales,
+           std::string(who) + ": the FP8 GEMM needs fp8_e4m3 weights with per-channel scales, not " +
+               weight_format_name(weight.format));
+  DF_CHECK(buffers_.e4m3_input.bytes() >= static_cast<size_t>(tokens) * weight.columns,
+           std::string(who) + ": no e4m3 activation buffer for " + std::to_string(tokens) + " tokens");
+  auto* e4m3 = buffers_.e4m3_input.as<uint8_t>();
+  auto* scales = buffers_.e4m3_scales.as<float>();
+  DF_CHECK_CUDA(kernels::quantize_rows_fp8(x, e4m3, scales, tokens, weight.columns, stream));
+  gemm_.run_fp8({e4m3, scales}, {static_cast<const uint8_t*>(weight.data), weight.scales}, bias, addend, y, tokens,
+                weight.rows, weight.columns, stream);
 }
 
 // A GEMM's weights: bf16 as stored, or FP8 widened into the step's buffer first (one projection at
@@ -468,7 +492,11 @@ int ForwardPass::launches_per_layer(int attention_launches, const BucketPlan& bu
   // After attention and after the MLP, one kernel each, less the sums the fused MLP does itself.
   const int all_reduces =
       split() ? 2 - static_cast<int>(mlp_sums_over_ranks(bucket.mlp, bucket.all_reduce, bucket.batch)) : 0;
-  return front + attention_launches + 1 + weights_.layers.front().mlp(bucket.mlp).launches_per_call(true) +
+  // FP8 GEMMs quantize their input first: one launch more for the front and for o_proj.
+  const bool fp8_gemms = bucket.gemm == GemmChoice::fp8 && weights_.layers.front().format != WeightFormat::bf16;
+  const int quantizations = fp8_gemms ? (bucket.front == FrontChoice::unfused) + (bucket.o_proj == OProjChoice::cublaslt) : 0;
+  return front + attention_launches + 1 + quantizations +
+         weights_.layers.front().mlp(bucket.mlp).launches_per_call(true, choice_row(bucket.gemm).mlp_gemms) +
          all_reduces;
 }
 

@@ -70,6 +70,9 @@ struct StepBuffers {
   // FP8 weights (linear_format): the attention projection a GEMM reads (qkv or
   // o_proj), widened to bf16 first (kernels/dequantize.hpp); empty for bf16 weights.
   DeviceBuffer widened;
+  // fp8_e4m3 weights: the attention projection's input quantized per token for an FP8 GEMM
+  // (GemmChoice::fp8), e4m3 [max_tokens, max(H, q_size)] and fp32 [max_tokens]; else empty.
+  DeviceBuffer e4m3_input, e4m3_scales;
   DeviceBuffer logits_slice;      // tensor parallel: fp32 [logits_rows, vocab_rows], this rank's lm_head
   DeviceBuffer logits_gathered;   // tensor parallel: fp32 [ranks, logits_rows, vocab_rows], every rank's
   DeviceBuffer decode_inputs;     // int32 [3, max_batch]: ids | positions | seq_lens (upload_decode_inputs order)
@@ -232,14 +235,15 @@ class ForwardPass {
     MlpChoice mlp;
     FrontChoice front;
     OProjChoice o_proj;
+    GemmChoice gemm;
     AllReduceChoice all_reduce = AllReduceChoice::nccl;
   };
   static Choices choices_of(const BucketPlan& bucket) {
-    return {bucket.mlp, bucket.front, bucket.o_proj, bucket.all_reduce};
+    return {bucket.mlp, bucket.front, bucket.o_proj, bucket.gemm, bucket.all_reduce};
   }
   // Prefill chunks and mixed steps: hundreds of tokens, cuBLASLt's projections and the plan's prefill MLP.
   Choices prefill_choices() const {
-    return {plan_.prefill_mlp, FrontChoice::unfused, OProjChoice::cublaslt, AllReduceChoice::nccl};
+    return {plan_.prefill_mlp, FrontChoice::unfused, OProjChoice::cublaslt, plan_.prefill_gemm, AllReduceChoice::nccl};
   }
   // A pass's choices and its attention: decode attention for the entries from token
   // decode_offset on (decode_plan set), prefill attention for each chunk.
@@ -262,9 +266,15 @@ class ForwardPass {
   void fused_qkv(const GpuLayerWeights& w, int tokens, const int32_t* positions, const int32_t* rows,
                  const kernels::PagedKv& kv, const float* pending, cudaStream_t stream);
   void unfused_qkv(const GpuLayerWeights& w, int tokens, const int32_t* positions, const int32_t* rows,
-                   const kernels::PagedKv& kv, cudaStream_t stream);
-  // gemv: the cluster GEMV, which adds and clears `pending`; else cuBLASLt.
-  void output_projection(const GpuLayerWeights& w, int tokens, bool gemv, float* pending, cudaStream_t stream);
+                   const kernels::PagedKv& kv, GemmChoice gemm, cudaStream_t stream);
+  // gemv: the cluster GEMV, which adds and clears `pending`; else cuBLASLt (its GEMM per `gemm`).
+  void output_projection(const GpuLayerWeights& w, int tokens, bool gemv, GemmChoice gemm, float* pending,
+                         cudaStream_t stream);
+  // y = x·w^T (+ bias) (+ addend) for an attention projection in cuBLASLt: bf16 (FP8 weights
+  // widened first), or on FP8 tensor cores with x quantized per token (GemmChoice::fp8).
+  void project(const __nv_bfloat16* x, const LinearWeight& weight, const __nv_bfloat16* bias,
+               const __nv_bfloat16* addend, __nv_bfloat16* y, int tokens, GemmChoice gemm, const char* who,
+               cudaStream_t stream);
   // Tensor parallel: which sums over the ranks the MLP does itself (the value: how many): its output
   // in its finish (epilogue), its input too at its start (in_mlp), or none. Only the fused MLP, with
   // peer buffers that hold a message of `tokens` rows (sums_in_mlp).

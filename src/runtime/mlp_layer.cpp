@@ -1,4 +1,5 @@
 // MlpLayer: one public entry point over the three GPU variants (see include/deepfuse/mlp.hpp).
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -9,6 +10,7 @@
 #include "deepfuse/kernels/dequantize.hpp"
 #include "deepfuse/kernels/gemv_packing.hpp"
 #include "deepfuse/kernels/gemv_residual.hpp"
+#include "deepfuse/kernels/quantize_fp8.hpp"
 #include "deepfuse/kernels/swiglu_elementwise.hpp"
 #include "deepfuse/kernels/swiglu_batched.hpp"
 #include "deepfuse/kernels/swiglu_fused.hpp"
@@ -46,6 +48,9 @@ struct MlpScratch {
   DeviceBuffer intermediate_a, intermediate_b, mlp_out;  // activations (mlp_out: naive only)
   DeviceBuffer normed;                                   // rms_norm(x) when the layer has a norm
   DeviceBuffer widened;  // FP8 layers: one projection widened to bf16 for a GEMM (made at their first load)
+  // fp8_e4m3 layers: a GEMM's input quantized per token for the FP8 GEMMs, [max_tokens, max(H, I)]
+  // e4m3 and [max_tokens] scales (made at their first load)
+  DeviceBuffer e4m3_input, e4m3_scales;
   kernels::CublasLtGemm gemm;
 };
 
@@ -109,7 +114,16 @@ struct MlpLayer::Impl {
   }
   void load_fp8(const MlpHfWeights& w, cudaStream_t stream);
   void run_fp8(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
-               cudaStream_t stream);
+               MlpGemms gemms, cudaStream_t stream);
+  // y = in·w^T (+ residual) on FP8 tensor cores, `in` [tokens, k] quantized per token first.
+  void fp8_gemm(const __nv_bfloat16* in, const LinearWeight& w, const __nv_bfloat16* residual, __nv_bfloat16* y,
+                int tokens, cudaStream_t stream) const {
+    auto* e4m3 = scratch->e4m3_input.as<uint8_t>();
+    auto* scales = scratch->e4m3_scales.as<float>();
+    DF_CHECK_CUDA(kernels::quantize_rows_fp8(in, e4m3, scales, tokens, w.columns, stream));
+    scratch->gemm.run_fp8({e4m3, scales}, {static_cast<const uint8_t*>(w.data), w.scales}, nullptr, residual, y, tokens,
+                          w.rows, w.columns, stream);
+  }
 
   size_t hi_bytes() const { return static_cast<size_t>(shape.hidden) * shape.intermediate * sizeof(__nv_bfloat16); }
 
@@ -237,12 +251,16 @@ MlpVariant MlpLayer::variant() const { return impl_->variant; }
 MlpShape MlpLayer::shape() const { return impl_->shape; }
 int MlpLayer::max_tokens() const { return impl_->max_tokens; }
 
-int MlpLayer::launches_per_call(bool with_residual) const {
+int MlpLayer::launches_per_call(bool with_residual, MlpGemms gemms) const {
   const bool with_norm = impl_->normalize && !impl_->norm_folded;
+  const bool fp8 = impl_->format != WeightFormat::bf16;
   switch (impl_->variant) {
     case MlpVariant::naive: return (with_residual ? 6 : 5) + (with_norm ? 1 : 0);
-    // the residual rides in the down GEMM's epilogue; FP8 decode calls: the two GEMVs and silu_and_mul
-    case MlpVariant::unfused: return 3 + (with_norm && impl_->format == WeightFormat::bf16 ? 1 : 0);
+    // the residual rides in the down GEMM's epilogue; FP8 decode calls: the two GEMVs and
+    // silu_and_mul, or with FP8 GEMMs the norm, two quantizations, two GEMMs and silu_and_mul
+    case MlpVariant::unfused:
+      if (fp8 && gemms == MlpGemms::fp8) return 5 + (with_norm ? 1 : 0);
+      return 3 + (with_norm && !fp8 ? 1 : 0);
     case MlpVariant::fused:
     case MlpVariant::fused_batched: return 1;
   }
@@ -307,14 +325,18 @@ void MlpLayer::Impl::load_fp8(const MlpHfWeights& w, cudaStream_t stream) {
   DF_CHECK_CUDA(kernels::pack_rows_fragments_fp8(gate_up.as<uint8_t>(), gate_up_tiles.as<uint4>(), 2 * I, H, stream));
   DF_CHECK_CUDA(kernels::pack_rows_fragments_fp8(down.as<uint8_t>(), down_tiles.as<uint4>(), H, I, stream));
   if (scratch->widened.empty()) scratch->widened = DeviceBuffer(2 * elements * sizeof(__nv_bfloat16));
+  if (format == WeightFormat::fp8_e4m3 && scratch->e4m3_input.empty()) {
+    scratch->e4m3_input = DeviceBuffer(static_cast<size_t>(scratch->max_tokens) * std::max(H, I));
+    scratch->e4m3_scales = DeviceBuffer(static_cast<size_t>(scratch->max_tokens) * sizeof(float));
+  }
 }
 
 // Up to kGemvResidualMaxTokens tokens: the cluster GEMV over the packed e4m3 (the norm applied to
 // x as it is staged), silu_and_mul, the GEMV with the residual: three launches reading the FP8
-// bytes once. More tokens: each projection widened to bf16, then the bf16 GEMM (compute-bound
-// there; docs/kernels/fp8.md).
+// bytes once. More tokens: FP8 tensor-core GEMMs on per-token e4m3 activations (MlpGemms::fp8),
+// or each projection widened to bf16, then the bf16 GEMM (docs/kernels/fp8.md).
 void MlpLayer::Impl::run_fp8(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
-                             cudaStream_t stream) {
+                             MlpGemms gemms, cudaStream_t stream) {
   const int H = shape.hidden, I = shape.intermediate;
   auto* a = scratch->intermediate_a.as<__nv_bfloat16>();
   auto* b = scratch->intermediate_b.as<__nv_bfloat16>();
@@ -345,6 +367,14 @@ void MlpLayer::Impl::run_fp8(const __nv_bfloat16* x, const __nv_bfloat16* residu
     return;
   }
   if (normalize) x = normalized(x, tokens, stream);
+  if (gemms == MlpGemms::fp8) {
+    DF_CHECK(format == WeightFormat::fp8_e4m3, std::string("the MLP's FP8 GEMMs need fp8_e4m3 weights, not ") +
+                                                   weight_format_name(format));
+    fp8_gemm(x, fp8_gate_up(), nullptr, a, tokens, stream);
+    DF_CHECK_CUDA(kernels::silu_and_mul(a, b, tokens, I, stream, {}));
+    fp8_gemm(b, fp8_down(), residual, y, tokens, stream);
+    return;
+  }
   auto* widened = scratch->widened.as<__nv_bfloat16>();
   DF_CHECK_CUDA(kernels::launch_dequantize_to_bf16(fp8_gate_up(), widened, stream));
   scratch->gemm.run(x, widened, nullptr, a, tokens, 2 * I, H, stream);
@@ -414,7 +444,7 @@ void MlpLayer::load_weights(const MlpHfWeights& w, cudaStream_t stream, const Ml
 }
 
 void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, MlpGemms gemms) {
   Impl& s = *impl_;
   s.check_tokens(tokens);
   DF_CHECK(x && y, "MLP input or output pointer is null");
@@ -430,7 +460,7 @@ void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_b
     return;
   }
   if (s.format != WeightFormat::bf16) {
-    s.run_fp8(x, residual, y, tokens, stream);
+    s.run_fp8(x, residual, y, tokens, gemms, stream);
     return;
   }
   MlpScratch& scratch = *s.scratch;

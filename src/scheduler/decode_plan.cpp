@@ -85,11 +85,13 @@ const OverrideOp kOverrideOps[] = {
     {"mlp", bad_choice<MlpChoice>, help_names<MlpChoice>},
     {"front", bad_choice<FrontChoice>, help_names<FrontChoice>},
     {"o_proj", bad_choice<OProjChoice>, help_names<OProjChoice>},
+    {"gemm", bad_choice<GemmChoice>, help_names<GemmChoice>},
     {"attention.splits", bad_count, [] { return std::string("auto|N"); }},
     {"attention.warps", bad_warps, [] { return std::string("auto|4|8"); }},
     {"attention.merge", bad_choice<kernels::SplitMerge>, help_names<kernels::SplitMerge>},
     {"attention.short_context", bad_switch, [] { return std::string("on|off"); }},
     {"prefill.mlp", bad_choice<MlpChoice>, help_names<MlpChoice>},
+    {"prefill.gemm", bad_choice<GemmChoice>, help_names<GemmChoice>},
     {"all_reduce", bad_choice<AllReduceChoice>, help_names<AllReduceChoice>},
 };
 
@@ -127,7 +129,7 @@ PlanOverride parse_one(std::string_view text) {
   result.op = std::string(target);
   const OverrideOp* op = find_op(result.op);
   if (op == nullptr) fail("unknown op '" + result.op + "' (" + op_names() + ")");
-  if (result.op == "prefill.mlp" && result.bucket) fail("prefill.mlp has no decode bucket");
+  if (result.op.starts_with("prefill.") && result.bucket) fail(result.op + " has no decode bucket");
   if (const std::string allowed = op->bad_value(value); !allowed.empty())
     fail("bad value '" + result.value + "' for " + result.op + " (" + allowed + ")");
   return result;

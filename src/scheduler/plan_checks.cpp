@@ -27,6 +27,8 @@ std::string bucket_problem(const BucketPlan& bucket, const PlanShape& shape, con
     return std::string("front=") + choice_name(bucket.front) + ": " + why;
   if (std::string why = why_unsupported(bucket.o_proj, bucket.front, shape, tokens, gpu); !why.empty())
     return std::string("o_proj=") + choice_name(bucket.o_proj) + ": " + why;
+  if (std::string why = why_unsupported(bucket.gemm, shape, gpu); !why.empty())
+    return std::string("gemm=") + choice_name(bucket.gemm) + ": " + why;
   if (std::string why = why_unsupported(bucket.attention, shape, tokens, gpu); !why.empty())
     return "attention " + describe(bucket.attention) + ": " + why;
   return "";
@@ -58,6 +60,8 @@ void set_choice(BucketPlan& bucket, const PlanOverride& o) {
     if (bucket.front == FrontChoice::unfused) bucket.o_proj = OProjChoice::cublaslt;
   } else if (o.op == "o_proj") {
     bucket.o_proj = override_choice<OProjChoice>(o);
+  } else if (o.op == "gemm") {
+    bucket.gemm = override_choice<GemmChoice>(o);
   } else if (o.op == "attention.splits") {
     bucket.attention.splits = count_of(o);
   } else if (o.op == "attention.warps") {
@@ -90,6 +94,9 @@ void check_plan(const DecodePlan& plan, const PlanShape& shape, const GpuInfo& g
   const std::string prefill = why_unsupported(plan.prefill_mlp, shape, kPrefillTokens, gpu);
   DF_CHECK(prefill.empty(), "decode plan (" + plan.source + "): prefill.mlp=" + choice_name(plan.prefill_mlp) +
                                 ": " + prefill);
+  const std::string prefill_gemm = why_unsupported(plan.prefill_gemm, shape, gpu);
+  DF_CHECK(prefill_gemm.empty(), "decode plan (" + plan.source + "): prefill.gemm=" +
+                                     choice_name(plan.prefill_gemm) + ": " + prefill_gemm);
 }
 
 DecodePlan apply_overrides(DecodePlan plan, const std::vector<PlanOverride>& overrides, const PlanShape& shape,
@@ -103,6 +110,11 @@ DecodePlan apply_overrides(DecodePlan plan, const std::vector<PlanOverride>& ove
       plan.prefill_mlp = override_choice<MlpChoice>(o);
       if (std::string why = why_unsupported(plan.prefill_mlp, shape, kPrefillTokens, gpu); !why.empty())
         fail("prefill: " + why);
+      continue;
+    }
+    if (o.op == "prefill.gemm") {
+      plan.prefill_gemm = override_choice<GemmChoice>(o);
+      if (std::string why = why_unsupported(plan.prefill_gemm, shape, gpu); !why.empty()) fail("prefill: " + why);
       continue;
     }
     bool matched = false;
@@ -121,6 +133,7 @@ DecodePlan apply_overrides(DecodePlan plan, const std::vector<PlanOverride>& ove
       if (std::string why = why_unsupported(plan.prefill_mlp, shape, kPrefillTokens, gpu); !why.empty())
         fail("prefill: " + why);
     }
+    if (o.op == "gemm" && !o.bucket) plan.prefill_gemm = override_choice<GemmChoice>(o);  // checked with the buckets
   }
   plan.source += " + overrides " + applied;
   return plan;

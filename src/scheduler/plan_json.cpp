@@ -48,24 +48,28 @@ nlohmann::json plan_json(const DecodePlan& plan) {
                          {"merge", choice_name(a.merge)},
                          {"short_context", a.short_context}}}});
     if (plan.tensor_parallel > 1) buckets.back()["all_reduce"] = choice_name(b.all_reduce);
+    // Absent means bf16 (plans from before FP8 GEMMs read as they were written).
+    if (b.gemm != GemmChoice::bf16) buckets.back()["gemm"] = choice_name(b.gemm);
   }
   json j = {{"source", plan.source}, {"prefill_mlp", choice_name(plan.prefill_mlp)}, {"buckets", buckets}};
+  if (plan.prefill_gemm != GemmChoice::bf16) j["prefill_gemm"] = choice_name(plan.prefill_gemm);
   if (plan.tensor_parallel > 1) j["tensor_parallel"] = plan.tensor_parallel;
   return j;
 }
 
 DecodePlan plan_from_json_value(const nlohmann::json& j) {
-  only_keys(j, {"source", "prefill_mlp", "buckets", "tensor_parallel"}, "the plan");
+  only_keys(j, {"source", "prefill_mlp", "prefill_gemm", "buckets", "tensor_parallel"}, "the plan");
   DecodePlan plan;
   const json& source = field(j, "source", "the plan");
   DF_CHECK(source.is_string(), "decode plan JSON: source is not a string");
   plan.source = source.get<std::string>();
   plan.prefill_mlp = choice_from_json<MlpChoice>(field(j, "prefill_mlp", "the plan"), "prefill_mlp");
+  if (j.contains("prefill_gemm")) plan.prefill_gemm = choice_from_json<GemmChoice>(j["prefill_gemm"], "prefill_gemm");
   if (j.contains("tensor_parallel")) plan.tensor_parallel = int_from(j["tensor_parallel"], "tensor_parallel");
   const json& buckets = field(j, "buckets", "the plan");
   DF_CHECK(buckets.is_array(), "decode plan JSON: buckets is not an array");
   for (const json& b : buckets) {
-    only_keys(b, {"batch", "mlp", "front", "o_proj", "attention", "all_reduce"}, "a bucket");
+    only_keys(b, {"batch", "mlp", "front", "o_proj", "gemm", "attention", "all_reduce"}, "a bucket");
     BucketPlan bucket;
     bucket.batch = int_from(field(b, "batch", "a bucket"), "batch");
     bucket.mlp = choice_from_json<MlpChoice>(field(b, "mlp", "a bucket"), "mlp");
@@ -79,6 +83,7 @@ DecodePlan plan_from_json_value(const nlohmann::json& j) {
     const json& short_context = field(a, "short_context", "attention");
     DF_CHECK(short_context.is_boolean(), "decode plan JSON: attention.short_context is not true or false");
     bucket.attention.short_context = short_context.get<bool>();
+    if (b.contains("gemm")) bucket.gemm = choice_from_json<GemmChoice>(b["gemm"], "gemm");
     if (b.contains("all_reduce"))
       bucket.all_reduce = choice_from_json<AllReduceChoice>(b["all_reduce"], "all_reduce");
     plan.buckets.push_back(bucket);

@@ -1,5 +1,5 @@
 // The tuner's choice logic (docs/scheduler.md, "The profiler"). Per bucket: time the starting
-// choices; then, one op at a time (mlp, front, o_proj, attention), time each supported alternative
+// choices; then, one op at a time (mlp, front, o_proj, gemm, attention), time each supported alternative
 // with the other ops at their best so far, and keep the fastest only if it beats the incumbent by
 // more than min_gain; finally time the starting bucket and the combined winners back to back and
 // keep the combination only if it still wins by min_gain. Ops are tuned greedily in that order
@@ -19,7 +19,7 @@ namespace {
 
 std::string describe_bucket(const BucketPlan& b) {
   return std::string("mlp=") + choice_name(b.mlp) + " front=" + choice_name(b.front) + " o_proj=" +
-         choice_name(b.o_proj) + " attention: " + describe(b.attention);
+         choice_name(b.o_proj) + " gemm=" + choice_name(b.gemm) + " attention: " + describe(b.attention);
 }
 
 class BucketTuner {
@@ -33,7 +33,7 @@ class BucketTuner {
   // chosen: one at most). For the progress total.
   int planned_timings(const BucketPlan& start) const {
     return 1 + static_cast<int>(mlp_alternatives(start).size() + front_alternatives(start).size()) + 1 +
-           static_cast<int>(attention_alternatives(start).size()) + 2;
+           static_cast<int>(gemm_alternatives(start).size() + attention_alternatives(start).size()) + 2;
   }
 
   BucketPlan tune(const BucketPlan& start, const std::function<void()>& timed) {
@@ -67,6 +67,12 @@ class BucketTuner {
       for (OProjChoice c : o_proj_candidates())
         if (c != best_.o_proj && why_unsupported(c, best_.front, shape_, best_.batch, gpu_).empty())
           options.push_back({with(best_, [&](BucketPlan& b) { b.o_proj = c; }), choice_name(c)});
+      return options;
+    });
+    consider("gemm", [&] {
+      std::vector<std::pair<BucketPlan, std::string>> options;
+      for (GemmChoice c : gemm_alternatives(best_))
+        options.push_back({with(best_, [&](BucketPlan& b) { b.gemm = c; }), choice_name(c)});
       return options;
     });
     consider("attention", [&] {
@@ -106,6 +112,15 @@ class BucketTuner {
     std::vector<FrontChoice> out;
     for (FrontChoice c : front_candidates())
       if (c != b.front && why_unsupported(c, shape_, b.batch, gpu_).empty()) out.push_back(c);
+    return out;
+  }
+  // Only where the bucket runs a cuBLASLt projection (else the GEMMs' choice changes nothing).
+  std::vector<GemmChoice> gemm_alternatives(const BucketPlan& b) const {
+    std::vector<GemmChoice> out;
+    const bool any_gemm =
+        b.mlp == MlpChoice::unfused || b.front == FrontChoice::unfused || b.o_proj == OProjChoice::cublaslt;
+    for (GemmChoice c : gemm_candidates())
+      if (any_gemm && c != b.gemm && why_unsupported(c, shape_, gpu_).empty()) out.push_back(c);
     return out;
   }
   // The registry's attention shapes, with the incumbent's short_context: the profiler times one

@@ -11,9 +11,11 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "deepfuse/error.hpp"
 #include "deepfuse/kernels/cluster_gemv.hpp"
+#include "deepfuse/kernels/cublaslt_gemm.hpp"
 #include "deepfuse/kernels/decode_attention.hpp"
 #include "deepfuse/kernels/gemv_residual.hpp"
 #include "deepfuse/kernels/paged_kv.hpp"
@@ -113,6 +115,21 @@ std::string why_unsupported(OProjChoice choice, FrontChoice front, const PlanSha
   return cluster_gemv_unsupported("the o_proj GEMV", gpu);
 }
 
+std::string why_unsupported(GemmChoice choice, const PlanShape& shape, const GpuInfo& gpu) {
+  if (choice == GemmChoice::bf16) return "";
+  // Per-token times per-channel scales: the outer-vector product cuBLASLt applies; block scales
+  // are not one.
+  if (shape.weights != WeightFormat::fp8_e4m3)
+    return std::string("the FP8 GEMMs need fp8_e4m3 weights (per-channel scales), not ") +
+           weight_format_name(shape.weights);
+  const int q_size = shape.q_heads * shape.head_dim, kv_size = shape.kv_heads * shape.head_dim;
+  // QKV, o_proj, gate_up, down: N outputs over K inputs.
+  for (const auto& [n, k] : {std::pair{q_size + 2 * kv_size, shape.hidden}, std::pair{shape.hidden, q_size},
+                            std::pair{2 * shape.intermediate, shape.hidden}, std::pair{shape.hidden, shape.intermediate}})
+    if (std::string why = kernels::fp8_gemm_unsupported(n, k, gpu.major, gpu.minor); !why.empty()) return why;
+  return "";
+}
+
 std::string why_unsupported(const AttentionChoice& choice, const PlanShape& shape, int batch, const GpuInfo& gpu) {
   if (batch < 1) return "attention needs a batch of at least one sequence";
   // Without clusters the kernel would fall back to the workspace: a plan saying cluster would lie.
@@ -149,6 +166,7 @@ std::vector<Choice> every() {
 std::vector<MlpChoice> mlp_candidates() { return every<MlpChoice>(); }
 std::vector<FrontChoice> front_candidates() { return every<FrontChoice>(); }
 std::vector<OProjChoice> o_proj_candidates() { return every<OProjChoice>(); }
+std::vector<GemmChoice> gemm_candidates() { return every<GemmChoice>(); }
 
 std::vector<AttentionChoice> attention_candidates(const PlanShape& shape, int batch, const GpuInfo& gpu) {
   return attention_candidates(shape, batch, gpu, 0);

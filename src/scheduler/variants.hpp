@@ -42,6 +42,8 @@ std::string why_unsupported(MlpChoice choice, const PlanShape& shape, int tokens
 std::string why_unsupported(FrontChoice choice, const PlanShape& shape, int tokens, const GpuInfo& gpu);
 std::string why_unsupported(OProjChoice choice, FrontChoice front, const PlanShape& shape, int tokens,
                             const GpuInfo& gpu);
+// Tokens do not matter to the GEMMs' support: any M runs.
+std::string why_unsupported(GemmChoice choice, const PlanShape& shape, const GpuInfo& gpu);
 std::string why_unsupported(const AttentionChoice& choice, const PlanShape& shape, int batch, const GpuInfo& gpu);
 // ... and where the plan's context is known: forced splits also at most one per page of it.
 std::string why_unsupported(const AttentionChoice& choice, const PlanShape& shape, int batch, const GpuInfo& gpu,
@@ -51,6 +53,7 @@ std::string why_unsupported(const AttentionChoice& choice, const PlanShape& shap
 std::vector<MlpChoice> mlp_candidates();
 std::vector<FrontChoice> front_candidates();
 std::vector<OProjChoice> o_proj_candidates();
+std::vector<GemmChoice> gemm_candidates();
 // A few attention shapes around the planner's: automatic, and forced splits / warps / merges that
 // `shape` and the GPU support for that batch.
 std::vector<AttentionChoice> attention_candidates(const PlanShape& shape, int batch, const GpuInfo& gpu);

@@ -7,7 +7,11 @@
 // reference, for every path FP8 weights take: the built-in plan (the fused FP8 MLP at small
 // batches for per-channel scales, the unfused GEMV MLP for blocks, the FP8 cluster GEMVs), the
 // three-launch MLP, and the widened GEMMs of the unfused front and o_proj. Each format skips until
-// the CUDA backend marks it implemented (weight_format.hpp).
+// the CUDA backend marks it implemented (weight_format.hpp). Then, per-channel scales only, the FP8
+// tensor-core GEMMs (`gemm=fp8`: activations quantized to e4m3 per token) against the reference
+// that quantizes its activations the same way (reference::DecoderOptions::e4m3_activations),
+// within the same bound; their error against the plain reference is printed, not bounded (it is
+// the quantization's).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -15,6 +19,7 @@
 #include <vector>
 
 #include "deepfuse/engine.hpp"
+#include "deepfuse/kernels/cublaslt_gemm.hpp"
 #include "deepfuse/make_model.hpp"
 #include "deepfuse/model_weights.hpp"
 #include "deepfuse/reference_decoder.hpp"
@@ -59,6 +64,16 @@ std::vector<Fp8Model> fp8_models() {
   return models;
 }
 
+// A random checkpoint of `model` in its format in `dir` (make-model's), and its config.
+ModelConfig write_fp8_checkpoint(const Fp8Model& model, const std::string& dir, std::mt19937_64& rng) {
+  ModelConfig config = model.config;
+  config.quantization = fp8_checkpoint_quantization(model.format);
+  MakeModelOptions make;
+  make.seed = rng();
+  write_random_checkpoint(config, dir, make);
+  return load_model_config(dir);
+}
+
 class EngineFp8VsReference : public ::testing::TestWithParam<int> {};
 
 TEST_P(EngineFp8VsReference, LogitsAndGreedyTokensFollowTheDequantizedReference) {
@@ -70,13 +85,8 @@ TEST_P(EngineFp8VsReference, LogitsAndGreedyTokensFollowTheDequantizedReference)
     GTEST_SKIP() << weight_format_name(model.format) << " not enabled on the CUDA backend yet";
   ASSERT_TRUE(whole_blocks(model.config, model.format)) << model.name;
   testing::ScratchDir scratch;
-  ModelConfig config = model.config;
-  config.quantization = fp8_checkpoint_quantization(model.format);
   auto rng = testing::make_rng(51 + GetParam());
-  MakeModelOptions make;
-  make.seed = rng();
-  write_random_checkpoint(config, scratch.path(), make);
-  const ModelConfig loaded = load_model_config(scratch.path());
+  const ModelConfig loaded = write_fp8_checkpoint(model, scratch.path(), rng);
   ASSERT_EQ(loaded.quantization.format, model.format);
   ASSERT_EQ(block_weight_format(loaded, {}), model.format);
   const reference::Decoder reference(loaded, load_reference_weights(Checkpoint(scratch.path()), loaded));
@@ -112,6 +122,81 @@ TEST_P(EngineFp8VsReference, LogitsAndGreedyTokensFollowTheDequantizedReference)
     testing::reference_greedy_matches(reference, prompt, tokens, vocab, model.name + " greedy");
   }
 }
+
+// The FP8 GEMMs read per-channel scales only (the plan refuses gemm=fp8 for blocks).
+std::vector<Fp8Model> per_channel_models() {
+  std::vector<Fp8Model> models;
+  for (const Fp8Model& model : fp8_models())
+    if (model.format == WeightFormat::fp8_e4m3) models.push_back(model);
+  return models;
+}
+
+class EngineFp8GemmsVsReference : public ::testing::TestWithParam<int> {};
+
+TEST_P(EngineFp8GemmsVsReference, LogitsAndGreedyTokensFollowTheReferenceThatQuantizesActivations) {
+  DF_REQUIRE_GPU();
+  if (!format_info(WeightFormat::fp8_e4m3).implemented) GTEST_SKIP() << "fp8_e4m3 not enabled on the CUDA backend yet";
+  int major = 0, minor = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
+  if (std::string why = kernels::fp8_gemm_unsupported(64, 64, major, minor); !why.empty()) GTEST_SKIP() << why;
+  const Fp8Model model = per_channel_models()[GetParam()];
+  testing::ScratchDir scratch;
+  auto rng = testing::make_rng(61 + GetParam());
+  const ModelConfig loaded = write_fp8_checkpoint(model, scratch.path(), rng);
+  const Checkpoint checkpoint(scratch.path());
+  const reference::Decoder plain(loaded, load_reference_weights(checkpoint, loaded));
+  const reference::Decoder emulating(loaded, load_reference_weights(checkpoint, loaded), {.e4m3_activations = true});
+  const int vocab = loaded.vocab_size;
+
+  // Every cuBLASLt projection on FP8 tensor cores, in prefill and every decode bucket; then the
+  // built-in plan with FP8 GEMMs wherever it runs cuBLASLt. A prompt of 72 tokens is one prefill
+  // pass (its MLP above the FP8 GEMV's 32 tokens: the FP8 GEMMs too); 40 sequences decode in the
+  // bucket of 48, whose unfused MLP runs the FP8 GEMMs in a CUDA graph.
+  for (const std::string plan : {"gemm=fp8,mlp=unfused,front=unfused,o_proj=cublaslt", "gemm=fp8"}) {
+    SCOPED_TRACE(model.name + " plan '" + plan + "'");
+    EngineOptions options;
+    options.max_batch = 48;
+    options.max_context = 128;
+    options.kv_cache_bytes = size_t{32} << 20;
+    options.plan_overrides = parse_plan_overrides(plan);
+    Engine engine = Engine::from_checkpoint(scratch.path(), options);
+
+    const std::vector<int32_t> ids = testing::random_ids(rng, 40 + 32, vocab);
+    const std::vector<float> logits = engine.score(ids, 40);
+    reference::KvCache emulated_cache = emulating.new_cache(), plain_cache = plain.new_cache();
+    const testing::LogitsComparison c = testing::compare_logits(logits, emulating.forward(ids, emulated_cache), vocab);
+    const testing::LogitsComparison vs_plain = testing::compare_logits(logits, plain.forward(ids, plain_cache), vocab);
+    std::printf("[ %s ] plan '%s': vs the reference quantizing activations: %s; vs the plain reference: %s\n",
+                model.name.c_str(), plan.c_str(), c.describe().c_str(), vs_plain.describe().c_str());
+    EXPECT_LT(c.worst_error, testing::kMaxLogitsError) << c.describe();
+    EXPECT_GT(c.top1_agreement(), testing::kMinTop1Agreement) << c.describe();
+
+    constexpr int kSequences = 40, kNewTokens = 8;
+    std::vector<std::vector<int32_t>> prompts, tokens(kSequences);
+    std::vector<SequenceId> sequences;
+    for (int s = 0; s < kSequences; ++s) {
+      prompts.push_back(testing::random_ids(rng, 6 + s % 5, vocab));
+      SequenceRequest request;
+      request.prompt = prompts.back();
+      request.max_new_tokens = kNewTokens;
+      sequences.push_back(engine.add_sequence(request));
+    }
+    for (int step = 0; engine.running_sequences() > 0 && step < 256; ++step)
+      for (const StepToken& token : engine.step())
+        for (int s = 0; s < kSequences; ++s)
+          if (token.sequence == sequences[s]) tokens[s].push_back(token.id);
+    for (int s = 0; s < kSequences; ++s) {
+      ASSERT_EQ(tokens[s].size(), static_cast<size_t>(kNewTokens)) << "sequence " << s;
+      testing::reference_greedy_matches(emulating, prompts[s], tokens[s], vocab,
+                                        model.name + " greedy, sequence " + std::to_string(s));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, EngineFp8GemmsVsReference,
+                         ::testing::Range(0, static_cast<int>(per_channel_models().size())),
+                         [](const auto& info) { return per_channel_models()[info.param].name; });
 
 INSTANTIATE_TEST_SUITE_P(Models, EngineFp8VsReference, ::testing::Range(0, static_cast<int>(fp8_models().size())),
                          [](const auto& info) { return fp8_models()[info.param].name; });
