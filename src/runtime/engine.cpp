@@ -259,11 +259,11 @@ void Engine::Impl::prepare_setup() {
 void Engine::Impl::prepare_speculation() {
   speculation = std::make_unique<runtime::Speculation>(options.speculative, options.max_draft, options.max_batch,
                                                        config.vocab_size, options.cuda_graphs);
-  size_t workspace = 0;
+  std::vector<int> entries;
   for (const BucketPlan& bucket : plan.buckets)
-    for (int rows = 1; rows <= speculation->max_rows(); ++rows)
-      workspace = std::max(workspace, decode_attention_plan(bucket.batch * rows, AttentionChoice{}).workspace_bytes);
-  speculation->allocate_attention_workspace(workspace, stream());
+    for (int rows = 1; rows <= speculation->max_rows(); ++rows) entries.push_back(bucket.batch * rows);
+  speculation->plan_attention(
+      entries, [&](int count) { return decode_attention_plan(count, AttentionChoice{}); }, stream());
 }
 
 int Engine::Impl::affordable_kv_pages() {

@@ -323,6 +323,7 @@ void ForwardPass::attend(const kernels::PagedKv& kv, int tokens, const Attention
     p.kv = kv;
     p.seq_lens = attention.seq_lens ? attention.seq_lens : buffers_.decode_seq_lens();
     p.sequences = attention.sequences;
+    p.appended_keys = attention.appended_keys;
     p.workspace = attention.workspace ? attention.workspace : buffers_.attention_workspace.data();
     p.scale = attention_scale_;
     p.sliding_window = config_.sliding_window;

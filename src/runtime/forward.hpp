@@ -257,6 +257,9 @@ class ForwardPass {
     const int32_t* seq_lens = nullptr;
     const int32_t* sequences = nullptr;
     void* workspace = nullptr;
+    // Keys per query this pass's QKV kernel appends (DecodeAttentionParams::appended_keys): a
+    // verify step's rows, else 1.
+    int appended_keys = 1;
   };
   void embed(const int32_t* ids, int tokens, cudaStream_t stream);
   // One transformer block. pending: the previous block's MLP sum not yet in the residual stream

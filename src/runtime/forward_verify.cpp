@@ -26,6 +26,9 @@ void ForwardPass::verify_step(const VerifyPass& pass, const kernels::DecodeAtten
   attention.seq_lens = pass.seq_lens;
   attention.sequences = pass.block_rows;
   attention.workspace = pass.attention_workspace;
+  // A sequence's entries append keys p..p + rows - 1 in this pass, which may straddle a page:
+  // attention must not read the page before a query's newest ahead of the QKV kernel.
+  attention.appended_keys = pass.rows;
   float* pending = nullptr;
   for (int l = 0; l < config_.num_hidden_layers; ++l)
     pending = layer(l, entries, pass.positions, pass.block_rows, attention, pending, stream);

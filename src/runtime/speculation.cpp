@@ -60,18 +60,27 @@ void Speculation::finished(SequenceId sequence, std::span<const int32_t> prompt,
   if (keeps_outputs() && !output.empty()) suffix_cache_.add(prompt, output);  // a repeat of it is proposed whole
 }
 
-const kernels::DecodeAttentionPlan& Speculation::attention_plan(
-    int entries, const std::function<kernels::DecodeAttentionPlan(int)>& plan_for) {
-  auto found = attention_plans_.find(entries);
-  if (found == attention_plans_.end()) found = attention_plans_.emplace(entries, plan_for(entries)).first;
-  DF_CHECK(found->second.workspace_bytes <= attention_workspace.bytes(),
-           "internal: a verify step's attention plan needs more workspace than was allocated");
-  return found->second;
+void Speculation::plan_attention(std::span<const int> entries,
+                                 const std::function<kernels::DecodeAttentionPlan(int)>& plan_for, cudaStream_t stream) {
+  constexpr size_t kRegionAlignment = 256;
+  size_t bytes = 0;
+  for (const int count : entries) {
+    if (attention_plans_.count(count)) continue;
+    const kernels::DecodeAttentionPlan plan = plan_for(count);
+    attention_plans_.emplace(count, PlannedAttention{plan, bytes});
+    bytes += (plan.workspace_bytes + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
+  }
+  attention_workspace_ = DeviceBuffer(std::max(bytes, kMinWorkspaceBytes));
+  attention_workspace_.zero(stream);  // the decode attention kernel expects zero counters on first use
 }
 
-void Speculation::allocate_attention_workspace(size_t bytes, cudaStream_t stream) {
-  attention_workspace = DeviceBuffer(std::max(bytes, kMinWorkspaceBytes));
-  attention_workspace.zero(stream);  // the decode attention kernel expects zero counters on first use
+Speculation::VerifyAttention Speculation::attention(int entries) const {
+  const auto found = attention_plans_.find(entries);
+  DF_CHECK(found != attention_plans_.end(),
+           "internal: no verify attention plan for " + std::to_string(entries) + " entries");
+  const PlannedAttention& planned = found->second;
+  return {planned.plan, planned.plan.workspace_bytes > 0 ? attention_workspace_.as<unsigned char>() + planned.offset
+                                                         : attention_workspace_.data()};
 }
 
 }  // namespace deepfuse::runtime

@@ -1,7 +1,7 @@
 // Speculative decoding's engine state (EngineOptions::speculative, issue 54; docs/runtime.md,
 // "Speculative decoding"): each sequence's drafter and the suffix drafter's cache of finished
 // outputs (src/speculative), the verify step's device inputs and outputs, and its decode
-// attention plans (one per entry count: a bucket's sequences x rows).
+// attention plans (one per entry count: a bucket's sequences x rows, each with its own workspace).
 //
 // A verify step lays its entries out as [sequences][rows]: entry s * rows + j feeds sequence s's
 // token (j = 0) or its draft j, so speculative_accept reads each sequence's chosen tokens as one
@@ -69,11 +69,18 @@ class Speculation {
   bool keeps_outputs() const { return choice_ == SpeculativeChoice::suffix; }
   void force(DraftSource source) { forced_ = std::move(source); }
 
-  // The decode attention plan of `entries` queries (plan_for), made once per entry count.
-  const kernels::DecodeAttentionPlan& attention_plan(
-      int entries, const std::function<kernels::DecodeAttentionPlan(int)>& plan_for);
-  // The attention plans' workspace, sized for the largest, zeroed once (kernels leave it zero).
-  void allocate_attention_workspace(size_t bytes, cudaStream_t stream);
+  // The decode attention plans of every entry count in `entries` (plan_for), each with a
+  // workspace region of its own, zeroed once (the kernel leaves its counters zero). Not one
+  // region for all: a plan's merge counters sit where a plan of fewer queries writes its
+  // log-sum-exps, which would leave them nonzero (from 64 sequence x kv head pairs on).
+  void plan_attention(std::span<const int> entries, const std::function<kernels::DecodeAttentionPlan(int)>& plan_for,
+                      cudaStream_t stream);
+  struct VerifyAttention {
+    kernels::DecodeAttentionPlan plan;
+    void* workspace = nullptr;
+  };
+  // The plan of `entries` queries and its workspace (plan_attention made it).
+  VerifyAttention attention(int entries) const;
 
   Engine::SpeculativeCounts counts;
 
@@ -85,7 +92,6 @@ class Speculation {
   DeviceBuffer chosen;             // int32 [entries]
   DeviceBuffer slots;              // kernels::SamplingSlot [entries]
   DeviceBuffer sampling_workspace;
-  DeviceBuffer attention_workspace;
   PinnedBuffer host_inputs;        // the inputs' staging
   PinnedBuffer host_slots;
   PinnedBuffer results;            // mapped: speculative_accept writes emitted and counts here
@@ -100,7 +106,12 @@ class Speculation {
   speculative::SuffixCache suffix_cache_;
   std::unordered_map<SequenceId, speculative::SequenceDrafter> drafters_;
   DraftSource forced_;
-  std::map<int, kernels::DecodeAttentionPlan> attention_plans_;
+  struct PlannedAttention {
+    kernels::DecodeAttentionPlan plan;
+    size_t offset = 0;  // of its workspace region in attention_workspace_
+  };
+  std::map<int, PlannedAttention> attention_plans_;  // by entry count
+  DeviceBuffer attention_workspace_;
 };
 
 }  // namespace deepfuse::runtime

@@ -99,12 +99,11 @@ void Engine::Impl::run_verify_step(StepLane& lane, int sequences, std::span<cons
   pass.emitted = spec.results.device_as<int32_t>();
   pass.emitted_counts = pass.emitted + layout.emitted_counts();
   pass.sampling_workspace = spec.sampling_workspace.data();
-  pass.attention_workspace = spec.attention_workspace.data();
-  const kernels::DecodeAttentionPlan& attention = spec.attention_plan(
-      layout.entries(), [&](int entries) { return decode_attention_plan(entries, AttentionChoice{}); });
+  const runtime::Speculation::VerifyAttention attention = spec.attention(layout.entries());
+  pass.attention_workspace = attention.workspace;
   const std::optional<BucketPlan> ops = verify_ops(layout.entries());
   spec.graphs.run(bucket_index, rows - 1, stream(), [&](cudaStream_t s) {
-    forward->verify_step(pass, attention, ops ? &*ops : nullptr, s);
+    forward->verify_step(pass, attention.plan, ops ? &*ops : nullptr, s);
   });
   spec.layout = layout;
   for (int s = 0; s < layout.sequences && s < static_cast<int>(drafts.size()); ++s) spec.drafts[s] = std::move(drafts[s]);

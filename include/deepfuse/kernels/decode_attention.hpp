@@ -102,11 +102,23 @@ struct DecodeAttentionParams {
   // speculative verify step's k + 1 tokens of one sequence are k + 1 queries on its row, token j
   // with seq_lens = its own position + 1: the causal mask among them.
   const int32_t* sequences = nullptr;
+  // Keys at the end of each query's length that the kernel launched just before this one appends
+  // (a decode step: 1, the query's own; a verify step: its rows, which may start a page before
+  // the query's newest). Their pages are read only once that kernel is done (first_appended_page).
+  int appended_keys = 1;
   void* workspace = nullptr;            // plan.workspace_bytes, zeroed once at allocation; the
                                         // kernel leaves its counters zero again
   float scale = 0.0f;                   // usually 1/sqrt(head_dim)
   int sliding_window = 0;               // > 0: only the last `sliding_window` keys (Mistral)
 };
+
+// The first page of a query of `length` keys that holds one of its last `appended_keys` (those
+// the kernel before attention is still writing): the pages before it may be read early, while
+// that kernel finishes (a programmatic dependent launch), the others only after it.
+__host__ __device__ inline int first_appended_page(int length, int appended_keys) {
+  const int first = length - appended_keys;
+  return (first > 0 ? first : 0) / kKvPageSize;
+}
 
 // cudaErrorInvalidValue when params do not match the plan (sizes, nulls, a length beyond
 // plan.max_context is clamped on the device, never read out of bounds).

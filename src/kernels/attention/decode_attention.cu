@@ -94,6 +94,7 @@ struct KernelArgs {
   const int32_t* block_table;
   const int32_t* sequences;  // block-table row of each query, or null: its own
   const int32_t* seq_lens;
+  int appended_keys;  // DecodeAttentionParams::appended_keys
   unsigned* counters;
   float* lse;      // log2-domain log-sum-exp per (pair, split, head)
   __nv_bfloat16* partial;  // normalised partial output per (pair, split, head, dim): bf16 halves the merge's reads
@@ -594,14 +595,16 @@ __global__ void __launch_bounds__(BlockShape<W>::kThreads, BlockShape<W>::kPerSm
   if (split >= range.active) return;
 
   PageStream<D, W> stream(a, range, shared, sequence, kv_head, warp, lane);
-  // The first S - 1 pages. Pages before the newest hold keys of earlier steps, written by kernels
-  // long finished: their copies start before the upstream wait, overlapping the QKV kernel's tail.
-  // The newest page (the current token's key, appended by the QKV kernel) and q wait for it.
-  // (This loop stays in the kernel: inside a helper it is unrolled before it is inlined, differently.)
+  // The first S - 1 pages. Pages before those holding the keys the QKV kernel appends (the
+  // current token's, and in a verify step its sequence's earlier entries', which may sit on the
+  // page before) hold keys of earlier steps, written by kernels long finished: their copies start
+  // before the upstream wait, overlapping the QKV kernel's tail. The appended keys' pages and q
+  // wait for it. (This loop stays in the kernel: inside a helper it is unrolled before it is
+  // inlined, differently.)
   constexpr int S = Geometry<D>::kStages;
-  const int newest_page = (range.length - 1) / kKvPageSize;
+  const int appended_page = first_appended_page(range.length, a.appended_keys);
   int primed = 0;
-  while (primed < S - 1 && stream.first_page + W * primed != newest_page) stream.issue(primed++);
+  while (primed < S - 1 && stream.first_page + W * primed < appended_page) stream.issue(primed++);
   wait_for_upstream_grids();
   trace::stamp(trace::Kernel::unknown, trace::Mark::upstream);
   while (primed < S - 1) stream.issue(primed++);
@@ -724,7 +727,8 @@ cudaError_t launch_decode_attention(const DecodeAttentionPlan& plan, const Decod
   if (!aligned(params.q, 4) || !aligned(params.out, 16) || !aligned(kv.k_pages, 16) || !aligned(kv.v_pages, 16))
     return cudaErrorInvalidValue;
   if (plan.workspace_bytes > 0 && (!params.workspace || !aligned(params.workspace, 16))) return cudaErrorInvalidValue;
-  if (!(params.scale > 0.0f) || !std::isfinite(params.scale) || params.sliding_window < 0) return cudaErrorInvalidValue;
+  if (!(params.scale > 0.0f) || !std::isfinite(params.scale) || params.sliding_window < 0 || params.appended_keys < 1)
+    return cudaErrorInvalidValue;
 
   const int group = plan.q_heads / plan.kv_heads;
   const WorkspaceLayout layout = workspace_layout(plan.batch, plan.kv_heads, group, plan.head_dim, plan.splits_per_sequence);
@@ -737,6 +741,7 @@ cudaError_t launch_decode_attention(const DecodeAttentionPlan& plan, const Decod
   args.block_table = kv.block_table;
   args.sequences = params.sequences;
   args.seq_lens = params.seq_lens;
+  args.appended_keys = params.appended_keys;
   args.counters = layout.bytes ? reinterpret_cast<unsigned*>(workspace) : nullptr;
   args.lse = layout.bytes ? reinterpret_cast<float*>(workspace + layout.lse_offset) : nullptr;
   args.partial =

@@ -403,6 +403,7 @@ TEST(DecodeAttentionLaunch, RejectsBadParamsWithInvalidValue) {
       {"zero scale", [](auto&, auto& p) { p.scale = 0.0f; }},
       {"NaN scale", [](auto&, auto& p) { p.scale = std::numeric_limits<float>::quiet_NaN(); }},
       {"negative window", [](auto&, auto& p) { p.sliding_window = -1; }},
+      {"no appended key", [](auto&, auto& p) { p.appended_keys = 0; }},
       {"default plan", [](auto& plan, auto&) { plan = DecodeAttentionPlan{}; }},
       {"plan head_dim 96", [](auto& plan, auto&) { plan.head_dim = 96; }},
       {"plan with zero splits", [](auto& plan, auto&) { plan.splits_per_sequence = 0; }},
@@ -416,6 +417,26 @@ TEST(DecodeAttentionLaunch, RejectsBadParamsWithInvalidValue) {
     m.apply(bad_plan, bad);
     EXPECT_EQ(kernels::launch_decode_attention(bad_plan, bad, nullptr), cudaErrorInvalidValue) << m.what;
   }
+}
+
+// The pages attention may read before the QKV kernel ahead of it is done end before the page of
+// the first key that kernel appends. A verify step's query on a fresh page also depends on the
+// keys its sequence's earlier entries append on the page before (the bug test_speculative_gpu
+// caught: only the newest page waited).
+TEST(DecodeAttentionLaunch, FirstAppendedPage) {
+  constexpr int P = kernels::kKvPageSize;
+  using kernels::first_appended_page;
+  // A decode step: the query's own key, on its newest page.
+  for (int length : {1, P - 1, P, P + 1, 2 * P, 5 * P + 3}) EXPECT_EQ(first_appended_page(length, 1), (length - 1) / P);
+  // A verify step of 3 rows whose sequence was fed at position P - 1: its entry at position P
+  // (length P + 1) has key P - 1 of this step on page 0.
+  EXPECT_EQ(first_appended_page(P + 1, 3), 0);
+  EXPECT_EQ(first_appended_page(P + 2, 3), 0);
+  EXPECT_EQ(first_appended_page(P + 3, 3), 1);
+  EXPECT_EQ(first_appended_page(2 * P + 1, 2 * P), 0);
+  // More appended keys than the query has: from its first page.
+  EXPECT_EQ(first_appended_page(2, 7), 0);
+  EXPECT_EQ(first_appended_page(1, 1), 0);
 }
 
 }  // namespace
