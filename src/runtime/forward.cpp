@@ -354,6 +354,7 @@ void ForwardPass::decode_step(const BucketPlan& bucket, const kernels::DecodeAtt
   embed(buffers_.decode_ids(), batch, stream);
   DF_CHECK(batch <= bucket.batch, "decode step batch " + std::to_string(batch) + " exceeds its bucket's " +
                                       std::to_string(bucket.batch));
+  clear_attention_counters(plan, stream);
   const Attention attention{choices_of(bucket), &plan, 0, {}};
   float* pending = nullptr;
   for (int l = 0; l < config_.num_hidden_layers; ++l)
@@ -362,6 +363,11 @@ void ForwardPass::decode_step(const BucketPlan& bucket, const kernels::DecodeAtt
   final_norm(0, batch, stream);
   lm_head(0, batch, stream);
   sample(0, batch, stream, host_sampled, extras, Source::decode_step);
+}
+
+void ForwardPass::clear_attention_counters(const kernels::DecodeAttentionPlan& plan, cudaStream_t stream) {
+  if (const size_t bytes = kernels::decode_attention_counter_bytes(plan))
+    DF_CHECK_CUDA(cudaMemsetAsync(buffers_.attention_workspace.data(), 0, bytes, stream));
 }
 
 void ForwardPass::prefill_chunk(int row, int start, int tokens, cudaStream_t stream) {

@@ -230,6 +230,9 @@ class ForwardPass {
   int launches_per_decode_step(const BucketPlan& bucket, const kernels::DecodeAttentionPlan& plan) const;
 
  private:
+  // Zeroes the merge counters `plan` reads in the shared attention workspace, once per step: a
+  // step of another bucket's plan may have left its partials there (decode_attention.hpp).
+  void clear_attention_counters(const kernels::DecodeAttentionPlan& plan, cudaStream_t stream);
   // The variants one pass runs.
   struct Choices {
     MlpChoice mlp;

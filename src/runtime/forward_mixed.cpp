@@ -30,6 +30,7 @@ void ForwardPass::mixed_step(const kernels::DecodeAttentionPlan& plan, bool deco
   if (!decode)
     DF_CHECK_CUDA(cudaMemsetAsync(buffers_.attention_out.as<__nv_bfloat16>() + prompt_tokens * q_size, 0,
                                   batch * q_size * sizeof(__nv_bfloat16), stream));
+  if (decode) clear_attention_counters(plan, stream);
   const Attention attention{prefill_choices(), decode ? &plan : nullptr, prompt_tokens, chunks};
   for (int l = 0; l < config_.num_hidden_layers; ++l)
     layer(l, tokens, buffers_.prefill_positions(), buffers_.prefill_rows(), attention, nullptr, stream);

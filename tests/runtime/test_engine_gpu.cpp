@@ -226,6 +226,26 @@ TEST_P(EngineVsReference, DecodeAcrossTheShortContextPlan) {
   expect_batch_matches_reference(engine, random_sequences({2056, 300}), {2040, 284}, "a pair across 2048 keys");
 }
 
+// Steps of different buckets share the decode attention workspace, laid out by the batch: a
+// 32-sequence step's log-sum-exps lie where a 64-sequence step's merge counters are (two kv heads:
+// 64 against 128 counters, split 4 and 2 ways on 132 SMs). Each step clears its counters, else
+// the second batch's splits never merge (found reviewing the speculative verify step).
+TEST_P(EngineVsReference, BucketsSharingTheAttentionWorkspaceFollowReference) {
+  DF_REQUIRE_GPU();
+  make_model(11, 512);
+  EngineOptions options = tiny_engine_options();
+  options.max_batch = 64;
+  options.max_context = 256;
+  options.kv_cache_bytes = size_t{64} << 20;
+  options.plan_overrides = parse_plan_overrides("attention.short_context=off,attention.merge=workspace");
+  Engine engine = load_engine(options);
+  for (int count : {32, 64, 32}) {
+    const std::vector<int> prompts(count, 180);
+    expect_batch_matches_reference(engine, random_sequences(std::vector<int>(count, 184)), prompts,
+                                   std::to_string(count) + " sequences of 180 + 4 decode steps");
+  }
+}
+
 TEST_P(EngineVsReference, ChunkedPrefillMatchesReference) {
   DF_REQUIRE_GPU();
   make_model(2);

@@ -106,8 +106,10 @@ struct DecodeAttentionParams {
   // (a decode step: 1, the query's own; a verify step: its rows, which may start a page before
   // the query's newest). Their pages are read only once that kernel is done (first_appended_page).
   int appended_keys = 1;
-  void* workspace = nullptr;            // plan.workspace_bytes, zeroed once at allocation; the
-                                        // kernel leaves its counters zero again
+  void* workspace = nullptr;            // plan.workspace_bytes; its first
+                                        // decode_attention_counter_bytes(plan) zero before the call
+                                        // (the kernel leaves them zero again; a plan of another
+                                        // batch writes partials there: clear them after one ran)
   float scale = 0.0f;                   // usually 1/sqrt(head_dim)
   int sliding_window = 0;               // > 0: only the last `sliding_window` keys (Mistral)
 };
@@ -119,6 +121,12 @@ __host__ __device__ inline int first_appended_page(int length, int appended_keys
   const int first = length - appended_keys;
   return (first > 0 ? first : 0) / kKvPageSize;
 }
+
+// The bytes at the start of a plan's workspace that hold its merge counters (0: it has none).
+// Plans of different batch sizes lay the workspace out differently: one's log-sum-exps lie where
+// another's counters are, so a caller that shares a workspace between plans zeroes these bytes
+// before a call that follows another plan's.
+size_t decode_attention_counter_bytes(const DecodeAttentionPlan& plan);
 
 // cudaErrorInvalidValue when params do not match the plan (sizes, nulls, a length beyond
 // plan.max_context is clamped on the device, never read out of bounds).

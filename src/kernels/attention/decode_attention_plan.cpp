@@ -92,6 +92,12 @@ bool plan_is_consistent(const DecodeAttentionPlan& plan) {
 
 using namespace decode_attention_detail;
 
+size_t decode_attention_counter_bytes(const DecodeAttentionPlan& plan) {
+  const WorkspaceLayout layout = workspace_layout(plan.batch, plan.kv_heads, plan.q_heads / plan.kv_heads,
+                                                  plan.head_dim, plan.splits_per_sequence);
+  return layout.bytes > 0 ? layout.lse_offset : 0;
+}
+
 std::string decode_attention_forced_unsupported(int forced_splits, int forced_warps, SplitMerge merge, int group) {
   if (forced_splits < 0 || forced_splits > kMaxSplits)
     return "splits must be 0 (the planner's) to " + std::to_string(kMaxSplits);
