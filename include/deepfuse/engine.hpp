@@ -74,8 +74,7 @@ struct EngineOptions {
   // back this one's tokens, so the GPU does not wait for the host between steps (docs/runtime.md,
   // "Steps launched ahead").
   // A sequence that stops on a stop id has one step computed for nothing. false: one step per
-  // step(), nothing in flight when it returns. Suspended while a constrained sequence
-  // (SequenceRequest::constraint) is held.
+  // step(), nothing in flight when it returns.
   bool overlap_steps = true;
   // At construction, time cuBLASLt's suggested algorithms for each GEMM the decode steps run
   // through it (the lm_head at every batch; QKV, o_proj and the unfused MLP where the fused
@@ -135,9 +134,9 @@ struct SequenceRequest {
   // Structured output: the grammar the sequence's tokens must follow (its own matcher; null:
   // free). The engine asks it for the allowed ids before each token it samples (the mask goes to
   // the GPU sampler) and tells it each token it reports, on the thread that calls step(). A
-  // resumed sequence's constraint must already have accepted its prior_generated tokens. While a
-  // constrained sequence is held, steps are not launched ahead (EngineOptions::overlap_steps):
-  // its next mask needs the token of the step before.
+  // resumed sequence's constraint must already have accepted its prior_generated tokens. A step
+  // that samples a constrained row is launched ahead without its sampler, which follows once the
+  // step before is read back and the masks are filled (docs/runtime.md, "Constrained rows").
   std::shared_ptr<TokenConstraint> constraint;
   // false: never drafted, whatever EngineOptions::speculative says (a per-request opt-out).
   bool speculative = true;

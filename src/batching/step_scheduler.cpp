@@ -319,18 +319,12 @@ void StepScheduler::reject_drafts(Sequence& s, int count) {
 Report StepScheduler::report(Sequence& s, int32_t id) {
   DF_CHECK(s.row >= 0 && s.in_flight > 0 && !s.verifying,
            "internal: a token reported for a sequence with no sample in flight, or before its rejected drafts");
+  Report report;
+  report.finish = finish_on(s, id);
   s.tokens.push_back(id);
   --s.in_flight;
-  Report report;
   if (s.reported++ == 0) report.cached_tokens = s.cached_tokens;
   report.registered = register_blocks(s);
-  const int length = static_cast<int>(s.tokens.size());
-  if (std::find(s.stop_ids.begin(), s.stop_ids.end(), id) != s.stop_ids.end())
-    report.finish = FinishReason::stop_token;
-  else if (length >= s.token_limit)
-    report.finish = FinishReason::max_tokens;
-  else if (length >= options_.max_context)  // no position left to feed it
-    report.finish = FinishReason::context_length;
   if (report.finish != FinishReason::none) {
     release_pages(s);  // its registered blocks stay cached for later prompts
     take_running(s);   // destroys it
@@ -339,6 +333,14 @@ Report StepScheduler::report(Sequence& s, int32_t id) {
     preempt(s, none);
   }
   return report;
+}
+
+FinishReason StepScheduler::finish_on(const Sequence& s, int32_t id) const {
+  const int length = static_cast<int>(s.tokens.size()) + 1;  // with `id`
+  if (std::find(s.stop_ids.begin(), s.stop_ids.end(), id) != s.stop_ids.end()) return FinishReason::stop_token;
+  if (length >= s.token_limit) return FinishReason::max_tokens;
+  if (length >= options_.max_context) return FinishReason::context_length;  // no position left to feed it
+  return FinishReason::none;
 }
 
 }  // namespace deepfuse::batching

@@ -156,6 +156,8 @@ class StepScheduler {
   // The token sampled for the sequence's oldest sample in flight. A finish other than none ends
   // the sequence (pages released, Sequence destroyed).
   Report report(Sequence& sequence, int32_t id);
+  // How report(sequence, id) would end the sequence (none: it keeps running), changing nothing.
+  FinishReason finish_on(const Sequence& sequence, int32_t id) const;
 
   // Speculative decoding (src/speculative). After schedule(), gives a decode row whose token the
   // host knows up to `count` more positions, its drafts, fed in the same step: as many as free

@@ -60,9 +60,11 @@ struct SequenceSettings {
   bool speculative = true;         // may be drafted (SequenceRequest::speculative)
 };
 
-// A row whose next sample a grammar constrains: its mask is filled from `constraint` before the step.
+// A row whose next sample a grammar constrains: its mask is filled from `constraint` before the
+// step's sampler. `key`: its sequence's.
 struct ConstrainedRow {
   int row = 0;
+  SequenceId key = 0;
   TokenConstraint* constraint = nullptr;
 };
 
@@ -71,6 +73,14 @@ struct StepSampling {
   SamplerExtras extras;
   std::vector<int> logprob_rows;            // rows whose logits go to the lane's logits behind the step
   std::vector<ConstrainedRow> constrained;  // with extras.token_masks
+};
+
+// A step with token masks is launched without its sampler (SamplerExtras): what the sampler
+// needs once the step before has been read back and the grammars know its tokens.
+struct PendingSampler {
+  int batch = 0;  // the bucket's entries
+  ForwardPass::Source source = ForwardPass::Source::decode_step;
+  StepSampling sampling;
 };
 
 // One decode step's host side: its inputs, the ids it samples, and which sequence each row fed.
@@ -90,6 +100,9 @@ struct StepLane {
   // uint32 [max_batch, token_bitmask_words(vocab)]: the masks the step's sampler applied (uploaded
   // before it), kept for the logprobs read back with it; allocated when a constrained row first runs.
   PinnedBuffer masks;
+  // Set while the step's forward pass is launched and its sampler is not (token masks); step_done
+  // is recorded only behind the sampler.
+  std::optional<PendingSampler> pending;
 };
 
 // Owns the engine's stream; waits for it before destroying it.
@@ -155,18 +168,24 @@ struct Engine::Impl {
   // ---- steps (step.cpp)
   // The scheduler's prefill phase: admissions and prompt chunks, then their first tokens read back.
   void prefill_step(std::vector<StepToken>& out);
-  // Launches steps ahead as overlap_steps asks, then reads back the oldest one in flight.
+  // Launches steps ahead as overlap_steps asks, then reads back the oldest one in flight (a step
+  // with token masks gets its sampler once the step before it is read back).
   void decode_running(std::vector<StepToken>& out);
   // The scheduler's decode phase (which may preempt the youngest), launched; nothing when it is empty.
   void launch_decode();
+  // Between taking its tokens to the grammars and reporting them (which may move rows on the
+  // stream), launches the sampler of the step after it when that one waits for its masks.
   void read_back_oldest(std::vector<StepToken>& out);
+  // The sequence's grammar, if any, takes `id` (on the rank that samples), before its report.
+  void advance_grammar(const batching::Sequence& sequence, int32_t id);
+  // The pending sampler of `lane`: its constrained rows' masks (the rows of sequences in
+  // `ending`, whose last token ends them, stay all ones), then the sampler and the logprob copies.
+  void launch_sampler(runtime::StepLane& lane, std::span<const SequenceId> ending);
   // Hands the sequence's sampled `id` to the scheduler and reports it (logprobs from row
-  // `logits_row` of `logits`).
-  // Its constraint, if any, accepts the id (the rank that samples), and its logprobs are of the
-  // masked logits (`masks` row `logits_row`), as the CPU backend reports them.
+  // `logits_row` of `logits`; of the masked logits when it is constrained, `masks` row
+  // `logits_row`, as the CPU backend reports them). Its grammar has taken `id` already.
   void report(batching::Sequence& sequence, int32_t id, const runtime::PinnedBuffer& logits,
               const runtime::PinnedBuffer& masks, int logits_row, std::vector<StepToken>& out);
-  bool may_end(const batching::Sequence& sequence, int32_t id) const;
   // With no sequence running: waits for the steps in flight and drops them (their sequences are gone).
   void forget_launched_steps();
   // Runs `ids` through the sequence on block-table row `row` from position `start`, in chunks of
@@ -177,8 +196,9 @@ struct Engine::Impl {
   using DecodeInput = std::function<bool(int row, int32_t& id, int& position)>;
   // Decode inputs for rows 0..max_batch-1 (-1 / -1 / 0 where `input` returns false) through
   // `lane` to the device, then the step (step.cpp).
-  // `sampling`: what the sampler applies (the step's graph variant), the constrained rows' masks
-  // (uploaded first), and the rows whose logits go to lane.logits behind the step.
+  // `sampling`: what the sampler applies (the step's graph variant), the constrained rows' masks,
+  // and the rows whose logits go to lane.logits behind the step. With token masks the step is
+  // launched without its sampler (lane.pending; launch_sampler).
   void run_decode_step(runtime::StepLane& lane, int sequences, const DecodeInput& input,
                        const runtime::StepSampling& sampling = {});
   // The same, with the prompt chunks of a mixed plan in the pass (ForwardPass::mixed_step), eager.
@@ -190,8 +210,6 @@ struct Engine::Impl {
   // (a lane after its step_done, prefill_masks after prefill_step's synchronisation).
   void upload_token_masks(runtime::PinnedBuffer& host, int first_row, int rows,
                           std::span<const runtime::ConstrainedRow> constrained);
-  // Whether a sequence held (queued or running) is constrained: steps are then not launched ahead.
-  bool holds_constraints() const;
   // run_decode_step's upload (after the lane's last step has run); returns the longest length.
   int upload_decode_inputs(runtime::StepLane& lane, int sequences, const DecodeInput& input);
   // Bucket `bucket_index`'s decode attention plan for a step whose longest sequence has `longest`

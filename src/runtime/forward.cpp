@@ -362,7 +362,7 @@ void ForwardPass::decode_step(const BucketPlan& bucket, const kernels::DecodeAtt
   DF_CHECK(!pending, "the last block's MLP sum must reach the residual stream");
   final_norm(0, batch, stream);
   lm_head(0, batch, stream);
-  sample(0, batch, stream, host_sampled, extras, Source::decode_step);
+  if (!extras.token_masks) sample(0, batch, stream, host_sampled, extras, Source::decode_step);  // else the caller's
 }
 
 void ForwardPass::clear_attention_counters(const kernels::DecodeAttentionPlan& plan, cudaStream_t stream) {

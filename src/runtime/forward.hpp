@@ -113,6 +113,9 @@ struct StepBuffers {
 // What a step's sampler applies besides its rows' sampling slots: presence/frequency penalties
 // (some row has them) and token bitmasks (some row is constrained: StepBuffers::token_masks).
 // Each combination is its own graph variant, so a step without them never launches their work.
+// A decode or mixed step with token masks ends at its logits, without the sampler: a constrained
+// row's mask needs the token of the step before, which the host reads back while this step's
+// forward pass runs, and the caller then launches sample() itself.
 struct SamplerExtras {
   bool penalties = false;
   bool token_masks = false;
@@ -163,8 +166,8 @@ class ForwardPass {
   // device's view of mapped pinned host memory, [batch]); sampling slots advanced.
   // The ops run the variants `bucket` names (the step's bucket of the plan). `extras.penalties`:
   // some entry has presence/frequency penalties, applied to the logits (in place) before
-  // sampling, each entry's fed id counted first; `extras.token_masks`: the entries' rows of
-  // token_masks apply.
+  // sampling, each entry's fed id counted first; `extras.token_masks`: the step stops at the
+  // logits (SamplerExtras), for sample(0, batch, stream, host_sampled, extras, Source::decode_step).
   void decode_step(const BucketPlan& bucket, const kernels::DecodeAttentionPlan& plan, int32_t* host_sampled,
                    SamplerExtras extras, cudaStream_t stream);
 
@@ -186,8 +189,9 @@ class ForwardPass {
   // entries' are rows 0..batch-1) and their lengths in decode_seq_lens. Every token goes through
   // cuBLASLt's projections and the prefill MLP, each chunk through prefill attention and the
   // entries through decode attention (`decode` false: no entry is fed, none runs). Then rows
-  // 0..batch-1 are sampled as decode_step samples them, a sampling chunk's last token standing in
-  // its row; step_draws says which rows draw, penalties count decode_ids.
+  // 0..batch-1 are sampled as decode_step samples them (with token masks: left to the caller, as
+  // Source::mixed_step), a sampling chunk's last token standing in its row; step_draws says which
+  // rows draw, penalties count decode_ids.
   void mixed_step(const kernels::DecodeAttentionPlan& plan, bool decode, std::span<const StepChunk> chunks,
                   int32_t* host_sampled, SamplerExtras extras, cudaStream_t stream);
 

@@ -44,7 +44,7 @@ void ForwardPass::mixed_step(const kernels::DecodeAttentionPlan& plan, bool deco
                                     hidden * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice, stream));
   final_norm(prompt_tokens, batch, stream);
   lm_head(0, batch, stream);
-  sample(0, batch, stream, host_sampled, extras, Source::mixed_step);
+  if (!extras.token_masks) sample(0, batch, stream, host_sampled, extras, Source::mixed_step);  // else the caller's
 }
 
 }  // namespace deepfuse::runtime

@@ -169,6 +169,7 @@ void Engine::Impl::read_back_verify(StepLane& lane, std::vector<StepToken>& out)
     for (int c = 0; c < count; ++c) {
       batching::Sequence* sequence = step_scheduler->find_running(static_cast<batching::SequenceKey>(key), row);
       if (!sequence) break;  // ended by an earlier token of this step
+      advance_grammar(*sequence, emitted[row * layout.rows + c]);  // none here (draft_rows): kept for the rule
       report(*sequence, emitted[row * layout.rows + c], lane.logits, lane.masks, row, out);
     }
     spec.drafts[row].clear();

@@ -125,15 +125,13 @@ void Engine::Impl::report(batching::Sequence& sequence, int32_t id, const runtim
   const SequenceId key = static_cast<SequenceId>(sequence.key);
   const runtime::SequenceSettings& set = settings.at(key);
   const int top_logprobs = set.top_logprobs;
-  const uint32_t* mask = nullptr;
-  if (set.constraint && samples_here()) {
-    set.constraint->accept(id);  // the id its mask allowed: throws otherwise
-    mask = masks.as<uint32_t>() + static_cast<size_t>(logits_row) * token_bitmask_words(config.vocab_size);
-  }
+  const uint32_t* mask = set.constraint && samples_here() ? masks.as<uint32_t>() + static_cast<size_t>(logits_row) *
+                                                                                      token_bitmask_words(config.vocab_size)
+                                                         : nullptr;
   // The suffix drafter's cache takes a finished sequence's tokens: kept while this token may end it.
   std::vector<int32_t> ending;
   int first_generated = 0;
-  if (speculation && speculation->keeps_outputs() && may_end(sequence, id)) {
+  if (speculation && speculation->keeps_outputs() && step_scheduler->finish_on(sequence, id) != FinishReason::none) {
     ending = sequence.tokens;
     ending.push_back(id);
     first_generated = sequence.first_generated;
@@ -146,13 +144,6 @@ void Engine::Impl::report(batching::Sequence& sequence, int32_t id, const runtim
   if (speculation)
     speculation->finished(key, std::span(ending).first(std::min<size_t>(first_generated, ending.size())),
                           std::span(ending).subspan(std::min<size_t>(first_generated, ending.size())));
-}
-
-// Whether reporting `id` can end the sequence (a stop id, its token limit or the context's end).
-bool Engine::Impl::may_end(const batching::Sequence& sequence, int32_t id) const {
-  const size_t length = sequence.tokens.size() + 1;
-  return std::find(sequence.stop_ids.begin(), sequence.stop_ids.end(), id) != sequence.stop_ids.end() ||
-         length >= static_cast<size_t>(std::min(sequence.token_limit, options.max_context));
 }
 
 const StepLane* Engine::Impl::lane_with_graph(int bucket_index) const {
@@ -226,7 +217,7 @@ void Engine::Impl::prefill_step(std::vector<StepToken>& out) {
       forward->lm_head(0, 1, stream());
       const runtime::SamplerExtras extras{kernels::penalized(set.penalties), set.constraint != nullptr};
       if (set.constraint) {
-        const runtime::ConstrainedRow constrained{row, set.constraint.get()};
+        const runtime::ConstrainedRow constrained{row, static_cast<SequenceId>(sequence.key), set.constraint.get()};
         upload_token_masks(prefill_masks, row, 1, std::span(&constrained, 1));
       }
       forward->sample(row, 1, stream(), nullptr, extras, runtime::ForwardPass::Source::prompt);
@@ -243,8 +234,10 @@ void Engine::Impl::prefill_step(std::vector<StepToken>& out) {
                                 step_scheduler->running() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream()));
   DF_CHECK_CUDA(cudaStreamSynchronize(stream()));
   // Rows as they were at the download: a report that ends a sequence moves another's row.
-  for (auto [sequence, row] : sampled)
+  for (auto [sequence, row] : sampled) {
+    advance_grammar(*sequence, prefill_sampled.as<int32_t>()[row]);
     report(*sequence, prefill_sampled.as<int32_t>()[row], prefill_logits, prefill_masks, row, out);
+  }
 }
 
 // Uploads rows 0..max_batch-1 of the step's inputs (ids -1, positions -1, lengths 0 where `input`
@@ -256,12 +249,15 @@ void Engine::Impl::run_decode_step(StepLane& lane, int sequences, const DecodeIn
   const int longest = upload_decode_inputs(lane, sequences, input);
   bool short_context = false;
   const kernels::DecodeAttentionPlan& plan = attention_plan(bucket_index, longest, short_context);
-  if (sampling.extras.token_masks) upload_token_masks(lane.masks, 0, plan.batch, sampling.constrained);
   int32_t* host_sampled = lane.sampled.device_as<int32_t>();
   const runtime::SamplerExtras extras = sampling.extras;
   lane.graphs->run(bucket_index, graph_variant(short_context, extras), stream(), [&](cudaStream_t s) {
     forward->decode_step(this->plan.buckets[bucket_index], plan, host_sampled, extras, s);
   });
+  if (extras.token_masks) {  // its sampler waits for the masks (launch_sampler)
+    lane.pending = runtime::PendingSampler{plan.batch, runtime::ForwardPass::Source::decode_step, sampling};
+    return;
+  }
   copy_logprob_rows(lane, sampling.logprob_rows);
   lane.step_done.record(stream());
 }
@@ -274,7 +270,6 @@ void Engine::Impl::run_mixed_step(StepLane& lane, int sequences, const DecodeInp
   bool short_context = false;
   const kernels::DecodeAttentionPlan& plan = attention_plan(lane.graphs->bucket_index(sequences), longest, short_context);
   const int batch = plan.batch;
-  if (sampling.extras.token_masks) upload_token_masks(lane.masks, 0, batch, sampling.constrained);
   const size_t stride = max_tokens();
   prefill_host_read.wait();  // the last pass's inputs have been copied out
   int32_t* host = prefill_host.as<int32_t>();
@@ -308,6 +303,10 @@ void Engine::Impl::run_mixed_step(StepLane& lane, int sequences, const DecodeInp
   DF_CHECK_CUDA(cudaMemcpyAsync(buffers->prefill_ids() + offset, buffers->decode_ids(), batch * sizeof(int32_t),
                                 cudaMemcpyDeviceToDevice, stream()));
   forward->mixed_step(plan, decode, passes, lane.sampled.device_as<int32_t>(), sampling.extras, stream());
+  if (sampling.extras.token_masks) {  // its sampler waits for the masks (launch_sampler)
+    lane.pending = runtime::PendingSampler{batch, runtime::ForwardPass::Source::mixed_step, sampling};
+    return;
+  }
   copy_logprob_rows(lane, sampling.logprob_rows);
   lane.step_done.record(stream());
 }
@@ -386,7 +385,7 @@ void Engine::Impl::launch_decode() {
     if (set.top_logprobs >= 0 && samples_here()) sampling.logprob_rows.push_back(sequence.row);
     if (!set.constraint) return;
     sampling.extras.token_masks = true;
-    sampling.constrained.push_back({sequence.row, set.constraint.get()});
+    sampling.constrained.push_back({sequence.row, static_cast<SequenceId>(sequence.key), set.constraint.get()});
   };
   for (const batching::PrefillChunk& chunk : plan.prefill) {  // a mixed plan's
     if (chunk.admits) admit_row(*chunk.sequence);
@@ -426,22 +425,54 @@ void Engine::Impl::launch_decode() {
 }
 
 // Waits for the oldest step in flight and reports its tokens, in row order; tokens of sequences
-// removed since it was launched are dropped.
+// removed since it was launched are dropped. The step after it, when launched without its sampler
+// (token masks), gets the sampler between the grammars taking these tokens and the reports: a
+// report that ends a sequence moves rows on the device, which that sampler must not see.
 void Engine::Impl::read_back_oldest(std::vector<StepToken>& out) {
   StepLane& lane = lanes[launched.front()];
+  DF_CHECK(!lane.pending, "internal: a step read back before its sampler was launched");
   launched.pop_front();
   lane.step_done.wait();
-  if (lane.verify) {
+  if (lane.verify) {  // no constrained row: draft_rows leaves them to plain steps
     read_back_verify(lane, out);
     return;
   }
+  const int32_t* ids = lane.sampled.as<int32_t>();
+  std::vector<std::pair<batching::Sequence*, int>> fed;  // and its row; a Sequence stays put when rows move
   for (int fed_row = 0; fed_row < static_cast<int>(lane.rows.size()); ++fed_row) {
     if (lane.rows[fed_row] == 0) continue;
     batching::Sequence* sequence =
         step_scheduler->find_running(static_cast<batching::SequenceKey>(lane.rows[fed_row]), fed_row);
     if (!sequence) continue;
-    report(*sequence, lane.sampled.as<int32_t>()[fed_row], lane.logits, lane.masks, fed_row, out);
+    advance_grammar(*sequence, ids[fed_row]);
+    fed.emplace_back(sequence, fed_row);
   }
+  if (!launched.empty() && lanes[launched.front()].pending) {
+    std::vector<SequenceId> ending;
+    for (auto [sequence, row] : fed)
+      if (step_scheduler->finish_on(*sequence, ids[row]) != FinishReason::none)
+        ending.push_back(static_cast<SequenceId>(sequence->key));
+    launch_sampler(lanes[launched.front()], ending);
+  }
+  for (auto [sequence, row] : fed) report(*sequence, ids[row], lane.logits, lane.masks, row, out);
+}
+
+void Engine::Impl::advance_grammar(const batching::Sequence& sequence, int32_t id) {
+  const runtime::SequenceSettings& set = settings.at(static_cast<SequenceId>(sequence.key));
+  if (set.constraint && samples_here()) set.constraint->accept(id);  // the id its mask allowed: throws otherwise
+}
+
+void Engine::Impl::launch_sampler(StepLane& lane, std::span<const SequenceId> ending) {
+  const runtime::PendingSampler& pending = *lane.pending;
+  std::vector<runtime::ConstrainedRow> rows;  // a sequence that has just ended has no next mask
+  for (const runtime::ConstrainedRow& c : pending.sampling.constrained)
+    if (std::find(ending.begin(), ending.end(), c.key) == ending.end()) rows.push_back(c);
+  upload_token_masks(lane.masks, 0, pending.batch, rows);
+  forward->sample(0, pending.batch, stream(), lane.sampled.device_as<int32_t>(), pending.sampling.extras,
+                  pending.source);
+  copy_logprob_rows(lane, pending.sampling.logprob_rows);
+  lane.step_done.record(stream());
+  lane.pending.reset();
 }
 
 void Engine::Impl::decode_running(std::vector<StepToken>& out) {
@@ -453,21 +484,17 @@ void Engine::Impl::decode_running(std::vector<StepToken>& out) {
         return true;
     return false;
   };
+  // Between calls every step in flight has its sampler (a step with token masks gets it once the
+  // one before is read back; docs/runtime.md, "Constrained rows").
   while (!launched.empty() && !feeds_someone(lanes[launched.front()])) read_back_oldest(out);
-  // A constrained row's next mask needs its last token accepted by its grammar: while one is
-  // held, every step in flight is read back before the next launches, and none is launched ahead
-  // (the GPU waits for the host between steps; docs/runtime.md, "Constrained rows"). Nor with
-  // speculation: a row drafts only from a token the host has read back.
-  const bool constrained = holds_constraints();
-  if (constrained)
-    while (!launched.empty()) read_back_oldest(out);
-  if (launched.empty()) launch_decode();                                        // nothing ahead: this call's own step
-  if (options.overlap_steps && !constrained && !speculation) launch_decode();  // and the next, before reading this one back
+  if (launched.empty()) {  // nothing ahead: this call's own step, whose masks need no token in flight
+    launch_decode();
+    if (!launched.empty() && lanes[launched.front()].pending) launch_sampler(lanes[launched.front()], {});
+  }
+  // And the next, before reading this one back; not with speculation: a row drafts only from a
+  // token the host has read back.
+  if (options.overlap_steps && !speculation) launch_decode();
   if (!launched.empty()) read_back_oldest(out);
-}
-
-bool Engine::Impl::holds_constraints() const {
-  return std::any_of(settings.begin(), settings.end(), [](const auto& entry) { return entry.second.constraint; });
 }
 
 void Engine::Impl::upload_token_masks(runtime::PinnedBuffer& host, int first_row, int rows,

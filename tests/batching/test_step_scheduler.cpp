@@ -46,7 +46,9 @@ StepPlan run_step(StepScheduler& scheduler, std::vector<FinishReason>* finishes 
     if (c.samples) sampling.push_back(c.sequence);
   for (const DecodeRow& d : plan.decode) sampling.push_back(d.sequence);
   for (Sequence* s : sampling) {
+    const FinishReason predicted = scheduler.finish_on(*s, 7);  // what the engine asks before reporting
     const FinishReason finish = scheduler.report(*s, 7).finish;
+    EXPECT_EQ(finish, predicted);
     if (finishes) finishes->push_back(finish);
   }
   return seen;

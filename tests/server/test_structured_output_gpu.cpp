@@ -1,8 +1,9 @@
 // Structured output on the CUDA engine: sequences constrained by a JSON schema's grammar (xgrammar,
 // src/server/grammar) run next to free ones on tiny random models, with CUDA graphs on and off,
-// mixed steps on and off, steps launched ahead and not. The engine fills each constrained row's
-// mask from its grammar before the step, the sampling kernel applies it, and the engine feeds the
-// grammar each token it reads back (it throws on an id the mask left out). Checked per sequence:
+// mixed steps on and off, steps launched ahead and not, a cache that preempts. A step that samples
+// a constrained row is launched without its sampler; once the step before is read back and its
+// tokens fed to the grammars (which throw on an id the mask left out), the engine fills the masks
+// and launches the sampler, which applies them. Checked per sequence:
 // - constrained: it ends on the stop id, its text parses and validates against the schema, and
 //   greedy ones follow the CPU reference decoder's masked greedy decode (the first divergence a
 //   near tie of the reference among allowed ids; after it the texts differ and are not compared);
@@ -139,11 +140,13 @@ class StructuredOutputGpu : public ::testing::TestWithParam<int> {
         SequenceRequest request;
         request.prompt = r.prompt;
         request.max_new_tokens = r.new_tokens;
-        request.stop_ids = {stop_};
         request.sampling.temperature = r.temperature;
         request.sampling.seed = 1000 + added;
         request.top_logprobs = r.top_logprobs;
-        if (r.constrained) request.constraint = grammar_->start();
+        if (r.constrained) {  // free ones run to their length: a random model may pick the stop id
+          request.stop_ids = {stop_};
+          request.constraint = grammar_->start();
+        }
         index[engine.add_sequence(request)] = added;
       }
       if (added == requests.size() && engine.running_sequences() == 0) break;
