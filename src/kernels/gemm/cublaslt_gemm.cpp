@@ -146,8 +146,10 @@ bool CublasLtGemm::make_plan(const Shape& s, bool scale_epilogue_kernel, Plan& p
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
       handle_, plan.operation, plan.w_layout, plan.x_layout, plan.y_layout, plan.y_layout, preference, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(preference);
-  // An unsupported combination may answer "not supported" rather than zero algorithms.
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED) found = 0;
+  // An unsupported combination may answer "not supported" rather than zero algorithms; the
+  // outer-vector scale modes on the H200's cuBLASLt 13.0 answer "invalid value" (seen there).
+  const bool outer_vector_scales = s.fp8 && !scale_epilogue_kernel;
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || (outer_vector_scales && status == CUBLAS_STATUS_INVALID_VALUE)) found = 0;
   else DF_CHECK_CUBLAS(status);
   plan.algorithm = result.algo;
   return found > 0;
