@@ -52,11 +52,11 @@ using testing::kMaxLogitsError;
 using testing::kMinTop1Agreement;
 
 // Small pools and one or two batch buckets: GPU tests run side by side under ctest -j.
-EngineOptions tiny_engine_options() {
+EngineOptions tiny_engine_options(int max_batch = 4, int max_context = 128, size_t kv_cache_mb = 16) {
   EngineOptions options;
-  options.max_batch = 4;
-  options.max_context = 128;
-  options.kv_cache_bytes = size_t{16} << 20;
+  options.max_batch = max_batch;
+  options.max_context = max_context;
+  options.kv_cache_bytes = kv_cache_mb << 20;
   return options;
 }
 
@@ -214,11 +214,7 @@ TEST_P(EngineVsReference, TeacherForcedDecodeMatchesReference) {
 TEST_P(EngineVsReference, DecodeAcrossTheShortContextPlan) {
   DF_REQUIRE_GPU();
   make_model(9, 4096);
-  EngineOptions options = tiny_engine_options();
-  options.max_batch = 2;
-  options.max_context = 4096;
-  options.kv_cache_bytes = size_t{64} << 20;
-  Engine engine = load_engine(options);
+  Engine engine = load_engine(tiny_engine_options(2, 4096, 64));
   for (int prompt : {1016, 2040}) {  // keys prompt + 1 .. prompt + 16 in the decode steps
     const std::vector<int32_t> ids = random_ids(rng_, prompt + 16, config_.vocab_size);
     expect_matches_reference(engine.score(ids, prompt), ids, "prompt " + std::to_string(prompt) + " + 16 decode steps");
@@ -233,10 +229,7 @@ TEST_P(EngineVsReference, DecodeAcrossTheShortContextPlan) {
 TEST_P(EngineVsReference, BucketsSharingTheAttentionWorkspaceFollowReference) {
   DF_REQUIRE_GPU();
   make_model(11, 512);
-  EngineOptions options = tiny_engine_options();
-  options.max_batch = 64;
-  options.max_context = 256;
-  options.kv_cache_bytes = size_t{64} << 20;
+  EngineOptions options = tiny_engine_options(64, 256, 64);
   options.plan_overrides = parse_plan_overrides("attention.short_context=off,attention.merge=workspace");
   Engine engine = load_engine(options);
   for (int count : {32, 64, 32}) {
