@@ -31,9 +31,10 @@ inline double rms(std::span<const float> row) {
   return std::sqrt(sum / static_cast<double>(row.size()));
 }
 
-// Whether the reference rates ids a and b as a near tie in this row.
-inline bool near_tie(std::span<const float> reference_row, size_t a, size_t b) {
-  return std::abs(static_cast<double>(reference_row[a]) - reference_row[b]) < kNearTieFraction * rms(reference_row);
+// Whether the reference rates ids a and b as a near tie in this row: closer than `fraction` of its
+// RMS (kNearTieFraction for bf16's error; a larger error budget allows proportionally more).
+inline bool near_tie(std::span<const float> reference_row, size_t a, size_t b, double fraction = kNearTieFraction) {
+  return std::abs(static_cast<double>(reference_row[a]) - reference_row[b]) < fraction * rms(reference_row);
 }
 
 // ||ours - reference|| / ||reference|| for one row; NaN anywhere in ours gives NaN.
@@ -67,7 +68,7 @@ struct LogitsComparison {
 
 // Both are [positions, vocab] row-major and of the same size (callers assert that first).
 inline LogitsComparison compare_logits(const std::vector<float>& ours, const std::vector<float>& reference,
-                                       size_t vocab) {
+                                       size_t vocab, double near_tie_fraction = kNearTieFraction) {
   LogitsComparison c;
   c.positions = static_cast<int>(reference.size() / vocab);
   for (int p = 0; p < c.positions; ++p) {
@@ -81,10 +82,28 @@ inline LogitsComparison compare_logits(const std::vector<float>& ours, const std
     }
     const size_t my_pick = argmax(mine), their_pick = argmax(theirs);
     if (my_pick == their_pick) ++c.top1_same;
-    else if (near_tie(theirs, my_pick, their_pick)) ++c.top1_near_tie;
+    else if (near_tie(theirs, my_pick, their_pick, near_tie_fraction)) ++c.top1_near_tie;
     else c.top1_wrong.push_back(p);
   }
   return c;
+}
+
+// W8A8 (the FP8 GEMMs: activations rounded to e4m3 per token) against the plain reference. That
+// rounding is chaotic: a bf16-sized difference upstream flips later roundings, so the reference's
+// emulation of it (reference::DecoderOptions::e4m3_activations) on weights perturbed at bf16's
+// resolution lands as far from the unperturbed emulation as from the plain reference
+// (test_decoder.cpp, E4m3ActivationRounding). No backend can follow the emulation position by
+// position; instead the emulation measures how far the rounding alone moves these logits, and a
+// backend may be that far from the plain reference, with a margin for being another draw.
+struct RoundingTolerance {
+  double max_error;          // per-position relative error
+  double near_tie_fraction;  // of a row's RMS: the swaps that error explains
+};
+inline constexpr double kRoundingDrawMargin = 1.5;
+// `bf16_max_error`: the bound without the rounding (its near ties are kNearTieFraction).
+inline RoundingTolerance rounding_tolerance(const LogitsComparison& emulation_vs_plain, double bf16_max_error) {
+  const double max_error = std::max(bf16_max_error, kRoundingDrawMargin * emulation_vs_plain.worst_error);
+  return {max_error, kNearTieFraction * max_error / bf16_max_error};
 }
 
 }  // namespace deepfuse::testing

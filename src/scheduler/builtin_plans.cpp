@@ -22,6 +22,14 @@ constexpr int kFusedFrontMaxTokens = 16;
 // stream, shared: o_proj + residual").
 constexpr int kGemvOProjMaxTokens = 8;
 
+// FP8 weights with per-channel scales run their cuBLASLt projections on FP8 tensor cores, the
+// activations quantized per token (W8A8, as vLLM runs FP8 checkpoints on Hopper): the widened bf16
+// GEMMs read and write each weight three times over (docs/kernels/fp8.md, "Measured"). The exact
+// W8A16 arithmetic stays one override away (gemm=bf16). Block scales have no FP8 GEMM here.
+GemmChoice builtin_gemm(const PlanShape& shape, const GpuInfo& gpu) {
+  return why_unsupported(GemmChoice::fp8, shape, gpu).empty() ? GemmChoice::fp8 : GemmChoice::bf16;
+}
+
 BucketPlan builtin_bucket(int batch, const PlanShape& shape, const GpuInfo& gpu) {
   auto supported = [](const std::string& why) { return why.empty(); };
   BucketPlan bucket;
@@ -36,6 +44,7 @@ BucketPlan builtin_bucket(int batch, const PlanShape& shape, const GpuInfo& gpu)
                           supported(why_unsupported(OProjChoice::gemv, bucket.front, shape, batch, gpu))
                       ? OProjChoice::gemv
                       : OProjChoice::cublaslt;
+  bucket.gemm = builtin_gemm(shape, gpu);
   // The planner's splits, warps and merge; the short-context plan (cluster merge for short
   // sequences) wherever clusters exist (docs/kernels/decode_attention.md, "Splits merged in a
   // cluster").
@@ -58,6 +67,7 @@ DecodePlan builtin_plan(const PlanShape& shape, const GpuInfo& gpu, std::span<co
   // Prefill chunks run the unfused MLP: the fused kernel took 5-9x longer on hundreds of tokens
   // (docs/runtime.md, "The MLP's second copy").
   plan.prefill_mlp = MlpChoice::unfused;
+  plan.prefill_gemm = builtin_gemm(shape, gpu);
   check_plan(plan, shape, gpu);
   return plan;
 }

@@ -4,6 +4,7 @@
 
 #include "deepfuse/error.hpp"
 #include "deepfuse/reference_decoder.hpp"
+#include "logits_check.hpp"
 #include "reference/random_decoder.hpp"
 #include "test_util.hpp"
 
@@ -68,6 +69,60 @@ TEST_P(DecoderPerArchitecture, E4m3ActivationsArePerTokenAndSmall) {
     pieces.insert(pieces.end(), logits.begin(), logits.end());
   }
   EXPECT_LT(testing::relative_error(pieces, std::vector<double>(full.begin(), full.end())), 1e-6);
+}
+
+// Why FP8-activation backends are checked against a tolerance (logits_check.hpp,
+// rounding_tolerance) rather than against the emulation: the emulation on weights perturbed at
+// bf16's resolution (what a GPU's bf16 arithmetic amounts to) is a second draw of the rounding, as
+// far from the first draw as the first is from the plain decoder. The tolerance the first draw sets
+// accepts that second draw, logits and top-1, and rejects a decoder whose one projection is twice
+// what it should be (a scale applied twice).
+TEST(E4m3ActivationRounding, ToleranceAcceptsAnotherDrawAndRejectsAWrongScale) {
+  auto rng = testing::make_rng(79);
+  ModelConfig config = testing::small_decoder_config(Architecture::llama);
+  config.vocab_size = 512;
+  config.hidden_size = 256;
+  config.intermediate_size = 512;
+  config.num_hidden_layers = 4;
+  config.num_attention_heads = 4;
+  config.head_dim = config.rope.head_dim = 64;
+  config.max_position_embeddings = 64;
+  reference::DecoderWeights weights = testing::random_decoder_weights(config, rng);
+  for (auto& layer : weights.layers)
+    for (auto& tensor : layer.tensors)
+      for (float& v : tensor) v *= 0.3f;  // keep 4 layers' activations in range (random ±0.3 grows them)
+  reference::DecoderWeights perturbed = weights, wrong = weights;
+  std::uniform_real_distribution<float> bf16_ulp(-1.0f / 256, 1.0f / 256);
+  for (auto& layer : perturbed.layers)
+    for (auto& tensor : layer.tensors)
+      for (float& v : tensor) v *= 1.0f + bf16_ulp(rng);
+  for (float& v : wrong.layers[1][TensorRole::down_proj]) v *= 2.0f;
+
+  const auto ids = testing::random_ids(rng, 48, config.vocab_size);
+  auto logits = [&](const reference::DecoderWeights& w, bool e4m3) {
+    const reference::Decoder decoder(config, w, {.e4m3_activations = e4m3});
+    auto cache = decoder.new_cache();
+    return decoder.forward(ids, cache);
+  };
+  const std::vector<float> plain = logits(weights, false), first = logits(weights, true),
+                           second = logits(perturbed, true), off = logits(wrong, true);
+  const size_t vocab = config.vocab_size;
+  const testing::LogitsComparison first_vs_plain = testing::compare_logits(first, plain, vocab);
+  constexpr double kBf16Error = 2e-2;  // the engine tests' kMaxLogitsError
+  const testing::RoundingTolerance tolerance = testing::rounding_tolerance(first_vs_plain, kBf16Error);
+  ASSERT_GT(first_vs_plain.worst_error, 1e-3) << "the rounding must show at all";
+
+  const testing::LogitsComparison draws = testing::compare_logits(second, first, vocab);
+  EXPECT_GT(draws.worst_error, 0.5 * first_vs_plain.worst_error) << "the rounding stopped being chaotic: "
+                                                                   << draws.describe();
+  const testing::LogitsComparison accepted = testing::compare_logits(second, plain, vocab, tolerance.near_tie_fraction);
+  EXPECT_LT(accepted.worst_error, tolerance.max_error) << accepted.describe();
+  EXPECT_EQ(accepted.top1_wrong.size(), 0u) << accepted.describe();
+  const testing::LogitsComparison rejected = testing::compare_logits(off, plain, vocab, tolerance.near_tie_fraction);
+  EXPECT_GT(rejected.worst_error, tolerance.max_error) << rejected.describe();
+  std::printf("first draw vs plain: %s\nsecond draw vs first: %s\nsecond vs plain: %s\nwrong scale vs plain: %s\n",
+              first_vs_plain.describe().c_str(), draws.describe().c_str(), accepted.describe().c_str(),
+              rejected.describe().c_str());
 }
 
 TEST(ReferenceDecoder, SlidingWindowHidesOldTokens) {

@@ -90,7 +90,8 @@ inline std::vector<int32_t> random_ids(std::mt19937_64& rng, int count, int voca
 // at a time; the first divergence must be a near tie of the reference, after which the two
 // continue from different text and are not compared.
 inline int reference_greedy_matches(const reference::Decoder& reference, std::span<const int32_t> prompt,
-                                    std::span<const int32_t> ours, int vocab, const std::string& what) {
+                                    std::span<const int32_t> ours, int vocab, const std::string& what,
+                                    double near_tie_fraction = kNearTieFraction) {
   reference::KvCache cache = reference.new_cache();
   std::vector<float> logits = reference.forward(prompt, cache);
   for (size_t t = 0; t < ours.size(); ++t) {
@@ -98,7 +99,7 @@ inline int reference_greedy_matches(const reference::Decoder& reference, std::sp
     const auto best = static_cast<int32_t>(argmax(row));
     if (ours[t] != best) {
       const bool in_range = ours[t] >= 0 && ours[t] < vocab;
-      EXPECT_TRUE(in_range && near_tie(row, ours[t], best))
+      EXPECT_TRUE(in_range && near_tie(row, ours[t], best, near_tie_fraction))
           << what << " token " << t << ": engine " << ours[t] << ", reference " << best << " (logits "
           << (in_range ? row[ours[t]] : 0.0f) << " vs " << row[best] << ", row RMS " << rms(row) << ")";
       return static_cast<int>(t);

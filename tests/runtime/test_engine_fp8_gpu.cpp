@@ -8,10 +8,11 @@
 // batches for per-channel scales, the unfused GEMV MLP for blocks, the FP8 cluster GEMVs), the
 // three-launch MLP, and the widened GEMMs of the unfused front and o_proj. Each format skips until
 // the CUDA backend marks it implemented (weight_format.hpp). Then, per-channel scales only, the FP8
-// tensor-core GEMMs (`gemm=fp8`: activations quantized to e4m3 per token) against the reference
-// that quantizes its activations the same way (reference::DecoderOptions::e4m3_activations),
-// within the same bound; their error against the plain reference is printed, not bounded (it is
-// the quantization's).
+// tensor-core GEMMs (`gemm=fp8`: activations quantized to e4m3 per token) against the plain
+// reference within what that rounding explains: the reference's emulation of it
+// (reference::DecoderOptions::e4m3_activations) measures how far it moves these logits, and the
+// engine may be that far with a margin (logits_check.hpp, rounding_tolerance; the rounding is
+// chaotic, so no backend follows the emulation itself position by position).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -92,13 +93,14 @@ TEST_P(EngineFp8VsReference, LogitsAndGreedyTokensFollowTheDequantizedReference)
   const reference::Decoder reference(loaded, load_reference_weights(Checkpoint(scratch.path()), loaded));
   const int vocab = loaded.vocab_size;
 
-  for (const std::string plan : {"", "mlp=unfused", "mlp=unfused,front=unfused,o_proj=cublaslt"}) {
+  // W8A16 throughout (gemm=bf16: the built-in plan's FP8 GEMMs quantize activations, the next test).
+  for (const std::string plan : {"gemm=bf16", "mlp=unfused,gemm=bf16", "mlp=unfused,front=unfused,o_proj=cublaslt,gemm=bf16"}) {
     SCOPED_TRACE(model.name + " plan '" + plan + "'");
     EngineOptions options;
     options.max_batch = 4;
     options.max_context = 128;
     options.kv_cache_bytes = size_t{16} << 20;
-    if (!plan.empty()) options.plan_overrides = parse_plan_overrides(plan);
+    options.plan_overrides = parse_plan_overrides(plan);
     Engine engine = Engine::from_checkpoint(scratch.path(), options);
 
     const std::vector<int32_t> ids = testing::random_ids(rng, 40 + 32, vocab);
@@ -133,7 +135,7 @@ std::vector<Fp8Model> per_channel_models() {
 
 class EngineFp8GemmsVsReference : public ::testing::TestWithParam<int> {};
 
-TEST_P(EngineFp8GemmsVsReference, LogitsAndGreedyTokensFollowTheReferenceThatQuantizesActivations) {
+TEST_P(EngineFp8GemmsVsReference, LogitsAndGreedyTokensStayWithinTheActivationRoundingOfTheReference) {
   DF_REQUIRE_GPU();
   if (!format_info(WeightFormat::fp8_e4m3).implemented) GTEST_SKIP() << "fp8_e4m3 not enabled on the CUDA backend yet";
   int major = 0, minor = 0;
@@ -150,10 +152,10 @@ TEST_P(EngineFp8GemmsVsReference, LogitsAndGreedyTokensFollowTheReferenceThatQua
   const int vocab = loaded.vocab_size;
 
   // Every cuBLASLt projection on FP8 tensor cores, in prefill and every decode bucket; then the
-  // built-in plan with FP8 GEMMs wherever it runs cuBLASLt. A prompt of 72 tokens is one prefill
+  // built-in plan, which runs FP8 GEMMs wherever it runs cuBLASLt. A prompt of 72 tokens is one prefill
   // pass (its MLP above the FP8 GEMV's 32 tokens: the FP8 GEMMs too); 40 sequences decode in the
   // bucket of 48, whose unfused MLP runs the FP8 GEMMs in a CUDA graph.
-  for (const std::string plan : {"gemm=fp8,mlp=unfused,front=unfused,o_proj=cublaslt", "gemm=fp8"}) {
+  for (const std::string plan : {"gemm=fp8,mlp=unfused,front=unfused,o_proj=cublaslt", ""}) {
     SCOPED_TRACE(model.name + " plan '" + plan + "'");
     EngineOptions options;
     options.max_batch = 48;
@@ -165,11 +167,14 @@ TEST_P(EngineFp8GemmsVsReference, LogitsAndGreedyTokensFollowTheReferenceThatQua
     const std::vector<int32_t> ids = testing::random_ids(rng, 40 + 32, vocab);
     const std::vector<float> logits = engine.score(ids, 40);
     reference::KvCache emulated_cache = emulating.new_cache(), plain_cache = plain.new_cache();
-    const testing::LogitsComparison c = testing::compare_logits(logits, emulating.forward(ids, emulated_cache), vocab);
-    const testing::LogitsComparison vs_plain = testing::compare_logits(logits, plain.forward(ids, plain_cache), vocab);
-    std::printf("[ %s ] plan '%s': vs the reference quantizing activations: %s; vs the plain reference: %s\n",
-                model.name.c_str(), plan.c_str(), c.describe().c_str(), vs_plain.describe().c_str());
-    EXPECT_LT(c.worst_error, testing::kMaxLogitsError) << c.describe();
+    const std::vector<float> exact = plain.forward(ids, plain_cache);
+    const testing::LogitsComparison rounding =
+        testing::compare_logits(emulating.forward(ids, emulated_cache), exact, vocab);
+    const testing::RoundingTolerance tolerance = testing::rounding_tolerance(rounding, testing::kMaxLogitsError);
+    const testing::LogitsComparison c = testing::compare_logits(logits, exact, vocab, tolerance.near_tie_fraction);
+    std::printf("[ %s ] plan '%s': vs the plain reference: %s; the emulated rounding's own distance: %s\n",
+                model.name.c_str(), plan.c_str(), c.describe().c_str(), rounding.describe().c_str());
+    EXPECT_LT(c.worst_error, tolerance.max_error) << c.describe();
     EXPECT_GT(c.top1_agreement(), testing::kMinTop1Agreement) << c.describe();
 
     constexpr int kSequences = 40, kNewTokens = 8;
@@ -188,8 +193,9 @@ TEST_P(EngineFp8GemmsVsReference, LogitsAndGreedyTokensFollowTheReferenceThatQua
           if (token.sequence == sequences[s]) tokens[s].push_back(token.id);
     for (int s = 0; s < kSequences; ++s) {
       ASSERT_EQ(tokens[s].size(), static_cast<size_t>(kNewTokens)) << "sequence " << s;
-      testing::reference_greedy_matches(emulating, prompts[s], tokens[s], vocab,
-                                        model.name + " greedy, sequence " + std::to_string(s));
+      testing::reference_greedy_matches(plain, prompts[s], tokens[s], vocab,
+                                        model.name + " greedy, sequence " + std::to_string(s),
+                                        tolerance.near_tie_fraction);
     }
   }
 }

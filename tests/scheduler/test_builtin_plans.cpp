@@ -133,42 +133,49 @@ TEST(BuiltinPlan, Fp8WeightsFollowTheKernelsLimits) {
 // The FP8 GEMMs (gemm=fp8): never built in yet; an override turns them on for every bucket and
 // prefill (or one bucket, or prefill alone), they show in the plan's table and survive its JSON,
 // and they are refused with the reason for weights they cannot read and GPUs without them.
-TEST(BuiltinPlan, Fp8GemmsByOverride) {
+// Per-channel FP8 weights run their cuBLASLt projections on FP8 tensor cores where the GPU has
+// them (sm_90); gemm=bf16 (all, one bucket, or prefill) takes the widened W8A16 GEMMs back. bf16
+// and block-scaled weights, and GPUs without FP8 GEMMs, keep bf16 and refuse gemm=fp8.
+TEST(BuiltinPlan, Fp8GemmsBuiltInForPerChannelFp8) {
   PlanShape fp8 = testing::model_shapes()[0].shape;
   fp8.weights = WeightFormat::fp8_e4m3;
   const DecodePlan builtin = builtin_plan(fp8, testing::h100(), testing::buckets());
-  for (const BucketPlan& b : builtin.buckets) EXPECT_EQ(b.gemm, GemmChoice::bf16) << b.batch;
-  EXPECT_EQ(builtin.prefill_gemm, GemmChoice::bf16);
-  EXPECT_EQ(describe(builtin).find("gemm"), std::string::npos);  // bf16 plans print as before
+  for (const BucketPlan& b : builtin.buckets) EXPECT_EQ(b.gemm, GemmChoice::fp8) << b.batch;
+  EXPECT_EQ(builtin.prefill_gemm, GemmChoice::fp8);
+  EXPECT_NE(describe(builtin).find("prefill mlp: unfused, gemm: fp8"), std::string::npos) << describe(builtin);
+  EXPECT_EQ(scheduler::plan_from_json(scheduler::plan_to_json(builtin)), builtin);
 
-  const DecodePlan all = apply_overrides(builtin, parse_plan_overrides("gemm=fp8"), fp8, testing::h100());
-  for (const BucketPlan& b : all.buckets) EXPECT_EQ(b.gemm, GemmChoice::fp8) << b.batch;
-  EXPECT_EQ(all.prefill_gemm, GemmChoice::fp8);
-  EXPECT_NE(describe(all).find("prefill mlp: unfused, gemm: fp8"), std::string::npos) << describe(all);
-  EXPECT_EQ(scheduler::plan_from_json(scheduler::plan_to_json(all)), all);
+  const DecodePlan widened = apply_overrides(builtin, parse_plan_overrides("gemm=bf16"), fp8, testing::h100());
+  for (const BucketPlan& b : widened.buckets) EXPECT_EQ(b.gemm, GemmChoice::bf16) << b.batch;
+  EXPECT_EQ(widened.prefill_gemm, GemmChoice::bf16);
+  EXPECT_EQ(describe(widened).find("fp8"), std::string::npos) << describe(widened);
 
-  const DecodePlan one = apply_overrides(builtin, parse_plan_overrides("gemm@64=fp8"), fp8, testing::h100());
+  const DecodePlan one = apply_overrides(widened, parse_plan_overrides("gemm@64=fp8"), fp8, testing::h100());
   EXPECT_EQ(one.bucket_for(64).gemm, GemmChoice::fp8);
   EXPECT_EQ(one.bucket_for(1).gemm, GemmChoice::bf16);
   EXPECT_EQ(one.prefill_gemm, GemmChoice::bf16);
-  const DecodePlan prefill = apply_overrides(builtin, parse_plan_overrides("prefill.gemm=fp8"), fp8, testing::h100());
-  EXPECT_EQ(prefill.prefill_gemm, GemmChoice::fp8);
-  EXPECT_EQ(prefill.bucket_for(64).gemm, GemmChoice::bf16);
+  const DecodePlan prefill = apply_overrides(builtin, parse_plan_overrides("prefill.gemm=bf16"), fp8, testing::h100());
+  EXPECT_EQ(prefill.prefill_gemm, GemmChoice::bf16);
+  EXPECT_EQ(prefill.bucket_for(64).gemm, GemmChoice::fp8);
   EXPECT_EQ(scheduler::plan_from_json(scheduler::plan_to_json(prefill)), prefill);
 
   testing::expect_error([&] { parse_plan_overrides("prefill.gemm@4=fp8"); }, {"prefill.gemm has no decode bucket"});
   testing::expect_error([&] { parse_plan_overrides("gemm=fp16"); }, {"bad value 'fp16'", "bf16 or fp8"});
   const PlanShape bf16 = testing::model_shapes()[0].shape;
-  testing::expect_error([&] { apply_overrides(builtin_plan(bf16, testing::h100(), testing::buckets()),
-                                              parse_plan_overrides("gemm=fp8"), bf16, testing::h100()); },
+  const DecodePlan bf16_plan = builtin_plan(bf16, testing::h100(), testing::buckets());
+  EXPECT_EQ(bf16_plan.prefill_gemm, GemmChoice::bf16);
+  testing::expect_error([&] { apply_overrides(bf16_plan, parse_plan_overrides("gemm=fp8"), bf16, testing::h100()); },
                         {"gemm=fp8", "fp8_e4m3 weights"});
   PlanShape block = fp8;
   block.weights = WeightFormat::fp8_e4m3_block128;
-  testing::expect_error([&] { apply_overrides(builtin_plan(block, testing::h100(), testing::buckets()),
-                                              parse_plan_overrides("prefill.gemm=fp8"), block, testing::h100()); },
+  const DecodePlan block_plan = builtin_plan(block, testing::h100(), testing::buckets());
+  for (const BucketPlan& b : block_plan.buckets) EXPECT_EQ(b.gemm, GemmChoice::bf16) << b.batch;
+  testing::expect_error([&] { apply_overrides(block_plan, parse_plan_overrides("prefill.gemm=fp8"), block,
+                                              testing::h100()); },
                         {"prefill.gemm=fp8", "fp8_e4m3_block128"});
-  testing::expect_error([&] { apply_overrides(builtin_plan(fp8, testing::a100(), testing::buckets()),
-                                              parse_plan_overrides("gemm=fp8"), fp8, testing::a100()); },
+  const DecodePlan a100 = builtin_plan(fp8, testing::a100(), testing::buckets());
+  EXPECT_EQ(a100.prefill_gemm, GemmChoice::bf16);
+  testing::expect_error([&] { apply_overrides(a100, parse_plan_overrides("gemm=fp8"), fp8, testing::a100()); },
                         {"gemm=fp8", "sm_90"});
 }
 
