@@ -14,8 +14,8 @@ Suites (``--suite mlp,hf``):
   KV cache, decode step ``torch.compile(mode="reduce-overhead", fullgraph=True)``, at every batch of
   ``--batches`` (1, 2, 4, ..., 64): stock, and a second model object sharing the same weights
   ``deepfuse.patch``ed (its measured dispatch is printed). Both are compiled, then timed in
-  alternating rounds (``--rounds``), so clock and power drift hit both alike; the medians and their
-  ratio are reported for every batch, with each round's times.
+  alternating rounds (``--rounds``; the order flips every round), so clock and power drift hit
+  both alike; the medians and their ratio are reported for every batch, with each round's times.
 
 Writes a table to stdout and, with ``--json``, the numbers, GPU, versions and ``--commit``.
 Exits with status 1 when a figure is physically impossible.
@@ -186,8 +186,11 @@ def bench_hf(batches: List[int], steps: int, rounds: int, layers: int,
         decoders = {label: _CompiledDecode(model, batch, prompt=64, max_steps=rounds * steps + 8, warmup=4)
                     for label, model in (("stock", stock), ("patched", patched))}
         times: Dict[str, List[float]] = {"stock": [], "patched": []}
-        for _ in range(rounds):  # alternating, so drift hits both alike
-            for label, decoder in decoders.items():
+        # Alternating, and in the opposite order every other round (stock, patched, patched, stock, ...):
+        # drift, and whatever running second costs, hit both alike.
+        for r in range(rounds):
+            order = list(decoders.items())
+            for label, decoder in order if r % 2 == 0 else reversed(order):
                 times[label].append(round(decoder.time(steps), 3))
         ms = {label: statistics.median(t) for label, t in times.items()}
         row = {"model": f"Llama-3-8B shape, {layers} layers, random bf16 weights", "batch": batch,
@@ -226,7 +229,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--reps", type=int, default=20, help="MLP calls per CUDA graph (rounded up to the weight copies)")
     parser.add_argument("--batches", default="1,2,4,8,16,32,64", help="hf decode batch sizes")
     parser.add_argument("--steps", type=int, default=32, help="hf timed decode steps per round")
-    parser.add_argument("--rounds", type=int, default=3, help="hf alternating stock / patched rounds per batch")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="hf alternating stock / patched rounds per batch (even: each goes first as often)")
     parser.add_argument("--layers", type=int, default=32, help="hf decoder layers (Llama-3-8B: 32)")
     parser.add_argument("--json", help="write results here")
     parser.add_argument("--commit", help="the commit to stamp (default: git rev-parse HEAD)")

@@ -35,7 +35,7 @@ if [ "$mode" = check ]; then
   echo "pytest $(( $(date +%s) - s )) s"
   name=bench bench_args=(--batches 1,8 --rounds 2)
 else
-  name=patch-sweep bench_args=(--suite hf --batches "$batches" --rounds 3)
+  name=patch-sweep bench_args=(--suite hf --batches "$batches" --rounds 4)
 fi
 s=$(date +%s)
 left=$(( budget - s + t0 ))
