@@ -34,6 +34,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 import deepfuse
 
@@ -132,20 +133,26 @@ class _CompiledDecode:
 
         self.step = torch.compile(decode_one, mode="reduce-overhead", fullgraph=True)
         start = time.perf_counter()
-        self._run(warmup)
+        self._run(self._positions(warmup))
         self.compile_s = time.perf_counter() - start
 
-    def _run(self, steps: int) -> None:
+    def _positions(self, steps: int) -> List[Tensor]:
+        # Made before the clock starts: a tensor built from a Python int is a host-to-device copy that
+        # waits for the GPU, which would idle it between steps and time the host instead of the model.
+        return [torch.tensor([self.position + i], device="cuda") for i in range(steps)]
+
+    def _run(self, positions: List[Tensor]) -> None:
         with torch.no_grad():
-            for _ in range(steps):
-                self.token = self.step(self.token, torch.tensor([self.position], device="cuda")).clone()
+            for position in positions:
+                self.token = self.step(self.token, position).clone()
                 self.position += 1
         torch.cuda.synchronize()
 
     def time(self, steps: int) -> float:
+        positions = self._positions(steps)
         torch.cuda.synchronize()
         start = time.perf_counter()
-        self._run(steps)
+        self._run(positions)
         return (time.perf_counter() - start) * 1000.0 / steps
 
 
