@@ -91,6 +91,7 @@ struct MlpLayer::Impl {
   // and packed for the cluster GEMV (calls of up to kGemvResidualMaxTokens tokens), and their scales.
   WeightFormat format = WeightFormat::bf16;
   DeviceBuffer gate_up_tiles, down_tiles, gate_up_scales, down_scales;
+  DeviceBuffer x_fragments;  // fused FP8: the kernel's x times the norm weight, as f16 operands
 
   LinearWeight fp8_gate_up() const {
     return {format, WeightLayout::row_major, gate_up.data(), gate_up_scales.as<float>(), nullptr, 2 * shape.intermediate,
@@ -165,6 +166,7 @@ struct MlpLayer::Impl {
       p.gate_up_scales = gate_up_scales.as<float>();
       p.down_scales = down_scales.as<float>();
       p.norm_weight = normalize ? norm_weight.as<__nv_bfloat16>() : nullptr;
+      p.x_fragments = x_fragments.as<uint4>();
     }
     DF_CHECK_CUDA(kernels::launch_swiglu_fused(p, fused_tuning, stream));
   }
@@ -318,6 +320,7 @@ void MlpLayer::Impl::load_fp8(const MlpHfWeights& w, cudaStream_t stream) {
                                                    static_cast<const uint8_t*>(w.up.data), gate_up.as<uint4>(), H, I,
                                                    stream));
     DF_CHECK_CUDA(kernels::pack_swiglu_down_fp8(static_cast<const uint8_t*>(w.down.data), down.as<uint4>(), H, I, stream));
+    x_fragments = DeviceBuffer(kernels::swiglu_fused_x_fragments_bytes(H));  // each call writes what it reads
     return;
   }
   gate_up_tiles = DeviceBuffer(2 * elements);

@@ -90,6 +90,10 @@ TEST(KernelLimits, FusedMlpShapeAndResidency) {
   p.y = fake<__nv_bfloat16>(), p.accumulator = fake<float>(), p.counters = fake<unsigned>();
   p.tokens = 1, p.hidden = 4096, p.intermediate = 14336 + 32;
   EXPECT_EQ(launch_swiglu_fused(p, {}, nullptr), cudaErrorInvalidValue);
+  // FP8 also needs its scales and the x fragments' scratch.
+  p.intermediate = 14336, p.format = WeightFormat::fp8_e4m3;
+  p.gate_up_scales = fake<const float>(), p.down_scales = fake<const float>();
+  EXPECT_EQ(launch_swiglu_fused(p, {}, nullptr), cudaErrorInvalidValue);
 }
 
 TEST(KernelLimits, BatchedMlpShapeTokensFormatAndSharedMemory) {

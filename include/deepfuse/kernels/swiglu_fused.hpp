@@ -63,11 +63,14 @@ struct SwigluFusedParams {
   const __nv_bfloat16* x_partial = nullptr;
   // FP8 weights (fp8_e4m3, per-row scales; packed by pack_swiglu_gate_up_fp8 / pack_swiglu_down_fp8;
   // at most kSwigluFusedFp8MaxTokens tokens): the scales multiply the sums, and the norm weight,
-  // which FP8 does not fold into the packed columns, is applied to x as it is read.
+  // which FP8 does not fold into the packed columns, multiplies x once per call: x times it,
+  // rounded to f16, is written into x_fragments in the MMAs' operand order, and phase 1 streams
+  // it from there (L2) beside the weights.
   WeightFormat format = WeightFormat::bf16;
   const float* gate_up_scales = nullptr;     // [2I]: gate rows, then up rows
   const float* down_scales = nullptr;        // [H]
   const __nv_bfloat16* norm_weight = nullptr;  // [H], with rms_normalize
+  uint4* x_fragments = nullptr;              // FP8: swiglu_fused_x_fragments_bytes(hidden) of scratch
   int tokens = 0;
   int hidden = 0;
   int intermediate = 0;
@@ -93,6 +96,9 @@ std::string swiglu_fused_unsupported(int hidden, int intermediate, int tokens, c
 
 // fp32 partial-sum buffer size in floats.
 size_t swiglu_fused_accumulator_floats(int hidden, int max_tokens);
+// FP8 calls' x_fragments scratch in bytes (any token count up to kSwigluFusedFp8MaxTokens; its
+// contents need no initialization and are rewritten by every call).
+size_t swiglu_fused_x_fragments_bytes(int hidden);
 
 // One launch, tuned by deepfuse::FusedMlpTuning (above; 0: the device's default).
 // The accumulator and counters must be zero on entry; they are zero again when the kernel

@@ -17,14 +17,21 @@ namespace deepfuse::kernels {
 __device__ __forceinline__ unsigned shared_address(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
+// 16 bytes of which only the first `bytes` are read (0, 4, 8 or 16); the rest are zero-filled.
+__device__ __forceinline__ void copy16_async_prefix(void* shared, const void* global, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(shared)), "l"(global), "r"(bytes));
+}
 __device__ __forceinline__ void copy16_async(void* shared, const void* global, bool valid = true) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(shared)), "l"(global),
-               "r"(valid ? 16 : 0));  // src-size 0 zero-fills
+  copy16_async_prefix(shared, global, valid ? 16 : 0);  // src-size 0 zero-fills
 }
 // A weight stream's copy: evict-first in L2 (l2_policy.cuh), the policy made once per thread.
 __device__ __forceinline__ void copy16_async_streamed(void* shared, const void* global, uint64_t policy,
                                                       bool valid = true) {
   copy16_async_with_policy(shared_address(shared), global, policy, valid);
+}
+__device__ __forceinline__ void copy8_async(void* shared, const void* global, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(shared_address(shared)), "l"(global),
+               "r"(valid ? 8 : 0));
 }
 __device__ __forceinline__ void copy4_async(void* shared, const void* global, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(shared_address(shared)), "l"(global),

@@ -113,9 +113,10 @@ struct DownStream {
 // ---- Phase 1: g = x·Wg^T and u = x·Wu^T over this warp's range of the cluster's (tile, k-step)
 // space, for the pass's tokens token0.. . Each tile's sums (or a range's part of them) are added
 // into the tile owner's shared memory.
-// fp8: one load per k-step holds the gate and up fragments (e4m3, widened to f16 here); x is
-// widened to f16 times the norm weight as it is used, and each tile's sums are scaled by their
-// rows' scales as they are handed over.
+// fp8: one load per k-step holds the gate and up fragments (e4m3, widened to f16 here), a second
+// one the k-step's x B-fragments, already f16 times the norm weight (stage_x_fragments), into the
+// ring slot bf16 gives the up fragments; each tile's sums are scaled by their rows' scales as they
+// are handed over.
 template <int NT, int C, bool kFp8>
 __device__ __forceinline__ void gate_up_pass(const SwigluFusedParams& p, SharedStorage<NT, C>& shared,
                                              const FusedWork<NT, C>& work, int token0, uint64_t streamed, bool normalize,
@@ -135,19 +136,38 @@ __device__ __forceinline__ void gate_up_pass(const SwigluFusedParams& p, SharedS
   // Running positions of the issue side: k-step within the tile, weights of the k-step.
   int issue_k = f1_begin % h_tiles;
   const uint4* issue_weights = work.gate_up + static_cast<size_t>(f1_begin) * (kFp8 ? 32 : 64);
+  // FP8: this lane's x fragments of the k-step ([k-step][32 lanes] x 8 bytes per n-tile),
+  // zero-filled past the tokens (the n-tiles with this lane's token are a prefix). One n-tile: an
+  // 8-byte copy or none, by a predicate; two: 16 bytes, of which the first 8 or all are read.
+  const uint2* x_fragments = reinterpret_cast<const uint2*>(p.x_fragments) + lane * NT;
+  const uint2* issue_x = x_fragments + issue_k * 32 * NT;
+  int x_bytes = 0;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) x_bytes += token_valid[nt] ? 8 : 0;
   auto issue = [&](int, int stage, int step) {
     // gate_up: [tile][k-step][gate | up][32 lanes] uint4 (fp8: [tile][k-step][32 lanes] uint4 of
     // gate | up); x words zero-filled past M
     copy16_async_streamed(&shared.ring16[stage][step * 2][tid], issue_weights, streamed);
-    if constexpr (!kFp8) copy16_async_streamed(&shared.ring16[stage][step * 2 + 1][tid], issue_weights + 32, streamed);
-    issue_weights += kFp8 ? 32 : 64;
+    if constexpr (kFp8) {
+      if constexpr (NT == 1)
+        copy8_async(&shared.ring16[stage][step * 2 + 1][tid], issue_x, token_valid[0]);
+      else
+        copy16_async_prefix(&shared.ring16[stage][step * 2 + 1][tid], issue_x, x_bytes);
+      issue_x += 32 * NT;
+    } else {
+      copy16_async_streamed(&shared.ring16[stage][step * 2 + 1][tid], issue_weights + 32, streamed);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      uint32_t* words = &shared.ring4[stage][step * Config::kXWords + nt * 2][0];
-      copy4_async(words + tid, x_row[nt] + issue_k * 16, token_valid[nt]);
-      copy4_async(words + kThreads + tid, x_row[nt] + issue_k * 16 + 8, token_valid[nt]);
+      for (int nt = 0; nt < NT; ++nt) {
+        uint32_t* words = &shared.ring4[stage][step * Config::kXWords + nt * 2][0];
+        copy4_async(words + tid, x_row[nt] + issue_k * 16, token_valid[nt]);
+        copy4_async(words + kThreads + tid, x_row[nt] + issue_k * 16 + 8, token_valid[nt]);
+      }
     }
-    if (++issue_k == h_tiles) issue_k = 0;
+    issue_weights += kFp8 ? 32 : 64;
+    if (++issue_k == h_tiles) {
+      issue_k = 0;
+      if constexpr (kFp8) issue_x = x_fragments;
+    }
   };
   float acc_gate[NT][4] = {}, acc_up[NT][4] = {};
   ring_prime<S, Config::kSteps1>(f1_begin, f1_end, issue);
@@ -157,33 +177,14 @@ __device__ __forceinline__ void gate_up_pass(const SwigluFusedParams& p, SharedS
   if (normalize) add_norm_squares<C, kWarps>(p, shared.norm_squares, token0, 8 * NT, rank, warp, lane);
   // ... and of the consume side: k-step within the tile, the tile (cluster-local).
   int consume_k = f1_begin % h_tiles, consume_tile = f1_begin / h_tiles;
-  // FP8: the norm weight of this lane's columns of the next k-step (2t, 2t + 1 and 2t + 8, 2t + 9),
-  // loaded a k-step ahead so its latency hides behind the ring's wait (1 without a norm weight).
-  auto norm_words = [&](int k) {
-    uint2 words = make_uint2(0x3f803f80u, 0x3f803f80u);  // bf16 1.0 pairs
-    if (p.norm_weight) {
-      const __nv_bfloat16* columns = p.norm_weight + k * 16 + 2 * t;
-      words = make_uint2(__ldg(reinterpret_cast<const unsigned*>(columns)), __ldg(reinterpret_cast<const unsigned*>(columns + 8)));
-    }
-    return words;
-  };
-  uint2 next_norm = kFp8 ? norm_words(consume_k) : make_uint2(0, 0);
   ring_run<S, Config::kSteps1>(f1_begin, f1_end, issue, [&](int f, int stage, int step) {
     if constexpr (kFp8) {
       const uint4 packed = shared.ring16[stage][step * 2][tid];
       const uint4 gate = e4m3_fragment_to_f16(packed.x, packed.y), up = e4m3_fragment_to_f16(packed.z, packed.w);
-      const uint2 norm = next_norm;
-      next_norm = norm_words(consume_k + 1 == h_tiles ? 0 : consume_k + 1);
-      const float2 w_low = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&norm.x));
-      const float2 w_high = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&norm.y));
+      const uint4 x_words = shared.ring16[stage][step * 2 + 1][tid];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        uint32_t b0 = shared.ring4[stage][step * Config::kXWords + nt * 2][tid];
-        uint32_t b1 = shared.ring4[stage][step * Config::kXWords + nt * 2 + 1][tid];
-        const float2 x_low = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&b0));
-        const float2 x_high = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&b1));
-        b0 = f16x2_saturated(x_low.x * w_low.x, x_low.y * w_low.y);
-        b1 = f16x2_saturated(x_high.x * w_high.x, x_high.y * w_high.y);
+        const uint32_t b0 = nt == 0 ? x_words.x : x_words.z, b1 = nt == 0 ? x_words.y : x_words.w;
         mma_f16_m16n8k16(acc_gate[nt], gate, b0, b1);
         mma_f16_m16n8k16(acc_up[nt], up, b0, b1);
       }
@@ -469,7 +470,12 @@ __global__ void __launch_bounds__(FusedConfig<NT, C>::kThreads, FusedConfig<NT, 
   const bool exchange = p.exchange.active();
   const uint32_t epoch = exchange ? lines::next_epoch(p.exchange.signals) : 0;
   if (p.x_exchange.active()) sum_input_over_ranks<C, kThreads>(p, epoch, rank, tid);
-  cluster_barrier<C>();  // every block's sums are zero before anyone adds into them (and x is summed)
+  // FP8 calls are one pass of at most two n-tiles, the tokens x_fragments holds.
+  static_assert(kSwigluFusedFp8MaxTokens <= 16, "FP8 x fragments hold 16 tokens");
+  if constexpr (kFp8) stage_x_fragments<NT, C, kThreads>(p, rank, tid);
+  // Every block's sums are zero before anyone adds into them (and x is summed, its FP8 fragments
+  // written).
+  cluster_barrier<C>();
 
   for (int token0 = 0; token0 < p.tokens; token0 += Config::kTokensPerPass) {
     gate_up_pass<NT, C, kFp8>(p, shared, work, token0, streamed, normalize, rank, warp, lane);
@@ -638,6 +644,12 @@ size_t swiglu_fused_accumulator_floats(int hidden, int max_tokens) {
   return static_cast<size_t>(hidden) * max_tokens;
 }
 
+size_t swiglu_fused_x_fragments_bytes(int hidden) {
+  // Per k-step, 32 lanes x 16 bytes: 16 columns of 16 tokens in f16 (stage_x_fragments; calls of
+  // up to 8 tokens use the first half).
+  return static_cast<size_t>(hidden / 16) * 32 * sizeof(uint4);
+}
+
 cudaError_t launch_swiglu_fused(const SwigluFusedParams& p, const FusedMlpTuning& tuning, cudaStream_t stream) {
   if (!swiglu_fused_valid_shape(p.hidden, p.intermediate) || p.tokens < 1 || !p.x || !p.gate_up || !p.down ||
       (!p.y && !p.defer_sum) || !p.accumulator || !p.counters)
@@ -652,7 +664,7 @@ cudaError_t launch_swiglu_fused(const SwigluFusedParams& p, const FusedMlpTuning
     return cudaErrorInvalidValue;
   if (p.format != WeightFormat::bf16) {
     if (p.format != WeightFormat::fp8_e4m3 || p.tokens > kSwigluFusedFp8MaxTokens || !p.gate_up_scales ||
-        !p.down_scales || (p.rms_normalize && !p.norm_weight))
+        !p.down_scales || !p.x_fragments || (p.rms_normalize && !p.norm_weight))
       return cudaErrorInvalidValue;
     if (p.tokens <= 8) return launch_for_tokens<1, true>(p, tuning, stream);
     return launch_for_tokens<2, true>(p, tuning, stream);

@@ -7,6 +7,7 @@
 #include "deepfuse/kernels/swiglu_fused.hpp"
 #include "kernels/all_reduce/line_exchange.cuh"
 #include "kernels/common/async_ring.cuh"
+#include "kernels/common/fragment.cuh"
 
 namespace deepfuse::kernels {
 namespace {
@@ -131,6 +132,45 @@ __device__ void sum_input_over_ranks(const SwigluFusedParams& p, uint32_t epoch,
   auto* x = reinterpret_cast<uint2*>(const_cast<__nv_bfloat16*>(p.x));  // writable: the params' contract
   for (int quad = split_point(quads, C, rank) + tid; quad < split_point(quads, C, rank + 1); quad += kThreads)
     x[quad] = lines::sum_line(p.x_exchange, quad, partial[quad], epoch);
+}
+
+// FP8: x times the norm weight (bf16 1.0 without one), each product in fp32 rounded once to f16
+// and clamped to its finite range, into p.x_fragments in the order phase 1's MMAs take their B
+// operand: per k-step and lane 4g + t, the words {b0, b1} of token g (and of token 8 + g at NT =
+// 2; fragment.cuh), so a lane streams a k-step's x with one copy and uses it as it lands. The norm
+// weight is applied once per call instead of once per k-step of every tile. Each cluster writes
+// every value for the call's tokens (its blocks split them exactly as sum_input_over_ranks does,
+// so with an input exchange each thread reads back only x it summed itself); the clusters write
+// the same bits, and the cluster barrier after it makes them whole for the cluster's copies.
+template <int NT, int C, int kThreads>
+__device__ void stage_x_fragments(const SwigluFusedParams& p, int rank, int tid) {
+  constexpr int kLaneWords = 2 * NT;          // a lane's words per k-step
+  const int quads = p.tokens * p.hidden / 4;  // 4 columns of one token (hidden % 64 == 0)
+  const auto* x = reinterpret_cast<const uint2*>(p.x);
+  auto* words = reinterpret_cast<uint32_t*>(p.x_fragments);
+  auto scaled = [](uint32_t x_pair, uint32_t w_pair) {
+    const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x_pair));
+    const float2 w = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w_pair));
+    return f16x2_saturated(v.x * w.x, v.y * w.y);
+  };
+  for (int quad = split_point(quads, C, rank) + tid; quad < split_point(quads, C, rank + 1); quad += kThreads) {
+    const int token = quad * 4 / p.hidden, column = quad * 4 - token * p.hidden;
+    const uint2 v = x[quad];
+    uint2 w = make_uint2(0x3f803f80u, 0x3f803f80u);  // bf16 1.0 pairs
+    if (p.norm_weight) {
+      const auto* pairs = reinterpret_cast<const unsigned*>(p.norm_weight + column);
+      w = make_uint2(__ldg(pairs), __ldg(pairs + 1));
+    }
+    // Columns 2t, 2t + 1 (and 2t + 2, 2t + 3: lane + 1) of the k-step's first or second 8 (b0 or b1).
+    const int k = column / 16, within = column % 16, lane = token % 8 * 4 + within % 8 / 2;
+    uint32_t* word = words + (static_cast<size_t>(k) * 32 + lane) * kLaneWords + token / 8 * 2 + within / 8;
+    word[0] = scaled(v.x, w.x);
+    word[kLaneWords] = scaled(v.y, w.y);
+  }
+  // Without a cluster, whose barrier releases the writes to the other blocks' SMs, make sure the
+  // block barrier after this has them in L2, where phase 1's 16-byte copies (cp.async.cg) read
+  // past L1.
+  if constexpr (C == 1) __threadfence();
 }
 
 // ---- Where a block's work lies. Phase 1: the cluster's C x kWarps warps take equal contiguous

@@ -294,6 +294,18 @@ TEST(MlpLayer, Fp8WeightsMatchTheirDequantizedReference) {
         EXPECT_LT(testing::relative_error(y, ref), kTolerance) << "M=" << tokens;
       }
       }
+      if (format == WeightFormat::fp8_e4m3) {  // fused without a norm: x itself is the f16 operand
+        MlpLayer plain(MlpVariant::fused, shape, c.max_tokens);
+        plain.load_weights(weights, nullptr);
+        for (int tokens : {1, 8, 13}) {
+          std::vector<double> ref(static_cast<size_t>(tokens) * H);
+          reference::swiglu_mlp(c.x.data(), gate.dequantized.data(), up.dequantized.data(), down.dequantized.data(),
+                                c.residual.data(), ref.data(), tokens, H, I);
+          const std::vector<float> out = run_poisoned(plain, c, tokens, true);
+          EXPECT_EQ(testing::count_nan(out), 0u) << "no norm, M=" << tokens;
+          EXPECT_LT(testing::relative_error(out, ref), kTolerance) << "no norm, M=" << tokens;
+        }
+      }
       if (format != WeightFormat::fp8_e4m3) {  // block scales: the fused kernel refuses them
         MlpLayer fused(MlpVariant::fused, shape, 8);
         EXPECT_THROW(fused.load_weights(weights, nullptr), Error);
