@@ -8,7 +8,7 @@ namespace deepfuse::speculative {
 
 namespace {
 
-// Up to `count` tokens of `tokens` from `first`.
+// Up to `count` tokens of `tokens` from `first`, after a match of `match_length`.
 Proposal continuation(std::span<const int32_t> tokens, int match_length, int first, int count) {
   Proposal proposal;
   const int end = std::min(static_cast<int>(tokens.size()), first + count);
@@ -29,18 +29,45 @@ SequenceDrafter::SequenceDrafter(SpeculativeChoice choice, DrafterOptions option
       budget_(options.max_draft) {
   DF_CHECK(options.min_match >= 1 && options.window >= options.min_match,
            "drafter: min_match must be at least 1 and at most the window");
+  // Longer indexed n-grams than min_match keep may_propose_after_next exact for prompt lookup.
+  DF_CHECK(choice != SpeculativeChoice::ngram || options.max_ngram >= options.min_match,
+           "drafter: max_ngram must be at least min_match");
 }
 
-Proposal SequenceDrafter::own_suffix_match(std::span<const int32_t> tokens, int limit) {
+SuffixAutomaton::Match SequenceDrafter::own_match(std::span<const int32_t> tokens) {
   while (own_.text_length() + 1 < static_cast<int>(tokens.size())) own_.push(tokens[own_.text_length()]);
-  const size_t from = tokens.size() > static_cast<size_t>(options_.window) ? tokens.size() - options_.window : 0;
-  const SuffixAutomaton::Match match = own_.longest_suffix(tokens.subspan(from));
-  if (match.length == 0) return {};
-  return continuation(tokens, match.length, match.end, limit);
+  return own_.longest_suffix(tokens.last(std::min(tokens.size(), static_cast<size_t>(options_.window))));
+}
+
+int SequenceDrafter::match_length(std::span<const int32_t> tokens) {
+  if (choice_ == SpeculativeChoice::ngram) {
+    ngrams_.update(tokens);
+    return ngrams_.lookup(tokens, options_.window).length;
+  }
+  const int cached = shared_ ? shared_->match_length(tokens, options_.window) : 0;
+  return std::max(own_match(tokens).length, cached);
 }
 
 Proposal SequenceDrafter::propose(std::span<const int32_t> tokens, int limit) {
-  const int allowed = std::min({limit, budget_.allowance(), options_.max_draft});
+  const int length = static_cast<int>(tokens.size());
+  const bool awaited = awaited_at_ == length;
+  awaited_at_ = -1;
+  Proposal proposal = choose(tokens, std::min({limit, budget_.allowance(length), options_.max_draft}));
+  if (!proposal.tokens.empty()) proposed_at_ = length;
+  else if (awaited) budget_.record_empty(length);  // the caller waited for this step for nothing
+  return proposal;
+}
+
+bool SequenceDrafter::may_propose_after_next(std::span<const int32_t> tokens) {
+  const int next = static_cast<int>(tokens.size()) + 1;
+  const bool may = choice_ != SpeculativeChoice::off && !tokens.empty() &&
+                   std::min(budget_.allowance(next), options_.max_draft) > 0 &&
+                   match_length(tokens) + 1 >= options_.min_match;
+  awaited_at_ = may ? next : -1;
+  return may;
+}
+
+Proposal SequenceDrafter::choose(std::span<const int32_t> tokens, int allowed) {
   if (choice_ == SpeculativeChoice::off || allowed <= 0 || tokens.empty()) return {};
   Proposal best;
   if (choice_ == SpeculativeChoice::ngram) {
@@ -51,8 +78,8 @@ Proposal SequenceDrafter::propose(std::span<const int32_t> tokens, int limit) {
     if (shared_) best = shared_->propose(tokens, options_.window, allowed);
     // The cache wins a tie: its continuation is a whole earlier answer, the sequence's own may run
     // into the very suffix it matched (a loop) and end there.
-    Proposal own = own_suffix_match(tokens, allowed);
-    if (own.match_length > best.match_length) best = std::move(own);
+    const SuffixAutomaton::Match match = own_match(tokens);
+    if (match.length > best.match_length) best = continuation(tokens, match.length, match.end, allowed);
   }
   if (best.match_length < options_.min_match) return {};
   best.tokens.resize(std::min<size_t>(best.tokens.size(), best.match_length));

@@ -9,6 +9,8 @@
 // The number of drafts is the smallest of the caller's limit, the match's length (a match of 2
 // proposes at most 2) and the DraftBudget's allowance (the measured acceptance); a match shorter
 // than min_match proposes nothing, so a miss costs no verify rows.
+// The drafting step must know the sequence's last token; may_propose_after_next says, one token
+// ahead, whether it is worth waiting for it (docs/runtime.md, "Launched ahead while nothing drafts").
 #pragma once
 
 #include <cstdint>
@@ -34,14 +36,26 @@ class SequenceDrafter {
   // `shared` (suffix only, may be null) must outlive the drafter.
   SequenceDrafter(SpeculativeChoice choice, DrafterOptions options, const SuffixCache* shared = nullptr);
 
-  // `tokens`: the whole sequence so far, which only grows between calls. One call per step.
+  // `tokens`: the whole sequence so far, which only grows between calls. At most one call per step.
   Proposal propose(std::span<const int32_t> tokens, int limit);
+  // Whether propose() could draft anything at the next step, which drafts after one more token
+  // than `tokens` (the one a step in flight samples): false while the budget sits that step out,
+  // or when no suffix of `tokens` one token shorter than min_match occurs where matches are looked
+  // for (a match grows by at most one token per token; only a suffix cache that grew in between
+  // could make it longer). So while it is false the engine can launch that step ahead of the host.
+  // True means the caller waits for the token; if propose() then proposes nothing, the wait
+  // counts as a miss (DraftBudget::record_empty).
+  bool may_propose_after_next(std::span<const int32_t> tokens);
   // What the verify step accepted of the last proposal (drafted > 0).
-  void record(int drafted, int accepted) { budget_.record(drafted, accepted); }
+  void record(int drafted, int accepted) { budget_.record(proposed_at_, drafted, accepted); }
   const DraftBudget& budget() const { return budget_; }
 
  private:
-  Proposal own_suffix_match(std::span<const int32_t> tokens, int limit);
+  // The proposal after `tokens` of at most `allowed` drafts (none under min_match).
+  Proposal choose(std::span<const int32_t> tokens, int allowed);
+  // The longest suffix of `tokens` (within the window) that the matchers find, continued or not.
+  int match_length(std::span<const int32_t> tokens);
+  SuffixAutomaton::Match own_match(std::span<const int32_t> tokens);
 
   SpeculativeChoice choice_;
   DrafterOptions options_;
@@ -49,6 +63,8 @@ class SequenceDrafter {
   NgramIndex ngrams_;
   SuffixAutomaton own_;  // over the sequence but its last token (so a match has a continuation)
   DraftBudget budget_;
+  int proposed_at_ = 0;  // the sequence's length at the last proposal with drafts
+  int awaited_at_ = -1;  // the length may_propose_after_next last said a proposal may come at
 };
 
 }  // namespace deepfuse::speculative

@@ -6,6 +6,14 @@
 
 namespace deepfuse::speculative {
 
+namespace {
+
+std::span<const int32_t> last_window(std::span<const int32_t> context, int window) {
+  return context.last(std::min(context.size(), static_cast<size_t>(window)));
+}
+
+}  // namespace
+
 SuffixCache::SuffixCache(SuffixCacheOptions options) : options_(options) {
   DF_CHECK(options.max_tokens > 0 && options.prompt_tail >= 0, "suffix cache: needs room for some tokens");
 }
@@ -52,8 +60,7 @@ void SuffixCache::rebuild() {
 
 Proposal SuffixCache::propose(std::span<const int32_t> context, int window, int limit) const {
   Proposal proposal;
-  const size_t from = context.size() > static_cast<size_t>(window) ? context.size() - window : 0;
-  const SuffixAutomaton::Match match = automaton_.longest_suffix(context.subspan(from));
+  const SuffixAutomaton::Match match = automaton_.longest_suffix(last_window(context, window));
   if (match.length == 0) return proposal;
   for (int i = match.end; i < static_cast<int>(text_.size()) && text_[i] >= 0 &&
                           static_cast<int>(proposal.tokens.size()) < limit;
@@ -61,6 +68,10 @@ Proposal SuffixCache::propose(std::span<const int32_t> context, int window, int 
     proposal.tokens.push_back(text_[i]);
   if (!proposal.tokens.empty()) proposal.match_length = match.length;
   return proposal;
+}
+
+int SuffixCache::match_length(std::span<const int32_t> context, int window) const {
+  return automaton_.longest_suffix(last_window(context, window)).length;
 }
 
 }  // namespace deepfuse::speculative

@@ -34,6 +34,8 @@ class SuffixCache {
   // Up to `limit` tokens that followed the longest suffix of `context` (its last `window` tokens)
   // found in an entry; none when nothing matches or the match ends its entry.
   Proposal propose(std::span<const int32_t> context, int window, int limit) const;
+  // How long a suffix of `context` (of its last `window` tokens) some entry holds, continued or not.
+  int match_length(std::span<const int32_t> context, int window) const;
 
   size_t tokens() const { return tokens_; }
   size_t entries() const { return entries_.size(); }

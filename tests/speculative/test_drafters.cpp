@@ -1,14 +1,16 @@
 // The model-free drafters (src/speculative): the suffix automaton and the n-gram index against
-// brute force on random texts, the cross-request suffix cache, the draft budget's back-off, and
-// what each SequenceDrafter proposes.
+// brute force on random texts, the cross-request suffix cache, the draft budget's back-off, what
+// each SequenceDrafter proposes and when it says a proposal may come (the engine's launch ahead).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <random>
 #include <vector>
 
 #include "speculative/draft_budget.hpp"
 #include "speculative/drafter.hpp"
+#include "speculative/launch_ahead.hpp"
 #include "speculative/ngram_index.hpp"
 #include "speculative/suffix_automaton.hpp"
 #include "speculative/suffix_cache.hpp"
@@ -136,27 +138,54 @@ TEST(SuffixCache, NoMatchRunsAcrossEntriesAndTheBoundHolds) {
 
 TEST(DraftBudget, GrowsOnFullAcceptanceAndBacksOffOnMisses) {
   DraftBudget budget(8);
-  EXPECT_EQ(budget.allowance(), 8);
-  budget.record(8, 3);  // partial: what was accepted plus one
-  EXPECT_EQ(budget.allowance(), 4);
-  budget.record(4, 4);  // all: doubles, up to the max
-  EXPECT_EQ(budget.allowance(), 8);
-  budget.record(8, 0);  // a miss halves
-  EXPECT_EQ(budget.allowance(), 4);
-  budget.record(4, 0);  // a second miss in a row: sits out 2 steps
-  EXPECT_EQ(budget.allowance(), 0);
-  EXPECT_EQ(budget.allowance(), 0);
-  EXPECT_EQ(budget.allowance(), 2);
-  budget.record(2, 0);  // third: 4 steps
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(budget.allowance(), 0);
-  EXPECT_EQ(budget.allowance(), 1);
-  for (int miss = 0; miss < 20; ++miss) budget.record(1, 0);
-  for (int i = 0; i < 64; ++i) EXPECT_EQ(budget.allowance(), 0) << i;  // never more than 64
-  EXPECT_EQ(budget.allowance(), 1);
-  budget.record(1, 1);  // any accept ends the back-off
-  EXPECT_EQ(budget.allowance(), 2);
-  budget.record(2, 1);
-  EXPECT_EQ(budget.allowance(), 2);
+  int length = 100;  // the sequence's tokens: a verify emits what it accepted plus one
+  EXPECT_EQ(budget.allowance(length), 8);
+  budget.record(length, 8, 3);  // partial: what was accepted plus one
+  length += 4;
+  EXPECT_EQ(budget.allowance(length), 4);
+  budget.record(length, 4, 4);  // all: doubles, up to the max
+  length += 5;
+  EXPECT_EQ(budget.allowance(length), 8);
+  budget.record(length, 8, 0);  // a miss halves
+  length += 1;
+  EXPECT_EQ(budget.allowance(length), 4);
+  budget.record(length, 4, 0);  // a second miss in a row: sits out the next 2 tokens
+  length += 1;
+  EXPECT_EQ(budget.allowance(length), 0);
+  EXPECT_EQ(budget.allowance(length + 1), 0);
+  length += 2;
+  EXPECT_EQ(budget.allowance(length), 2);
+  budget.record(length, 2, 0);  // third: 4 tokens
+  length += 1;
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(budget.allowance(length + i), 0);
+  length += 4;
+  EXPECT_EQ(budget.allowance(length), 1);
+  for (int miss = 0; miss < 20; ++miss) budget.record(length++, 1, 0);
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(budget.allowance(length + i), 0) << i;  // never more than 64
+  length += 64;
+  EXPECT_EQ(budget.allowance(length), 1);
+  budget.record(length, 1, 1);  // any accept ends the back-off
+  length += 2;
+  EXPECT_EQ(budget.allowance(length), 2);
+  budget.record(length, 2, 1);
+  length += 2;
+  EXPECT_EQ(budget.allowance(length), 2);
+  budget.record(length, 2, 0);  // one miss again: the cap halves, no sitting out
+  length += 1;
+  EXPECT_EQ(budget.allowance(length), 1);
+}
+
+TEST(DraftBudget, AStepWaitedForInVainIsAMissThatKeepsTheCap) {
+  DraftBudget budget(8);
+  budget.record_empty(10);
+  EXPECT_EQ(budget.allowance(11), 8);  // one: no sitting out, the cap kept
+  budget.record_empty(11);             // two in a row: the next 2 tokens
+  EXPECT_EQ(budget.allowance(12), 0);
+  EXPECT_EQ(budget.allowance(13), 0);
+  EXPECT_EQ(budget.allowance(14), 8);
+  budget.record(14, 4, 0);  // a verify's miss continues the run: 4 tokens, and the cap halves
+  for (int length = 15; length < 19; ++length) EXPECT_EQ(budget.allowance(length), 0) << length;
+  EXPECT_EQ(budget.allowance(19), 4);
 }
 
 TEST(SequenceDrafter, PromptLookupProposesWhatFollowedTheMatch) {
@@ -234,13 +263,98 @@ TEST(SequenceDrafter, BacksOffAfterMisses) {
   for (int r = 0; r < 4; ++r)
     for (int i = 0; i < 10; ++i) tokens.push_back(i);  // a loop: always a long match
   SequenceDrafter drafter(SpeculativeChoice::ngram, {});
+  // Each step the loop goes on by one token (a verify that accepts nothing emits one).
+  auto next_step = [&] {
+    tokens.push_back(tokens[tokens.size() - 10]);
+    return drafter.propose(tokens, 8).tokens.size();
+  };
   EXPECT_EQ(drafter.propose(tokens, 8).tokens.size(), 8u);
   drafter.record(8, 0);
-  EXPECT_EQ(drafter.propose(tokens, 8).tokens.size(), 4u);
+  EXPECT_EQ(next_step(), 4u);
   drafter.record(4, 0);
-  EXPECT_TRUE(drafter.propose(tokens, 8).tokens.empty());  // sitting out
-  EXPECT_TRUE(drafter.propose(tokens, 8).tokens.empty());
-  EXPECT_EQ(drafter.propose(tokens, 8).tokens.size(), 2u);
+  EXPECT_EQ(next_step(), 0u);  // sitting out
+  EXPECT_EQ(next_step(), 0u);
+  EXPECT_EQ(next_step(), 2u);
+}
+
+// The engine launches a step ahead of the host while no drafter may propose at it: whenever
+// may_propose_after_next says no, propose() after any next token proposes nothing, so no draft
+// is lost. Along random sequences over small alphabets (matches come and go), every next token
+// tried, with random options, a suffix cache, and budgets backing off on the way.
+TEST(SequenceDrafter, MayProposeAfterNextSaysNoOnlyWhenNothingCouldBeProposed) {
+  auto rng = testing::make_rng(5405);
+  int said_no = 0, said_yes = 0, proposed_after_yes = 0;
+  for (const SpeculativeChoice choice : {SpeculativeChoice::ngram, SpeculativeChoice::suffix}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      DrafterOptions options;
+      options.max_draft = 1 + static_cast<int>(rng() % 8);
+      options.min_match = 1 + static_cast<int>(rng() % 3);
+      options.window = options.min_match + static_cast<int>(rng() % 10);
+      options.max_ngram = options.min_match + static_cast<int>(rng() % 4);
+      const int alphabet = 4 + static_cast<int>(rng() % 12);
+      SuffixCache cache;
+      cache.add(random_tokens(rng, 10, alphabet), random_tokens(rng, 15, alphabet));
+      SequenceDrafter drafter(choice, options, &cache);
+      std::vector<int32_t> tokens = random_tokens(rng, 1 + static_cast<int>(rng() % 6), alphabet);
+      for (int step = 0; step < 60; ++step) {
+        const SequenceDrafter before = drafter;
+        const bool may = drafter.may_propose_after_next(tokens);
+        (may ? said_yes : said_no) += 1;
+        for (int32_t next = 0; next <= alphabet && !may; ++next) {  // `alphabet` itself: a new token
+          SequenceDrafter probe = before;
+          std::vector<int32_t> longer = tokens;
+          longer.push_back(next);
+          ASSERT_TRUE(probe.propose(longer, 8).tokens.empty())
+              << choice_name(choice) << " trial " << trial << " step " << step << " next " << next;
+        }
+        // The step itself: a next token, then what a verify accepts of the drafts and one more.
+        tokens.push_back(static_cast<int32_t>(rng() % alphabet));
+        const Proposal proposal = drafter.propose(tokens, 8);
+        if (proposal.tokens.empty()) continue;
+        proposed_after_yes += may;
+        const int accepted = static_cast<int>(rng() % (proposal.tokens.size() + 1));
+        drafter.record(static_cast<int>(proposal.tokens.size()), accepted);
+        tokens.insert(tokens.end(), proposal.tokens.begin(), proposal.tokens.begin() + accepted);
+        tokens.push_back(static_cast<int32_t>(rng() % alphabet));
+      }
+    }
+  }
+  std::printf("said no %d, yes %d (a proposal followed %d times)\n", said_no, said_yes, proposed_after_yes);
+  EXPECT_GT(said_no, 100);
+  EXPECT_GT(proposed_after_yes, 100);
+}
+
+TEST(SequenceDrafter, AStepWaitedForThatProposesNothingCountsAsAMiss) {
+  // "1 ... 9 1": the last token occurred before, so after the next one a match may come.
+  std::vector<int32_t> tokens{1, 2, 3, 4, 5, 6, 7, 8, 9, 1};
+  SequenceDrafter drafter(SpeculativeChoice::ngram, {});
+  SequenceDrafter unasked = drafter;  // proposes at the same steps, never asked beforehand
+  int32_t fresh = 100;
+  for (int wait = 0; wait < 2; ++wait) {
+    EXPECT_TRUE(drafter.may_propose_after_next(tokens)) << wait;
+    tokens.push_back(fresh++);  // nothing followed "1 <fresh>" before
+    EXPECT_TRUE(drafter.propose(tokens, 8).tokens.empty());
+    EXPECT_TRUE(unasked.propose(tokens, 8).tokens.empty());
+    tokens.push_back(1);
+  }
+  // Two waits in vain: the drafter sits out the next 2 tokens; the unasked one does not.
+  EXPECT_FALSE(drafter.may_propose_after_next(tokens));
+  EXPECT_TRUE(unasked.may_propose_after_next(tokens));
+  tokens.push_back(fresh++);
+  EXPECT_FALSE(drafter.may_propose_after_next(tokens));  // "<fresh>" occurred nowhere before
+  tokens.push_back(1);
+  EXPECT_TRUE(drafter.may_propose_after_next(tokens));  // the sit-out is over
+}
+
+TEST(LaunchAhead, TheNextStepMayDraftWhenSomeSequenceMayAndNoneBlocks) {
+  using enum NextStepDrafts;
+  auto may_draft = [](std::vector<NextStepDrafts> sequences) { return next_step_may_draft(sequences); };
+  EXPECT_FALSE(may_draft({}));
+  EXPECT_FALSE(may_draft({none, none}));
+  EXPECT_TRUE(may_draft({none, possible, none}));
+  EXPECT_TRUE(may_draft({possible}));
+  EXPECT_FALSE(may_draft({possible, blocks}));
+  EXPECT_FALSE(may_draft({blocks, none}));
 }
 
 }  // namespace
