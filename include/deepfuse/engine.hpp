@@ -100,10 +100,12 @@ struct EngineOptions {
   // Speculative decoding without a draft model (issue 54; deepfuse/speculative.hpp,
   // docs/runtime.md): a decode row whose sequence's drafter proposes tokens feeds them after its
   // token, and the step verifies them on the GPU, emitting 1 to max_draft + 1 tokens. Output is
-  // unchanged (greedy token for token; sampled, the same distribution). Steps are then not
-  // launched ahead (a verify's next input is known only once it is read back), and a step that
-  // feeds a sequence with penalties or logprobs, or prompt chunks (mixed), verifies no drafts.
-  // One GPU only.
+  // unchanged (greedy token for token; sampled, the same distribution). A step that may verify
+  // drafts waits for the step before to be read back (drafts follow a token the host knows, and a
+  // verify's next input is known only once it is read back); steps that cannot (every drafter
+  // sitting out or without a possible match) are launched ahead as overlap_steps says. A step
+  // that feeds a sequence with penalties or logprobs, or prompt chunks (mixed), verifies no
+  // drafts. One GPU only.
   SpeculativeChoice speculative = SpeculativeChoice::off;
   int max_draft = 8;  // drafts per sequence per step at most (1 .. 15)
 };
@@ -217,10 +219,13 @@ class Engine {
   // Sequences added and not yet finished, queued ones included: step() while this is > 0.
   int running_sequences() const;
   SchedulingStats scheduling_stats() const;
-  // Speculative decoding since construction: draft tokens verified, and of those accepted.
+  // Speculative decoding since construction: draft tokens verified, and of those accepted; and
+  // decode steps launched ahead (while the step before was in flight), which steps that may
+  // verify drafts never are.
   struct SpeculativeCounts {
     uint64_t draft_tokens = 0;
     uint64_t accepted_draft_tokens = 0;
+    uint64_t launched_ahead_steps = 0;
   };
   SpeculativeCounts speculative_counts() const;
 

@@ -97,6 +97,7 @@ void run_verify_case(Engine& engine, const std::string& arch, int batch, int con
 struct RequestTiming {
   double tokens_per_s = 0;
   uint64_t drafted = 0, accepted = 0;
+  uint64_t steps = 0, launched_ahead = 0;  // step() calls; of their steps, those launched ahead
 };
 
 // Greedy requests for `prompts`, decoded together: tokens/s after the first step() (which prefills
@@ -112,13 +113,15 @@ RequestTiming time_requests(Engine& engine, const std::vector<std::vector<int32_
   engine.step();
   const auto start = Clock::now();
   size_t tokens = 0;
-  for (int idle = 0; engine.running_sequences() > 0; ++idle) {
-    DF_CHECK(idle < 4 * new_tokens, "bench decode: requests stopped producing tokens");
+  uint64_t steps = 1;  // step() calls, the untimed first one included
+  for (; engine.running_sequences() > 0; ++steps) {
+    DF_CHECK(steps <= 4 * static_cast<uint64_t>(new_tokens), "bench decode: requests stopped producing tokens");
     tokens += engine.step().size();
   }
   const Engine::SpeculativeCounts after = engine.speculative_counts();
   return {static_cast<double>(tokens) / seconds_since(start), after.draft_tokens - before.draft_tokens,
-          after.accepted_draft_tokens - before.accepted_draft_tokens};
+          after.accepted_draft_tokens - before.accepted_draft_tokens, steps,
+          after.launched_ahead_steps - before.launched_ahead_steps};
 }
 
 // Per batch: a request round and its repeat (the repeat timed), then fresh prompts.
@@ -168,15 +171,17 @@ void run_speculative_arch(const std::string& arch, const ModelConfig& config, co
       const RequestTiming& off = plain[i].at(scenario);
       const double speedup = spec.tokens_per_s / off.tokens_per_s;
       const std::string accepted = std::to_string(spec.accepted) + " of " + std::to_string(spec.drafted);
+      const std::string ahead = std::to_string(spec.launched_ahead) + " of " + std::to_string(spec.steps);
       report.requests.add({arch, std::to_string(workloads[i].batch), scenario, choice_name(options.speculative),
                            format_fixed(off.tokens_per_s, 1), format_fixed(spec.tokens_per_s, 1),
-                           format_fixed(speedup, 2) + "x", accepted});
+                           format_fixed(speedup, 2) + "x", accepted, ahead});
       report.rows.push_back({{"kind", "speculative_request"}, {"arch", arch}, {"batch", workloads[i].batch},
                              {"scenario", scenario}, {"drafter", choice_name(options.speculative)},
                              {"prompt_tokens", options.request_prompt}, {"new_tokens", options.request_tokens},
                              {"plain_tokens_per_s", off.tokens_per_s}, {"speculative_tokens_per_s", spec.tokens_per_s},
                              {"speedup", speedup}, {"draft_tokens", spec.drafted},
-                             {"accepted_draft_tokens", spec.accepted}});
+                             {"accepted_draft_tokens", spec.accepted}, {"steps", spec.steps},
+                             {"launched_ahead_steps", spec.launched_ahead}});
     }
   }
 }

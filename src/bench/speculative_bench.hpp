@@ -2,11 +2,13 @@
 //   verify   per (batch, context): a step in which every sequence verifies K random drafts
 //            (`--verify-drafts K`; random tokens, so each step emits one token) against a
 //            one-token step of the same engine (speculation on, no drafts proposed), both read
-//            back before the next launch as speculative steps are;
+//            back before the next launch as steps that may verify drafts are;
 //   requests per batch, with `--speculative` not off: decode tokens/s of greedy requests with the
 //            drafter against the same requests on an engine without speculation (steps launched
 //            ahead): "repeat", the second of two identical rounds (its drafts from the suffix
-//            cache), and "fresh", new random prompts (drafts seldom right).
+//            cache), and "fresh", new random prompts (drafts seldom right). "ahead": how many of
+//            the speculative engine's step() calls launched a step ahead (no drafter could
+//            propose at it) rather than waiting for the read-back.
 #pragma once
 
 #include <string>
@@ -21,7 +23,7 @@ namespace deepfuse::bench {
 struct SpeculativeReport {
   Table verify{{"arch", "batch", "context", "drafts", "one-token ms", "verify ms", "verify / one-token"}};
   Table requests{{"arch", "batch", "scenario", "drafter", "tok/s plain", "tok/s speculative", "speedup",
-                  "drafts accepted"}};
+                  "drafts accepted", "ahead"}};
   nlohmann::json rows = nlohmann::json::array();
 };
 

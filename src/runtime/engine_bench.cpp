@@ -72,10 +72,10 @@ void EngineBench::poison_buffers(Engine& engine) {
   });
 }
 
-void EngineBench::set_draft_source(Engine& engine, DraftSource source) {
+void EngineBench::set_draft_source(Engine& engine, DraftSource source, DraftOutlook outlook) {
   Engine::Impl& s = engine.ranks_->lead();
   DF_CHECK(s.speculation, "set_draft_source: the engine was built without EngineOptions::speculative");
-  s.speculation->force(std::move(source));
+  s.speculation->force(std::move(source), std::move(outlook));
 }
 
 double EngineBench::decode_replay_ms(Engine::Impl& s, int replays) {

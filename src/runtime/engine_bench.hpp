@@ -34,8 +34,10 @@ class EngineBench {
   static void poison_buffers(Engine& engine);
   // Speculative decoding (EngineOptions::speculative on): `source` proposes every sequence's
   // drafts instead of its drafter (a verify step of k random drafts for `bench decode`, drafts
-  // that are mostly wrong or right for the tests). Empty: the drafters again.
-  static void set_draft_source(Engine& engine, DraftSource source);
+  // that are mostly wrong or right for the tests). Empty: the drafters again. `outlook` says
+  // when it may propose, for launching steps ahead (empty: it always may, so every step waits
+  // for the read-back of the step before).
+  static void set_draft_source(Engine& engine, DraftSource source, DraftOutlook outlook = {});
 
  private:
   static SequenceId add_prefilled(Engine::Impl& s, int context, int max_new_tokens);

@@ -58,6 +58,10 @@ struct SequenceSettings {
   int top_logprobs = -1;           // -1: no logprobs reported
   std::shared_ptr<TokenConstraint> constraint;  // structured output (SequenceRequest); null: free
   bool speculative = true;         // may be drafted (SequenceRequest::speculative)
+
+  // A step feeding the sequence verifies no drafts, any row's: penalties, logprobs and grammars
+  // stay exact only in plain steps (speculative_step.cpp).
+  bool blocks_drafts() const { return kernels::penalized(penalties) || top_logprobs >= 0 || constraint; }
 };
 
 // A row whose next sample a grammar constrains: its mask is filled from `constraint` before the
@@ -240,8 +244,16 @@ struct Engine::Impl {
 
   // ---- speculative decoding (speculative_step.cpp)
   // Drafts for the decode rows of `plan` (drafts[row]; every row empty where the step verifies
-  // none); false when no row feeds any.
+  // none: a step launched ahead, or one feeding a token in flight or a sequence that blocks
+  // drafts); false when no row feeds any.
   bool draft_rows(batching::StepPlan& plan, std::vector<std::vector<int32_t>>& drafts);
+  // Whether the step after the last one launched may be launched before that one is read back:
+  // always without speculation; with it, not behind a verify step (what it emits is known only
+  // at its read-back) nor when the step might verify drafts (next_step_may_draft).
+  bool may_launch_ahead();
+  // Whether some running sequence may be drafted at the step after the one in flight, and none
+  // blocks drafts (speculative::next_step_may_draft over the sequences' drafters).
+  bool next_step_may_draft();
   // The verify step of the rows `fed` (by row; null where a row sits out) and their drafts, eager.
   void run_verify_step(runtime::StepLane& lane, int sequences, std::span<const batching::DecodeRow* const> fed,
                        std::vector<std::vector<int32_t>>& drafts);

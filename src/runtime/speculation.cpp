@@ -44,9 +44,16 @@ std::vector<int32_t> Speculation::propose(SequenceId sequence, std::span<const i
     if (static_cast<int>(proposed.size()) > limit) proposed.resize(limit);
     return proposed;
   }
-  speculative::SequenceDrafter& drafter =
-      drafters_.try_emplace(sequence, choice_, drafter_options_, &suffix_cache_).first->second;
-  return drafter.propose(tokens, limit).tokens;
+  return drafter(sequence).propose(tokens, limit).tokens;
+}
+
+bool Speculation::may_propose_after_next(SequenceId sequence, std::span<const int32_t> tokens) {
+  if (forced_) return !forced_outlook_ || forced_outlook_(sequence, tokens);
+  return drafter(sequence).may_propose_after_next(tokens);
+}
+
+speculative::SequenceDrafter& Speculation::drafter(SequenceId sequence) {
+  return drafters_.try_emplace(sequence, choice_, drafter_options_, &suffix_cache_).first->second;
 }
 
 void Speculation::record(SequenceId sequence, int drafted, int accepted) {

@@ -31,6 +31,9 @@ namespace deepfuse::runtime {
 // Proposes up to `limit` drafts to feed after a sequence's last token (`tokens`: all of it).
 // Tests and benchmarks replace the drafters with one (EngineBench::set_draft_source).
 using DraftSource = std::function<std::vector<int32_t>(SequenceId sequence, std::span<const int32_t> tokens, int limit)>;
+// With a DraftSource: whether it may propose at the step after the one in flight, which samples
+// the token after `tokens` (SequenceDrafter::may_propose_after_next).
+using DraftOutlook = std::function<bool(SequenceId sequence, std::span<const int32_t> tokens)>;
 
 // Where a verify step's entries and results sit, for `sequences` x `rows` entries.
 struct VerifyLayout {
@@ -60,6 +63,10 @@ class Speculation {
 
   // Up to `limit` drafts for the sequence (its drafter, made on first use, or the forced source).
   std::vector<int32_t> propose(SequenceId sequence, std::span<const int32_t> tokens, int limit);
+  // Whether the sequence may be proposed drafts at the step after the one in flight (which
+  // samples the token after `tokens`): its drafter's may_propose_after_next, the forced source's
+  // outlook, or true for a forced source without one. False lets that step be launched ahead.
+  bool may_propose_after_next(SequenceId sequence, std::span<const int32_t> tokens);
   // What the verify step accepted of the `drafted` (> 0) drafts the sequence fed.
   void record(SequenceId sequence, int drafted, int accepted);
   // A sequence ended (`prompt` and `output`: its tokens, for the suffix drafter's cache) or was removed.
@@ -67,7 +74,10 @@ class Speculation {
   void forget(SequenceId sequence) { drafters_.erase(sequence); }
   // Whether finished() wants the tokens of ending sequences (the suffix drafter).
   bool keeps_outputs() const { return choice_ == SpeculativeChoice::suffix; }
-  void force(DraftSource source) { forced_ = std::move(source); }
+  void force(DraftSource source, DraftOutlook outlook = {}) {
+    forced_ = std::move(source);
+    forced_outlook_ = std::move(outlook);
+  }
 
   // The decode attention plans of every entry count in `entries` (plan_for), each with a
   // workspace region of its own, zeroed once (the kernel leaves its counters zero). Not one
@@ -105,7 +115,10 @@ class Speculation {
   speculative::DrafterOptions drafter_options_;
   speculative::SuffixCache suffix_cache_;
   std::unordered_map<SequenceId, speculative::SequenceDrafter> drafters_;
+  speculative::SequenceDrafter& drafter(SequenceId sequence);  // made on first use
+
   DraftSource forced_;
+  DraftOutlook forced_outlook_;
   struct PlannedAttention {
     kernels::DecodeAttentionPlan plan;
     size_t offset = 0;  // of its workspace region in attention_workspace_

@@ -2,14 +2,17 @@
 // decoding"): which decode rows feed drafts, the verify step's upload and launch, and its
 // read-back, which rolls rejected drafts back before it reports the tokens.
 //
-// A step verifies drafts only when the host knows every fed row's token (nothing in flight: with
-// speculation on, steps are not launched ahead) and no fed sequence has presence/frequency
-// penalties, logprobs or a grammar (structured output), nor the step prompt chunks (a mixed
-// step): those run as plain steps. So such a request is never drafted and its tokens are exactly
-// a plain step's; the verify pass needs no penalties, masks or logits copies. Rejected drafts' KV entries need no device
-// work: the scheduler un-computes their positions and keeps their pages (reject_drafts), and the
-// next step's lengths, uploaded from the host, end before them; their entries are overwritten
-// when those positions are fed again.
+// A step verifies drafts only when the host knows every fed row's token (nothing in flight: it
+// was not launched ahead) and no fed sequence has presence/frequency penalties, logprobs or a
+// grammar (structured output), nor the step prompt chunks (a mixed step): those run as plain
+// steps. So such a request is never drafted and its tokens are exactly a plain step's; the
+// verify pass needs no penalties, masks or logits copies. A step that may verify drafts waits for
+// the read-back of the step before; one that cannot (every running sequence's drafter sitting out
+// or without a possible match, or a sequence blocking drafts) is launched ahead as without
+// speculation (may_launch_ahead). Rejected drafts' KV entries need no device work: the scheduler
+// un-computes their positions and keeps their pages (reject_drafts), and the next step's lengths,
+// uploaded from the host, end before them; their entries are overwritten when those positions
+// are fed again.
 #include <algorithm>
 #include <optional>
 #include <string>
@@ -17,18 +20,17 @@
 
 #include "deepfuse/error.hpp"
 #include "runtime/engine_impl.hpp"
+#include "speculative/launch_ahead.hpp"
 
 namespace deepfuse {
 
 using runtime::StepLane;
 
 bool Engine::Impl::draft_rows(batching::StepPlan& plan, std::vector<std::vector<int32_t>>& drafts) {
-  if (!speculation || plan.mixed || plan.decode.empty()) return false;
-  for (const batching::DecodeRow& row : plan.decode) {
-    const runtime::SequenceSettings& set = settings.at(static_cast<SequenceId>(row.sequence->key));
-    if (row.feeds_sample_in_flight() || kernels::penalized(set.penalties) || set.top_logprobs >= 0 || set.constraint)
+  if (!speculation || !launched.empty() || plan.mixed || plan.decode.empty()) return false;
+  for (const batching::DecodeRow& row : plan.decode)
+    if (row.feeds_sample_in_flight() || settings.at(static_cast<SequenceId>(row.sequence->key)).blocks_drafts())
       return false;
-  }
   drafts.assign(step_scheduler->running(), {});
   bool any = false;
   for (batching::DecodeRow& row : plan.decode) {
@@ -43,6 +45,30 @@ bool Engine::Impl::draft_rows(batching::StepPlan& plan, std::vector<std::vector<
     drafts[row.sequence->row] = std::move(proposed);
   }
   return any;
+}
+
+bool Engine::Impl::may_launch_ahead() {
+  if (!speculation) return true;
+  if (!launched.empty() && lanes[launched.back()].verify) return false;
+  return !next_step_may_draft();
+}
+
+bool Engine::Impl::next_step_may_draft() {
+  using speculative::NextStepDrafts;
+  std::vector<NextStepDrafts> sequences;
+  for (int row = 0; row < step_scheduler->running(); ++row) {
+    const batching::Sequence& sequence = step_scheduler->at_row(row);
+    const SequenceId key = static_cast<SequenceId>(sequence.key);
+    const runtime::SequenceSettings& set = settings.at(key);
+    if (set.blocks_drafts())
+      sequences.push_back(NextStepDrafts::blocks);
+    else if (!set.speculative || sequence.prefilling())
+      sequences.push_back(NextStepDrafts::none);
+    else  // every drafter asked: each that says yes makes the wait its own (SequenceDrafter)
+      sequences.push_back(speculation->may_propose_after_next(key, sequence.tokens) ? NextStepDrafts::possible
+                                                                                   : NextStepDrafts::none);
+  }
+  return speculative::next_step_may_draft(sequences);
 }
 
 void Engine::Impl::run_verify_step(StepLane& lane, int sequences, std::span<const batching::DecodeRow* const> fed,

@@ -10,7 +10,8 @@
 // the scheduler counts the samples in flight when it plans positions. What the host learns only
 // when it reads a step back (a stop token) costs one step of wasted work for that sequence, never
 // a wrong token: the step launched after it is read back with the sequence gone, and its token is
-// dropped.
+// dropped. With speculative decoding, a step that may verify drafts waits for the read-back
+// instead (drafts follow a token the host knows; Engine::Impl::may_launch_ahead).
 //
 // The sampler writes each step's ids straight into its lane's mapped pinned memory (StepLane):
 // no copy after the graph delays the next step's upload and launch.
@@ -421,6 +422,7 @@ void Engine::Impl::launch_decode() {
   for (const batching::DecodeRow& decode : plan.decode)
     lane.rows[decode.sequence->row] = static_cast<SequenceId>(decode.sequence->key);
   step_scheduler->complete(plan);
+  if (speculation && !launched.empty()) ++speculation->counts.launched_ahead_steps;
   launched.push_back(lane_index);
 }
 
@@ -491,9 +493,9 @@ void Engine::Impl::decode_running(std::vector<StepToken>& out) {
     launch_decode();
     if (!launched.empty() && lanes[launched.front()].pending) launch_sampler(lanes[launched.front()], {});
   }
-  // And the next, before reading this one back; not with speculation: a row drafts only from a
-  // token the host has read back.
-  if (options.overlap_steps && !speculation) launch_decode();
+  // And the next, before reading this one back, unless it may verify drafts: a row drafts only
+  // from a token the host has read back.
+  if (options.overlap_steps && may_launch_ahead()) launch_decode();
   if (!launched.empty()) read_back_oldest(out);
 }
 

@@ -6,6 +6,10 @@
 //   - greedy output with the suffix drafter equals the output without speculation, for a request
 //     and its repeat (whose drafts come from the suffix cache and hit), up to a first difference
 //     the reference rates a near tie (bf16 GEMMs of other row counts may round differently);
+//   - steps no sequence may draft at are launched ahead (EngineOptions::overlap_steps) and the
+//     others wait for the read-back, with output unchanged: drafts that never come (exactly the
+//     output of an engine that never launches ahead), and drafts that come now and then and miss
+//     (every emitted token the argmax);
 //   - sampled output has the distribution of sampling without speculation: a chi-square test per
 //     generated position over 1000 seeds on a 16-token vocabulary, drafts of random tokens.
 // Engines are NaN-poisoned first (EngineBench::poison_buffers), so a verify that reads a position
@@ -13,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <random>
@@ -68,6 +73,17 @@ SequenceRequest request_of(const std::vector<int32_t>& prompt, int new_tokens) {
   return request;
 }
 
+// Greedy requests for `prompts`, run together to the end: each one's tokens, in the prompts' order.
+std::vector<std::vector<int32_t>> greedy_outputs(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                                                 int new_tokens) {
+  std::vector<SequenceId> ids;
+  for (const auto& prompt : prompts) ids.push_back(engine.add_sequence(request_of(prompt, new_tokens)));
+  auto produced = run_to_end(engine, ids.size(), new_tokens + 2);
+  std::vector<std::vector<int32_t>> out;
+  for (SequenceId id : ids) out.push_back(produced[id]);
+  return out;
+}
+
 class SpeculativeVsReference : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
@@ -84,6 +100,12 @@ class SpeculativeVsReference : public ::testing::TestWithParam<int> {
     Engine engine = Engine::from_checkpoint(scratch_.path(), options);
     runtime::EngineBench::poison_buffers(engine);
     return engine;
+  }
+
+  std::vector<std::vector<int32_t>> random_prompts(std::initializer_list<int> lengths) {
+    std::vector<std::vector<int32_t>> prompts;
+    for (const int length : lengths) prompts.push_back(random_ids(rng_, length, config_.vocab_size));
+    return prompts;
   }
 
   std::vector<int32_t> reference_greedy(const std::vector<int32_t>& prompt, int count) const {
@@ -174,16 +196,8 @@ TEST_P(SpeculativeVsReference, EveryEmittedTokenIsTheVerifyArgmax) {
 TEST_P(SpeculativeVsReference, GreedyOutputEqualsNonSpeculativeOutput) {
   DF_REQUIRE_GPU();
   constexpr int kNewTokens = 48;
-  std::vector<std::vector<int32_t>> prompts;
-  for (int length : {6, 29, 18}) prompts.push_back(random_ids(rng_, length, config_.vocab_size));
-  auto generate = [&](Engine& engine) {
-    std::vector<SequenceId> ids;
-    for (const auto& prompt : prompts) ids.push_back(engine.add_sequence(request_of(prompt, kNewTokens)));
-    auto produced = run_to_end(engine, ids.size(), kNewTokens + 2);
-    std::vector<std::vector<int32_t>> out;
-    for (SequenceId id : ids) out.push_back(produced[id]);
-    return out;
-  };
+  const std::vector<std::vector<int32_t>> prompts = random_prompts({6, 29, 18});
+  auto generate = [&](Engine& engine) { return greedy_outputs(engine, prompts, kNewTokens); };
   Engine plain_engine = poisoned_engine(speculative_options(SpeculativeChoice::off));
   const auto plain = generate(plain_engine);
   Engine engine = poisoned_engine(speculative_options(SpeculativeChoice::suffix));
@@ -196,10 +210,98 @@ TEST_P(SpeculativeVsReference, GreedyOutputEqualsNonSpeculativeOutput) {
                                           "round " + std::to_string(round) + ", sequence " + std::to_string(s));
     const uint64_t drafted = after.draft_tokens - before.draft_tokens;
     const uint64_t accepted = after.accepted_draft_tokens - before.accepted_draft_tokens;
-    std::printf("[ %s ] round %d: drafts accepted %llu of %llu\n", tiny_models()[GetParam()].name.c_str(), round,
-                static_cast<unsigned long long>(accepted), static_cast<unsigned long long>(drafted));
+    std::printf("[ %s ] round %d: drafts accepted %llu of %llu, %llu steps launched ahead\n",
+                tiny_models()[GetParam()].name.c_str(), round, static_cast<unsigned long long>(accepted),
+                static_cast<unsigned long long>(drafted),
+                static_cast<unsigned long long>(after.launched_ahead_steps - before.launched_ahead_steps));
     if (round == 1) EXPECT_GT(accepted, drafted / 2) << "the repeat's drafts (its earlier output) mostly missed";
   }
+}
+
+// Drafts that never come: a source that proposes nothing and says, per sequence, when it might
+// (its outlook). Steps no sequence might draft at are launched ahead; the others wait for the read-
+// back of the step before. Every step is a plain step, so the output is token for token that of
+// the engine that never launches ahead (an outlook that always says yes), and of the engine without
+// speculation up to a near tie.
+TEST_P(SpeculativeVsReference, StepsNoSequenceMayDraftAtAreLaunchedAhead) {
+  DF_REQUIRE_GPU();
+  constexpr int kNewTokens = 40;
+  const std::vector<std::vector<int32_t>> prompts = random_prompts({7, 23, 16});
+  Engine plain_engine = poisoned_engine(speculative_options(SpeculativeChoice::off));
+  const auto plain = greedy_outputs(plain_engine, prompts, kNewTokens);
+  std::map<int, uint64_t> ahead;  // by how often the outlook says yes: every n-th length (0: never)
+  std::vector<std::vector<int32_t>> never_ahead;
+  for (const int every : {1, 5, 0}) {
+    Engine engine = poisoned_engine(speculative_options(SpeculativeChoice::suffix));
+    int asked = 0;
+    runtime::EngineBench::set_draft_source(
+        engine, [](SequenceId, std::span<const int32_t>, int) { return std::vector<int32_t>{}; },
+        [&](SequenceId, std::span<const int32_t> tokens) {
+          ++asked;
+          return every > 0 && (tokens.size() + 1) % every == 0;
+        });
+    const auto spec = greedy_outputs(engine, prompts, kNewTokens);
+    const Engine::SpeculativeCounts counts = engine.speculative_counts();
+    ahead[every] = counts.launched_ahead_steps;
+    std::printf("[ %s ] outlook yes every %d: %llu steps launched ahead, outlook asked %d times\n",
+                tiny_models()[GetParam()].name.c_str(), every,
+                static_cast<unsigned long long>(counts.launched_ahead_steps), asked);
+    EXPECT_EQ(counts.draft_tokens, 0u);
+    EXPECT_GT(asked, 0) << "every " << every;
+    if (every == 1) never_ahead = spec;
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      EXPECT_EQ(spec[s], never_ahead[s]) << "outlook yes every " << every << ", sequence " << s;
+      testing::same_or_parted_at_near_tie(*reference_, prompts[s], spec[s], plain[s],
+                                          "outlook yes every " + std::to_string(every) + ", sequence " +
+                                              std::to_string(s));
+    }
+  }
+  EXPECT_EQ(ahead[1], 0u) << "a step launched ahead although some sequence might draft at it";
+  EXPECT_GT(ahead[5], 0u);
+  EXPECT_GT(ahead[0], ahead[5]);
+  EXPECT_GE(ahead[0], static_cast<uint64_t>(kNewTokens / 2)) << "steps no sequence may draft at waited";
+}
+
+// Drafts that come now and then and always miss (the reference's next token, changed), announced
+// a step ahead by the source's outlook: the steps between them are launched ahead, those that
+// verify wait for the read-back, and every emitted token is still the verify pass's argmax.
+TEST_P(SpeculativeVsReference, MissedDraftsBetweenStepsLaunchedAhead) {
+  DF_REQUIRE_GPU();
+  Engine engine = poisoned_engine(speculative_options(SpeculativeChoice::ngram));
+  constexpr int kNewTokens = 40, kEvery = 6;
+  std::map<SequenceId, std::vector<int32_t>> prompts, continuations;
+  for (int length : {5, 20, 37}) {
+    const std::vector<int32_t> prompt = random_ids(rng_, length, config_.vocab_size);
+    const SequenceId id = engine.add_sequence(request_of(prompt, kNewTokens));
+    prompts[id] = prompt;
+    continuations[id] = reference_greedy(prompt, kNewTokens + 1);
+  }
+  runtime::EngineBench::set_draft_source(
+      engine,
+      [&](SequenceId id, std::span<const int32_t> tokens, int limit) {
+        std::vector<int32_t> drafts;
+        if (tokens.size() % kEvery != 0) return drafts;
+        const size_t done = tokens.size() - prompts.at(id).size();
+        const std::vector<int32_t>& next = continuations.at(id);
+        for (int j = 0; j < limit && done + j < next.size(); ++j) drafts.push_back(next[done + j]);
+        if (!drafts.empty()) drafts[0] = (drafts[0] + 1) % config_.vocab_size;  // a miss from the first
+        return drafts;
+      },
+      [&](SequenceId, std::span<const int32_t> tokens) { return (tokens.size() + 1) % kEvery == 0; });
+  const auto produced = run_to_end(engine, prompts.size(), kNewTokens + 2);
+  for (const auto& [id, prompt] : prompts) {
+    ASSERT_EQ(produced.at(id).size(), static_cast<size_t>(kNewTokens)) << "sequence " << id;
+    expect_argmax_under_teacher_forcing(prompt, produced.at(id), "sequence " + std::to_string(id));
+  }
+  const Engine::SpeculativeCounts counts = engine.speculative_counts();
+  std::printf("[ %s ] %llu drafts, %llu accepted, %llu steps launched ahead\n", tiny_models()[GetParam()].name.c_str(),
+              static_cast<unsigned long long>(counts.draft_tokens),
+              static_cast<unsigned long long>(counts.accepted_draft_tokens),
+              static_cast<unsigned long long>(counts.launched_ahead_steps));
+  EXPECT_GT(counts.draft_tokens, 0u) << "no step verified drafts";
+  // Each first draft differs from the reference's pick (the engine's, unless they parted at a near tie).
+  EXPECT_LT(counts.accepted_draft_tokens, counts.draft_tokens);
+  EXPECT_GT(counts.launched_ahead_steps, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyModels, SpeculativeVsReference, ::testing::Range(0, static_cast<int>(tiny_models().size())),
