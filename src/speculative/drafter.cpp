@@ -29,9 +29,9 @@ SequenceDrafter::SequenceDrafter(SpeculativeChoice choice, DrafterOptions option
       budget_(options.max_draft) {
   DF_CHECK(options.min_match >= 1 && options.window >= options.min_match,
            "drafter: min_match must be at least 1 and at most the window");
-  // Longer indexed n-grams than min_match keep may_propose_after_next exact for prompt lookup.
-  DF_CHECK(choice != SpeculativeChoice::ngram || options.max_ngram >= options.min_match,
-           "drafter: max_ngram must be at least min_match");
+  // So that prompt lookup finds every match longer than min_match (may_propose_after_next's rule).
+  DF_CHECK(choice != SpeculativeChoice::ngram || options.max_ngram > options.min_match,
+           "drafter: max_ngram must be more than min_match");
 }
 
 SuffixAutomaton::Match SequenceDrafter::own_match(std::span<const int32_t> tokens) {
@@ -62,7 +62,7 @@ bool SequenceDrafter::may_propose_after_next(std::span<const int32_t> tokens) {
   const int next = static_cast<int>(tokens.size()) + 1;
   const bool may = choice_ != SpeculativeChoice::off && !tokens.empty() &&
                    std::min(budget_.allowance(next), options_.max_draft) > 0 &&
-                   match_length(tokens) + 1 >= options_.min_match;
+                   match_length(tokens) >= options_.min_match;
   awaited_at_ = may ? next : -1;
   return may;
 }

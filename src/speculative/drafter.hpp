@@ -38,13 +38,16 @@ class SequenceDrafter {
 
   // `tokens`: the whole sequence so far, which only grows between calls. At most one call per step.
   Proposal propose(std::span<const int32_t> tokens, int limit);
-  // Whether propose() could draft anything at the next step, which drafts after one more token
-  // than `tokens` (the one a step in flight samples): false while the budget sits that step out,
-  // or when no suffix of `tokens` one token shorter than min_match occurs where matches are looked
-  // for (a match grows by at most one token per token; only a suffix cache that grew in between
-  // could make it longer). So while it is false the engine can launch that step ahead of the host.
-  // True means the caller waits for the token; if propose() then proposes nothing, the wait
-  // counts as a miss (DraftBudget::record_empty).
+  // Whether propose() may draft at the next step, which drafts after one more token than `tokens`
+  // (the one a step in flight samples): while it is false the engine launches that step ahead of
+  // the host. False while the budget sits that step out, or when `tokens` ends in no match of
+  // min_match tokens (no match in progress). A match grows by at most one token per token, so
+  // after a no, that step could only have proposed from a match of exactly min_match that the
+  // token in flight completes (a suffix cache that grew in between aside): such a stretch starts
+  // drafting one step later. Not the exact rule (a match of min_match - 1 tokens): one token is
+  // nearly always found in a large suffix cache, so every step would wait. True means the caller
+  // waits for the token; if propose() then proposes nothing, the wait counts as a miss
+  // (DraftBudget::record_empty).
   bool may_propose_after_next(std::span<const int32_t> tokens);
   // What the verify step accepted of the last proposal (drafted > 0).
   void record(int drafted, int accepted) { budget_.record(proposed_at_, drafted, accepted); }

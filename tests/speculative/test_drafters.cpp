@@ -278,19 +278,20 @@ TEST(SequenceDrafter, BacksOffAfterMisses) {
 }
 
 // The engine launches a step ahead of the host while no drafter may propose at it: whenever
-// may_propose_after_next says no, propose() after any next token proposes nothing, so no draft
-// is lost. Along random sequences over small alphabets (matches come and go), every next token
+// may_propose_after_next says no, propose() after any next token proposes nothing, or only from a
+// match of exactly min_match that the next token completes (a stretch that starts drafting a step
+// later). Along random sequences over small alphabets (matches come and go), every next token
 // tried, with random options, a suffix cache, and budgets backing off on the way.
-TEST(SequenceDrafter, MayProposeAfterNextSaysNoOnlyWhenNothingCouldBeProposed) {
+TEST(SequenceDrafter, MayProposeAfterNextSaysNoOnlyWhenNoMatchIsInProgress) {
   auto rng = testing::make_rng(5405);
-  int said_no = 0, said_yes = 0, proposed_after_yes = 0;
+  int said_no = 0, said_yes = 0, proposed_after_yes = 0, started = 0;
   for (const SpeculativeChoice choice : {SpeculativeChoice::ngram, SpeculativeChoice::suffix}) {
     for (int trial = 0; trial < 40; ++trial) {
       DrafterOptions options;
       options.max_draft = 1 + static_cast<int>(rng() % 8);
       options.min_match = 1 + static_cast<int>(rng() % 3);
       options.window = options.min_match + static_cast<int>(rng() % 10);
-      options.max_ngram = options.min_match + static_cast<int>(rng() % 4);
+      options.max_ngram = options.min_match + 1 + static_cast<int>(rng() % 4);
       const int alphabet = 4 + static_cast<int>(rng() % 12);
       SuffixCache cache;
       cache.add(random_tokens(rng, 10, alphabet), random_tokens(rng, 15, alphabet));
@@ -304,8 +305,11 @@ TEST(SequenceDrafter, MayProposeAfterNextSaysNoOnlyWhenNothingCouldBeProposed) {
           SequenceDrafter probe = before;
           std::vector<int32_t> longer = tokens;
           longer.push_back(next);
-          ASSERT_TRUE(probe.propose(longer, 8).tokens.empty())
-              << choice_name(choice) << " trial " << trial << " step " << step << " next " << next;
+          const Proposal after = probe.propose(longer, 8);
+          ASSERT_TRUE(after.tokens.empty() || after.match_length == options.min_match)
+              << choice_name(choice) << " trial " << trial << " step " << step << " next " << next << ": a match of "
+              << after.match_length;
+          started += !after.tokens.empty();
         }
         // The step itself: a next token, then what a verify accepts of the drafts and one more.
         tokens.push_back(static_cast<int32_t>(rng() % alphabet));
@@ -319,31 +323,34 @@ TEST(SequenceDrafter, MayProposeAfterNextSaysNoOnlyWhenNothingCouldBeProposed) {
       }
     }
   }
-  std::printf("said no %d, yes %d (a proposal followed %d times)\n", said_no, said_yes, proposed_after_yes);
+  std::printf("said no %d (a next token could start a match %d times), yes %d (a proposal followed %d times)\n",
+              said_no, started, said_yes, proposed_after_yes);
   EXPECT_GT(said_no, 100);
+  EXPECT_GT(started, 100);
   EXPECT_GT(proposed_after_yes, 100);
 }
 
 TEST(SequenceDrafter, AStepWaitedForThatProposesNothingCountsAsAMiss) {
-  // "1 ... 9 1": the last token occurred before, so after the next one a match may come.
-  std::vector<int32_t> tokens{1, 2, 3, 4, 5, 6, 7, 8, 9, 1};
+  // "1 ... 9 1 2": "1 2" matched, so a proposal may come after the next token; none does when
+  // that token is new. Three waits in vain in a row: the drafter sits out the next 4 tokens.
+  std::vector<int32_t> tokens{1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2};
   SequenceDrafter drafter(SpeculativeChoice::ngram, {});
   SequenceDrafter unasked = drafter;  // proposes at the same steps, never asked beforehand
   int32_t fresh = 100;
-  for (int wait = 0; wait < 2; ++wait) {
+  for (int wait = 0; wait < 3; ++wait) {
+    if (wait > 0) tokens.insert(tokens.end(), {1, 2});
     EXPECT_TRUE(drafter.may_propose_after_next(tokens)) << wait;
-    tokens.push_back(fresh++);  // nothing followed "1 <fresh>" before
+    tokens.push_back(fresh++);  // nothing followed "2 <fresh>" before
     EXPECT_TRUE(drafter.propose(tokens, 8).tokens.empty());
     EXPECT_TRUE(unasked.propose(tokens, 8).tokens.empty());
-    tokens.push_back(1);
   }
-  // Two waits in vain: the drafter sits out the next 2 tokens; the unasked one does not.
+  tokens.insert(tokens.end(), {1, 2});  // the first two of the 4 tokens
   EXPECT_FALSE(drafter.may_propose_after_next(tokens));
   EXPECT_TRUE(unasked.may_propose_after_next(tokens));
-  tokens.push_back(fresh++);
-  EXPECT_FALSE(drafter.may_propose_after_next(tokens));  // "<fresh>" occurred nowhere before
-  tokens.push_back(1);
-  EXPECT_TRUE(drafter.may_propose_after_next(tokens));  // the sit-out is over
+  tokens.push_back(3);
+  EXPECT_FALSE(drafter.may_propose_after_next(tokens));
+  tokens.push_back(4);
+  EXPECT_TRUE(drafter.may_propose_after_next(tokens));  // its next step drafts after the 4th
 }
 
 TEST(LaunchAhead, TheNextStepMayDraftWhenSomeSequenceMayAndNoneBlocks) {
