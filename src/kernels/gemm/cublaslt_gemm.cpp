@@ -112,6 +112,7 @@ CublasLtGemm::~CublasLtGemm() {
 // form (A transposed, B not).
 bool CublasLtGemm::make_plan(const Shape& s, bool scale_epilogue_kernel, Plan& plan) {
   plan.scale_epilogue_kernel = scale_epilogue_kernel;
+  const bool outer_vector_scales = s.fp8 && !scale_epilogue_kernel;  // cuBLASLt applies the FP8 scales
   DF_CHECK_CUBLAS(cublasLtMatmulDescCreate(&plan.operation, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
   DF_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof transpose));
@@ -123,7 +124,7 @@ bool CublasLtGemm::make_plan(const Shape& s, bool scale_epilogue_kernel, Plan& p
     DF_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                                    sizeof bias_type));
   }
-  if (s.fp8 && !scale_epilogue_kernel) {
+  if (outer_vector_scales) {
     // A = W gives the rows of D (output channels), B = X its columns (tokens): W's scales are A's
     // outer vector, X's per-token scales B's.
     const int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
@@ -148,7 +149,6 @@ bool CublasLtGemm::make_plan(const Shape& s, bool scale_epilogue_kernel, Plan& p
   cublasLtMatmulPreferenceDestroy(preference);
   // An unsupported combination may answer "not supported" rather than zero algorithms; the
   // outer-vector scale modes on the H200's cuBLASLt 13.0 answer "invalid value" (seen there).
-  const bool outer_vector_scales = s.fp8 && !scale_epilogue_kernel;
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || (outer_vector_scales && status == CUBLAS_STATUS_INVALID_VALUE)) found = 0;
   else DF_CHECK_CUBLAS(status);
   plan.algorithm = result.algo;
