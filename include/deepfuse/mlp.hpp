@@ -13,11 +13,14 @@
 //   fused_batched  the same in one launch for batches (1-256 tokens, built for 16-256): every block
 //            holds a whole pass of up to 128 tokens against its weights, silu(g)*u passes through
 //            L2 once (deepfuse/kernels/swiglu_batched.hpp). Reads fused's packed layout.
+//   fused_wgmma  the Hopper pair for 1-256 tokens (built for 16-256; sm_90 only, bf16): two launches,
+//            gate_up + SiLU on warpgroup MMA fed by TMA, act through L2, then down + residual
+//            (deepfuse/kernels/swiglu_wgmma.hpp). Row-major weights as unfused's, its own copy.
 // The CPU reference lives in deepfuse/reference.hpp (reference::swiglu_mlp).
 //
 // Weight layouts on the device, made by MlpLayer::load_weights from Hugging Face tensors:
 //   naive    gate [I,H], up [I,H], down [H,I] as given.
-//   unfused  gate_up [2I,H] (gate rows then up rows), down [H,I].
+//   unfused, fused_wgmma  gate_up [2I,H] (gate rows then up rows), down [H,I].
 //   fused, fused_batched  "fragment-packed": every 16x16 bf16 tile stored as the 32 lanes x 16 bytes that an
 //            mma.m16n8k16 A operand wants, so one coalesced 16-byte load per lane fetches a tile.
 //            gate_up: for each 16-row I tile, for each 16-wide H step: gate tile, then up tile.
@@ -25,7 +28,7 @@
 //
 // Determinism: naive and unfused are deterministic for a given cuBLASLt algorithm. fused adds its
 // partial sums in fp32 in whatever order they arrive (distributed-shared-memory atomics, then L2
-// bulk reductions, or atomics before sm_90; fused_batched: L2 atomics), so results can differ in the last bits between runs
+// bulk reductions, or atomics before sm_90; fused_batched, fused_wgmma: L2 atomics), so results can differ in the last bits between runs
 // (not bitwise deterministic); the error bound vs the reference is unaffected.
 //
 // RMSNorm folded in (MlpNorm, given to load_weights): every run() works on rms_norm(x) * weight,
@@ -54,7 +57,7 @@
 
 namespace deepfuse {
 
-enum class MlpVariant { naive, unfused, fused, fused_batched };
+enum class MlpVariant { naive, unfused, fused, fused_batched, fused_wgmma };
 
 // How the unfused variant's GEMMs read FP8 weights in calls above the FP8 GEMV's tokens: widened
 // to bf16 per call for a bf16 GEMM, or on FP8 tensor cores with x and silu(g)*u quantized to e4m3

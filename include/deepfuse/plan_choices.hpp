@@ -15,7 +15,7 @@
 namespace deepfuse {
 
 // The SwiGLU MLP.
-enum class MlpChoice { fused, unfused, fused_batched };
+enum class MlpChoice { fused, unfused, fused_batched, fused_wgmma };
 struct MlpChoiceRow {
   MlpChoice value;
   const char* name;
@@ -35,6 +35,12 @@ struct ChoiceTable<MlpChoice> {
                    "the batched fused kernel: one launch for 16-256 tokens, weights once per 128 tokens, silu(g)*u "
                    "through L2 (its own fragment-packed copy)",
                    MlpVariant::fused_batched, false},
+      // Not in any built-in plan: written blind, not run on a GPU yet (docs/kernels/swiglu_fused.md,
+      // "The Hopper pair"). --plan-override mlp=fused_wgmma.
+      MlpChoiceRow{MlpChoice::fused_wgmma, "fused_wgmma",
+                   "the Hopper pair (sm_90): gate_up + SiLU, then down + residual, on wgmma fed by TMA, silu(g)*u "
+                   "through L2 (its own row-major copy)",
+                   MlpVariant::fused_wgmma, false},
   };
 };
 

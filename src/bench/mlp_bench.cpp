@@ -19,6 +19,7 @@
 #include "deepfuse/kernels/fill.hpp"
 #include "deepfuse/kernels/quantize_fp8.hpp"
 #include "deepfuse/kernels/swiglu_batched.hpp"
+#include "deepfuse/kernels/swiglu_wgmma.hpp"
 
 namespace deepfuse::bench {
 
@@ -111,17 +112,21 @@ int run_gpu(const MlpBenchOptions& options) {
     std::vector<std::pair<std::string, MlpVariant>> configurations;
     for (MlpVariant variant : options.variants) configurations.emplace_back(mlp_variant_name(variant), variant);
     for (const auto& tuning : options.fused_tunings) configurations.emplace_back("fused[" + tuning + "]", MlpVariant::fused);
-    // The batched kernel's limits on this GPU (tokens, shape, format, shared memory per SM).
-    auto batched_unsupported = [&](const MlpShape& s, int tokens) {
-      return kernels::swiglu_batched_unsupported(
-          s.hidden, s.intermediate, tokens,
-          {device.sm_count, device.compute_major >= 9, static_cast<int>(device.shared_memory_per_block_optin)},
-          options.weights);
+    // The batched kernels' limits on this GPU (tokens, shape, format, shared memory per SM, sm_90).
+    auto batched_unsupported = [&](MlpVariant variant, const MlpShape& s, int tokens) -> std::string {
+      if (variant == MlpVariant::fused_batched)
+        return kernels::swiglu_batched_unsupported(
+            s.hidden, s.intermediate, tokens,
+            {device.sm_count, device.compute_major >= 9, static_cast<int>(device.shared_memory_per_block_optin)},
+            options.weights);
+      if (variant == MlpVariant::fused_wgmma)
+        return kernels::swiglu_wgmma_unsupported(s.hidden, s.intermediate, tokens,
+                                                 {device.compute_major, device.sm_count}, options.weights);
+      return "";
     };
     for (const auto& [name, variant] : configurations) {
-      if (variant == MlpVariant::fused_batched && !batched_unsupported(shape, 16).empty()) {
-        std::fprintf(stderr, "  skipping fused_batched at %s: %s\n", shape_name(shape).c_str(),
-                     batched_unsupported(shape, 16).c_str());
+      if (const std::string why = batched_unsupported(variant, shape, 16); !why.empty()) {
+        std::fprintf(stderr, "  skipping %s at %s: %s\n", name.c_str(), shape_name(shape).c_str(), why.c_str());
         continue;
       }
       std::vector<MlpLayer> layers;
@@ -135,8 +140,8 @@ int run_gpu(const MlpBenchOptions& options) {
         if (variant == MlpVariant::fused && options.weights != WeightFormat::bf16 &&
             tokens > kernels::kSwigluFusedFp8MaxTokens)
           continue;  // beyond the FP8 fused kernel's passes (swiglu_fused.hpp)
-        if (variant == MlpVariant::fused_batched && !batched_unsupported(shape, tokens).empty())
-          continue;  // beyond the batched kernel's limits (swiglu_batched.hpp)
+        if (!batched_unsupported(variant, shape, tokens).empty())
+          continue;  // beyond the batched kernels' limits (swiglu_batched.hpp, swiglu_wgmma.hpp)
         const __nv_bfloat16* res = options.residual ? residual.as<__nv_bfloat16>() : nullptr;
         auto call = [&](int rep) {
           layers[rep % copies].run(x.as<__nv_bfloat16>(), res, y.as<__nv_bfloat16>(), tokens, stream);

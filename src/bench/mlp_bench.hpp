@@ -1,5 +1,5 @@
-// `deepfuse bench mlp`: naive vs unfused vs fused vs fused_batched SwiGLU MLP over shapes and token counts, each
-// as a fraction of the copy bandwidth measured in the same run.
+// `deepfuse bench mlp`: naive vs unfused vs fused vs fused_batched (and fused_wgmma on request) SwiGLU MLP over
+// shapes and token counts, each as a fraction of the copy bandwidth measured in the same run.
 #pragma once
 
 #include <string>

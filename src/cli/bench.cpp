@@ -168,7 +168,9 @@ void register_bench(CLI::App& app, Action& action) {
   auto args = std::make_shared<MlpArgs>();
   mlp->add_option("--shapes", args->shapes, "HxI shapes (default: the six Llama/Qwen shapes)")->delimiter(',');
   mlp->add_option("--m", args->tokens, "token counts M (default 1,2,4,...,256)")->delimiter(',');
-  mlp->add_option("--variants", args->variants, "naive,unfused,fused,fused_batched")->delimiter(',');
+  mlp->add_option("--variants", args->variants,
+                  "naive,unfused,fused,fused_batched (and fused_wgmma on request: sm_90, not verified yet)")
+      ->delimiter(',');
   mlp->add_option("--reps", args->options.repetitions, "timed calls per point (median)")->check(CLI::PositiveNumber);
   mlp->add_option("--warmup", args->options.warmup, "untimed calls first")->check(CLI::NonNegativeNumber);
   mlp->add_option("--fused-tunings", args->options.fused_tunings,

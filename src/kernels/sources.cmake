@@ -3,6 +3,7 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/attention/prefill_attention.cu
   ${CMAKE_CURRENT_LIST_DIR}/attention/decode_attention.cu
   ${CMAKE_CURRENT_LIST_DIR}/attention/decode_attention_plan.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/common/tensor_map.cpp
   ${CMAKE_CURRENT_LIST_DIR}/common/trace.cpp
   ${CMAKE_CURRENT_LIST_DIR}/dequantize/dequantize.cu
   ${CMAKE_CURRENT_LIST_DIR}/embedding/embedding.cu
@@ -15,6 +16,8 @@ list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/mlp/swiglu_batched.cu
   ${CMAKE_CURRENT_LIST_DIR}/mlp/swiglu_fused.cu
   ${CMAKE_CURRENT_LIST_DIR}/mlp/swiglu_fused_packing.cu
+  ${CMAKE_CURRENT_LIST_DIR}/mlp/swiglu_wgmma.cu
+  ${CMAKE_CURRENT_LIST_DIR}/mlp/swiglu_wgmma_plan.cpp
   ${CMAKE_CURRENT_LIST_DIR}/qkv/qkv_rope_fused.cu
   ${CMAKE_CURRENT_LIST_DIR}/quantize/quantize_fp8.cu
   ${CMAKE_CURRENT_LIST_DIR}/norm/folded_norm.cu

@@ -184,10 +184,12 @@ void Engine::Impl::fit_plan_to_memory() {
   if (!scheduler::why_unsupported(MlpChoice::fused, shape, max_tokens(), gpu).empty()) return;  // the copy is needed
   for (BucketPlan& bucket : plan.buckets) bucket.mlp = MlpChoice::fused;
   plan.prefill_mlp = MlpChoice::fused;
-  plan.source += std::string("; ") + (layouts.mlp_fused_batched ? "unfused and batched MLP copies" : "unfused MLP copy") +
+  const bool extra_copies = layouts.mlp_fused_batched || layouts.mlp_fused_wgmma;
+  plan.source += std::string("; ") + (extra_copies ? "unfused and batched MLP copies" : "unfused MLP copy") +
                  " dropped (the KV cache of max_batch x max_context comes first)";
   layouts.mlp_unfused = false;
   layouts.mlp_fused_batched = false;
+  layouts.mlp_fused_wgmma = false;
 }
 
 kernels::DecodeAttentionPlan Engine::Impl::decode_attention_plan(int batch, const AttentionChoice& choice) const {

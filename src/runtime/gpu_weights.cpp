@@ -137,6 +137,11 @@ class MlpBuilder {
       layer.mlp_fused_batched->load_weights(staging.view(config_), stream,
                                             post_attention_norm(layer, config_, MlpVariant::fused_batched));
     }
+    if (layouts_.mlp_fused_wgmma) {
+      layer.mlp_fused_wgmma = std::make_unique<MlpLayer>(MlpVariant::fused_wgmma, shape, layouts_.max_tokens);
+      layer.mlp_fused_wgmma->load_weights(staging.view(config_), stream,
+                                          post_attention_norm(layer, config_, MlpVariant::fused_wgmma));
+    }
   }
 
  private:
@@ -242,12 +247,14 @@ GpuWeights build_weights(const ModelConfig& model, const WeightLayouts& layouts,
 
 WeightLayouts WeightLayouts::of(const DecodePlan& plan, int max_tokens, const WeightLoadOptions& load) {
   return {plan.uses(MlpChoice::fused), plan.uses(MlpChoice::unfused), plan.uses(FrontChoice::fused),
-          plan.uses(OProjChoice::gemv), max_tokens, load, plan.uses(MlpChoice::fused_batched)};
+          plan.uses(OProjChoice::gemv), max_tokens, load, plan.uses(MlpChoice::fused_batched),
+          plan.uses(MlpChoice::fused_wgmma)};
 }
 
 MlpLayer& GpuLayerWeights::mlp(MlpChoice choice) const {
   const std::unique_ptr<MlpLayer>& layer = choice == MlpChoice::fused           ? mlp_fused
                                            : choice == MlpChoice::fused_batched ? mlp_fused_batched
+                                           : choice == MlpChoice::fused_wgmma   ? mlp_fused_wgmma
                                                                                 : mlp_unfused;
   DF_CHECK(layer != nullptr, std::string("the weights hold no ") + choice_name(choice) + " MLP layout for this step");
   return *layer;
@@ -288,7 +295,8 @@ namespace {
 // the packed ones its GEMVs read (MlpLayer's load_fp8), of which a step reads one.
 size_t mlp_copies(const WeightLayouts& layouts, WeightFormat format, bool held) {
   const size_t unfused = format != WeightFormat::bf16 && held ? 2 : 1;
-  return (layouts.mlp_fused ? 1 : 0) + (layouts.mlp_unfused ? unfused : 0) + (layouts.mlp_fused_batched ? 1 : 0);
+  return (layouts.mlp_fused ? 1 : 0) + (layouts.mlp_unfused ? unfused : 0) + (layouts.mlp_fused_batched ? 1 : 0) +
+         (layouts.mlp_fused_wgmma ? 1 : 0);
 }
 
 size_t weight_bytes(const ModelConfig& c, const WeightLayouts& layouts, const dist::RankShard& shard, bool held) {
@@ -302,7 +310,8 @@ size_t weight_bytes(const ModelConfig& c, const WeightLayouts& layouts, const di
     const size_t elements = element_bytes(format, rows * columns);
     if (!mlp) return (1 + (held && packed_in(spec.group, layouts) ? 1 : 0)) * elements + scales;
     const size_t layouts_held =
-        (layouts.mlp_fused ? 1 : 0) + (layouts.mlp_unfused ? 1 : 0) + (layouts.mlp_fused_batched ? 1 : 0);
+        (layouts.mlp_fused ? 1 : 0) + (layouts.mlp_unfused ? 1 : 0) + (layouts.mlp_fused_batched ? 1 : 0) +
+        (layouts.mlp_fused_wgmma ? 1 : 0);
     return mlp_copies(layouts, format, held) * elements + (held ? layouts_held : 1) * scales;
   };
   size_t total = 0;

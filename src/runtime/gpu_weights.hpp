@@ -63,6 +63,9 @@ struct WeightLayouts {
   // The batched fused kernel's fragment-packed MLP: its own copy (the same layout as mlp_fused's,
   // not yet shared with it), held only where a plan runs it.
   bool mlp_fused_batched = false;
+  // The Hopper pair's row-major MLP (the unfused layout with the norm folded in): its own copy,
+  // held only where a plan runs it.
+  bool mlp_fused_wgmma = false;
 
   static WeightLayouts of(const DecodePlan& plan, int max_tokens, const WeightLoadOptions& load = {});
 };
@@ -94,6 +97,7 @@ struct GpuLayerWeights {
   std::unique_ptr<MlpLayer> mlp_fused;    // WeightLayouts::mlp_fused
   std::unique_ptr<MlpLayer> mlp_unfused;  // WeightLayouts::mlp_unfused
   std::unique_ptr<MlpLayer> mlp_fused_batched;  // WeightLayouts::mlp_fused_batched
+  std::unique_ptr<MlpLayer> mlp_fused_wgmma;    // WeightLayouts::mlp_fused_wgmma
   MlpLayer& mlp(MlpChoice choice) const;  // the layout must be held
 
   // A projection (a group of linear weights: qkv, o_proj) in `layout`, shaped by `config` (the

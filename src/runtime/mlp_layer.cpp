@@ -14,6 +14,7 @@
 #include "deepfuse/kernels/swiglu_elementwise.hpp"
 #include "deepfuse/kernels/swiglu_batched.hpp"
 #include "deepfuse/kernels/swiglu_fused.hpp"
+#include "deepfuse/kernels/swiglu_wgmma.hpp"
 #include "deepfuse/kernels/rms_norm.hpp"
 
 namespace deepfuse {
@@ -24,14 +25,16 @@ const char* mlp_variant_name(MlpVariant variant) {
     case MlpVariant::unfused: return "unfused";
     case MlpVariant::fused: return "fused";
     case MlpVariant::fused_batched: return "fused_batched";
+    case MlpVariant::fused_wgmma: return "fused_wgmma";
   }
   return "?";
 }
 
 MlpVariant parse_mlp_variant(const std::string& name) {
-  for (MlpVariant v : {MlpVariant::naive, MlpVariant::unfused, MlpVariant::fused, MlpVariant::fused_batched})
+  for (MlpVariant v : {MlpVariant::naive, MlpVariant::unfused, MlpVariant::fused, MlpVariant::fused_batched,
+                       MlpVariant::fused_wgmma})
     if (name == mlp_variant_name(v)) return v;
-  throw Error("unknown MLP variant '" + name + "' (expected naive, unfused, fused or fused_batched)");
+  throw Error("unknown MLP variant '" + name + "' (expected naive, unfused, fused, fused_batched or fused_wgmma)");
 }
 
 void validate_mlp_shape(const MlpShape& shape) {
@@ -56,7 +59,8 @@ struct MlpScratch {
 
 std::shared_ptr<MlpScratch> make_mlp_scratch(MlpVariant variant, MlpShape shape, int max_tokens) {
   validate_mlp_shape(shape);
-  DF_CHECK(variant != MlpVariant::fused && variant != MlpVariant::fused_batched, "the fused MLPs need no scratch");
+  DF_CHECK(variant != MlpVariant::fused && variant != MlpVariant::fused_batched && variant != MlpVariant::fused_wgmma,
+           "the fused MLPs need no scratch");
   DF_CHECK(max_tokens >= 1, "MLP max_tokens must be at least 1");
   auto s = std::make_shared<MlpScratch>();
   s->variant = variant;
@@ -85,7 +89,9 @@ struct MlpLayer::Impl {
   float norm_eps = 0.0f;
   std::shared_ptr<MlpScratch> scratch;   // naive/unfused
   DeviceBuffer accumulator, counters;    // fused reduction state (fused_batched: counters hold its grid barrier)
-  DeviceBuffer activations;              // fused_batched: silu(g)*u of a call, [tokens, I]
+  DeviceBuffer activations;              // fused_batched, fused_wgmma: silu(g)*u of a call, [tokens, I]
+  kernels::SwigluWgmmaWeights wgmma_maps;  // fused_wgmma: TMA maps of gate_up and down (made at load)
+  bool wgmma_loaded = false;
   FusedMlpTuning fused_tuning;
   // FP8 (unfused only): gate_up [2I, H] and down [H, I] as e4m3, row-major (the widening for GEMMs)
   // and packed for the cluster GEMV (calls of up to kGemvResidualMaxTokens tokens), and their scales.
@@ -181,6 +187,28 @@ struct MlpLayer::Impl {
     p.barrier = counters.as<unsigned>();
     DF_CHECK_CUDA(kernels::launch_swiglu_batched(p, stream));
   }
+
+  void launch_wgmma(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
+                    cudaStream_t stream) {
+    DF_CHECK(tokens <= kernels::kSwigluWgmmaMaxTokens,
+             "the Hopper MLP pair takes at most " + std::to_string(kernels::kSwigluWgmmaMaxTokens) +
+                 " tokens per call, not " + std::to_string(tokens));
+    DF_CHECK(wgmma_loaded, "the Hopper MLP pair runs only after load_weights");
+    kernels::SwigluWgmmaParams p;
+    p.x = x;
+    p.weights = &wgmma_maps;
+    p.residual = residual;
+    p.y = y;
+    p.rms_normalize = normalize;
+    p.norm_eps = norm_eps;
+    p.activations = activations.as<__nv_bfloat16>();
+    p.accumulator = accumulator.as<float>();
+    p.tile_counters = counters.as<unsigned>();
+    p.tokens = tokens;
+    p.hidden = shape.hidden;
+    p.intermediate = shape.intermediate;
+    DF_CHECK_CUDA(kernels::launch_swiglu_wgmma(p, stream));
+  }
 };
 
 MlpLayer::MlpLayer(MlpVariant variant, MlpShape shape, int max_tokens, std::shared_ptr<MlpScratch> scratch)
@@ -225,6 +253,20 @@ MlpLayer::MlpLayer(MlpVariant variant, MlpShape shape, int max_tokens, std::shar
       s.counters.zero();
       DF_CHECK_CUDA(cudaDeviceSynchronize());
       return;
+    case MlpVariant::fused_wgmma:  // up to kSwigluWgmmaMaxTokens tokens a call: its scratch no larger
+      if (const std::string why = kernels::swiglu_wgmma_unsupported(shape.hidden, shape.intermediate, 1, {});
+          !why.empty())
+        throw Error(why);
+      s.gate_up = DeviceBuffer(2 * s.hi_bytes());
+      s.down = DeviceBuffer(s.hi_bytes());
+      s.accumulator = DeviceBuffer(kernels::swiglu_wgmma_accumulator_floats(shape.hidden, max_tokens) * sizeof(float));
+      s.activations = DeviceBuffer(kernels::swiglu_wgmma_activation_elements(shape.intermediate, max_tokens) *
+                                   sizeof(__nv_bfloat16));
+      s.counters = DeviceBuffer(kernels::swiglu_wgmma_counter_words(shape.hidden) * sizeof(unsigned));
+      s.accumulator.zero();
+      s.counters.zero();
+      DF_CHECK_CUDA(cudaDeviceSynchronize());
+      return;
   }
   if (!scratch) scratch = make_mlp_scratch(variant, shape, max_tokens);
   DF_CHECK(scratch->variant == variant && scratch->shape.hidden == shape.hidden &&
@@ -265,6 +307,7 @@ int MlpLayer::launches_per_call(bool with_residual, MlpGemms gemms) const {
       return 3 + (with_norm && !fp8 ? 1 : 0);
     case MlpVariant::fused:
     case MlpVariant::fused_batched: return 1;
+    case MlpVariant::fused_wgmma: return 2;
   }
   return 0;
 }
@@ -419,7 +462,8 @@ void MlpLayer::load_weights(const MlpHfWeights& w, cudaStream_t stream, const Ml
   // Folded only in a format that folds norms (bf16); the others apply the weight to x as they
   // stage it (docs/design.md, "Weight formats").
   s.norm_folded = s.normalize && format_info(w.gate.format).folds_norm &&
-                  (s.variant == MlpVariant::fused || s.variant == MlpVariant::fused_batched || norm.fold_into_weights);
+                  (s.variant == MlpVariant::fused || s.variant == MlpVariant::fused_batched ||
+                   s.variant == MlpVariant::fused_wgmma || norm.fold_into_weights);
   s.norm_eps = norm.eps;
   if (s.normalize && !s.norm_folded) {
     s.norm_weight = DeviceBuffer(static_cast<size_t>(H) * sizeof(__nv_bfloat16));
@@ -432,11 +476,17 @@ void MlpLayer::load_weights(const MlpHfWeights& w, cudaStream_t stream, const Ml
       DF_CHECK_CUDA(cudaMemcpyAsync(s.down.data(), down, bytes, cudaMemcpyDeviceToDevice, stream));
       break;
     case MlpVariant::unfused:
+    case MlpVariant::fused_wgmma:  // the same row-major copy, its tensor maps made below
       DF_CHECK_CUDA(cudaMemcpyAsync(s.gate_up.data(), gate, bytes, cudaMemcpyDeviceToDevice, stream));
       DF_CHECK_CUDA(cudaMemcpyAsync(s.gate_up.as<char>() + bytes, up, bytes, cudaMemcpyDeviceToDevice, stream));
       DF_CHECK_CUDA(cudaMemcpyAsync(s.down.data(), down, bytes, cudaMemcpyDeviceToDevice, stream));
       if (s.norm_folded)
         DF_CHECK_CUDA(kernels::launch_fold_norm_weight(s.gate_up.as<__nv_bfloat16>(), 2 * I, H, norm.weight, stream));
+      if (s.variant == MlpVariant::fused_wgmma) {
+        DF_CHECK_CUDA(kernels::make_swiglu_wgmma_weights(s.gate_up.as<__nv_bfloat16>(), s.down.as<__nv_bfloat16>(), H,
+                                                         I, s.wgmma_maps));
+        s.wgmma_loaded = true;
+      }
       break;
     case MlpVariant::fused:
     case MlpVariant::fused_batched:
@@ -460,6 +510,10 @@ void MlpLayer::run(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_b
   }
   if (s.variant == MlpVariant::fused_batched) {
     s.launch_batched(x, residual, y, tokens, stream);
+    return;
+  }
+  if (s.variant == MlpVariant::fused_wgmma) {
+    s.launch_wgmma(x, residual, y, tokens, stream);
     return;
   }
   if (s.format != WeightFormat::bf16) {

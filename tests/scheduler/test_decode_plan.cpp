@@ -9,6 +9,7 @@
 #include "deepfuse/kernels/gemv_residual.hpp"
 #include "deepfuse/kernels/qkv_rope_fused.hpp"
 #include "deepfuse/kernels/swiglu_batched.hpp"
+#include "deepfuse/kernels/swiglu_wgmma.hpp"
 #include "deepfuse/kernels/swiglu_fused.hpp"
 #include "model/model_test_util.hpp"
 #include "scheduler/builtin_plans.hpp"
@@ -80,7 +81,7 @@ TEST(PlanOverrides, ParsesEveryForm) {
 TEST(PlanOverrides, MalformedTextIsAOneLineErrorNamingIt) {
   expect_error([] { parse_plan_overrides("attn=fused"); }, {"'attn=fused'", "unknown op 'attn'"});
   expect_error([] { parse_plan_overrides("mlp=fast"); },
-               {"'mlp=fast'", "bad value 'fast'", "fused, unfused or fused_batched"});
+               {"'mlp=fast'", "bad value 'fast'", "fused, unfused, fused_batched or fused_wgmma"});
   expect_error([] { parse_plan_overrides("o_proj=fused"); }, {"gemv or cublaslt"});
   expect_error([] { parse_plan_overrides("attention.warps=6"); }, {"auto, 4 or 8"});
   expect_error([] { parse_plan_overrides("attention.splits=-1"); }, {"count of splits"});
@@ -257,6 +258,11 @@ TEST(SchedulerVariants, RulesAreTheKernelsAnswers) {
                                                                  shape.weights)
                                  .empty();
         EXPECT_EQ(why_unsupported(MlpChoice::fused_batched, shape, tokens, gpu).empty(), batched) << where;
+        const bool wgmma =
+            kernels::swiglu_wgmma_unsupported(shape.hidden, shape.intermediate, tokens, {gpu.major, gpu.sms},
+                                              shape.weights)
+                .empty();
+        EXPECT_EQ(why_unsupported(MlpChoice::fused_wgmma, shape, tokens, gpu).empty(), wgmma) << where;
       }
   const PlanShape llama = shapes[0];
   for (int splits : {0, 1, 8, 9, 256, 257})

@@ -152,7 +152,7 @@ TEST(TuningCache, AnEntryThatDoesNotParseGivesANotice) {
   write_file(path, document.dump());
   const CacheLookup found = load_tuned_plan(path, key());
   EXPECT_FALSE(found.plan);
-  EXPECT_NE(found.notice.find("does not parse (decode plan JSON: unknown mlp 'turbo' (fused, unfused, fused_batched))"),
+  EXPECT_NE(found.notice.find("does not parse (decode plan JSON: unknown mlp 'turbo' (fused, unfused, fused_batched, fused_wgmma))"),
             std::string::npos)
       << found.notice;
 }

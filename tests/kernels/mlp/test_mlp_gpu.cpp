@@ -377,7 +377,7 @@ TEST(MlpLayer, LayersShareOneScratch) {
 
 TEST(MlpLayer, RejectsBadCalls) {
   DF_REQUIRE_GPU();
-  for (MlpVariant v : {MlpVariant::fused, MlpVariant::fused_batched}) {
+  for (MlpVariant v : {MlpVariant::fused, MlpVariant::fused_batched, MlpVariant::fused_wgmma}) {
     MlpLayer layer(v, {128, 256}, 8);
     DeviceBuffer x(8 * 128 * 2), y(8 * 128 * 2);
     EXPECT_THROW(layer.run(x.as<__nv_bfloat16>(), nullptr, y.as<__nv_bfloat16>(), 9, nullptr), Error);
@@ -392,6 +392,12 @@ TEST(MlpLayer, RejectsBadCalls) {
   DeviceBuffer rows(300 * 128 * 2), out(300 * 128 * 2);
   EXPECT_THROW(batched.run(rows.as<__nv_bfloat16>(), nullptr, out.as<__nv_bfloat16>(), 257, nullptr), Error);
   EXPECT_THROW(batched.run_deferred(rows.as<__nv_bfloat16>(), 4, nullptr), Error);
+  // The Hopper pair: at most 256 tokens a call whatever the layer's max_tokens, no deferred sum,
+  // refused before its weights are loaded.
+  MlpLayer pair(MlpVariant::fused_wgmma, {128, 256}, 300);
+  EXPECT_THROW(pair.run(rows.as<__nv_bfloat16>(), nullptr, out.as<__nv_bfloat16>(), 4, nullptr), Error);
+  EXPECT_THROW(pair.run(rows.as<__nv_bfloat16>(), nullptr, out.as<__nv_bfloat16>(), 257, nullptr), Error);
+  EXPECT_THROW(pair.run_deferred(rows.as<__nv_bfloat16>(), 4, nullptr), Error);
 }
 
 }  // namespace
