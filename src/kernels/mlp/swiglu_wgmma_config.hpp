@@ -19,6 +19,7 @@ constexpr int kHiddenMultiple = kRows;         // phase 2's row tiles and phase 
 constexpr int kIntermediateMultiple = kRows;   // phase 1's row tiles and phase 2's stages
 constexpr int kMaxStages = 8;
 constexpr int kMinChunksPerSplit = 4;          // phase 2: split K no finer than 4 stages of 64 columns
+constexpr double kDownBusyTarget = 0.9;        // phase 2: the share of SM slots its waves keep busy
 constexpr size_t kTileBytes = static_cast<size_t>(kRows) * kStageColumns * 2;  // 8 KB of weights
 constexpr size_t kTokenRowBytes = kStageColumns * 2;                            // 128 bytes per token
 constexpr size_t kAlignment = 1024;             // 128-byte swizzle atoms: tiles start on 1024 bytes

@@ -13,6 +13,22 @@ namespace {
 bool valid_shape(int hidden, int intermediate) {
   return hidden > 0 && intermediate > 0 && hidden % kHiddenMultiple == 0 && intermediate % kIntermediateMultiple == 0;
 }
+
+// Phase 2's K split: row_tiles x splits blocks run in ceil(blocks / slots) waves, so the SMs are
+// busy blocks / (waves x slots) of the time. The fewest splits that keep them >= 90% busy (fewer
+// splits: fewer partial sums), else the best; each split at least kMinChunksPerSplit stages.
+int down_splits(int row_tiles, int chunks, int slots) {
+  const int most = std::max(1, chunks / kMinChunksPerSplit);
+  int best = 1;
+  double best_busy = 0.0;
+  for (int splits = 1; splits <= most; ++splits) {
+    const int blocks = row_tiles * splits, waves = (blocks + slots - 1) / slots;
+    const double busy = static_cast<double>(blocks) / (static_cast<double>(waves) * slots);
+    if (busy >= kDownBusyTarget) return splits;
+    if (busy > best_busy) best = splits, best_busy = busy;
+  }
+  return best;
+}
 }  // namespace
 
 std::string swiglu_wgmma_unsupported(int hidden, int intermediate, int tokens, const SwigluWgmmaDevice& device,
@@ -47,11 +63,9 @@ SwigluWgmmaPlan plan_swiglu_wgmma(int hidden, int intermediate, int tokens, int 
   plan.gate_up_shared_bytes = gate_up_shared_bytes(tile);
   plan.down_stages = down_stages(tile);
   plan.down_shared_bytes = down_shared_bytes(tile);
-  // Phase 2: (H / 64 row tiles) x splits blocks, as many as the SMs' slots hold at once, each
-  // split at least kMinChunksPerSplit stages of I.
-  const int row_tiles = hidden / kRows, chunks = intermediate / kStageColumns;
-  const int slots = std::max(sms, 1) * blocks_per_sm(tile);
-  plan.down_splits = std::max(1, std::min(slots / std::max(row_tiles, 1), chunks / kMinChunksPerSplit));
+  // Phase 2: (H / 64 row tiles) x splits blocks.
+  const int row_tiles = std::max(hidden / kRows, 1), chunks = intermediate / kStageColumns;
+  plan.down_splits = down_splits(row_tiles, chunks, std::max(sms, 1) * blocks_per_sm(tile));
   plan.down_blocks = row_tiles * plan.down_splits;
   return plan;
 }
