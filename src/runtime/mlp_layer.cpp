@@ -188,6 +188,22 @@ struct MlpLayer::Impl {
     DF_CHECK_CUDA(kernels::launch_swiglu_batched(p, stream));
   }
 
+  // The batched variants' weights and scratch (act [tokens, I], fp32 sums [tokens, H] and counter
+  // words, the last two zero as their kernels expect and leave them); `unsupported` is the
+  // kernel's refusal of the shape.
+  void allocate_batched(const std::string& unsupported, size_t accumulator_floats, size_t activation_elements,
+                        size_t counter_words) {
+    if (!unsupported.empty()) throw Error(unsupported);
+    gate_up = DeviceBuffer(2 * hi_bytes());
+    down = DeviceBuffer(hi_bytes());
+    accumulator = DeviceBuffer(accumulator_floats * sizeof(float));
+    activations = DeviceBuffer(activation_elements * sizeof(__nv_bfloat16));
+    counters = DeviceBuffer(counter_words * sizeof(unsigned));
+    accumulator.zero();
+    counters.zero();
+    DF_CHECK_CUDA(cudaDeviceSynchronize());
+  }
+
   void launch_wgmma(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
                     cudaStream_t stream) {
     DF_CHECK(tokens <= kernels::kSwigluWgmmaMaxTokens,
@@ -239,33 +255,16 @@ MlpLayer::MlpLayer(MlpVariant variant, MlpShape shape, int max_tokens, std::shar
       DF_CHECK_CUDA(cudaDeviceSynchronize());
       return;
     case MlpVariant::fused_batched:  // up to kSwigluBatchedMaxTokens tokens a call: its scratch no larger
-      if (const std::string why = kernels::swiglu_batched_unsupported(shape.hidden, shape.intermediate, 1, {});
-          !why.empty())
-        throw Error(why);
-      s.gate_up = DeviceBuffer(2 * s.hi_bytes());
-      s.down = DeviceBuffer(s.hi_bytes());
-      s.accumulator =
-          DeviceBuffer(kernels::swiglu_batched_accumulator_floats(shape.hidden, max_tokens) * sizeof(float));
-      s.activations = DeviceBuffer(kernels::swiglu_batched_activation_elements(shape.intermediate, max_tokens) *
-                                   sizeof(__nv_bfloat16));
-      s.counters = DeviceBuffer(kernels::kSwigluBatchedBarrierWords * sizeof(unsigned));
-      s.accumulator.zero();
-      s.counters.zero();
-      DF_CHECK_CUDA(cudaDeviceSynchronize());
+      s.allocate_batched(kernels::swiglu_batched_unsupported(shape.hidden, shape.intermediate, 1, {}),
+                         kernels::swiglu_batched_accumulator_floats(shape.hidden, max_tokens),
+                         kernels::swiglu_batched_activation_elements(shape.intermediate, max_tokens),
+                         kernels::kSwigluBatchedBarrierWords);
       return;
     case MlpVariant::fused_wgmma:  // up to kSwigluWgmmaMaxTokens tokens a call: its scratch no larger
-      if (const std::string why = kernels::swiglu_wgmma_unsupported(shape.hidden, shape.intermediate, 1, {});
-          !why.empty())
-        throw Error(why);
-      s.gate_up = DeviceBuffer(2 * s.hi_bytes());
-      s.down = DeviceBuffer(s.hi_bytes());
-      s.accumulator = DeviceBuffer(kernels::swiglu_wgmma_accumulator_floats(shape.hidden, max_tokens) * sizeof(float));
-      s.activations = DeviceBuffer(kernels::swiglu_wgmma_activation_elements(shape.intermediate, max_tokens) *
-                                   sizeof(__nv_bfloat16));
-      s.counters = DeviceBuffer(kernels::swiglu_wgmma_counter_words(shape.hidden) * sizeof(unsigned));
-      s.accumulator.zero();
-      s.counters.zero();
-      DF_CHECK_CUDA(cudaDeviceSynchronize());
+      s.allocate_batched(kernels::swiglu_wgmma_unsupported(shape.hidden, shape.intermediate, 1, {}),
+                         kernels::swiglu_wgmma_accumulator_floats(shape.hidden, max_tokens),
+                         kernels::swiglu_wgmma_activation_elements(shape.intermediate, max_tokens),
+                         kernels::swiglu_wgmma_counter_words(shape.hidden));
       return;
   }
   if (!scratch) scratch = make_mlp_scratch(variant, shape, max_tokens);

@@ -30,7 +30,9 @@ __device__ __forceinline__ void mbarrier_init(unsigned barrier, unsigned arrival
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(barrier), "r"(arrivals) : "memory");
 }
 // Publishes initialised barriers to the async proxy (the TMA unit completes transactions on them).
-__device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
 // One arrival that also announces `bytes` of TMA transactions the phase waits for.
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(unsigned barrier, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(barrier), "r"(bytes) : "memory");
@@ -117,90 +119,54 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[R]) {
 template <int N>
 struct WgmmaBf16;
 
-template <>
-struct WgmmaBf16<8> {
-  __device__ __forceinline__ static void mma(float (&d)[4], uint64_t a, uint64_t b) {
-    asm volatile(
-        "{\n.reg .pred accumulate;\n"
-        "setp.ne.b32 accumulate, %6, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3"
-        "}, %4, %5, accumulate, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "l"(a), "l"(b), "r"(1));
-  }
-};
-
-template <>
-struct WgmmaBf16<16> {
-  __device__ __forceinline__ static void mma(float (&d)[8], uint64_t a, uint64_t b) {
-    asm volatile(
-        "{\n.reg .pred accumulate;\n"
-        "setp.ne.b32 accumulate, %10, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7"
-        "}, %8, %9, accumulate, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "l"(a), "l"(b), "r"(1));
-  }
-};
-
-template <>
-struct WgmmaBf16<32> {
-  __device__ __forceinline__ static void mma(float (&d)[16], uint64_t a, uint64_t b) {
-    asm volatile(
-        "{\n.reg .pred accumulate;\n"
-        "setp.ne.b32 accumulate, %18, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-        "}, %16, %17, accumulate, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "l"(a), "l"(b), "r"(1));
-  }
-};
-
-template <>
-struct WgmmaBf16<64> {
-  __device__ __forceinline__ static void mma(float (&d)[32], uint64_t a, uint64_t b) {
-    asm volatile(
-        "{\n.reg .pred accumulate;\n"
-        "setp.ne.b32 accumulate, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, %32, %33, accumulate, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(a), "l"(b), "r"(1));
-  }
-};
-
-template <>
-struct WgmmaBf16<128> {
-  __device__ __forceinline__ static void mma(float (&d)[64], uint64_t a, uint64_t b) {
-    asm volatile(
-        "{\n.reg .pred accumulate;\n"
-        "setp.ne.b32 accumulate, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, accumulate, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(a), "l"(b), "r"(1));
-  }
-};
+// The accumulator operands: "+f"(d[i]) .. "+f"(d[i + 2^k - 1]), and their placeholders.
+#define DEEPFUSE_WGMMA_D2(i) "+f"(d[i]), "+f"(d[i + 1])
+#define DEEPFUSE_WGMMA_D4(i) DEEPFUSE_WGMMA_D2(i), DEEPFUSE_WGMMA_D2(i + 2)
+#define DEEPFUSE_WGMMA_D8(i) DEEPFUSE_WGMMA_D4(i), DEEPFUSE_WGMMA_D4(i + 4)
+#define DEEPFUSE_WGMMA_D16(i) DEEPFUSE_WGMMA_D8(i), DEEPFUSE_WGMMA_D8(i + 8)
+#define DEEPFUSE_WGMMA_D32(i) DEEPFUSE_WGMMA_D16(i), DEEPFUSE_WGMMA_D16(i + 16)
+#define DEEPFUSE_WGMMA_D64(i) DEEPFUSE_WGMMA_D32(i), DEEPFUSE_WGMMA_D32(i + 32)
+#define DEEPFUSE_WGMMA_P4 "%0, %1, %2, %3"
+#define DEEPFUSE_WGMMA_P8 DEEPFUSE_WGMMA_P4 ", %4, %5, %6, %7"
+#define DEEPFUSE_WGMMA_P16 DEEPFUSE_WGMMA_P8 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define DEEPFUSE_WGMMA_P32 \
+  DEEPFUSE_WGMMA_P16 ", %16, %17, %18, %19, %20, %21, %22, %23" \
+                     ", %24, %25, %26, %27, %28, %29, %30, %31"
+#define DEEPFUSE_WGMMA_P64 \
+  DEEPFUSE_WGMMA_P32 ", %32, %33, %34, %35, %36, %37, %38, %39" \
+                     ", %40, %41, %42, %43, %44, %45, %46, %47" \
+                     ", %48, %49, %50, %51, %52, %53, %54, %55" \
+                     ", %56, %57, %58, %59, %60, %61, %62, %63"
+// WgmmaBf16<N>: its N / 2 accumulators are operands %0.., then the descriptors A_AT and B_AT and
+// scale-d's register (always 1: D accumulates).
+#define DEEPFUSE_WGMMA_BF16(N, PLACEHOLDERS, A_AT, B_AT, SCALE_AT, ACCUMULATORS)                         \
+  template <>                                                                                         \
+  struct WgmmaBf16<N> {                                                                               \
+    __device__ __forceinline__ static void mma(float (&d)[N / 2], uint64_t a, uint64_t b) {          \
+      asm volatile("{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %" #SCALE_AT ", 0;\n"           \
+                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 {" PLACEHOLDERS "}, %" #A_AT \
+                   ", %" #B_AT ", accumulate, 1, 1, 0, 0;\n}\n"                                        \
+                   : ACCUMULATORS                                                                     \
+                   : "l"(a), "l"(b), "r"(1));                                                         \
+    }                                                                                                 \
+  };
+DEEPFUSE_WGMMA_BF16(8, DEEPFUSE_WGMMA_P4, 4, 5, 6, DEEPFUSE_WGMMA_D4(0))
+DEEPFUSE_WGMMA_BF16(16, DEEPFUSE_WGMMA_P8, 8, 9, 10, DEEPFUSE_WGMMA_D8(0))
+DEEPFUSE_WGMMA_BF16(32, DEEPFUSE_WGMMA_P16, 16, 17, 18, DEEPFUSE_WGMMA_D16(0))
+DEEPFUSE_WGMMA_BF16(64, DEEPFUSE_WGMMA_P32, 32, 33, 34, DEEPFUSE_WGMMA_D32(0))
+DEEPFUSE_WGMMA_BF16(128, DEEPFUSE_WGMMA_P64, 64, 65, 66, DEEPFUSE_WGMMA_D64(0))
+#undef DEEPFUSE_WGMMA_BF16
+#undef DEEPFUSE_WGMMA_P64
+#undef DEEPFUSE_WGMMA_P32
+#undef DEEPFUSE_WGMMA_P16
+#undef DEEPFUSE_WGMMA_P8
+#undef DEEPFUSE_WGMMA_P4
+#undef DEEPFUSE_WGMMA_D64
+#undef DEEPFUSE_WGMMA_D32
+#undef DEEPFUSE_WGMMA_D16
+#undef DEEPFUSE_WGMMA_D8
+#undef DEEPFUSE_WGMMA_D4
+#undef DEEPFUSE_WGMMA_D2
 
 #endif  // DEEPFUSE_HOPPER_ASYNC
 

@@ -2,16 +2,17 @@
 // 256 tokens on sm_90a. Design, predicted speed and status: docs/kernels/swiglu_fused.md, "The
 // Hopper pair"; limits and tiles: swiglu_wgmma_config.hpp.
 //
-// Both kernels are one shape of block (384 threads, three warpgroups):
+// Both phases are one kernel template, phase_kernel<Tile, GateUp | Down>, one shape of block (384
+// threads, three warpgroups):
 //   warp 0, lane 0   the producer: TMA loads of each stage's weight tile(s) and token columns into
 //                    a ring of S stages (full barrier: its bytes landed; empty: every reader is done)
 //   warps 1-3        phase 1 with the RMSNorm: sum x^2 per token from the x columns that pass by
 //   warpgroups 1, 2  consumers: each owns half the token tile (n = tile / 2) and issues
 //                    wgmma m64n{n}k16 over the stage: weights as A (64 rows x 16 of K), tokens as
 //                    B, both from 128-byte-swizzled shared memory through matrix descriptors.
-// Phase 1: block b holds rows 64b.. of gate and of up (two accumulators) over all of H, then writes
+// Phase 1 (PhaseBlock<GateUp>): block b holds rows 64b.. of gate and of up (two accumulators) over all of H, then writes
 // act = bf16(silu(g / rms) * (u / rms)) for its 64 columns of I (act is [tokens, I], in L2).
-// Phase 2: block (row tile r, split s) sums act·Wd^T for rows 64r.. of H over split s of I, adds
+// Phase 2 (PhaseBlock<Down>): block (row tile r, split s) sums act·Wd^T for rows 64r.. of H over split s of I, adds
 // its partial into an fp32 [tokens, H] accumulator (red.add in L2), and the last split of the row
 // tile to arrive writes y = bf16(sum + residual) and zeroes the accumulator and its counter.
 // Tokens past M are zero rows of the TMA box (the maps are [tokens, ...]) and never stored.
@@ -46,6 +47,17 @@ struct DownArgs {
   __nv_bfloat16* y;
   int tokens, hidden, intermediate, splits;
 };
+
+// The two phases, the kernel's template argument; what a block of each does is PhaseBlock<Phase>
+// (sm_90a code only).
+struct GateUp {
+  using Args = GateUpArgs;
+};
+struct Down {
+  using Args = DownArgs;
+};
+template <typename Phase>
+struct PhaseBlock;
 
 #ifdef DEEPFUSE_HOPPER_ASYNC
 using namespace hopper;
@@ -100,11 +112,12 @@ __device__ __forceinline__ void produce(const Shared& shared, int count, Load lo
 // (mma(slot address)) as one group, and release the stage before once its group has finished
 // (one arrival per warp: every warp of both groups has waited before the producer refills it).
 template <int S, size_t StageBytes, typename Mma>
-__device__ __forceinline__ void consume(const Shared& shared, int count, Mma mma) {
+__device__ __forceinline__ void consume_ring(const Shared& shared, int count, Mma mma) {
   const int lane = threadIdx.x % 32;
   for (int stage = 0; stage < count; ++stage) {
     const int slot = stage % S;
     mbarrier_wait(shared.full_at(slot), (stage / S) & 1);
+    __syncwarp();  // the wgmma instructions are .aligned: the warp arrives at them converged
     wgmma_fence();
     mma(shared_address(shared.ring + slot * StageBytes));
     wgmma_commit();
@@ -112,6 +125,7 @@ __device__ __forceinline__ void consume(const Shared& shared, int count, Mma mma
     if (stage > 0) {
       __syncwarp();
       if (lane == 0) mbarrier_arrive(shared.empty_at((stage - 1) % S));
+      __syncwarp();
     }
   }
   wgmma_wait<0>();
@@ -155,141 +169,164 @@ __device__ void rms_of_tokens(const Shared& shared, const GateUpArgs& a, int cou
   }
   named_barrier(1, kHelpers + 128 * kConsumerGroups);
 }
-#endif  // DEEPFUSE_HOPPER_ASYNC
 
-// ---- Phase 1: act for rows 64 blockIdx.x.. of I.
-template <int Tile>
-__global__ void __launch_bounds__(kThreads, blocks_per_sm(Tile))
-    gate_up_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap weight_map,
-                   const GateUpArgs a) {
-#ifdef DEEPFUSE_HOPPER_ASYNC
-  constexpr int S = gate_up_stages(Tile), N = Tile / kConsumerGroups;
-  constexpr size_t kStage = gate_up_stage_bytes(Tile);
-  extern __shared__ unsigned char raw[];
-  const Shared shared(raw, S * kStage);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int count = a.hidden / kStageColumns, row0 = blockIdx.x * kRows;
-  init_ring(shared, S, kConsumerGroups * 4 + (a.rms_normalize ? kHelperWarps : 0));
+// ---- Phase 1: act for rows 64 blockIdx.x.. of I, from gate and up over all of H.
+template <>
+struct PhaseBlock<GateUp> {
+  using Args = GateUpArgs;
+  static constexpr int stages(int tile) { return gate_up_stages(tile); }
+  static constexpr size_t stage_bytes(int tile) { return gate_up_stage_bytes(tile); }
 
-  if (warp == 0) {
-    if (lane == 0) {
-      const uint64_t streamed = evict_first_policy();  // weights are read once per call
-      produce<S, kStage>(shared, count, [&](int stage, unsigned slot, unsigned full) {
-        const int column = stage * kStageColumns;
-        tma_load_2d(slot, &weight_map, column, row0, full, streamed);                          // gate rows
-        tma_load_2d(slot + kTileBytes, &weight_map, column, a.intermediate + row0, full, streamed);  // up rows
-        tma_load_2d(slot + 2 * kTileBytes, &x_map, column, 0, full);                           // the tokens
-      });
-    }
-    return;
+  __device__ static int stage_count(const Args& a) { return a.hidden / kStageColumns; }
+  __device__ static unsigned readers(const Args& a) {
+    return kConsumerGroups * 4 + (a.rms_normalize ? kHelperWarps : 0);
   }
-  if (warp <= kHelperWarps) {
-    if (a.rms_normalize) rms_of_tokens<Tile, S, kStage>(shared, a, count);
-    return;
+  // A stage: 64 rows of gate, the same rows of up, the tokens' x; 64 columns of H.
+  __device__ static void load(const Args& a, const void* tokens, const void* weights, int stage, unsigned slot,
+                              unsigned full, uint64_t streamed) {
+    const int column = stage * kStageColumns, row0 = blockIdx.x * kRows;
+    tma_load_2d(slot, weights, column, row0, full, streamed);
+    tma_load_2d(slot + kTileBytes, weights, column, a.intermediate + row0, full, streamed);
+    tma_load_2d(slot + 2 * kTileBytes, tokens, column, 0, full);
   }
-
-  const int group = warp / 4 - 1, warp_in_group = warp % 4;
-  float gate[N / 2], up[N / 2];
+  template <int Tile, int S>
+  __device__ static void help(const Shared& shared, const Args& a, int count) {
+    if (a.rms_normalize) rms_of_tokens<Tile, S, stage_bytes(Tile)>(shared, a, count);
+  }
+  // Two accumulator sets (gate, up) for the group's half of the tokens; then act.
+  template <int Tile, int S>
+  __device__ static void consume(const Shared& shared, const Args& a, int count) {
+    constexpr int N = Tile / kConsumerGroups;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = warp / 4 - 1;
+    float gate[N / 2], up[N / 2];
 #pragma unroll
-  for (int i = 0; i < N / 2; ++i) gate[i] = up[i] = 0.0f;
-  consume<S, kStage>(shared, count, [&](unsigned stage) {
+    for (int i = 0; i < N / 2; ++i) gate[i] = up[i] = 0.0f;
+    consume_ring<S, stage_bytes(Tile)>(shared, count, [&](unsigned stage) {
+      fence_accumulators(gate);
+      fence_accumulators(up);
+#pragma unroll
+      for (int k = 0; k < kStageColumns / kKStep; ++k) {
+        const uint64_t tokens = descriptor_k_major_sw128(stage + 2 * kTileBytes + group * N * kTokenRowBytes + 32 * k);
+        WgmmaBf16<N>::mma(gate, descriptor_k_major_sw128(stage + 32 * k), tokens);
+        WgmmaBf16<N>::mma(up, descriptor_k_major_sw128(stage + kTileBytes + 32 * k), tokens);
+      }
+    });
     fence_accumulators(gate);
     fence_accumulators(up);
+    if (a.rms_normalize) named_barrier(1, kHelperWarps * 32 + 128 * kConsumerGroups);  // 1/rms is in
 #pragma unroll
-    for (int k = 0; k < kStageColumns / kKStep; ++k) {
-      const uint64_t tokens = descriptor_k_major_sw128(stage + 2 * kTileBytes + group * N * kTokenRowBytes + 32 * k);
-      WgmmaBf16<N>::mma(gate, descriptor_k_major_sw128(stage + 32 * k), tokens);
-      WgmmaBf16<N>::mma(up, descriptor_k_major_sw128(stage + kTileBytes + 32 * k), tokens);
-    }
-  });
-  fence_accumulators(gate);
-  fence_accumulators(up);
-  if (a.rms_normalize) named_barrier(1, kHelperWarps * 32 + 128 * kConsumerGroups);
-#pragma unroll
-  for (int i = 0; i < N / 2; ++i) {
-    const int token = group * N + accumulator_column(lane, i);
-    if (token < a.tokens) {
-      const float inverse_rms = a.rms_normalize ? shared.token_floats[token] : 1.0f;
-      const int column = row0 + accumulator_row(warp_in_group, lane, i);
-      a.activations[static_cast<size_t>(token) * a.intermediate + column] =
-          __float2bfloat16(silu(gate[i] * inverse_rms) * (up[i] * inverse_rms));
+    for (int i = 0; i < N / 2; ++i) {
+      const int token = group * N + accumulator_column(lane, i);
+      if (token < a.tokens) {
+        const float inverse_rms = a.rms_normalize ? shared.token_floats[token] : 1.0f;
+        const int column = blockIdx.x * kRows + accumulator_row(warp % 4, lane, i);
+        a.activations[static_cast<size_t>(token) * a.intermediate + column] =
+            __float2bfloat16(silu(gate[i] * inverse_rms) * (up[i] * inverse_rms));
+      }
     }
   }
-#else
-  __trap();  // sm_90a only: launch_swiglu_wgmma refuses other GPUs before launching
-#endif
-}
+};
 
-// ---- Phase 2: rows 64 r.. of y for split s of I, block r * splits + s.
-template <int Tile>
+// ---- Phase 2: rows 64 r.. of y over split s of I, block r * splits + s.
+template <>
+struct PhaseBlock<Down> {
+  using Args = DownArgs;
+  static constexpr int stages(int tile) { return down_stages(tile); }
+  static constexpr size_t stage_bytes(int tile) { return down_stage_bytes(tile); }
+
+  // The block's split of I's 64-column chunks: [first_chunk, first_chunk(next split)).
+  __device__ static int first_chunk(const Args& a, int split) {
+    return a.intermediate / kStageColumns * split / a.splits;
+  }
+  __device__ static int stage_count(const Args& a) {
+    const int split = blockIdx.x % a.splits;
+    return first_chunk(a, split + 1) - first_chunk(a, split);
+  }
+  __device__ static unsigned readers(const Args&) { return kConsumerGroups * 4; }
+  // A stage: 64 rows of down, the tokens' act; 64 columns of I.
+  __device__ static void load(const Args& a, const void* tokens, const void* weights, int stage, unsigned slot,
+                              unsigned full, uint64_t streamed) {
+    const int column = (first_chunk(a, blockIdx.x % a.splits) + stage) * kStageColumns;
+    tma_load_2d(slot, weights, column, blockIdx.x / a.splits * kRows, full, streamed);
+    tma_load_2d(slot + kTileBytes, tokens, column, 0, full);
+  }
+  template <int Tile, int S>
+  __device__ static void help(const Shared&, const Args&, int) {}
+  // One accumulator set; its partial sums into L2, and the row tile's last split writes y.
+  template <int Tile, int S>
+  __device__ static void consume(const Shared& shared, const Args& a, int count) {
+    constexpr int N = Tile / kConsumerGroups;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = warp / 4 - 1;
+    float sums[N / 2];
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) sums[i] = 0.0f;
+    consume_ring<S, stage_bytes(Tile)>(shared, count, [&](unsigned stage) {
+      fence_accumulators(sums);
+#pragma unroll
+      for (int k = 0; k < kStageColumns / kKStep; ++k)
+        WgmmaBf16<N>::mma(sums, descriptor_k_major_sw128(stage + 32 * k),
+                          descriptor_k_major_sw128(stage + kTileBytes + group * N * kTokenRowBytes + 32 * k));
+    });
+    fence_accumulators(sums);
+    const int row_tile = blockIdx.x / a.splits, row0 = row_tile * kRows;
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const int token = group * N + accumulator_column(lane, i);
+      if (token < a.tokens)
+        atomicAdd(a.accumulator + static_cast<size_t>(token) * a.hidden + row0 + accumulator_row(warp % 4, lane, i),
+                  sums[i]);
+    }
+    // The last split of this row tile to arrive finishes it (its partials, fenced before the
+    // counter, are all in L2 by then).
+    const int consumer = threadIdx.x - 128;
+    __threadfence();
+    named_barrier(1, 128 * kConsumerGroups);
+    if (consumer == 0) {
+      const bool last = atomicAdd(a.tile_counters + row_tile, 1u) == static_cast<unsigned>(a.splits - 1);
+      if (last) atomicExch(a.tile_counters + row_tile, 0u);  // ready for the next call
+      *shared.flag = last ? 1u : 0u;
+    }
+    named_barrier(1, 128 * kConsumerGroups);
+    if (*shared.flag == 0) return;
+    __threadfence();
+    // y = bf16(sum + residual) for the tile's 64 rows, two rows a thread at a time; zero behind.
+    for (int pair = consumer; pair < a.tokens * (kRows / 2); pair += 128 * kConsumerGroups) {
+      const int token = pair / (kRows / 2);
+      const size_t at = static_cast<size_t>(token) * a.hidden + row0 + 2 * (pair % (kRows / 2));
+      auto* sum = reinterpret_cast<float2*>(a.accumulator + at);
+      const float2 v = __ldcg(sum);
+      const uint32_t residual = a.residual ? *reinterpret_cast<const uint32_t*>(a.residual + at) : 0u;
+      *reinterpret_cast<uint32_t*>(a.y + at) = residual_sum_pair(v.x, v.y, residual);
+      __stcg(sum, make_float2(0.0f, 0.0f));
+    }
+  }
+};
+#endif  // DEEPFUSE_HOPPER_ASYNC
+
+// Both phases' kernel: one block's roles over its ring (the opening comment). tokens_map: x or
+// act; weight_map: gate_up or down.
+template <int Tile, typename Phase>
 __global__ void __launch_bounds__(kThreads, blocks_per_sm(Tile))
-    down_kernel(const __grid_constant__ CUtensorMap act_map, const __grid_constant__ CUtensorMap weight_map,
-                const DownArgs a) {
+    phase_kernel(const __grid_constant__ CUtensorMap tokens_map, const __grid_constant__ CUtensorMap weight_map,
+                 const typename Phase::Args a) {
 #ifdef DEEPFUSE_HOPPER_ASYNC
-  constexpr int S = down_stages(Tile), N = Tile / kConsumerGroups;
-  constexpr size_t kStage = down_stage_bytes(Tile);
+  using Block = PhaseBlock<Phase>;
+  constexpr int S = Block::stages(Tile);
+  constexpr size_t kStage = Block::stage_bytes(Tile);
   extern __shared__ unsigned char raw[];
   const Shared shared(raw, S * kStage);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row_tile = blockIdx.x / a.splits, split = blockIdx.x % a.splits;
-  const int chunks = a.intermediate / kStageColumns;
-  const int first = chunks * split / a.splits, count = chunks * (split + 1) / a.splits - first;
-  const int row0 = row_tile * kRows;
-  init_ring(shared, S, kConsumerGroups * 4);
-
+  const int warp = threadIdx.x / 32, count = Block::stage_count(a);
+  init_ring(shared, S, Block::readers(a));
   if (warp == 0) {
-    if (lane == 0) {
-      const uint64_t streamed = evict_first_policy();
-      produce<S, kStage>(shared, count, [&](int stage, unsigned slot, unsigned full) {
-        const int column = (first + stage) * kStageColumns;
-        tma_load_2d(slot, &weight_map, column, row0, full, streamed);  // Wd rows
-        tma_load_2d(slot + kTileBytes, &act_map, column, 0, full);      // the tokens' act columns
-      });
-    }
-    return;
-  }
-  if (warp <= kHelperWarps) return;
-
-  const int group = warp / 4 - 1, warp_in_group = warp % 4, consumer = threadIdx.x - 128;
-  float sums[N / 2];
-#pragma unroll
-  for (int i = 0; i < N / 2; ++i) sums[i] = 0.0f;
-  consume<S, kStage>(shared, count, [&](unsigned stage) {
-    fence_accumulators(sums);
-#pragma unroll
-    for (int k = 0; k < kStageColumns / kKStep; ++k)
-      WgmmaBf16<N>::mma(sums, descriptor_k_major_sw128(stage + 32 * k),
-                        descriptor_k_major_sw128(stage + kTileBytes + group * N * kTokenRowBytes + 32 * k));
-  });
-  fence_accumulators(sums);
-#pragma unroll
-  for (int i = 0; i < N / 2; ++i) {
-    const int token = group * N + accumulator_column(lane, i);
-    if (token < a.tokens)
-      atomicAdd(a.accumulator + static_cast<size_t>(token) * a.hidden + row0 + accumulator_row(warp_in_group, lane, i),
-                sums[i]);
-  }
-  // The last split of this row tile to arrive finishes it (its partials, fenced before the
-  // counter, are all in L2 by then).
-  __threadfence();
-  named_barrier(1, 128 * kConsumerGroups);
-  if (consumer == 0) {
-    const bool last = atomicAdd(a.tile_counters + row_tile, 1u) == static_cast<unsigned>(a.splits - 1);
-    if (last) atomicExch(a.tile_counters + row_tile, 0u);  // ready for the next call
-    *shared.flag = last ? 1u : 0u;
-  }
-  named_barrier(1, 128 * kConsumerGroups);
-  if (*shared.flag == 0) return;
-  __threadfence();
-  // y = bf16(sum + residual) for the tile's 64 rows, two rows a thread at a time; zero behind.
-  for (int pair = consumer; pair < a.tokens * (kRows / 2); pair += 128 * kConsumerGroups) {
-    const int token = pair / (kRows / 2);
-    const size_t at = static_cast<size_t>(token) * a.hidden + row0 + 2 * (pair % (kRows / 2));
-    auto* sum = reinterpret_cast<float2*>(a.accumulator + at);
-    const float2 v = __ldcg(sum);
-    const uint32_t residual = a.residual ? *reinterpret_cast<const uint32_t*>(a.residual + at) : 0u;
-    *reinterpret_cast<uint32_t*>(a.y + at) = residual_sum_pair(v.x, v.y, residual);
-    __stcg(sum, make_float2(0.0f, 0.0f));
+    if (threadIdx.x != 0) return;
+    const uint64_t streamed = evict_first_policy();  // weights are read once per call
+    produce<S, kStage>(shared, count, [&](int stage, unsigned slot, unsigned full) {
+      Block::load(a, &tokens_map, &weight_map, stage, slot, full, streamed);
+    });
+  } else if (warp <= kHelperWarps) {
+    Block::template help<Tile, S>(shared, a, count);
+  } else {
+    Block::template consume<Tile, S>(shared, a, count);
   }
 #else
   __trap();  // sm_90a only: launch_swiglu_wgmma refuses other GPUs before launching
@@ -304,11 +341,11 @@ cudaError_t opt_in_shared() {
   static PerDevice<int> done;
   int ignored = 0;
   return done.get(ignored, [](int&) {
-    if (cudaError_t e = cudaFuncSetAttribute(gate_up_kernel<Tile>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    if (cudaError_t e = cudaFuncSetAttribute(phase_kernel<Tile, GateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(gate_up_shared_bytes(Tile)));
         e != cudaSuccess)
       return e;
-    return cudaFuncSetAttribute(down_kernel<Tile>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    return cudaFuncSetAttribute(phase_kernel<Tile, Down>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(down_shared_bytes(Tile)));
   });
 }
@@ -323,12 +360,12 @@ cudaError_t launch_tile(const SwigluWgmmaParams& p, const SwigluWgmmaPlan& plan,
       e != cudaSuccess)
     return e;
   const GateUpArgs gate_up{p.activations, p.tokens, p.hidden, p.intermediate, p.rms_normalize, p.norm_eps};
-  gate_up_kernel<Tile><<<plan.gate_up_blocks, kThreads, plan.gate_up_shared_bytes, stream>>>(
+  phase_kernel<Tile, GateUp><<<plan.gate_up_blocks, kThreads, plan.gate_up_shared_bytes, stream>>>(
       as_map(x_map), as_map(p.weights->gate_up), gate_up);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const DownArgs down{p.accumulator, p.tile_counters, p.residual,      p.y,
                       p.tokens,      p.hidden,        p.intermediate, plan.down_splits};
-  down_kernel<Tile><<<plan.down_blocks, kThreads, plan.down_shared_bytes, stream>>>(
+  phase_kernel<Tile, Down><<<plan.down_blocks, kThreads, plan.down_shared_bytes, stream>>>(
       as_map(act_map), as_map(p.weights->down), down);
   return cudaGetLastError();
 }

@@ -262,7 +262,8 @@ TEST_P(BatchedMlpCalls, SeparateResidual) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, BatchedMlpCalls, ::testing::Values(MlpVariant::fused_batched, MlpVariant::fused_wgmma),
+INSTANTIATE_TEST_SUITE_P(Variants, BatchedMlpCalls,
+                         ::testing::Values(MlpVariant::fused_batched, MlpVariant::fused_wgmma),
                          [](const auto& info) { return std::string(mlp_variant_name(info.param)); });
 
 }  // namespace

@@ -40,7 +40,8 @@ TEST(SwigluWgmma, LauncherRefusesWhatItsHeaderRefuses) {
   auto* fake_bf16 = reinterpret_cast<__nv_bfloat16*>(uintptr_t{256});
   SwigluWgmmaParams good;
   good.x = fake_bf16, good.weights = &weights, good.y = fake_bf16, good.activations = fake_bf16;
-  good.accumulator = reinterpret_cast<float*>(uintptr_t{256}), good.tile_counters = reinterpret_cast<unsigned*>(uintptr_t{256});
+  good.accumulator = reinterpret_cast<float*>(uintptr_t{256});
+  good.tile_counters = reinterpret_cast<unsigned*>(uintptr_t{256});
   good.tokens = 16, good.hidden = 4096, good.intermediate = 14336;
   std::vector<SwigluWgmmaParams> bad(9, good);
   bad[0].tokens = 0, bad[1].tokens = 257, bad[2].hidden = 4100, bad[3].intermediate = 100;
@@ -116,7 +117,7 @@ TEST(SwigluWgmma, GridsAndSplits) {
         EXPECT_EQ(plan.down_blocks, row_tiles * plan.down_splits);
         ASSERT_GE(plan.down_splits, 1);
         if (plan.down_splits > 1) EXPECT_GE(chunks / plan.down_splits, wgmma_mlp::kMinChunksPerSplit) << h << "x" << i;
-        // down_kernel's split s covers chunks [chunks * s / splits, chunks * (s + 1) / splits).
+        // The down phase's split s covers chunks [chunks * s / splits, chunks * (s + 1) / splits).
         int covered = 0;
         for (int s = 0; s < plan.down_splits; ++s) {
           const int first = chunks * s / plan.down_splits, end = chunks * (s + 1) / plan.down_splits;
