@@ -53,9 +53,22 @@ __device__ __forceinline__ bool mbarrier_try_wait(unsigned barrier, unsigned par
       : "memory");
   return done != 0;
 }
+// A wait longer than this is a lost arrival or byte count (a bug, not a slow GPU: a stage lands
+// in microseconds, and in well under a second under compute-sanitizer): the kernel traps, so a
+// test fails with a launch error instead of hanging the GPU.
+constexpr uint64_t kMbarrierTimeoutNs = 10'000'000'000ull;
+
+__device__ __forceinline__ uint64_t global_nanoseconds() {
+  uint64_t now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  return now;
+}
+
 __device__ __forceinline__ void mbarrier_wait(unsigned barrier, unsigned parity) {
-  while (!mbarrier_try_wait(barrier, parity)) {
-  }
+  if (mbarrier_try_wait(barrier, parity)) return;
+  const uint64_t start = global_nanoseconds();
+  while (!mbarrier_try_wait(barrier, parity))
+    if (global_nanoseconds() - start > kMbarrierTimeoutNs) __trap();
 }
 
 // ---- TMA: one box of a 2-D tensor map (a CUtensorMap kernel parameter, __grid_constant__) into
