@@ -20,8 +20,12 @@
 
 #include <cuda.h>
 
+#include <type_traits>
+
 #include "core/device_attributes.hpp"
 #include "core/per_device.hpp"
+#include "kernels/common/cluster_launch.hpp"
+#include "kernels/common/dependent_launch.cuh"
 #include "kernels/common/hopper_async.cuh"
 #include "kernels/common/l2_policy.cuh"
 #include "kernels/common/residual_sum.cuh"
@@ -96,11 +100,12 @@ __device__ void init_ring(const Shared& shared, int stages, unsigned readers) {
   __syncthreads();
 }
 
-// The producer's loop over a block's `count` stages: wait for the slot's readers to finish the
-// stage S before, announce the stage's bytes, issue its loads (load(stage, slot address, barrier)).
+// The producer's loop over a block's stages first..count-1: wait for the slot's readers to finish
+// the stage S before, announce the stage's bytes, issue its loads (load(stage, slot address,
+// barrier)).
 template <int S, size_t StageBytes, typename Load>
-__device__ __forceinline__ void produce(const Shared& shared, int count, Load load) {
-  for (int stage = 0; stage < count; ++stage) {
+__device__ __forceinline__ void produce(const Shared& shared, int count, Load load, int first = 0) {
+  for (int stage = first; stage < count; ++stage) {
     const int slot = stage % S;
     if (stage >= S) mbarrier_wait(shared.empty_at(slot), (stage / S - 1) & 1);
     mbarrier_arrive_expect_tx(shared.full_at(slot), static_cast<unsigned>(StageBytes));
@@ -182,12 +187,16 @@ struct PhaseBlock<GateUp> {
     return kConsumerGroups * 4 + (a.rms_normalize ? kHelperWarps : 0);
   }
   // A stage: 64 rows of gate, the same rows of up, the tokens' x; 64 columns of H.
-  __device__ static void load(const Args& a, const void* tokens, const void* weights, int stage, unsigned slot,
-                              unsigned full, uint64_t streamed) {
-    const int column = stage * kStageColumns, row0 = blockIdx.x * kRows;
-    tma_load_2d(slot, weights, column, row0, full, streamed);
-    tma_load_2d(slot + kTileBytes, weights, column, a.intermediate + row0, full, streamed);
-    tma_load_2d(slot + 2 * kTileBytes, tokens, column, 0, full);
+  template <int Tile, int S>
+  __device__ static void produce_all(const Shared& shared, const Args& a, const void* tokens, const void* weights,
+                                     int count, uint64_t streamed) {
+    const int row0 = blockIdx.x * kRows;
+    produce<S, stage_bytes(Tile)>(shared, count, [&](int stage, unsigned slot, unsigned full) {
+      const int column = stage * kStageColumns;
+      tma_load_2d(slot, weights, column, row0, full, streamed);
+      tma_load_2d(slot + kTileBytes, weights, column, a.intermediate + row0, full, streamed);
+      tma_load_2d(slot + 2 * kTileBytes, tokens, column, 0, full);
+    });
   }
   template <int Tile, int S>
   __device__ static void help(const Shared& shared, const Args& a, int count) {
@@ -243,12 +252,32 @@ struct PhaseBlock<Down> {
     return first_chunk(a, split + 1) - first_chunk(a, split);
   }
   __device__ static unsigned readers(const Args&) { return kConsumerGroups * 4; }
-  // A stage: 64 rows of down, the tokens' act; 64 columns of I.
-  __device__ static void load(const Args& a, const void* tokens, const void* weights, int stage, unsigned slot,
-                              unsigned full, uint64_t streamed) {
-    const int column = (first_chunk(a, blockIdx.x % a.splits) + stage) * kStageColumns;
-    tma_load_2d(slot, weights, column, blockIdx.x / a.splits * kRows, full, streamed);
-    tma_load_2d(slot + kTileBytes, tokens, column, 0, full);
+  // A stage: 64 rows of down, the tokens' act; 64 columns of I. Launched as a programmatic
+  // dependent of phase 1, the block may start while phase 1's last blocks run: the first S stages'
+  // weights are issued at once, their act columns only once phase 1 is complete.
+  template <int Tile, int S>
+  __device__ static void produce_all(const Shared& shared, const Args& a, const void* tokens, const void* weights,
+                                     int count, uint64_t streamed) {
+    constexpr size_t kStage = stage_bytes(Tile);
+    const int first = first_chunk(a, blockIdx.x % a.splits), row0 = blockIdx.x / a.splits * kRows;
+    const int early = count < S ? count : S;
+    for (int stage = 0; stage < early; ++stage) {
+      mbarrier_arrive_expect_tx(shared.full_at(stage), static_cast<unsigned>(kStage));
+      tma_load_2d(shared_address(shared.ring + stage * kStage), weights, (first + stage) * kStageColumns, row0,
+                  shared.full_at(stage), streamed);
+    }
+    wait_for_upstream_grids();
+    for (int stage = 0; stage < early; ++stage)
+      tma_load_2d(shared_address(shared.ring + stage * kStage) + kTileBytes, tokens,
+                  (first + stage) * kStageColumns, 0, shared.full_at(stage));
+    produce<S, kStage>(
+        shared, count,
+        [&](int stage, unsigned slot, unsigned full) {
+          const int column = (first + stage) * kStageColumns;
+          tma_load_2d(slot, weights, column, row0, full, streamed);
+          tma_load_2d(slot + kTileBytes, tokens, column, 0, full);
+        },
+        early);
   }
   template <int Tile, int S>
   __device__ static void help(const Shared&, const Args&, int) {}
@@ -277,7 +306,9 @@ struct PhaseBlock<Down> {
                   sums[i]);
     }
     // The last split of this row tile to arrive finishes it (its partials, fenced before the
-    // counter, are all in L2 by then).
+    // counter, are all in L2 by then). Phase 1 is complete (its act came in), and with it every
+    // kernel before it; the wait says so to this thread before it touches y, which may alias x.
+    wait_for_upstream_grids();
     const int consumer = threadIdx.x - 128;
     __threadfence();
     named_barrier(1, 128 * kConsumerGroups);
@@ -316,13 +347,14 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(Tile))
   extern __shared__ unsigned char raw[];
   const Shared shared(raw, S * kStage);
   const int warp = threadIdx.x / 32, count = Block::stage_count(a);
+  // Phase 1 lets the down phase (a programmatic dependent) be scheduled at once: its blocks take
+  // SMs as phase 1's blocks leave them and start on their weights.
+  if constexpr (std::is_same_v<Phase, GateUp>) allow_downstream_launch();
   init_ring(shared, S, Block::readers(a));
   if (warp == 0) {
     if (threadIdx.x != 0) return;
     const uint64_t streamed = evict_first_policy();  // weights are read once per call
-    produce<S, kStage>(shared, count, [&](int stage, unsigned slot, unsigned full) {
-      Block::load(a, &tokens_map, &weight_map, stage, slot, full, streamed);
-    });
+    Block::template produce_all<Tile, S>(shared, a, &tokens_map, &weight_map, count, streamed);
   } else if (warp <= kHelperWarps) {
     Block::template help<Tile, S>(shared, a, count);
   } else {
@@ -365,9 +397,9 @@ cudaError_t launch_tile(const SwigluWgmmaParams& p, const SwigluWgmmaPlan& plan,
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const DownArgs down{p.accumulator, p.tile_counters, p.residual,      p.y,
                       p.tokens,      p.hidden,        p.intermediate, plan.down_splits};
-  phase_kernel<Tile, Down><<<plan.down_blocks, kThreads, plan.down_shared_bytes, stream>>>(
-      as_map(act_map), as_map(p.weights->down), down);
-  return cudaGetLastError();
+  // A programmatic dependent launch (PhaseBlock<Down>::produce_all says what it overlaps).
+  const ClusterLaunch launch(plan.down_blocks, kThreads, plan.down_shared_bytes, 1, stream, /*programmatic=*/true);
+  return cudaLaunchKernelEx(&launch.config, phase_kernel<Tile, Down>, as_map(act_map), as_map(p.weights->down), down);
 }
 
 }  // namespace
