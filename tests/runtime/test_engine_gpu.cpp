@@ -282,8 +282,9 @@ TEST_P(EngineVsReference, EitherMlpCopyServesAnyStep) {
   EXPECT_EQ(launches_per_layer["mlp@4=unfused"], launches_per_layer["mlp=fused,prefill.mlp=fused"] + 2);
 }
 
-// Every variant the tuner can pick, forced in turn by an override: the engine's logits still
-// match the reference decoder's (the tiny models' buckets are 1, 2 and 4).
+// Every variant the tuner can pick, and the Hopper MLP pair it does not time yet (fused_wgmma,
+// sm_90), forced in turn by an override: the engine's logits still match the reference decoder's
+// (the tiny models' buckets are 1, 2 and 4).
 TEST_P(EngineVsReference, EveryPlanVariantMatchesReference) {
   DF_REQUIRE_GPU();
   make_model(8);
@@ -292,7 +293,8 @@ TEST_P(EngineVsReference, EveryPlanVariantMatchesReference) {
        {"mlp=unfused", "mlp=fused,prefill.mlp=fused", "front=unfused,o_proj=cublaslt", "o_proj=cublaslt",
         "mlp=unfused,o_proj=gemv", "attention.merge=workspace", "attention.warps=4", "attention.warps=8",
         "attention.splits=1", "attention.splits=3", "attention.short_context=off", "attention.merge@1=cluster",
-        "mlp@1=fused_batched,mlp@2=fused_batched,mlp@4=fused_batched"}) {
+        "mlp@1=fused_batched,mlp@2=fused_batched,mlp@4=fused_batched",
+        "mlp@1=fused_wgmma,mlp@2=fused_wgmma,mlp@4=fused_wgmma"}) {
     EngineOptions options = tiny_engine_options();
     try {
       options.plan_overrides = parse_plan_overrides(plan);
