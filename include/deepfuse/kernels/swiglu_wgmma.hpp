@@ -77,7 +77,8 @@ struct SwigluWgmmaPlan {
 // sms: the GPU's SM count (phase 2 splits I so that its blocks fill every SM's slots once).
 SwigluWgmmaPlan plan_swiglu_wgmma(int hidden, int intermediate, int tokens, int sms);
 
-// Two launches on `stream`; the x and act tensor maps are encoded on the host per call. Calls must
+// Two launches on `stream` (the second a programmatic dependent of the first); the x and act tensor
+// maps ([tokens, ...], boxes of min(tokens, tile) rows) are encoded on the host per call. Calls must
 // not overlap (the scratch is the call's). cudaErrorInvalidValue for a shape, token count, pointer
 // or alignment it refuses, cudaErrorNotSupported on a GPU other than sm_90.
 cudaError_t launch_swiglu_wgmma(const SwigluWgmmaParams& params, cudaStream_t stream);

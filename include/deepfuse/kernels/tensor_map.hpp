@@ -1,7 +1,7 @@
 // TMA tensor maps (CUtensorMap) of 2-D row-major bf16 matrices, as the Hopper kernels load them:
 // boxes of 64 columns (128 bytes, the 128-byte swizzle's span) by up to 256 rows, 128-byte
-// swizzled in shared memory, zero-filled past the matrix's edge. Host code; no nvcc or <cuda.h>
-// needed to include it (the map is 128 opaque bytes here). The driver's cuTensorMapEncodeTiled is
+// swizzled in shared memory (a box reaching past the matrix's edge reads zeros there). Host
+// code; no nvcc or <cuda.h> needed to include it (the map is 128 opaque bytes here). The driver's cuTensorMapEncodeTiled is
 // reached through cudaGetDriverEntryPointByVersion, so nothing links libcuda.
 //
 // Cost: encoding is host-only work (no GPU call, no synchronisation; a few microseconds at most,

@@ -15,11 +15,14 @@
 // Phase 2 (PhaseBlock<Down>): block (row tile r, split s) sums act·Wd^T for rows 64r.. of H over split s of I, adds
 // its partial into an fp32 [tokens, H] accumulator (red.add in L2), and the last split of the row
 // tile to arrive writes y = bf16(sum + residual) and zeroes the accumulator and its counter.
-// Tokens past M are zero rows of the TMA box (the maps are [tokens, ...]) and never stored.
+// Tokens past M: the TMA box has min(M, tile) rows, so the tile's rows past M hold whatever the
+// ring slot held before; they reach only D's columns past M (every output column is its own dot
+// product), which the epilogues never store, and the RMSNorm sums skip them.
 #include "deepfuse/kernels/swiglu_wgmma.hpp"
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "core/device_attributes.hpp"
@@ -37,9 +40,10 @@ namespace {
 
 using namespace wgmma_mlp;
 
+// token_rows: the TMA box's rows of x or act, min(tokens, tile) (the bytes a stage's tokens bring).
 struct GateUpArgs {
   __nv_bfloat16* activations;
-  int tokens, hidden, intermediate;
+  int tokens, token_rows, hidden, intermediate;
   bool rms_normalize;
   float norm_eps;
 };
@@ -49,7 +53,7 @@ struct DownArgs {
   unsigned* tile_counters;
   const __nv_bfloat16* residual;
   __nv_bfloat16* y;
-  int tokens, hidden, intermediate, splits;
+  int tokens, token_rows, hidden, intermediate, splits;
 };
 
 // The two phases, the kernel's template argument; what a block of each does is PhaseBlock<Phase>
@@ -101,14 +105,14 @@ __device__ void init_ring(const Shared& shared, int stages, unsigned readers) {
 }
 
 // The producer's loop over a block's stages first..count-1: wait for the slot's readers to finish
-// the stage S before, announce the stage's bytes, issue its loads (load(stage, slot address,
-// barrier)).
+// the stage S before, announce the stage's bytes (`bytes`), issue its loads (load(stage, slot
+// address, barrier)).
 template <int S, size_t StageBytes, typename Load>
-__device__ __forceinline__ void produce(const Shared& shared, int count, Load load, int first = 0) {
+__device__ __forceinline__ void produce(const Shared& shared, int count, unsigned bytes, Load load, int first = 0) {
   for (int stage = first; stage < count; ++stage) {
     const int slot = stage % S;
     if (stage >= S) mbarrier_wait(shared.empty_at(slot), (stage / S - 1) & 1);
-    mbarrier_arrive_expect_tx(shared.full_at(slot), static_cast<unsigned>(StageBytes));
+    mbarrier_arrive_expect_tx(shared.full_at(slot), bytes);
     load(stage, shared_address(shared.ring + slot * StageBytes), shared.full_at(slot));
   }
 }
@@ -191,7 +195,8 @@ struct PhaseBlock<GateUp> {
   __device__ static void produce_all(const Shared& shared, const Args& a, const void* tokens, const void* weights,
                                      int count, uint64_t streamed) {
     const int row0 = blockIdx.x * kRows;
-    produce<S, stage_bytes(Tile)>(shared, count, [&](int stage, unsigned slot, unsigned full) {
+    const unsigned bytes = 2 * kTileBytes + a.token_rows * kTokenRowBytes;
+    produce<S, stage_bytes(Tile)>(shared, count, bytes, [&](int stage, unsigned slot, unsigned full) {
       const int column = stage * kStageColumns;
       tma_load_2d(slot, weights, column, row0, full, streamed);
       tma_load_2d(slot + kTileBytes, weights, column, a.intermediate + row0, full, streamed);
@@ -261,8 +266,9 @@ struct PhaseBlock<Down> {
     constexpr size_t kStage = stage_bytes(Tile);
     const int first = first_chunk(a, blockIdx.x % a.splits), row0 = blockIdx.x / a.splits * kRows;
     const int early = count < S ? count : S;
+    const unsigned bytes = kTileBytes + a.token_rows * kTokenRowBytes;
     for (int stage = 0; stage < early; ++stage) {
-      mbarrier_arrive_expect_tx(shared.full_at(stage), static_cast<unsigned>(kStage));
+      mbarrier_arrive_expect_tx(shared.full_at(stage), bytes);
       tma_load_2d(shared_address(shared.ring + stage * kStage), weights, (first + stage) * kStageColumns, row0,
                   shared.full_at(stage), streamed);
     }
@@ -271,7 +277,7 @@ struct PhaseBlock<Down> {
       tma_load_2d(shared_address(shared.ring + stage * kStage) + kTileBytes, tokens,
                   (first + stage) * kStageColumns, 0, shared.full_at(stage));
     produce<S, kStage>(
-        shared, count,
+        shared, count, bytes,
         [&](int stage, unsigned slot, unsigned full) {
           const int column = (first + stage) * kStageColumns;
           tma_load_2d(slot, weights, column, row0, full, streamed);
@@ -385,18 +391,23 @@ cudaError_t opt_in_shared() {
 template <int Tile>
 cudaError_t launch_tile(const SwigluWgmmaParams& p, const SwigluWgmmaPlan& plan, cudaStream_t stream) {
   if (cudaError_t e = opt_in_shared<Tile>(); e != cudaSuccess) return e;
-  // The tokens' maps have `tokens` rows: the box's rows past them are zero-filled.
+  // The tokens' maps have `tokens` rows and boxes of min(tokens, Tile) rows (a box never taller
+  // than its tensor); the tile's rows past them are never loaded (token_rows).
+  const int token_rows = std::min(p.tokens, Tile);
   TensorMapBytes x_map, act_map;
-  if (cudaError_t e = encode_tile_map(p.x, bf16_tile_map(p.tokens, p.hidden, Tile), x_map); e != cudaSuccess) return e;
-  if (cudaError_t e = encode_tile_map(p.activations, bf16_tile_map(p.tokens, p.intermediate, Tile), act_map);
+  if (cudaError_t e = encode_tile_map(p.x, bf16_tile_map(p.tokens, p.hidden, token_rows), x_map); e != cudaSuccess)
+    return e;
+  if (cudaError_t e = encode_tile_map(p.activations, bf16_tile_map(p.tokens, p.intermediate, token_rows), act_map);
       e != cudaSuccess)
     return e;
-  const GateUpArgs gate_up{p.activations, p.tokens, p.hidden, p.intermediate, p.rms_normalize, p.norm_eps};
+  const GateUpArgs gate_up{p.activations, p.tokens,        token_rows,   p.hidden,
+                           p.intermediate, p.rms_normalize, p.norm_eps};
   phase_kernel<Tile, GateUp><<<plan.gate_up_blocks, kThreads, plan.gate_up_shared_bytes, stream>>>(
       as_map(x_map), as_map(p.weights->gate_up), gate_up);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  const DownArgs down{p.accumulator, p.tile_counters, p.residual,      p.y,
-                      p.tokens,      p.hidden,        p.intermediate, plan.down_splits};
+  const DownArgs down{p.accumulator, p.tile_counters, p.residual,     p.y,
+                      p.tokens,      token_rows,      p.hidden,       p.intermediate,
+                      plan.down_splits};
   // A programmatic dependent launch (PhaseBlock<Down>::produce_all says what it overlaps).
   const ClusterLaunch launch(plan.down_blocks, kThreads, plan.down_shared_bytes, 1, stream, /*programmatic=*/true);
   return cudaLaunchKernelEx(&launch.config, phase_kernel<Tile, Down>, as_map(act_map), as_map(p.weights->down), down);

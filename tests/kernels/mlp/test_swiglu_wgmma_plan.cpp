@@ -137,12 +137,12 @@ TEST(SwigluWgmma, ScratchSizes) {
 }
 
 TEST(TensorMap, Bf16TileMapParameters) {
-  const TileMap2d x = bf16_tile_map(17, 4096, 32);
+  const TileMap2d x = bf16_tile_map(17, 4096, 17);
   EXPECT_EQ(x.columns, 4096u);
-  EXPECT_EQ(x.rows, 17u) << "tokens past M are outside the map: TMA zero-fills them";
+  EXPECT_EQ(x.rows, 17u) << "the call's tokens, not the tile's";
   EXPECT_EQ(x.row_stride_bytes, 8192u);
   EXPECT_EQ(x.box_columns, 64u);
-  EXPECT_EQ(x.box_rows, 32u);
+  EXPECT_EQ(x.box_rows, 17u);
   const void* aligned = reinterpret_cast<const void*>(uintptr_t{4096});
   EXPECT_EQ(tile_map_unsupported(aligned, x), "");
   EXPECT_EQ(tile_map_unsupported(aligned, bf16_tile_map(2 * 14336, 4096, 64)), "");
