@@ -24,6 +24,7 @@ deepfuse_test(test_mlp_shape_checks ${kernel_tests}/mlp/test_mlp_shape_checks.cp
 deepfuse_test(test_mlp_gpu ${kernel_tests}/mlp/test_mlp_gpu.cpp GPU)
 deepfuse_test(test_mlp_batched_gpu ${kernel_tests}/mlp/test_mlp_batched_gpu.cpp GPU)
 deepfuse_test(test_swiglu_wgmma_plan ${kernel_tests}/mlp/test_swiglu_wgmma_plan.cpp)
+deepfuse_test(test_swiglu_wgmma_gpu ${kernel_tests}/mlp/test_swiglu_wgmma_gpu.cpp GPU)
 
 deepfuse_test(test_norm_checks ${kernel_tests}/norm/test_norm_checks.cpp)
 deepfuse_test(test_rms_norm_gpu ${kernel_tests}/norm/test_rms_norm_gpu.cpp GPU)
