@@ -68,17 +68,9 @@ struct Pair {
   }
 
   kernels::SwigluWgmmaParams params(int tokens) {
-    kernels::SwigluWgmmaParams p;
-    p.x = x_dev.as<__nv_bfloat16>();
-    p.weights = &maps;
-    p.y = y.as<__nv_bfloat16>();
-    p.activations = activations.as<__nv_bfloat16>();
-    p.accumulator = accumulator.as<float>();
-    p.tile_counters = counters.as<unsigned>();
-    p.tokens = tokens;
-    p.hidden = hidden;
-    p.intermediate = intermediate;
-    return p;
+    return {.x = x_dev.as<__nv_bfloat16>(), .weights = &maps, .y = y.as<__nv_bfloat16>(),
+            .activations = activations.as<__nv_bfloat16>(), .accumulator = accumulator.as<float>(),
+            .tile_counters = counters.as<unsigned>(), .tokens = tokens, .hidden = hidden, .intermediate = intermediate};
   }
 
   // silu(g)·u of row t, in double.
