@@ -235,7 +235,7 @@ sanitize_generate() {
 
 step_memcheck() {
   local t
-  for t in $(selected_tests mlp decode_attention qkv_rope_fused gemv_residual sampling generate engine); do
+  for t in $(selected_tests mlp swiglu_wgmma decode_attention qkv_rope_fused gemv_residual sampling generate engine); do
     case $t in
       engine) sanitize memcheck "$t" 400 ;;
       *) sanitize memcheck "$t" 300 ;;
@@ -245,7 +245,7 @@ step_memcheck() {
 
 step_racecheck() {
   local t
-  for t in $(selected_tests decode_attention qkv_rope_fused gemv_residual sampling mlp); do
+  for t in $(selected_tests decode_attention qkv_rope_fused gemv_residual sampling swiglu_wgmma mlp); do
     case $t in
       mlp) sanitize racecheck "$t" 580 ;;  # the unfused variants' cuBLAS kernels make it slow
       *) sanitize racecheck "$t" 300 ;;
