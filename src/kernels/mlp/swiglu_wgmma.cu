@@ -373,18 +373,25 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(Tile))
 
 const CUtensorMap& as_map(const TensorMapBytes& bytes) { return *reinterpret_cast<const CUtensorMap*>(bytes.bytes); }
 
-// Both kernels of a token tile opt into their shared memory once per device.
+// A kernel's dynamic shared memory, and the largest shared-memory carveout so that the tiles
+// planned at two blocks per SM get them.
+template <typename Kernel>
+cudaError_t opt_in(Kernel kernel, size_t shared_bytes) {
+  if (cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes));
+      e != cudaSuccess)
+    return e;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+}
+
+// Both kernels of a token tile opt in once per device.
 template <int Tile>
 cudaError_t opt_in_shared() {
   static PerDevice<int> done;
   int ignored = 0;
   return done.get(ignored, [](int&) {
-    if (cudaError_t e = cudaFuncSetAttribute(phase_kernel<Tile, GateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(gate_up_shared_bytes(Tile)));
-        e != cudaSuccess)
-      return e;
-    return cudaFuncSetAttribute(phase_kernel<Tile, Down>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(down_shared_bytes(Tile)));
+    if (cudaError_t e = opt_in(phase_kernel<Tile, GateUp>, gate_up_shared_bytes(Tile)); e != cudaSuccess) return e;
+    return opt_in(phase_kernel<Tile, Down>, down_shared_bytes(Tile));
   });
 }
 
