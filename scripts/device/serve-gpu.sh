@@ -15,6 +15,7 @@
 #          checkpoint with a tokenizer (random weights have none; preset STRUCTURED_PRESET, default
 #          llama3.2-1b), then tests/server/test_structured_output.py --backend cuda where the `openai`
 #          client is installed
+# Carry .whl/ (scripts/device/fetch-wheels.sh) for the openai and aiohttp clients.
 # usage: scripts/device/serve-gpu.sh OUT BUILD_DIR [smoke] [bench] [ttft] [mixed] [structured]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,6 +25,13 @@ mkdir -p "$out"
 port=8123
 arch=llama3-8b
 pid=""
+
+# The clients the ttft and structured steps compare, from .whl/ (scripts/device/fetch-wheels.sh)
+# into a private folder when the machine lacks them.
+if [[ -d .whl ]] && ! python3 -c "import openai, aiohttp" 2>/dev/null; then
+  python3 -m pip install --no-index --find-links .whl --target /tmp/deepfuse-clients -q openai aiohttp &&
+    export PYTHONPATH="/tmp/deepfuse-clients${PYTHONPATH:+:$PYTHONPATH}"
+fi
 
 start_server() { start_server_with --random-weights --arch "$arch" "$@"; }
 
