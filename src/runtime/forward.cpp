@@ -12,7 +12,6 @@
 #include "deepfuse/kernels/gemv_residual.hpp"
 #include "deepfuse/kernels/rms_norm.hpp"
 #include "deepfuse/kernels/qkv_rope_fused.hpp"
-#include "deepfuse/kernels/quantize_fp8.hpp"
 #include "deepfuse/kernels/rope_kv_append.hpp"
 #include "deepfuse/kernels/one_shot_all_reduce.hpp"
 #include "dist/nccl_group.hpp"
@@ -45,10 +44,9 @@ StepBuffers::StepBuffers(const ModelConfig& c, int max_tokens_in, int max_batch_
       widened(linear_format == WeightFormat::bf16
                   ? 0
                   : bf16_bytes(static_cast<size_t>(c.hidden_size) * (c.q_size() + 2 * c.kv_size()))),
-      e4m3_input(linear_format == WeightFormat::fp8_e4m3
-                     ? static_cast<size_t>(max_tokens) * std::max(c.hidden_size, c.q_size())
-                     : 0),
-      e4m3_scales(linear_format == WeightFormat::fp8_e4m3 ? static_cast<size_t>(max_tokens) * sizeof(float) : 0),
+      e4m3(linear_format == WeightFormat::fp8_e4m3
+               ? E4m3Activations(static_cast<size_t>(max_tokens), static_cast<size_t>(std::max(c.hidden_size, c.q_size())))
+               : E4m3Activations()),
       logits_slice(shard.split() ? static_cast<size_t>(logits_rows) * shard.vocab_rows * sizeof(float) : 0),
       logits_gathered(shard.split() ? logits_slice.bytes() * shard.ranks : 0),
       decode_inputs(3 * static_cast<size_t>(max_batch) * sizeof(int32_t)),
@@ -288,16 +286,7 @@ void ForwardPass::project(const __nv_bfloat16* x, const LinearWeight& weight, co
                         stream);
     return;
   }
-  DF_CHECK(weight.format == WeightFormat::fp8_e4m3 && !weight.tensor_scale && weight.scales,
-           std::string(who) + ": the FP8 GEMM needs fp8_e4m3 weights with per-channel scales, not " +
-               weight_format_name(weight.format));
-  DF_CHECK(buffers_.e4m3_input.bytes() >= static_cast<size_t>(tokens) * weight.columns,
-           std::string(who) + ": no e4m3 activation buffer for " + std::to_string(tokens) + " tokens");
-  auto* e4m3 = buffers_.e4m3_input.as<uint8_t>();
-  auto* scales = buffers_.e4m3_scales.as<float>();
-  DF_CHECK_CUDA(kernels::quantize_rows_fp8(x, e4m3, scales, tokens, weight.columns, stream));
-  gemm_.run_fp8({e4m3, scales}, {static_cast<const uint8_t*>(weight.data), weight.scales}, bias, addend, y, tokens,
-                weight.rows, weight.columns, stream);
+  buffers_.e4m3.project(gemm_, x, weight, bias, addend, y, tokens, who, stream);
 }
 
 // A GEMM's weights: bf16 as stored, or FP8 widened into the step's buffer first (one projection at

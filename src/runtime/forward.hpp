@@ -42,6 +42,7 @@
 #include "deepfuse/kernels/cublaslt_gemm.hpp"
 #include "deepfuse/kernels/sampling.hpp"
 #include "deepfuse/kernels/token_penalties.hpp"
+#include "runtime/fp8_projection.hpp"
 #include "runtime/gpu_weights.hpp"
 #include "runtime/kv_cache.hpp"
 #include "runtime/rank_link.hpp"
@@ -70,9 +71,9 @@ struct StepBuffers {
   // FP8 weights (linear_format): the attention projection a GEMM reads (qkv or
   // o_proj), widened to bf16 first (kernels/dequantize.hpp); empty for bf16 weights.
   DeviceBuffer widened;
-  // fp8_e4m3 weights: the attention projection's input quantized per token for an FP8 GEMM
-  // (GemmChoice::fp8), e4m3 [max_tokens, max(H, q_size)] and fp32 [max_tokens]; else empty.
-  DeviceBuffer e4m3_input, e4m3_scales;
+  // fp8_e4m3 weights: the attention projections' inputs quantized per token for FP8 GEMMs
+  // (GemmChoice::fp8), up to [max_tokens, max(H, q_size)]; else empty.
+  E4m3Activations e4m3;
   DeviceBuffer logits_slice;      // tensor parallel: fp32 [logits_rows, vocab_rows], this rank's lm_head
   DeviceBuffer logits_gathered;   // tensor parallel: fp32 [ranks, logits_rows, vocab_rows], every rank's
   DeviceBuffer decode_inputs;     // int32 [3, max_batch]: ids | positions | seq_lens (upload_decode_inputs order)

@@ -10,12 +10,12 @@
 #include "deepfuse/kernels/dequantize.hpp"
 #include "deepfuse/kernels/gemv_packing.hpp"
 #include "deepfuse/kernels/gemv_residual.hpp"
-#include "deepfuse/kernels/quantize_fp8.hpp"
 #include "deepfuse/kernels/swiglu_elementwise.hpp"
 #include "deepfuse/kernels/swiglu_batched.hpp"
 #include "deepfuse/kernels/swiglu_fused.hpp"
 #include "deepfuse/kernels/swiglu_wgmma.hpp"
 #include "deepfuse/kernels/rms_norm.hpp"
+#include "runtime/fp8_projection.hpp"
 
 namespace deepfuse {
 
@@ -51,9 +51,9 @@ struct MlpScratch {
   DeviceBuffer intermediate_a, intermediate_b, mlp_out;  // activations (mlp_out: naive only)
   DeviceBuffer normed;                                   // rms_norm(x) when the layer has a norm
   DeviceBuffer widened;  // FP8 layers: one projection widened to bf16 for a GEMM (made at their first load)
-  // fp8_e4m3 layers: a GEMM's input quantized per token for the FP8 GEMMs, [max_tokens, max(H, I)]
-  // e4m3 and [max_tokens] scales (made at their first load)
-  DeviceBuffer e4m3_input, e4m3_scales;
+  // fp8_e4m3 layers: a GEMM's input quantized per token for the FP8 GEMMs, up to
+  // [max_tokens, max(H, I)] (made at their first load)
+  runtime::E4m3Activations e4m3;
   kernels::CublasLtGemm gemm;
 };
 
@@ -122,15 +122,6 @@ struct MlpLayer::Impl {
   void load_fp8(const MlpHfWeights& w, cudaStream_t stream);
   void run_fp8(const __nv_bfloat16* x, const __nv_bfloat16* residual, __nv_bfloat16* y, int tokens,
                MlpGemms gemms, cudaStream_t stream);
-  // y = in·w^T (+ residual) on FP8 tensor cores, `in` [tokens, k] quantized per token first.
-  void fp8_gemm(const __nv_bfloat16* in, const LinearWeight& w, const __nv_bfloat16* residual, __nv_bfloat16* y,
-                int tokens, cudaStream_t stream) const {
-    auto* e4m3 = scratch->e4m3_input.as<uint8_t>();
-    auto* scales = scratch->e4m3_scales.as<float>();
-    DF_CHECK_CUDA(kernels::quantize_rows_fp8(in, e4m3, scales, tokens, w.columns, stream));
-    scratch->gemm.run_fp8({e4m3, scales}, {static_cast<const uint8_t*>(w.data), w.scales}, nullptr, residual, y, tokens,
-                          w.rows, w.columns, stream);
-  }
 
   size_t hi_bytes() const { return static_cast<size_t>(shape.hidden) * shape.intermediate * sizeof(__nv_bfloat16); }
 
@@ -370,10 +361,8 @@ void MlpLayer::Impl::load_fp8(const MlpHfWeights& w, cudaStream_t stream) {
   DF_CHECK_CUDA(kernels::pack_rows_fragments_fp8(gate_up.as<uint8_t>(), gate_up_tiles.as<uint4>(), 2 * I, H, stream));
   DF_CHECK_CUDA(kernels::pack_rows_fragments_fp8(down.as<uint8_t>(), down_tiles.as<uint4>(), H, I, stream));
   if (scratch->widened.empty()) scratch->widened = DeviceBuffer(2 * elements * sizeof(__nv_bfloat16));
-  if (format == WeightFormat::fp8_e4m3 && scratch->e4m3_input.empty()) {
-    scratch->e4m3_input = DeviceBuffer(static_cast<size_t>(scratch->max_tokens) * std::max(H, I));
-    scratch->e4m3_scales = DeviceBuffer(static_cast<size_t>(scratch->max_tokens) * sizeof(float));
-  }
+  if (format == WeightFormat::fp8_e4m3 && scratch->e4m3.empty())
+    scratch->e4m3 = runtime::E4m3Activations(static_cast<size_t>(scratch->max_tokens), static_cast<size_t>(std::max(H, I)));
 }
 
 // Up to kGemvResidualMaxTokens tokens: the cluster GEMV over the packed e4m3 (the norm applied to
@@ -415,9 +404,9 @@ void MlpLayer::Impl::run_fp8(const __nv_bfloat16* x, const __nv_bfloat16* residu
   if (gemms == MlpGemms::fp8) {
     DF_CHECK(format == WeightFormat::fp8_e4m3, std::string("the MLP's FP8 GEMMs need fp8_e4m3 weights, not ") +
                                                    weight_format_name(format));
-    fp8_gemm(x, fp8_gate_up(), nullptr, a, tokens, stream);
+    scratch->e4m3.project(scratch->gemm, x, fp8_gate_up(), nullptr, nullptr, a, tokens, "the MLP's gate_up GEMM", stream);
     DF_CHECK_CUDA(kernels::silu_and_mul(a, b, tokens, I, stream, {}));
-    fp8_gemm(b, fp8_down(), residual, y, tokens, stream);
+    scratch->e4m3.project(scratch->gemm, b, fp8_down(), nullptr, residual, y, tokens, "the MLP's down GEMM", stream);
     return;
   }
   auto* widened = scratch->widened.as<__nv_bfloat16>();

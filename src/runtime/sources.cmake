@@ -1,5 +1,6 @@
 list(APPEND DEEPFUSE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/kv_cache.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/fp8_projection.cpp
   ${CMAKE_CURRENT_LIST_DIR}/mlp_layer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/fp8_slice.cpp
   ${CMAKE_CURRENT_LIST_DIR}/weight_sources.cpp
