@@ -9,8 +9,10 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "deepfuse/engine.hpp"
 #include "deepfuse/model_config.hpp"
 #include "deepfuse/reference_decoder.hpp"
 #include "logits_check.hpp"
@@ -84,6 +86,14 @@ inline std::vector<int32_t> random_ids(std::mt19937_64& rng, int count, int voca
   std::vector<int32_t> ids(count);
   for (auto& id : ids) id = any(rng);
   return ids;
+}
+
+// A greedy request: `prompt`, then up to `max_new_tokens` tokens (SequenceRequest's defaults otherwise).
+inline SequenceRequest greedy_request(std::vector<int32_t> prompt, int max_new_tokens) {
+  SequenceRequest request;
+  request.prompt = std::move(prompt);
+  request.max_new_tokens = max_new_tokens;
+  return request;
 }
 
 // How many of `ours` (greedy tokens after `prompt`) equal the reference's greedy decode, one token

@@ -42,6 +42,7 @@ namespace deepfuse {
 namespace {
 
 using testing::compare_logits;
+using testing::greedy_request;
 using testing::random_ids;
 using testing::ScratchDir;
 using testing::tiny_config;
@@ -347,13 +348,6 @@ std::map<SequenceId, std::vector<StepToken>> step_until_finished(Engine& engine,
     }
   EXPECT_EQ(finished, sequences.size()) << "sequences still running after " << max_steps << " steps";
   return produced;
-}
-
-SequenceRequest greedy_request(std::vector<int32_t> prompt, int max_new_tokens) {
-  SequenceRequest request;
-  request.prompt = std::move(prompt);
-  request.max_new_tokens = max_new_tokens;
-  return request;
 }
 
 // Greedy tokens for each prompt (decoded together), in prompt order.

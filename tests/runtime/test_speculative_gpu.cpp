@@ -66,18 +66,11 @@ std::map<SequenceId, std::vector<int32_t>> run_to_end(Engine& engine, size_t seq
   return produced;
 }
 
-SequenceRequest request_of(const std::vector<int32_t>& prompt, int new_tokens) {
-  SequenceRequest request;
-  request.prompt = prompt;
-  request.max_new_tokens = new_tokens;
-  return request;
-}
-
 // Greedy requests for `prompts`, run together to the end: each one's tokens, in the prompts' order.
 std::vector<std::vector<int32_t>> greedy_outputs(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
                                                  int new_tokens) {
   std::vector<SequenceId> ids;
-  for (const auto& prompt : prompts) ids.push_back(engine.add_sequence(request_of(prompt, new_tokens)));
+  for (const auto& prompt : prompts) ids.push_back(engine.add_sequence(testing::greedy_request(prompt, new_tokens)));
   auto produced = run_to_end(engine, ids.size(), new_tokens + 2);
   std::vector<std::vector<int32_t>> out;
   for (SequenceId id : ids) out.push_back(produced[id]);
@@ -159,7 +152,7 @@ TEST_P(SpeculativeVsReference, EveryEmittedTokenIsTheVerifyArgmax) {
   std::map<SequenceId, std::vector<int32_t>> prompts;
   for (int length : {5, 20, 37}) {
     const std::vector<int32_t> prompt = random_ids(rng_, length, config_.vocab_size);
-    const SequenceId id = engine.add_sequence(request_of(prompt, kNewTokens));
+    const SequenceId id = engine.add_sequence(testing::greedy_request(prompt, kNewTokens));
     oracles[id] = {prompt.size(), reference_greedy(prompt, kNewTokens + 8)};
     prompts[id] = prompt;
   }
@@ -277,7 +270,7 @@ TEST_P(SpeculativeVsReference, MissedDraftsBetweenStepsLaunchedAhead) {
   std::map<SequenceId, std::vector<int32_t>> prompts, continuations;
   for (int length : {5, 20, 37}) {
     const std::vector<int32_t> prompt = random_ids(rng_, length, config_.vocab_size);
-    const SequenceId id = engine.add_sequence(request_of(prompt, kNewTokens));
+    const SequenceId id = engine.add_sequence(testing::greedy_request(prompt, kNewTokens));
     prompts[id] = prompt;
     continuations[id] = reference_greedy(prompt, kNewTokens + 1);
   }
@@ -336,7 +329,7 @@ TEST(SpeculativeSampling, SampledOutputHasTheNonSpeculativeDistribution) {
     for (int first = 0; first < kRuns; first += options.max_batch) {
       std::vector<SequenceId> ids;
       for (int r = first; r < std::min(kRuns, first + options.max_batch); ++r) {
-        SequenceRequest request = request_of(prompt, kTokens);
+        SequenceRequest request = testing::greedy_request(prompt, kTokens);
         request.sampling.temperature = 0.7f;
         request.sampling.seed = base_seed + r;
         ids.push_back(engine.add_sequence(request));
