@@ -44,8 +44,8 @@ namespace deepfuse {
 namespace runtime {
 
 // Rows of the activation buffers: the largest pass, a prefill chunk, a decode step, a mixed
-// step (a prefill chunk's tokens with every decode row)
-// step) or a speculative verify step (every row with max_draft drafts).
+// step (a prefill chunk's tokens with every decode row) or a speculative verify step (every row
+// with max_draft drafts).
 inline int max_pass_tokens(const EngineOptions& o) {
   const int verify = o.speculative == SpeculativeChoice::off ? 0 : o.max_batch * (1 + o.max_draft);
   return std::max(o.mixed_steps ? o.prefill_chunk + o.max_batch : std::max(o.prefill_chunk, o.max_batch), verify);

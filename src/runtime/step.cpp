@@ -142,9 +142,9 @@ void Engine::Impl::report(batching::Sequence& sequence, int32_t id, const runtim
   attach_logprobs(out.back(), top_logprobs, logits, logits_row, mask);
   if (report.finish == FinishReason::none) return;
   settings.erase(key);  // `set` with it
-  if (speculation)
-    speculation->finished(key, std::span(ending).first(std::min<size_t>(first_generated, ending.size())),
-                          std::span(ending).subspan(std::min<size_t>(first_generated, ending.size())));
+  if (!speculation) return;
+  const size_t prompt_tokens = std::min<size_t>(first_generated, ending.size());
+  speculation->finished(key, std::span(ending).first(prompt_tokens), std::span(ending).subspan(prompt_tokens));
 }
 
 const StepLane* Engine::Impl::lane_with_graph(int bucket_index) const {
